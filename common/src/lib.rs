@@ -1,0 +1,108 @@
+//! Types shared by the eBPF programs (`burstyd-ebpf`) and the daemon.
+//!
+//! Every type here is `#[repr(C)]` and plain old data: the kernel side writes
+//! it into a BPF map or ring buffer, the user side reads the same bytes. Any
+//! change here changes both sides at once, which is the point of the crate.
+//! The `layout` test in the daemon pins the sizes and offsets the daemon
+//! decodes, so a drift fails `cargo test`.
+#![no_std]
+
+/// Bytes of user stack copied per sample, starting at the sampled `rsp`.
+///
+/// The daemon unwinds with the target's CFI (`.eh_frame`) over this copy, so
+/// it bounds the depth we can see: 16 KiB holds the frames of ordinary C and
+/// Rust programs (perf's default dump is 8 KiB). Larger frames are truncated
+/// and the daemon marks such stacks as truncated.
+pub const USER_STACK_BYTES: usize = 16 * 1024;
+
+/// Kernel return addresses captured per sample (by `bpf_get_stack`).
+pub const MAX_KERNEL_FRAMES: usize = 64;
+
+/// Ring buffer size in bytes (power of two, multiple of the page size).
+/// 32 MiB holds about 1900 samples: two seconds of a 2-core host at 997 Hz
+/// a core if the daemon stalls.
+pub const RING_BYTES: u32 = 32 * 1024 * 1024;
+
+/// `Sample::flags`: the sample interrupted user mode.
+pub const SAMPLE_USER_MODE: u32 = 1 << 0;
+/// `Sample::flags`: `rip`/`rsp`/`rbp` hold valid user registers.
+pub const SAMPLE_USER_REGS: u32 = 1 << 1;
+/// `Sample::flags`: the full `USER_STACK_BYTES` could not be read; a shorter
+/// copy (see `ustack_len`) was taken instead.
+pub const SAMPLE_USTACK_SHORT: u32 = 1 << 2;
+
+/// One stack sample, written by the perf_event program into the ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Sample {
+    /// Process id (kernel tgid).
+    pub pid: u32,
+    /// Thread id (kernel pid).
+    pub tid: u32,
+    /// `bpf_ktime_get_ns()` at the overflow.
+    pub time_ns: u64,
+    /// Event count this sample stands for (the perf period at the overflow).
+    pub period: u64,
+    /// CPU the sample was taken on.
+    pub cpu: u32,
+    /// `SAMPLE_*` flags.
+    pub flags: u32,
+    /// Thread name (`task->comm`), NUL padded.
+    pub comm: [u8; 16],
+    /// User instruction pointer.
+    pub rip: u64,
+    /// User stack pointer: `ustack[0]` is the byte at this address.
+    pub rsp: u64,
+    /// User frame pointer (a hint only; the daemon unwinds with CFI).
+    pub rbp: u64,
+    /// Number of valid entries in `kstack`.
+    pub kstack_len: u32,
+    /// Number of valid bytes in `ustack`.
+    pub ustack_len: u32,
+    /// Kernel return addresses, innermost first.
+    pub kstack: [u64; MAX_KERNEL_FRAMES],
+    /// Copy of the user stack from `rsp` upwards.
+    pub ustack: [u8; USER_STACK_BYTES],
+}
+
+/// Which processes the overflow program records (`Config::filter`).
+pub const FILTER_ALL: u32 = 0;
+/// Only processes whose tgid is a key of the `TARGETS` map.
+pub const FILTER_TARGETS: u32 = 1;
+
+/// Settings the daemon writes into the `CONFIG` array (index 0) before
+/// attaching the program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Config {
+    /// `FILTER_ALL` or `FILTER_TARGETS`.
+    pub filter: u32,
+    /// The daemon's own pid: never sampled (we must not profile ourselves
+    /// in system-wide mode, the ring buffer reads would feed back).
+    pub self_pid: u32,
+    /// Non-zero: also capture kernel stacks.
+    pub kernel_stacks: u32,
+    pub _pad: u32,
+}
+
+/// Indexes into the per-CPU `COUNTERS` array.
+pub mod counter {
+    /// Overflows seen by the program (after filtering).
+    pub const SAMPLES: u32 = 0;
+    /// Samples dropped because the ring buffer was full.
+    pub const RING_FULL: u32 = 1;
+    /// Samples whose user stack could not be read at all.
+    pub const USTACK_FAILED: u32 = 2;
+    /// Samples from kernel threads (no user context).
+    pub const KERNEL_THREAD: u32 = 3;
+    /// Number of counters.
+    pub const COUNT: u32 = 4;
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: both are #[repr(C)], contain only integers and byte arrays, and
+    // every bit pattern is a valid value.
+    unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::Sample {}
+}

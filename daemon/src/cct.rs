@@ -1,0 +1,250 @@
+//! Calling context trees (Ammons, Ball & Larus, "Exploiting hardware
+//! performance counters with flow and context sensitive profiling", §3):
+//! one tree per thread, a node per distinct calling context, each node
+//! holding the samples and the hardware-event weight observed *in* that
+//! context. Shared prefixes share nodes, so memory grows with the number of
+//! distinct contexts, not with the number of samples.
+//!
+//! Frames are raw addresses here; [`crate::export`] symbolizes them when a
+//! profile is written.
+use std::collections::HashMap;
+
+/// One frame of a calling context, outermost first when inserted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrameAddr {
+    /// A user address. `return_address`: a caller frame (the address after
+    /// the call), to be looked up minus one.
+    User { addr: u64, return_address: bool },
+    /// A kernel address (from `bpf_get_stack`; all but the first are
+    /// return addresses).
+    Kernel { addr: u64, return_address: bool },
+    /// Marks a context whose outer frames are missing (the user stack copy
+    /// ended, or a module had no unwind information).
+    Truncated,
+}
+
+#[derive(Debug)]
+pub struct Node {
+    pub parent: u32,
+    pub frame: FrameAddr,
+    pub samples: u64,
+    pub weight: u64,
+}
+
+/// A thread's tree. Node 0 is the root (the thread itself).
+#[derive(Debug)]
+pub struct ThreadTree {
+    pub pid: u32,
+    pub tid: u32,
+    /// The thread's name (`comm`) as last seen.
+    pub thread_name: String,
+    pub nodes: Vec<Node>,
+    children: HashMap<(u32, FrameAddr), u32>,
+}
+
+impl ThreadTree {
+    fn new(pid: u32, tid: u32) -> Self {
+        ThreadTree {
+            pid,
+            tid,
+            thread_name: String::new(),
+            nodes: vec![Node {
+                parent: u32::MAX,
+                frame: FrameAddr::Truncated,
+                samples: 0,
+                weight: 0,
+            }],
+            children: HashMap::new(),
+        }
+    }
+
+    /// Records one sample whose context is `frames`, outermost first.
+    fn add(&mut self, frames: impl Iterator<Item = FrameAddr>, weight: u64) {
+        let cur = self.insert(frames);
+        let n = &mut self.nodes[cur as usize];
+        n.samples += 1;
+        n.weight += weight;
+    }
+
+    /// The node for context `frames` (outermost first), created if new.
+    fn insert(&mut self, frames: impl Iterator<Item = FrameAddr>) -> u32 {
+        let mut cur = 0u32;
+        for f in frames {
+            let next = self.nodes.len() as u32;
+            cur = *self.children.entry((cur, f)).or_insert_with(|| {
+                self.nodes.push(Node {
+                    parent: cur,
+                    frame: f,
+                    samples: 0,
+                    weight: 0,
+                });
+                next
+            });
+        }
+        cur
+    }
+
+    /// The context of node `i`, innermost (leaf) first, root excluded.
+    pub fn context(&self, mut i: u32, out: &mut Vec<FrameAddr>) {
+        out.clear();
+        while i != 0 {
+            let n = &self.nodes[i as usize];
+            out.push(n.frame);
+            i = n.parent;
+        }
+    }
+}
+
+/// All calling context trees of one profile interval.
+#[derive(Debug, Default)]
+pub struct Cct {
+    pub threads: HashMap<(u32, u32), ThreadTree>,
+    /// Process names (`/proc/PID/comm` at first sight).
+    pub process_names: HashMap<u32, String>,
+    pub samples: u64,
+}
+
+impl Cct {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a sample of thread `tid` of process `pid`.
+    ///
+    /// `user` is the unwound user stack innermost first (`user[0]` is the
+    /// interrupted pc, the rest return addresses); `kernel` likewise.
+    /// `truncated` says the user stack's outer end is missing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        thread_name: &str,
+        user: &[u64],
+        kernel: &[u64],
+        truncated: bool,
+        weight: u64,
+    ) {
+        let tree = self
+            .threads
+            .entry((pid, tid))
+            .or_insert_with(|| ThreadTree::new(pid, tid));
+        if tree.thread_name != thread_name {
+            tree.thread_name = thread_name.to_owned();
+        }
+        let trunc = truncated.then_some(FrameAddr::Truncated);
+        // With a kernel stack, the user pc is where the thread entered the
+        // kernel (a syscall's return address); it is then a return address
+        // too, as far as line lookup goes.
+        let in_kernel = !kernel.is_empty();
+        let users = user.iter().enumerate().rev().map(|(i, &addr)| FrameAddr::User {
+            addr,
+            return_address: i > 0 || in_kernel,
+        });
+        let kernels = kernel.iter().enumerate().rev().map(|(i, &addr)| FrameAddr::Kernel {
+            addr,
+            return_address: i > 0,
+        });
+        tree.add(trunc.into_iter().chain(users).chain(kernels), weight);
+        self.samples += 1;
+    }
+
+    /// Adds every context of `other` (with its samples and weight) to
+    /// this tree set.
+    pub fn merge(&mut self, other: &Cct) {
+        let mut ctx = Vec::new();
+        for (key, t) in &other.threads {
+            let tree = self
+                .threads
+                .entry(*key)
+                .or_insert_with(|| ThreadTree::new(t.pid, t.tid));
+            tree.thread_name.clone_from(&t.thread_name);
+            for (i, n) in t.nodes.iter().enumerate() {
+                if n.samples == 0 {
+                    continue;
+                }
+                t.context(i as u32, &mut ctx);
+                let node = tree.insert(ctx.iter().rev().copied());
+                let dst = &mut tree.nodes[node as usize];
+                dst.samples += n.samples;
+                dst.weight += n.weight;
+            }
+        }
+        for (pid, name) in &other.process_names {
+            self.process_names.entry(*pid).or_insert_with(|| name.clone());
+        }
+        self.samples += other.samples;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples == 0
+    }
+
+    /// Number of nodes in all trees (memory use indicator).
+    pub fn nodes(&self) -> usize {
+        self.threads.values().map(|t| t.nodes.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_prefixes_share_nodes_and_weights_stay_in_their_context() {
+        let mut cct = Cct::new();
+        // main(0x10) -> a(0x20) -> leaf(0x30), twice; main -> b(0x40) once.
+        cct.add(1, 1, "t", &[0x30, 0x20, 0x10], &[], false, 5);
+        cct.add(1, 1, "t", &[0x30, 0x20, 0x10], &[], false, 7);
+        cct.add(1, 1, "t", &[0x40, 0x10], &[], false, 1);
+        let t = &cct.threads[&(1, 1)];
+        // root + main + a + leaf + b
+        assert_eq!(t.nodes.len(), 5);
+        let leaf = t
+            .nodes
+            .iter()
+            .position(|n| n.frame == FrameAddr::User { addr: 0x30, return_address: false })
+            .unwrap();
+        assert_eq!((t.nodes[leaf].samples, t.nodes[leaf].weight), (2, 12));
+        let mut ctx = Vec::new();
+        t.context(leaf as u32, &mut ctx);
+        let addrs: Vec<u64> = ctx
+            .iter()
+            .map(|f| match f {
+                FrameAddr::User { addr, .. } => *addr,
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(addrs, vec![0x30, 0x20, 0x10]);
+        assert_eq!(cct.samples, 3);
+
+        // Merging a copy doubles every count without adding nodes.
+        let mut twice = Cct::new();
+        twice.merge(&cct);
+        twice.merge(&cct);
+        let t2 = &twice.threads[&(1, 1)];
+        assert_eq!(t2.nodes.len(), 5);
+        assert_eq!(t2.nodes.iter().map(|n| n.weight).sum::<u64>(), 26);
+        assert_eq!(twice.samples, 6);
+    }
+
+    #[test]
+    fn kernel_frames_sit_below_the_user_frames() {
+        let mut cct = Cct::new();
+        cct.add(2, 3, "t", &[0x401000, 0x400500], &[0xffff_0001, 0xffff_0002], true, 1);
+        let t = &cct.threads[&(2, 3)];
+        let leaf = t.nodes.iter().position(|n| n.samples == 1).unwrap();
+        let mut ctx = Vec::new();
+        t.context(leaf as u32, &mut ctx);
+        assert_eq!(
+            ctx,
+            vec![
+                FrameAddr::Kernel { addr: 0xffff_0001, return_address: false },
+                FrameAddr::Kernel { addr: 0xffff_0002, return_address: true },
+                FrameAddr::User { addr: 0x401000, return_address: true },
+                FrameAddr::User { addr: 0x400500, return_address: true },
+                FrameAddr::Truncated,
+            ]
+        );
+    }
+}

@@ -1,0 +1,87 @@
+//! Command line (clap derive).
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+const EXAMPLES: &str = "\
+Examples:
+  burstyd --pid 1234 --event cache-misses --duration 30 -o out/   one process (and its threads)
+  burstyd --duration 30 -o out/                                   every process on the host
+  burstyd run -o out/ -- ./prog args                              launch a command and profile it
+  go tool pprof -top out/context.pb.gz                            read the result
+
+Events: cycles, instructions, cache-misses, cache-references, branch-misses,
+branch-instructions, cpu-clock, task-clock, page-faults, rNNNN (raw PMU event).
+Hardware events fall back to cpu-clock on hosts without a PMU (logged, and
+recorded in the profile).";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "burstyd",
+    version,
+    about = "Near-zero-overhead profiler for native programs: eBPF stack sampling on PMU overflow, calling context trees, pprof output",
+    after_help = EXAMPLES
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Profile only this process and its threads (repeatable). Without
+    /// --pid (and without `run`), every process on the host is sampled.
+    #[arg(short, long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+
+    #[command(flatten)]
+    pub profile: ProfileArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Launch a command and profile it until it exits; burstyd then exits
+    /// with the command's exit status.
+    Run {
+        #[command(flatten)]
+        profile: ProfileArgs,
+        /// The command and its arguments (after `--`).
+        #[arg(required = true, last = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ProfileArgs {
+    /// Event whose overflow triggers a sample.
+    #[arg(short, long, default_value = "cycles", value_name = "EVENT")]
+    pub event: String,
+
+    /// Take a sample every N events (e.g. every 1000000 cycles).
+    #[arg(long, value_name = "N", conflicts_with = "freq")]
+    pub period: Option<u64>,
+
+    /// Take about HZ samples per second per CPU [default: 199, chosen from
+    /// bench/overhead.sh].
+    #[arg(short = 'F', long, value_name = "HZ")]
+    pub freq: Option<u64>,
+
+    /// Stop after this many seconds (default: until SIGINT/SIGTERM, or
+    /// until the targets exit).
+    #[arg(short, long, value_name = "SECS")]
+    pub duration: Option<f64>,
+
+    /// Write a fresh profile every SECS seconds (context-<time>.pb.gz),
+    /// besides the final context.pb.gz.
+    #[arg(short, long, value_name = "SECS")]
+    pub interval: Option<f64>,
+
+    /// Output directory.
+    #[arg(short, long, default_value = "burstyd-out", value_name = "DIR")]
+    pub output: PathBuf,
+
+    /// Do not record kernel stacks.
+    #[arg(long)]
+    pub no_kernel: bool,
+
+    /// More logging (-v debug, -vv trace).
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}

@@ -1,0 +1,160 @@
+//! Which hardware or software event drives sampling, and how often.
+//!
+//! Hardware events need a PMU. Many VMs (ours included) have none; then we
+//! fall back to the `cpu-clock` software event, say so once, and record the
+//! event actually used in the profile.
+use aya::programs::perf_event::{HardwareEvent, PerfEventConfig, SoftwareEvent};
+
+const PERF_TYPE_HARDWARE: u32 = 0;
+const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_TYPE_RAW: u32 = 4;
+
+/// Default sampling frequency per CPU (Hz), used when neither `--freq` nor
+/// `--period` is given. Chosen from bench/overhead.sh: see README.md
+/// ("Overhead") for the measured slowdown at this setting.
+pub const DEFAULT_FREQ: u64 = 199;
+
+/// The names `--event` accepts, with a short description for `--help`.
+pub const EVENT_NAMES: &[(&str, &str)] = &[
+    ("cycles", "CPU cycles (PMU)"),
+    ("instructions", "retired instructions (PMU)"),
+    ("cache-misses", "last-level cache misses (PMU)"),
+    ("cache-references", "last-level cache accesses (PMU)"),
+    ("branch-misses", "mispredicted branches (PMU)"),
+    ("branch-instructions", "retired branches (PMU)"),
+    ("cpu-clock", "CPU wall clock, software timer (no PMU needed)"),
+    ("task-clock", "task clock, software timer (no PMU needed)"),
+    ("page-faults", "page faults (software)"),
+    ("rNNNN", "raw PMU event, hex config (e.g. r01c2)"),
+];
+
+#[derive(Clone, Debug)]
+pub struct EventSpec {
+    /// The name recorded in the profile (`<name>/count`).
+    pub name: String,
+    pub config: PerfEventConfig,
+    /// perf `type`/`config` pair, for probing support.
+    pub type_: u32,
+    pub raw_config: u64,
+}
+
+impl EventSpec {
+    pub fn is_hardware(&self) -> bool {
+        self.type_ == PERF_TYPE_HARDWARE || self.type_ == PERF_TYPE_RAW
+    }
+
+    pub fn cpu_clock() -> Self {
+        Self::software("cpu-clock", SoftwareEvent::CpuClock)
+    }
+
+    fn software(name: &str, ev: SoftwareEvent) -> Self {
+        EventSpec {
+            name: name.into(),
+            config: PerfEventConfig::Software(ev),
+            type_: PERF_TYPE_SOFTWARE,
+            raw_config: ev as u32 as u64,
+        }
+    }
+
+    fn hardware(name: &str, ev: HardwareEvent) -> Self {
+        EventSpec {
+            name: name.into(),
+            config: PerfEventConfig::Hardware(ev),
+            type_: PERF_TYPE_HARDWARE,
+            raw_config: ev as u32 as u64,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown event `{0}`; known events: cycles, instructions, cache-misses, cache-references, branch-misses, branch-instructions, cpu-clock, task-clock, page-faults, rNNNN (raw hex)")]
+pub struct UnknownEvent(String);
+
+pub fn parse_event(name: &str) -> Result<EventSpec, UnknownEvent> {
+    use HardwareEvent as H;
+    use SoftwareEvent as S;
+    Ok(match name {
+        "cycles" | "cpu-cycles" => EventSpec::hardware("cycles", H::CpuCycles),
+        "instructions" => EventSpec::hardware("instructions", H::Instructions),
+        "cache-misses" => EventSpec::hardware("cache-misses", H::CacheMisses),
+        "cache-references" => EventSpec::hardware("cache-references", H::CacheReferences),
+        "branch-misses" => EventSpec::hardware("branch-misses", H::BranchMisses),
+        "branch-instructions" | "branches" => {
+            EventSpec::hardware("branch-instructions", H::BranchInstructions)
+        }
+        "cpu-clock" => EventSpec::software("cpu-clock", S::CpuClock),
+        "task-clock" => EventSpec::software("task-clock", S::TaskClock),
+        "page-faults" | "faults" => EventSpec::software("page-faults", S::PageFaults),
+        raw if raw.len() > 1 && raw.starts_with('r') => {
+            let id = u64::from_str_radix(&raw[1..], 16).map_err(|_| UnknownEvent(name.into()))?;
+            EventSpec {
+                name: raw.into(),
+                config: PerfEventConfig::Raw { event_id: id },
+                type_: PERF_TYPE_RAW,
+                raw_config: id,
+            }
+        }
+        _ => return Err(UnknownEvent(name.into())),
+    })
+}
+
+/// How often to sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sampling {
+    /// One sample every N events.
+    Period(u64),
+    /// N samples per second per CPU (the kernel adapts the period).
+    Frequency(u64),
+}
+
+/// Checks that the host can count `spec`; for an unsupported hardware
+/// event returns `cpu-clock` instead and logs why. Other errors (e.g.
+/// permissions) are returned as they are.
+pub fn resolve_supported(spec: EventSpec) -> std::io::Result<EventSpec> {
+    match crate::sys::probe_perf_event(spec.type_, spec.raw_config, 0) {
+        Ok(()) => Ok(spec),
+        Err(e)
+            if spec.is_hardware()
+                && matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV | libc::EINVAL)
+                ) =>
+        {
+            tracing::warn!(
+                "event `{}` is not supported on this host (no hardware PMU: {e}); falling back to cpu-clock",
+                spec.name
+            );
+            Ok(EventSpec::cpu_clock())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_names_and_raw() {
+        assert_eq!(parse_event("cycles").unwrap().name, "cycles");
+        assert_eq!(parse_event("cpu-clock").unwrap().type_, PERF_TYPE_SOFTWARE);
+        let raw = parse_event("r01c2").unwrap();
+        assert_eq!((raw.type_, raw.raw_config), (PERF_TYPE_RAW, 0x01c2));
+        assert!(parse_event("bogus").is_err());
+        assert!(parse_event("rzz").is_err());
+    }
+
+    #[test]
+    fn software_clock_is_always_supported() {
+        // Needs CAP_PERFMON or root (we run tests as root).
+        let spec = resolve_supported(parse_event("cpu-clock").unwrap()).unwrap();
+        assert_eq!(spec.name, "cpu-clock");
+    }
+
+    #[test]
+    fn hardware_event_resolves_to_itself_or_cpu_clock() {
+        let spec = resolve_supported(parse_event("cycles").unwrap()).unwrap();
+        let has_pmu = crate::sys::probe_perf_event(PERF_TYPE_HARDWARE, 0, 0).is_ok();
+        assert_eq!(spec.name, if has_pmu { "cycles" } else { "cpu-clock" });
+    }
+}

@@ -1,0 +1,195 @@
+//! Calling context trees → symbolized pprof profiles on disk.
+//!
+//! Every node of every thread's tree that holds samples becomes one pprof
+//! sample: its context (leaf first) as locations, values
+//! `[samples, samples × period]`, and labels `pid`, `comm`, `thread`
+//! (string) and `tid` (number). Addresses are symbolized here, once per
+//! distinct (process, address), through [`Symbolizer`].
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::cct::{Cct, FrameAddr};
+use crate::pprof::{LineKey, MappingKey, Profile, ProfileBuilder, encode_gzip};
+use crate::procs::ProcessTable;
+use crate::symbolize::{Resolved, Symbolizer};
+
+/// What the profile says about how it was taken.
+#[derive(Clone, Debug)]
+pub struct ProfileMeta {
+    /// Event actually sampled (after any fallback), e.g. `cpu-clock`.
+    pub event: String,
+    /// The event asked for, when it differs (fallback).
+    pub requested_event: Option<String>,
+    /// Sampling period (events per sample) or 0 in frequency mode.
+    pub period: u64,
+    pub freq: u64,
+    pub start: SystemTime,
+    pub end: SystemTime,
+}
+
+const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+
+/// Builds the pprof profile of `cct`.
+pub fn build_profile(
+    cct: &Cct,
+    procs: &ProcessTable,
+    symbolizer: &mut Symbolizer,
+    meta: &ProfileMeta,
+) -> Profile {
+    let event = meta.event.as_str();
+    let mut b = ProfileBuilder::new(
+        &[("samples", "count"), (event, "count")],
+        (event, "count"),
+        meta.period as i64,
+    );
+    b.set_default_sample_type(event);
+    let start_ns = meta
+        .start
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0);
+    let dur_ns = meta
+        .end
+        .duration_since(meta.start)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0);
+    b.set_time(start_ns, dur_ns);
+    b.add_comment(&format!("burstyd {}", env!("CARGO_PKG_VERSION")));
+    if let Some(req) = &meta.requested_event {
+        b.add_comment(&format!(
+            "event {req} requested; host has no PMU for it, sampled {event} instead"
+        ));
+    }
+    if meta.freq > 0 {
+        b.add_comment(&format!("sampling frequency {} Hz per CPU", meta.freq));
+    }
+
+    // (pid, frame) -> location id
+    let mut loc_ids: HashMap<(u32, FrameAddr), u64> = HashMap::new();
+    let mut trees: Vec<_> = cct.threads.values().collect();
+    trees.sort_by_key(|t| (t.pid, t.tid));
+    let mut ctx = Vec::new();
+    for tree in trees {
+        let pid_s = tree.pid.to_string();
+        let comm = cct
+            .process_names
+            .get(&tree.pid)
+            .cloned()
+            .unwrap_or_else(|| tree.thread_name.clone());
+        for (i, node) in tree.nodes.iter().enumerate() {
+            if node.samples == 0 {
+                continue;
+            }
+            tree.context(i as u32, &mut ctx);
+            let mut locs = Vec::with_capacity(ctx.len());
+            for &f in &ctx {
+                let id = *loc_ids
+                    .entry((tree.pid, f))
+                    .or_insert_with(|| location(&mut b, procs, symbolizer, tree.pid, f));
+                locs.push(id);
+            }
+            b.sample(
+                locs,
+                vec![node.samples as i64, node.weight as i64],
+                &[
+                    ("pid", &pid_s),
+                    ("comm", &comm),
+                    ("thread", &tree.thread_name),
+                ],
+                &[("tid", tree.tid as i64)],
+            );
+        }
+    }
+    b.finish()
+}
+
+fn location(
+    b: &mut ProfileBuilder,
+    procs: &ProcessTable,
+    symbolizer: &mut Symbolizer,
+    pid: u32,
+    f: FrameAddr,
+) -> u64 {
+    let (addr, resolved) = match f {
+        FrameAddr::User {
+            addr,
+            return_address,
+        } => (addr, symbolizer.resolve_user(procs, pid, addr, return_address)),
+        FrameAddr::Kernel { addr, .. } => (addr, symbolizer.resolve_kernel(addr)),
+        FrameAddr::Truncated => {
+            let line = LineKey {
+                function: "[truncated stack]".into(),
+                file: String::new(),
+                line: 0,
+            };
+            return b.location(0, 0, &[line]);
+        }
+    };
+    let Resolved { mapping, frames } = resolved;
+    let symbolized = !frames.is_empty();
+    let mapping_id = match (&mapping, f) {
+        (Some(m), _) => b.mapping(
+            &MappingKey {
+                start: m.start,
+                limit: m.limit,
+                file_offset: m.file_offset,
+                filename: m.path.clone(),
+                build_id: m.build_id.clone().unwrap_or_default(),
+            },
+            symbolized,
+        ),
+        (None, FrameAddr::Kernel { .. }) => b.mapping(
+            &MappingKey {
+                start: 0xffff_8000_0000_0000,
+                limit: u64::MAX,
+                file_offset: 0,
+                filename: KERNEL_MAPPING.into(),
+                build_id: String::new(),
+            },
+            true,
+        ),
+        (None, _) => 0,
+    };
+    let lines: Vec<LineKey> = if symbolized {
+        frames
+            .into_iter()
+            .map(|fr| LineKey {
+                function: fr.function,
+                file: fr.file.unwrap_or_default(),
+                line: fr.line.map(i64::from).unwrap_or(0),
+            })
+            .collect()
+    } else {
+        // Unknown code: name it by module and offset so the profile still
+        // groups it sensibly.
+        let name = match &mapping {
+            Some(m) => format!(
+                "{}+{:#x}",
+                Path::new(&m.path)
+                    .file_name()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                addr.wrapping_sub(m.start).wrapping_add(m.file_offset)
+            ),
+            None => format!("{addr:#x}"),
+        };
+        vec![LineKey {
+            function: name,
+            file: String::new(),
+            line: 0,
+        }]
+    };
+    b.location(mapping_id, addr, &lines)
+}
+
+/// Writes `profile` gzip'd to `dir/name` atomically (temp file + rename),
+/// creating `dir` if needed.
+pub fn write_profile(dir: &Path, name: &str, profile: &Profile) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, encode_gzip(profile)?)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(path)
+}

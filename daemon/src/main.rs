@@ -1,0 +1,191 @@
+//! The `burstyd` binary: parses the command line, picks the event, starts
+//! the sampler and runs a session (see `burstyd::session`).
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use burstyd::cli::{Cli, Command, ProfileArgs};
+use burstyd::events::{self, DEFAULT_FREQ, Sampling};
+use burstyd::sampler::{Sampler, SamplerOptions};
+use burstyd::session::{self, SessionOptions};
+use clap::Parser;
+
+fn main() {
+    let cli = Cli::parse();
+    let args = match &cli.command {
+        Some(Command::Run { profile, .. }) => profile.clone(),
+        None => cli.profile.clone(),
+    };
+    init_logging(args.verbose);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("burstyd: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    match rt.block_on(real_main(cli, args)) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("burstyd: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BURSTYD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    // aya-log forwards eBPF-side log records through the `log` crate.
+    let _ = tracing_log_bridge();
+}
+
+/// Routes `log` records (aya-log's eBPF messages) into tracing.
+fn tracing_log_bridge() -> Result<(), log::SetLoggerError> {
+    struct Bridge;
+    impl log::Log for Bridge {
+        fn enabled(&self, _: &log::Metadata) -> bool {
+            true
+        }
+        fn log(&self, r: &log::Record) {
+            match r.level() {
+                log::Level::Error => tracing::error!("ebpf: {}", r.args()),
+                log::Level::Warn => tracing::warn!("ebpf: {}", r.args()),
+                log::Level::Info => tracing::info!("ebpf: {}", r.args()),
+                _ => tracing::debug!("ebpf: {}", r.args()),
+            }
+        }
+        fn flush(&self) {}
+    }
+    log::set_boxed_logger(Box::new(Bridge)).map(|()| log::set_max_level(log::LevelFilter::Info))
+}
+
+async fn real_main(cli: Cli, args: ProfileArgs) -> anyhow::Result<i32> {
+    if unsafe { libc::geteuid() } != 0 {
+        tracing::warn!("not running as root: loading eBPF needs CAP_BPF and CAP_PERFMON");
+    }
+    session::check_targets(&cli.pids)?;
+    let requested = events::parse_event(&args.event)?;
+    let event = events::resolve_supported(requested.clone())
+        .with_context(|| format!("opening a perf event for `{}`", requested.name))?;
+    let requested_event = (event.name != requested.name).then(|| requested.name.clone());
+    let sampling = match (args.period, args.freq) {
+        (Some(0), _) | (_, Some(0)) => bail!("--period and --freq must be positive"),
+        (Some(p), _) => Sampling::Period(p),
+        (None, Some(f)) => Sampling::Frequency(f),
+        (None, None) => Sampling::Frequency(DEFAULT_FREQ),
+    };
+    let secs = |s: Option<f64>, what: &str| -> anyhow::Result<Option<Duration>> {
+        s.map(|v| {
+            Duration::try_from_secs_f64(v)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .with_context(|| format!("--{what} must be a positive number of seconds"))
+        })
+        .transpose()
+    };
+    let duration = secs(args.duration, "duration")?;
+    let interval = secs(args.interval, "interval")?;
+
+    // `run`: fork the command now but hold it before exec until the sampler
+    // records its pid, so its first instructions are already sampled.
+    let mut gate: Option<OwnedFd> = None;
+    let mut child = None;
+    let targets = match &cli.command {
+        Some(Command::Run { command, .. }) => {
+            let (c, g) = spawn_gated(command)?;
+            gate = Some(g);
+            let pid = c.id().context("the command exited before it started")?;
+            child = Some(c);
+            Some(vec![pid])
+        }
+        None if !cli.pids.is_empty() => Some(cli.pids.clone()),
+        None => None,
+    };
+    let sampler = Sampler::start(&SamplerOptions {
+        event: event.clone(),
+        sampling,
+        targets: targets.clone(),
+        kernel_stacks: !args.no_kernel,
+    })?;
+    match &targets {
+        None => tracing::info!(
+            "sampling every process on {} CPUs on {} ({:?})",
+            sampler.cpus(),
+            event.name,
+            sampling
+        ),
+        Some(t) => tracing::info!("sampling pid {:?} on {} ({:?})", t, event.name, sampling),
+    }
+    // Release the command.
+    drop(gate.take());
+    let (_stats, status) = session::run(
+        SessionOptions {
+            event,
+            requested_event,
+            sampling,
+            targets,
+            kernel_stacks: !args.no_kernel,
+            duration,
+            interval,
+            output: args.output.clone(),
+        },
+        sampler,
+        child,
+    )
+    .await?;
+    Ok(match status {
+        Some(s) => s
+            .code()
+            .unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&s).unwrap_or(0)),
+        None => 0,
+    })
+}
+
+/// Spawns `command` so that it blocks, before exec, until the returned fd
+/// (the write end of a pipe) is closed.
+fn spawn_gated(command: &[String]) -> anyhow::Result<(tokio::process::Child, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` is a valid out-array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("pipe2");
+    }
+    // SAFETY: pipe2 just returned these two descriptors; we own them.
+    let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let rfd = read_end.as_raw_fd();
+    let wfd = write_end.as_raw_fd();
+    let mut cmd = std::process::Command::new(&command[0]);
+    cmd.args(&command[1..]);
+    // SAFETY: the closure only makes async-signal-safe calls (close, read).
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::close(wfd);
+            let mut b = 0u8;
+            // Returns 0 (EOF) once the parent closes the write end.
+            while libc::read(rfd, &mut b as *mut u8 as *mut libc::c_void, 1) < 0
+                && *libc::__errno_location() == libc::EINTR
+            {}
+            Ok(())
+        });
+    }
+    let child = tokio::process::Command::from(cmd)
+        .spawn()
+        .with_context(|| format!("cannot run `{}`", command[0]))?;
+    drop(read_end);
+    Ok((child, write_end))
+}

@@ -1,0 +1,229 @@
+//! Kernel side of stack sampling: loads the eBPF object, opens one sampling
+//! perf event per online CPU with `on_overflow` attached, and hands the
+//! samples it writes into the ring buffer to the caller.
+//!
+//! Targeting is done in the kernel: in `--pid`/`run` mode the program drops
+//! overflows of other processes (the `TARGETS` map), so threads created later
+//! are sampled without reopening events.
+use std::os::fd::AsRawFd;
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{
+        PerfEvent,
+        perf_event::{PerfEventScope, SamplePolicy},
+    },
+};
+use burstyd_common::{Config, FILTER_ALL, FILTER_TARGETS, Sample, counter};
+use tokio::io::unix::AsyncFd;
+
+use crate::events::{EventSpec, Sampling};
+
+/// The eBPF object built by build.rs.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/burstyd-ebpf"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum SamplerError {
+    #[error("loading the eBPF object failed (does the kernel support BPF ring buffers and BTF? root or CAP_BPF+CAP_PERFMON needed): {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("eBPF program `{name}` failed: {source}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("eBPF map `{0}` is missing from the object")]
+    MissingMap(&'static str),
+    #[error("eBPF map `{name}`: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("listing online CPUs ({0}): {1}")]
+    Cpus(&'static str, std::io::Error),
+    #[error("opening the {event} sampling event on CPU {cpu}: {source}")]
+    Attach {
+        event: String,
+        cpu: u32,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("ring buffer: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Counters kept by the eBPF program, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelCounters {
+    pub samples: u64,
+    pub ring_full: u64,
+    pub ustack_failed: u64,
+    pub kernel_thread: u64,
+}
+
+pub struct SamplerOptions {
+    pub event: EventSpec,
+    pub sampling: Sampling,
+    /// `None`: every process; `Some`: only these pids (more can be added).
+    pub targets: Option<Vec<u32>>,
+    pub kernel_stacks: bool,
+}
+
+pub struct Sampler {
+    ebpf: Ebpf,
+    ring: AsyncFd<RingBuf<MapData>>,
+    counters: PerCpuArray<MapData, u64>,
+    _logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    cpus: usize,
+}
+
+impl Sampler {
+    pub fn start(opts: &SamplerOptions) -> Result<Self, SamplerError> {
+        let mut ebpf = EbpfLoader::new().load(EBPF_OBJECT)?;
+        let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::debug!("eBPF logger not initialised: {e}");
+                None
+            }
+        };
+        {
+            let map = ebpf.map_mut("CONFIG").ok_or(SamplerError::MissingMap("CONFIG"))?;
+            let mut config: Array<_, Config> = Array::try_from(map)
+                .map_err(|source| SamplerError::Map { name: "CONFIG", source })?;
+            let cfg = Config {
+                filter: if opts.targets.is_some() { FILTER_TARGETS } else { FILTER_ALL },
+                self_pid: std::process::id(),
+                kernel_stacks: opts.kernel_stacks as u32,
+                _pad: 0,
+            };
+            config
+                .set(0, cfg, 0)
+                .map_err(|source| SamplerError::Map { name: "CONFIG", source })?;
+        }
+        let ring = RingBuf::try_from(ebpf.take_map("SAMPLES").ok_or(SamplerError::MissingMap("SAMPLES"))?)
+            .map_err(|source| SamplerError::Map { name: "SAMPLES", source })?;
+        let counters = PerCpuArray::try_from(
+            ebpf.take_map("COUNTERS").ok_or(SamplerError::MissingMap("COUNTERS"))?,
+        )
+        .map_err(|source| SamplerError::Map { name: "COUNTERS", source })?;
+        let mut sampler = Sampler {
+            ebpf,
+            // SAFETY: the ring buffer owns its fd and keeps it open for as
+            // long as the AsyncFd (which owns the ring buffer) lives.
+            ring: unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+                .map_err(|e| SamplerError::Io(e.into()))?,
+            counters,
+            _logger: logger,
+            cpus: 0,
+        };
+        if let Some(pids) = &opts.targets {
+            for &pid in pids {
+                sampler.add_target(pid)?;
+            }
+        }
+        sampler.attach(opts)?;
+        Ok(sampler)
+    }
+
+    fn attach(&mut self, opts: &SamplerOptions) -> Result<(), SamplerError> {
+        let prog: &mut PerfEvent = self
+            .ebpf
+            .program_mut("on_overflow")
+            .ok_or(SamplerError::MissingMap("on_overflow"))?
+            .try_into()
+            .map_err(|source| SamplerError::Program { name: "on_overflow", source })?;
+        prog.load()
+            .map_err(|source| SamplerError::Program { name: "on_overflow", source })?;
+        let cpus = aya::util::online_cpus().map_err(|(what, e)| SamplerError::Cpus(what, e))?;
+        let policy = match opts.sampling {
+            Sampling::Period(p) => SamplePolicy::Period(p),
+            Sampling::Frequency(f) => SamplePolicy::Frequency(f),
+        };
+        for &cpu in &cpus {
+            prog.attach(
+                opts.event.config.clone(),
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                policy,
+                false,
+            )
+            .map_err(|source| SamplerError::Attach {
+                event: opts.event.name.clone(),
+                cpu,
+                source,
+            })?;
+        }
+        self.cpus = cpus.len();
+        Ok(())
+    }
+
+    pub fn cpus(&self) -> usize {
+        self.cpus
+    }
+
+    /// Starts recording `pid` (targeted mode only).
+    pub fn add_target(&mut self, pid: u32) -> Result<(), SamplerError> {
+        let map = self.ebpf.map_mut("TARGETS").ok_or(SamplerError::MissingMap("TARGETS"))?;
+        let mut targets: HashMap<_, u32, u8> =
+            HashMap::try_from(map).map_err(|source| SamplerError::Map { name: "TARGETS", source })?;
+        targets
+            .insert(pid, 1, 0)
+            .map_err(|source| SamplerError::Map { name: "TARGETS", source })
+    }
+
+    /// Waits until samples are available, then calls `f` on each one in the
+    /// ring buffer. Returns the number handled.
+    pub async fn drain(&mut self, mut f: impl FnMut(&Sample)) -> Result<usize, SamplerError> {
+        let mut guard = self.ring.readable_mut().await?;
+        let ring = guard.get_inner_mut();
+        let mut n = 0;
+        while let Some(item) = ring.next() {
+            if item.len() < size_of::<Sample>() {
+                continue;
+            }
+            // SAFETY: the program writes whole `Sample`s; the length is
+            // checked above and `Sample` is plain data valid for any bits.
+            // The ring buffer gives 8-byte aligned records.
+            let sample = unsafe { &*(item.as_ptr() as *const Sample) };
+            f(sample);
+            n += 1;
+        }
+        guard.clear_ready();
+        Ok(n)
+    }
+
+    /// Handles whatever is in the ring buffer now, without waiting.
+    pub fn drain_now(&mut self, mut f: impl FnMut(&Sample)) -> usize {
+        let ring = self.ring.get_mut();
+        let mut n = 0;
+        while let Some(item) = ring.next() {
+            if item.len() >= size_of::<Sample>() {
+                // SAFETY: as in `drain`.
+                f(unsafe { &*(item.as_ptr() as *const Sample) });
+                n += 1;
+            }
+        }
+        n
+    }
+
+    pub fn counters(&self) -> KernelCounters {
+        let get = |i: u32| -> u64 {
+            self.counters
+                .get(&i, 0)
+                .map(|v| v.iter().sum())
+                .unwrap_or(0)
+        };
+        KernelCounters {
+            samples: get(counter::SAMPLES),
+            ring_full: get(counter::RING_FULL),
+            ustack_failed: get(counter::USTACK_FAILED),
+            kernel_thread: get(counter::KERNEL_THREAD),
+        }
+    }
+
+    pub fn ring_fd(&self) -> i32 {
+        self.ring.get_ref().as_raw_fd()
+    }
+}

@@ -1,0 +1,212 @@
+//! burstyd's kernel side.
+//!
+//! `on_overflow` is a perf_event program attached to one sampling event per
+//! CPU (a PMU counter, or cpu-clock where the host has no PMU). On every
+//! counter overflow it records, for the interrupted task, what the daemon
+//! needs to build a calling context without frame pointers: the user
+//! registers (`rip`, `rsp`, `rbp`), a copy of the user stack from `rsp`
+//! upwards, and the kernel stack. The daemon unwinds the copy with the
+//! target's CFI (`.eh_frame`) in user space.
+//!
+//! Samples go into one ring buffer. A full ring buffer drops the sample and
+//! counts it (`counter::RING_FULL`); it never blocks or retries.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::pt_regs,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        generated::{
+            bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_get_stack,
+            bpf_probe_read_user, bpf_task_pt_regs,
+        },
+    },
+    macros::{map, perf_event},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    programs::PerfEventContext,
+};
+use aya_log_ebpf::warn;
+use burstyd_common::{
+    Config, FILTER_TARGETS, MAX_KERNEL_FRAMES, RING_BYTES, SAMPLE_USER_MODE, SAMPLE_USER_REGS,
+    SAMPLE_USTACK_SHORT, Sample, USER_STACK_BYTES, counter,
+};
+
+#[map]
+static SAMPLES: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
+
+#[map]
+static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+
+/// tgid -> 1 for the processes we record when `Config::filter` is
+/// `FILTER_TARGETS`.
+#[map]
+static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
+
+#[map]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// Offset of `sample_period` in `struct bpf_perf_event_data` (after the
+/// 168-byte x86-64 `pt_regs`). Part of the UAPI.
+const SAMPLE_PERIOD_OFFSET: usize = core::mem::size_of::<pt_regs>();
+
+#[perf_event]
+pub fn on_overflow(ctx: PerfEventContext) -> u32 {
+    match try_on_overflow(&ctx) {
+        Ok(ret) | Err(ret) => ret,
+    }
+}
+
+#[inline(always)]
+fn bump(index: u32) -> u64 {
+    match COUNTERS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, only this CPU's program touches it, and
+        // perf_event programs do not nest on one CPU.
+        Some(p) => unsafe {
+            *p += 1;
+            *p
+        },
+        None => 0,
+    }
+}
+
+fn try_on_overflow(ctx: &PerfEventContext) -> Result<u32, u32> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    if pid == 0 {
+        // The idle task.
+        return Ok(0);
+    }
+    let config = CONFIG.get(0).copied().unwrap_or_default();
+    if pid == config.self_pid {
+        return Ok(0);
+    }
+    if config.filter == FILTER_TARGETS && unsafe { TARGETS.get(&pid) }.is_none() {
+        return Ok(0);
+    }
+    bump(counter::SAMPLES);
+
+    let Some(mut entry) = SAMPLES.reserve::<Sample>(0) else {
+        let dropped = bump(counter::RING_FULL);
+        if dropped.is_power_of_two() {
+            warn!(ctx, "ring buffer full: {} samples dropped on this CPU", dropped);
+        }
+        return Ok(0);
+    };
+    let s: *mut Sample = entry.as_mut_ptr();
+    // SAFETY: `s` points at a ring buffer reservation of size_of::<Sample>()
+    // bytes that we own until submit; we only write within it.
+    unsafe {
+        (*s).pid = pid;
+        (*s).tid = tid;
+        (*s).time_ns = bpf_ktime_get_ns();
+        let data = ctx.as_ptr() as *const u8;
+        (*s).period = *(data.add(SAMPLE_PERIOD_OFFSET) as *const u64);
+        (*s).cpu = bpf_get_smp_processor_id();
+        (*s).comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
+        (*s).flags = 0;
+        (*s).rip = 0;
+        (*s).rsp = 0;
+        (*s).rbp = 0;
+        (*s).kstack_len = 0;
+        (*s).ustack_len = 0;
+
+        let regs = ctx.as_ptr() as *const pt_regs;
+        let in_user = ((*regs).cs & 3) == 3;
+        if in_user {
+            (*s).flags |= SAMPLE_USER_MODE | SAMPLE_USER_REGS;
+            (*s).rip = (*regs).rip;
+            (*s).rsp = (*regs).rsp;
+            (*s).rbp = (*regs).rbp;
+        } else {
+            if config.kernel_stacks != 0 {
+                let n = bpf_get_stack(
+                    ctx.as_ptr(),
+                    (*s).kstack.as_mut_ptr() as *mut _,
+                    (MAX_KERNEL_FRAMES * 8) as u32,
+                    0,
+                );
+                if n > 0 {
+                    (*s).kstack_len = (n as u32) / 8;
+                }
+            }
+            // The user registers saved at kernel entry. Kernel threads have
+            // none worth reading (their saved cs is not a user segment).
+            let task = bpf_get_current_task_btf();
+            let uregs = bpf_task_pt_regs(task) as *const pt_regs;
+            if let Ok(u) = bpf_probe_read_kernel(uregs) {
+                if (u.cs & 3) == 3 {
+                    (*s).flags |= SAMPLE_USER_REGS;
+                    (*s).rip = u.rip;
+                    (*s).rsp = u.rsp;
+                    (*s).rbp = u.rbp;
+                }
+            }
+        }
+
+        if (*s).flags & SAMPLE_USER_REGS == 0 {
+            bump(counter::KERNEL_THREAD);
+        } else {
+            copy_user_stack(s);
+        }
+    }
+    entry.submit(0);
+    Ok(0)
+}
+
+/// Copies the user stack from `rsp` upwards. A thread's stack may end less
+/// than `USER_STACK_BYTES` above `rsp` (the page above its top is
+/// unmapped), so shorter copies are tried before giving up.
+#[inline(always)]
+unsafe fn copy_user_stack(s: *mut Sample) {
+    unsafe {
+        let rsp = (*s).rsp;
+        let dst = (*s).ustack.as_mut_ptr() as *mut core::ffi::c_void;
+        let src = rsp as *const core::ffi::c_void;
+        if bpf_probe_read_user(dst, USER_STACK_BYTES as u32, src) == 0 {
+            (*s).ustack_len = USER_STACK_BYTES as u32;
+            return;
+        }
+        (*s).flags |= SAMPLE_USTACK_SHORT;
+        // Read up to the end of rsp's page, then whole pages, stopping at the
+        // first page that cannot be read.
+        let head = 4096 - (rsp & 4095) as u32; // 1..=4096
+        let mut done: u32 = 0;
+        if head < 4096 {
+            let n = head & 4095;
+            if bpf_probe_read_user(dst, n, src) != 0 {
+                bump(counter::USTACK_FAILED);
+                return;
+            }
+            done = n;
+        }
+        // Bounded loop: at most USER_STACK_BYTES / 4096 pages.
+        for _ in 0..(USER_STACK_BYTES / 4096) {
+            if done > (USER_STACK_BYTES - 4096) as u32 {
+                break;
+            }
+            let d = (*s).ustack.as_mut_ptr().add(done as usize) as *mut core::ffi::c_void;
+            if bpf_probe_read_user(d, 4096, (rsp + done as u64) as *const _) != 0 {
+                break;
+            }
+            done += 4096;
+        }
+        if done == 0 {
+            bump(counter::USTACK_FAILED);
+        }
+        (*s).ustack_len = done;
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";
+
