@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds burstyd and the bundled demo program, profiles the demo with
+# `burstyd run`, and shows the top of the profile with `go tool pprof`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+
+echo "[demo] building burstyd (release)" >&2
+cargo build --release -p burstyd >&2 2> >(grep -v '^warning: burstyd@' >&2)
+out=${OUT:-target/demo}
+mkdir -p "$out"
+gcc -O2 -g -fomit-frame-pointer -o "$out/demo" demo/demo.c
+
+sudo_=()
+[ "$(id -u)" = 0 ] || sudo_=(sudo)
+echo "[demo] ${sudo_[*]} target/release/burstyd run --freq 999 -o $out -- $out/demo" >&2
+"${sudo_[@]}" target/release/burstyd run --freq 999 -o "$out" -- "$out/demo"
+
+echo
+echo "[demo] go tool pprof -top $out/context.pb.gz"
+go tool pprof -top -nodecount=15 "$out/context.pb.gz" 2>&1
+echo
+echo "[demo] hottest call chain (go tool pprof -traces, first sample):"
+go tool pprof -traces "$out/context.pb.gz" 2>/dev/null | awk '/^-----------/{n++} n==2{print} n>2{exit}'
