@@ -137,14 +137,22 @@ impl Cct {
         // kernel (a syscall's return address); it is then a return address
         // too, as far as line lookup goes.
         let in_kernel = !kernel.is_empty();
-        let users = user.iter().enumerate().rev().map(|(i, &addr)| FrameAddr::User {
-            addr,
-            return_address: i > 0 || in_kernel,
-        });
-        let kernels = kernel.iter().enumerate().rev().map(|(i, &addr)| FrameAddr::Kernel {
-            addr,
-            return_address: i > 0,
-        });
+        let users = user
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, &addr)| FrameAddr::User {
+                addr,
+                return_address: i > 0 || in_kernel,
+            });
+        let kernels = kernel
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, &addr)| FrameAddr::Kernel {
+                addr,
+                return_address: i > 0,
+            });
         tree.add(trunc.into_iter().chain(users).chain(kernels), weight);
         self.samples += 1;
     }
@@ -171,7 +179,9 @@ impl Cct {
             }
         }
         for (pid, name) in &other.process_names {
-            self.process_names.entry(*pid).or_insert_with(|| name.clone());
+            self.process_names
+                .entry(*pid)
+                .or_insert_with(|| name.clone());
         }
         self.samples += other.samples;
     }
@@ -203,7 +213,13 @@ mod tests {
         let leaf = t
             .nodes
             .iter()
-            .position(|n| n.frame == FrameAddr::User { addr: 0x30, return_address: false })
+            .position(|n| {
+                n.frame
+                    == FrameAddr::User {
+                        addr: 0x30,
+                        return_address: false,
+                    }
+            })
             .unwrap();
         assert_eq!((t.nodes[leaf].samples, t.nodes[leaf].weight), (2, 12));
         let mut ctx = Vec::new();
@@ -231,7 +247,15 @@ mod tests {
     #[test]
     fn kernel_frames_sit_below_the_user_frames() {
         let mut cct = Cct::new();
-        cct.add(2, 3, "t", &[0x401000, 0x400500], &[0xffff_0001, 0xffff_0002], true, 1);
+        cct.add(
+            2,
+            3,
+            "t",
+            &[0x401000, 0x400500],
+            &[0xffff_0001, 0xffff_0002],
+            true,
+            1,
+        );
         let t = &cct.threads[&(2, 3)];
         let leaf = t.nodes.iter().position(|n| n.samples == 1).unwrap();
         let mut ctx = Vec::new();
@@ -239,10 +263,22 @@ mod tests {
         assert_eq!(
             ctx,
             vec![
-                FrameAddr::Kernel { addr: 0xffff_0001, return_address: false },
-                FrameAddr::Kernel { addr: 0xffff_0002, return_address: true },
-                FrameAddr::User { addr: 0x401000, return_address: true },
-                FrameAddr::User { addr: 0x400500, return_address: true },
+                FrameAddr::Kernel {
+                    addr: 0xffff_0001,
+                    return_address: false
+                },
+                FrameAddr::Kernel {
+                    addr: 0xffff_0002,
+                    return_address: true
+                },
+                FrameAddr::User {
+                    addr: 0x401000,
+                    return_address: true
+                },
+                FrameAddr::User {
+                    addr: 0x400500,
+                    return_address: true
+                },
                 FrameAddr::Truncated,
             ]
         );

@@ -22,7 +22,10 @@ pub const EVENT_NAMES: &[(&str, &str)] = &[
     ("cache-references", "last-level cache accesses (PMU)"),
     ("branch-misses", "mispredicted branches (PMU)"),
     ("branch-instructions", "retired branches (PMU)"),
-    ("cpu-clock", "CPU wall clock, software timer (no PMU needed)"),
+    (
+        "cpu-clock",
+        "CPU wall clock, software timer (no PMU needed)",
+    ),
     ("task-clock", "task clock, software timer (no PMU needed)"),
     ("page-faults", "page faults (software)"),
     ("rNNNN", "raw PMU event, hex config (e.g. r01c2)"),
@@ -67,7 +70,9 @@ impl EventSpec {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("unknown event `{0}`; known events: cycles, instructions, cache-misses, cache-references, branch-misses, branch-instructions, cpu-clock, task-clock, page-faults, rNNNN (raw hex)")]
+#[error(
+    "unknown event `{0}`; known events: cycles, instructions, cache-misses, cache-references, branch-misses, branch-instructions, cpu-clock, task-clock, page-faults, rNNNN (raw hex)"
+)]
 pub struct UnknownEvent(String);
 
 pub fn parse_event(name: &str) -> Result<EventSpec, UnknownEvent> {

@@ -11,7 +11,7 @@ use std::time::SystemTime;
 
 use crate::cct::{Cct, FrameAddr};
 use crate::pprof::{LineKey, MappingKey, Profile, ProfileBuilder, encode_gzip};
-use crate::procs::ProcessTable;
+use crate::procs::{MappingInfo, ProcessTable};
 use crate::symbolize::{Resolved, Symbolizer};
 
 /// What the profile says about how it was taken.
@@ -65,6 +65,20 @@ pub fn build_profile(
         b.add_comment(&format!("sampling frequency {} Hz per CPU", meta.freq));
     }
 
+    // pprof readers treat the first mapping as the main binary: register
+    // the main executable of the process with the most samples first.
+    if let Some(pid) = cct
+        .threads
+        .values()
+        .map(|t| (t.nodes.iter().map(|n| n.samples).sum::<u64>(), t.pid))
+        .max()
+        .map(|(_, pid)| pid)
+        && let Some(first) = procs.exec_mappings(pid).first()
+        && let Some(m) = procs.mapping_for(pid, first.start)
+    {
+        b.mapping(&mapping_key(&m), true);
+    }
+
     // (pid, frame) -> location id
     let mut loc_ids: HashMap<(u32, FrameAddr), u64> = HashMap::new();
     let mut trees: Vec<_> = cct.threads.values().collect();
@@ -115,7 +129,10 @@ fn location(
         FrameAddr::User {
             addr,
             return_address,
-        } => (addr, symbolizer.resolve_user(procs, pid, addr, return_address)),
+        } => (
+            addr,
+            symbolizer.resolve_user(procs, pid, addr, return_address),
+        ),
         FrameAddr::Kernel { addr, .. } => (addr, symbolizer.resolve_kernel(addr)),
         FrameAddr::Truncated => {
             let line = LineKey {
@@ -129,16 +146,7 @@ fn location(
     let Resolved { mapping, frames } = resolved;
     let symbolized = !frames.is_empty();
     let mapping_id = match (&mapping, f) {
-        (Some(m), _) => b.mapping(
-            &MappingKey {
-                start: m.start,
-                limit: m.limit,
-                file_offset: m.file_offset,
-                filename: m.path.clone(),
-                build_id: m.build_id.clone().unwrap_or_default(),
-            },
-            symbolized,
-        ),
+        (Some(m), _) => b.mapping(&mapping_key(m), symbolized),
         (None, FrameAddr::Kernel { .. }) => b.mapping(
             &MappingKey {
                 start: 0xffff_8000_0000_0000,
@@ -181,6 +189,16 @@ fn location(
         }]
     };
     b.location(mapping_id, addr, &lines)
+}
+
+fn mapping_key(m: &MappingInfo) -> MappingKey {
+    MappingKey {
+        start: m.start,
+        limit: m.limit,
+        file_offset: m.file_offset,
+        filename: m.path.clone(),
+        build_id: m.build_id.clone().unwrap_or_default(),
+    }
 }
 
 /// Writes `profile` gzip'd to `dir/name` atomically (temp file + rename),

@@ -9,9 +9,14 @@
 //! - [`symbolize`]: addresses → functions, files, lines, inline frames.
 //! - [`pprof`]: calling context trees → profile.proto.
 //! - [`sys`]: the raw syscalls the daemon makes itself.
-pub mod events;
-pub mod sampler;
-pub mod sys;
 pub mod cct;
 pub mod cli;
+pub mod events;
+pub mod export;
 pub mod pprof;
+pub mod procs;
+pub mod sampler;
+pub mod session;
+pub mod symbolize;
+pub mod sys;
+pub mod unwind;

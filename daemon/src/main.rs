@@ -12,6 +12,10 @@ use burstyd::session::{self, SessionOptions};
 use clap::Parser;
 
 fn main() {
+    if let Some(fd) = std::env::var_os(GATE_ENV) {
+        let argv: Vec<_> = std::env::args_os().skip(1).collect();
+        exec_gate(&fd.to_string_lossy(), &argv);
+    }
     let cli = Cli::parse();
     let args = match &cli.command {
         Some(Command::Run { profile, .. }) => profile.clone(),
@@ -150,15 +154,41 @@ async fn real_main(cli: Cli, args: ProfileArgs) -> anyhow::Result<i32> {
     )
     .await?;
     Ok(match status {
-        Some(s) => s
-            .code()
-            .unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&s).unwrap_or(0)),
+        Some(s) => s.code().unwrap_or_else(|| {
+            128 + std::os::unix::process::ExitStatusExt::signal(&s).unwrap_or(0)
+        }),
         None => 0,
     })
 }
 
-/// Spawns `command` so that it blocks, before exec, until the returned fd
-/// (the write end of a pipe) is closed.
+/// Environment variable that turns `burstyd` into the exec gate of
+/// `burstyd run` (see [`spawn_gated`]); its value is the pipe's read fd.
+const GATE_ENV: &str = "__BURSTYD_EXEC_GATE";
+
+/// In the gate process: waits until burstyd closes the pipe, then execs the
+/// command in place (same pid). Never returns on success.
+fn exec_gate(fd: &str, argv: &[std::ffi::OsString]) -> ! {
+    let fd: i32 = fd.parse().unwrap_or(-1);
+    let mut b = 0u8;
+    // SAFETY: reading one byte into a valid buffer; EOF (0) means go.
+    while unsafe { libc::read(fd, &mut b as *mut u8 as *mut libc::c_void, 1) } < 0
+        && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+    {}
+    // SAFETY: single-threaded at this point; we exec right after.
+    unsafe {
+        libc::close(fd);
+        std::env::remove_var(GATE_ENV);
+    }
+    let err = std::process::Command::new(&argv[0]).args(&argv[1..]).exec();
+    eprintln!("burstyd: cannot run `{}`: {err}", argv[0].to_string_lossy());
+    std::process::exit(127);
+}
+
+/// Spawns `command` so that it does not start before the returned fd (the
+/// write end of a pipe) is closed: the child first runs this binary as a
+/// gate, which waits on the pipe and then execs `command` in place, keeping
+/// its pid. (Blocking in `pre_exec` instead would deadlock: `spawn` waits
+/// for the exec.)
 fn spawn_gated(command: &[String]) -> anyhow::Result<(tokio::process::Child, OwnedFd)> {
     let mut fds = [0i32; 2];
     // SAFETY: `fds` is a valid out-array of two ints.
@@ -166,20 +196,21 @@ fn spawn_gated(command: &[String]) -> anyhow::Result<(tokio::process::Child, Own
         return Err(std::io::Error::last_os_error()).context("pipe2");
     }
     // SAFETY: pipe2 just returned these two descriptors; we own them.
-    let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     let rfd = read_end.as_raw_fd();
     let wfd = write_end.as_raw_fd();
-    let mut cmd = std::process::Command::new(&command[0]);
-    cmd.args(&command[1..]);
-    // SAFETY: the closure only makes async-signal-safe calls (close, read).
+    let exe = std::env::current_exe().context("finding burstyd's own executable")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(command).env(GATE_ENV, rfd.to_string());
+    // SAFETY: only async-signal-safe calls (close, fcntl) between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             libc::close(wfd);
-            let mut b = 0u8;
-            // Returns 0 (EOF) once the parent closes the write end.
-            while libc::read(rfd, &mut b as *mut u8 as *mut libc::c_void, 1) < 0
-                && *libc::__errno_location() == libc::EINTR
-            {}
+            // Keep the read end open across exec.
+            if libc::fcntl(rfd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             Ok(())
         });
     }

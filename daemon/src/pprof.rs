@@ -345,8 +345,16 @@ mod tests {
             true,
         );
         let leaf = [
-            LineKey { function: "inlined".into(), file: "x.c".into(), line: 3 },
-            LineKey { function: "outer".into(), file: "x.c".into(), line: 9 },
+            LineKey {
+                function: "inlined".into(),
+                file: "x.c".into(),
+                line: 3,
+            },
+            LineKey {
+                function: "outer".into(),
+                file: "x.c".into(),
+                line: 9,
+            },
         ];
         let l1 = b.location(m, 0x1010, &leaf);
         assert_eq!(b.location(m, 0x1010, &leaf), l1);

@@ -25,7 +25,9 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 
 #[derive(Debug, thiserror::Error)]
 pub enum SamplerError {
-    #[error("loading the eBPF object failed (does the kernel support BPF ring buffers and BTF? root or CAP_BPF+CAP_PERFMON needed): {0}")]
+    #[error(
+        "loading the eBPF object failed (does the kernel support BPF ring buffers and BTF? root or CAP_BPF+CAP_PERFMON needed): {0}"
+    )]
     Load(#[from] aya::EbpfError),
     #[error("eBPF program `{name}` failed: {source}")]
     Program {
@@ -90,25 +92,45 @@ impl Sampler {
             }
         };
         {
-            let map = ebpf.map_mut("CONFIG").ok_or(SamplerError::MissingMap("CONFIG"))?;
-            let mut config: Array<_, Config> = Array::try_from(map)
-                .map_err(|source| SamplerError::Map { name: "CONFIG", source })?;
+            let map = ebpf
+                .map_mut("CONFIG")
+                .ok_or(SamplerError::MissingMap("CONFIG"))?;
+            let mut config: Array<_, Config> =
+                Array::try_from(map).map_err(|source| SamplerError::Map {
+                    name: "CONFIG",
+                    source,
+                })?;
             let cfg = Config {
-                filter: if opts.targets.is_some() { FILTER_TARGETS } else { FILTER_ALL },
+                filter: if opts.targets.is_some() {
+                    FILTER_TARGETS
+                } else {
+                    FILTER_ALL
+                },
                 self_pid: std::process::id(),
                 kernel_stacks: opts.kernel_stacks as u32,
                 _pad: 0,
             };
-            config
-                .set(0, cfg, 0)
-                .map_err(|source| SamplerError::Map { name: "CONFIG", source })?;
+            config.set(0, cfg, 0).map_err(|source| SamplerError::Map {
+                name: "CONFIG",
+                source,
+            })?;
         }
-        let ring = RingBuf::try_from(ebpf.take_map("SAMPLES").ok_or(SamplerError::MissingMap("SAMPLES"))?)
-            .map_err(|source| SamplerError::Map { name: "SAMPLES", source })?;
-        let counters = PerCpuArray::try_from(
-            ebpf.take_map("COUNTERS").ok_or(SamplerError::MissingMap("COUNTERS"))?,
+        let ring = RingBuf::try_from(
+            ebpf.take_map("SAMPLES")
+                .ok_or(SamplerError::MissingMap("SAMPLES"))?,
         )
-        .map_err(|source| SamplerError::Map { name: "COUNTERS", source })?;
+        .map_err(|source| SamplerError::Map {
+            name: "SAMPLES",
+            source,
+        })?;
+        let counters = PerCpuArray::try_from(
+            ebpf.take_map("COUNTERS")
+                .ok_or(SamplerError::MissingMap("COUNTERS"))?,
+        )
+        .map_err(|source| SamplerError::Map {
+            name: "COUNTERS",
+            source,
+        })?;
         let mut sampler = Sampler {
             ebpf,
             // SAFETY: the ring buffer owns its fd and keeps it open for as
@@ -134,9 +156,14 @@ impl Sampler {
             .program_mut("on_overflow")
             .ok_or(SamplerError::MissingMap("on_overflow"))?
             .try_into()
-            .map_err(|source| SamplerError::Program { name: "on_overflow", source })?;
-        prog.load()
-            .map_err(|source| SamplerError::Program { name: "on_overflow", source })?;
+            .map_err(|source| SamplerError::Program {
+                name: "on_overflow",
+                source,
+            })?;
+        prog.load().map_err(|source| SamplerError::Program {
+            name: "on_overflow",
+            source,
+        })?;
         let cpus = aya::util::online_cpus().map_err(|(what, e)| SamplerError::Cpus(what, e))?;
         let policy = match opts.sampling {
             Sampling::Period(p) => SamplePolicy::Period(p),
@@ -144,7 +171,7 @@ impl Sampler {
         };
         for &cpu in &cpus {
             prog.attach(
-                opts.event.config.clone(),
+                opts.event.config,
                 PerfEventScope::AllProcessesOneCpu { cpu },
                 policy,
                 false,
@@ -165,12 +192,21 @@ impl Sampler {
 
     /// Starts recording `pid` (targeted mode only).
     pub fn add_target(&mut self, pid: u32) -> Result<(), SamplerError> {
-        let map = self.ebpf.map_mut("TARGETS").ok_or(SamplerError::MissingMap("TARGETS"))?;
+        let map = self
+            .ebpf
+            .map_mut("TARGETS")
+            .ok_or(SamplerError::MissingMap("TARGETS"))?;
         let mut targets: HashMap<_, u32, u8> =
-            HashMap::try_from(map).map_err(|source| SamplerError::Map { name: "TARGETS", source })?;
+            HashMap::try_from(map).map_err(|source| SamplerError::Map {
+                name: "TARGETS",
+                source,
+            })?;
         targets
             .insert(pid, 1, 0)
-            .map_err(|source| SamplerError::Map { name: "TARGETS", source })
+            .map_err(|source| SamplerError::Map {
+                name: "TARGETS",
+                source,
+            })
     }
 
     /// Waits until samples are available, then calls `f` on each one in the

@@ -64,12 +64,11 @@ impl Pipeline {
     fn handle(&mut self, s: &Sample) {
         self.stats.samples += 1;
         let thread_name = comm_str(&s.comm);
-        if !self.cct.process_names.contains_key(&s.pid) {
-            let name = std::fs::read_to_string(format!("/proc/{}/comm", s.pid))
+        self.cct.process_names.entry(s.pid).or_insert_with(|| {
+            std::fs::read_to_string(format!("/proc/{}/comm", s.pid))
                 .map(|c| c.trim_end().to_owned())
-                .unwrap_or_else(|_| thread_name.to_owned());
-            self.cct.process_names.insert(s.pid, name);
-        }
+                .unwrap_or_else(|_| thread_name.to_owned())
+        });
         let kernel = &s.kstack[..(s.kstack_len as usize).min(s.kstack.len())];
         self.frames.clear();
         let mut truncated = false;
@@ -218,12 +217,22 @@ pub async fn run(
     let last = std::mem::take(&mut pipe.cct);
     if opts.interval.is_some() && !last.is_empty() {
         let name = format!("context-{}.pb.gz", timestamp(now));
-        let profile = build_profile(&last, &pipe.procs, &mut symbolizer, &meta(interval_start, now));
+        let profile = build_profile(
+            &last,
+            &pipe.procs,
+            &mut symbolizer,
+            &meta(interval_start, now),
+        );
         write_profile(&opts.output, &name, &profile)?;
         pipe.stats.profiles_written += 1;
     }
     merge(&mut total, last);
-    let profile = build_profile(&total, &pipe.procs, &mut symbolizer, &meta(session_start, now));
+    let profile = build_profile(
+        &total,
+        &pipe.procs,
+        &mut symbolizer,
+        &meta(session_start, now),
+    );
     let path = write_profile(&opts.output, "context.pb.gz", &profile)
         .with_context(|| format!("writing {}", opts.output.join("context.pb.gz").display()))?;
     pipe.stats.profiles_written += 1;

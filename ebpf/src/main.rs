@@ -19,8 +19,8 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
         generated::{
-            bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_get_stack,
-            bpf_probe_read_user, bpf_task_pt_regs,
+            bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_get_stack, bpf_probe_read_user,
+            bpf_task_pt_regs,
         },
     },
     macros::{map, perf_event},
@@ -91,7 +91,10 @@ fn try_on_overflow(ctx: &PerfEventContext) -> Result<u32, u32> {
     let Some(mut entry) = SAMPLES.reserve::<Sample>(0) else {
         let dropped = bump(counter::RING_FULL);
         if dropped.is_power_of_two() {
-            warn!(ctx, "ring buffer full: {} samples dropped on this CPU", dropped);
+            warn!(
+                ctx,
+                "ring buffer full: {} samples dropped on this CPU", dropped
+            );
         }
         return Ok(0);
     };
@@ -209,4 +212,3 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 4] = *b"GPL\0";
-

@@ -1,0 +1,869 @@
+//! Symbolization: code addresses → functions, source files, lines, inline frames.
+//!
+//! **You give it** a user address of a sampled process (with the
+//! [`ProcessTable`] that maps it) or a kernel address. **It gives back** a
+//! [`Resolved`]: the mapping the address belongs to and the frames at that
+//! address, innermost first (inlined callees first, the containing function
+//! last), with demangled Rust (legacy and v0) and C++ names.
+//!
+//! Sources, best first:
+//! 1. DWARF (`.debug_info`/`.debug_line`, inline frames) through `addr2line`,
+//!    from the module itself or from a separate debug file found by build ID
+//!    (`/usr/lib/debug/.build-id/..`) or `.gnu_debuglink`;
+//! 2. the ELF symbol tables `.symtab` and `.dynsym` (nearest preceding function
+//!    symbol whose size covers the address);
+//! 3. for `[vdso]` without a matching symbol, the name `[vdso]`.
+//!
+//! Kernel addresses are resolved with `/proc/kallsyms` (read once; needs root
+//! or `kptr_restrict=0`), kernel-module symbols get the module as mapping.
+//!
+//! ## Address spaces
+//!
+//! AVMA = address in the process; SVMA = address stated in the ELF file (what
+//! DWARF and symbol tables use); `bias = avma - svma` comes from the mapping.
+//! A return address points after the call, so for every frame but the leaf we
+//! look up `avma - 1 - bias`.
+//!
+//! ## Caching
+//!
+//! Per module (keyed by build ID, or by path and inode when there is none):
+//! the parsed symbol table and the lazily created DWARF context; per (module,
+//! SVMA): the resolved frames. Modules only this cache still holds are dropped
+//! by [`Symbolizer::prune`].
+//!
+//! ## Non-goals
+//!
+//! No debuginfod or network lookups, no symbolization of JIT code, no kernel
+//! line numbers (no vmlinux DWARF).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use object::{Object, ObjectSymbol, SymbolKind};
+use tracing::{debug, warn};
+
+use crate::procs::{MappingInfo, Module, ProcessTable};
+
+/// One (possibly inlined) function at an address.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Demangled name; `"??"` only when truly unknown.
+    pub function: String,
+    /// Source file, if DWARF says.
+    pub file: Option<String>,
+    /// Source line, if DWARF says.
+    pub line: Option<u32>,
+}
+
+/// What an address resolved to.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    /// The mapping containing the address.
+    pub mapping: Option<MappingInfo>,
+    /// Innermost first: inlined callees first, the containing (outer) function last; empty = unknown.
+    pub frames: Vec<Frame>,
+}
+
+impl Resolved {
+    fn unknown() -> Self {
+        Resolved {
+            mapping: None,
+            frames: Vec::new(),
+        }
+    }
+}
+
+/// Upper bound on cached addresses per module before the cache is cleared.
+const MAX_CACHED_ADDRS: usize = 1 << 17;
+/// A symbol of size 0 covers at most this many bytes.
+const SIZELESS_SYMBOL_SPAN: u64 = 4096;
+/// A kernel address farther than this past the last symbol is unknown.
+const KERNEL_LAST_SYMBOL_SPAN: u64 = 1 << 20;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum ModuleId {
+    BuildId(String),
+    PathInode(String, u64),
+}
+
+fn module_id(m: &Module) -> ModuleId {
+    match m.build_id() {
+        Some(id) => ModuleId::BuildId(id.to_owned()),
+        None => ModuleId::PathInode(m.path().to_owned(), m.inode()),
+    }
+}
+
+/// A function symbol; the name is a range of the module's data.
+#[derive(Clone, Copy, Debug)]
+struct Sym {
+    start: u64,
+    size: u64,
+    name_off: usize,
+    name_len: u32,
+    /// Higher is preferred among symbols at the same address.
+    rank: u8,
+}
+
+/// Function symbols of `.symtab` and `.dynsym`, sorted by address.
+struct SymbolTable {
+    syms: Vec<Sym>,
+}
+
+impl SymbolTable {
+    fn build(module: &Module) -> SymbolTable {
+        let data = module.data();
+        let mut syms = Vec::new();
+        if let Ok(obj) = object::File::parse(data) {
+            let base = data.as_ptr() as usize;
+            let mut add = |s: object::Symbol<'_, '_>, dynamic: bool| {
+                if s.kind() != SymbolKind::Text || s.is_undefined() || s.address() == 0 {
+                    return;
+                }
+                let Ok(name) = s.name_bytes() else { return };
+                let off = (name.as_ptr() as usize).wrapping_sub(base);
+                if name.is_empty() || off.checked_add(name.len()).is_none_or(|e| e > data.len()) {
+                    return;
+                }
+                let rank =
+                    u8::from(s.is_global()) * 2 + u8::from(!dynamic) + u8::from(s.size() > 0) * 4;
+                syms.push(Sym {
+                    start: s.address(),
+                    size: s.size(),
+                    name_off: off,
+                    name_len: name.len().min(u32::MAX as usize) as u32,
+                    rank,
+                });
+            };
+            for s in obj.symbols() {
+                add(s, false);
+            }
+            for s in obj.dynamic_symbols() {
+                add(s, true);
+            }
+        }
+        // Sort by address, best first among equal addresses, then keep one per address.
+        syms.sort_by(|a, b| a.start.cmp(&b.start).then(b.rank.cmp(&a.rank)));
+        syms.dedup_by_key(|s| s.start);
+        SymbolTable { syms }
+    }
+
+    fn lookup<'m>(&self, module: &'m Module, svma: u64) -> Option<&'m [u8]> {
+        let i = self.syms.partition_point(|s| s.start <= svma);
+        // The nearest preceding symbol, or one a little further back whose
+        // size still covers the address (nested/aliased symbols).
+        for (k, s) in self.syms[..i].iter().rev().take(8).enumerate() {
+            let covers = if s.size > 0 {
+                svma - s.start < s.size
+            } else {
+                k == 0 && svma - s.start < SIZELESS_SYMBOL_SPAN
+            };
+            if covers {
+                return module
+                    .data()
+                    .get(s.name_off..s.name_off + s.name_len as usize);
+            }
+        }
+        None
+    }
+}
+
+fn demangle(raw: &str) -> String {
+    addr2line::demangle_auto(Cow::Borrowed(raw), None).into_owned()
+}
+
+struct ModuleSymbols {
+    module: Arc<Module>,
+    symbols: Option<SymbolTable>,
+    /// `None` = not tried yet; `Some(None)` = no DWARF available.
+    dwarf: Option<Option<addr2line::Loader>>,
+    cache: HashMap<u64, Arc<[Frame]>>,
+}
+
+impl ModuleSymbols {
+    fn new(module: Arc<Module>) -> Self {
+        ModuleSymbols {
+            module,
+            symbols: None,
+            dwarf: None,
+            cache: HashMap::new(),
+        }
+    }
+
+    fn dwarf(&mut self) -> Option<&addr2line::Loader> {
+        let module = &self.module;
+        self.dwarf
+            .get_or_insert_with(|| {
+                let path = if module.has_debug_info() {
+                    module.fd_path()
+                } else {
+                    module.debug_file()
+                }?;
+                match addr2line::Loader::new(&path) {
+                    Ok(l) => {
+                        debug!(module = module.path(), dwarf = %path.display(), "loaded DWARF");
+                        Some(l)
+                    }
+                    Err(e) => {
+                        warn!(module = module.path(), dwarf = %path.display(), error = %e, "cannot load DWARF");
+                        None
+                    }
+                }
+            })
+            .as_ref()
+    }
+
+    fn symbol_name(&mut self, svma: u64) -> Option<String> {
+        let module = &self.module;
+        let table = self
+            .symbols
+            .get_or_insert_with(|| SymbolTable::build(module));
+        let raw = table.lookup(module, svma)?;
+        Some(demangle(&String::from_utf8_lossy(raw)))
+    }
+
+    fn resolve(&mut self, svma: u64) -> Arc<[Frame]> {
+        if let Some(f) = self.cache.get(&svma) {
+            return f.clone();
+        }
+        let mut frames = Vec::new();
+        let mut location = None;
+        if let Some(loader) = self.dwarf() {
+            match loader.find_frames(svma) {
+                Ok(mut iter) => loop {
+                    match iter.next() {
+                        Ok(Some(f)) => {
+                            let function = f
+                                .function
+                                .as_ref()
+                                .and_then(|n| n.demangle().ok())
+                                .map(Cow::into_owned);
+                            let (file, line) = f
+                                .location
+                                .map(|l| (l.file.map(str::to_owned), l.line))
+                                .unwrap_or((None, None));
+                            frames.push((function, file, line));
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            debug!(svma, error = %e, "DWARF frame lookup failed");
+                            break;
+                        }
+                    }
+                },
+                Err(e) => debug!(svma, error = %e, "DWARF lookup failed"),
+            }
+            if frames.is_empty()
+                && let Ok(Some(l)) = loader.find_location(svma)
+            {
+                location = Some((l.file.map(str::to_owned), l.line));
+            }
+        }
+        let out: Vec<Frame> = if frames.is_empty() {
+            let name = self
+                .symbol_name(svma)
+                .or_else(|| (self.module.path() == "[vdso]").then(|| "[vdso]".to_owned()));
+            match (name, location) {
+                (Some(function), loc) => {
+                    let (file, line) = loc.unwrap_or((None, None));
+                    vec![Frame {
+                        function,
+                        file,
+                        line,
+                    }]
+                }
+                (None, Some((file, line))) => vec![Frame {
+                    function: "??".to_owned(),
+                    file,
+                    line,
+                }],
+                (None, None) => Vec::new(),
+            }
+        } else {
+            let n = frames.len();
+            let mut out = Vec::with_capacity(n);
+            for (i, (function, file, line)) in frames.into_iter().enumerate() {
+                let function = match function {
+                    Some(f) => f,
+                    // The outer function without a DWARF name: use the symbol table.
+                    None if i + 1 == n => self.symbol_name(svma).unwrap_or_else(|| "??".to_owned()),
+                    None => "??".to_owned(),
+                };
+                out.push(Frame {
+                    function,
+                    file,
+                    line,
+                });
+            }
+            out
+        };
+        let out: Arc<[Frame]> = out.into();
+        if self.cache.len() >= MAX_CACHED_ADDRS {
+            self.cache.clear();
+        }
+        self.cache.insert(svma, out.clone());
+        out
+    }
+}
+
+#[derive(Clone, Copy)]
+struct KSym {
+    addr: u64,
+    name_off: u32,
+    name_len: u32,
+    /// Index into `KernelSymbols::mappings`.
+    mapping: u32,
+    /// Preference among symbols at one address (global before local).
+    rank: u8,
+}
+
+struct KernelSymbols {
+    syms: Vec<KSym>,
+    names: String,
+    /// `[kernel.kallsyms]` first, then one per kernel module.
+    mappings: Vec<MappingInfo>,
+}
+
+/// Build ID from an ELF notes blob (e.g. `/sys/kernel/notes`).
+fn build_id_from_notes(notes: &[u8]) -> Option<String> {
+    let mut p = 0usize;
+    let word = |p: usize| -> Option<usize> {
+        Some(u32::from_le_bytes(notes.get(p..p + 4)?.try_into().ok()?) as usize)
+    };
+    while p + 12 <= notes.len() {
+        let (namesz, descsz, ty) = (word(p)?, word(p + 4)?, word(p + 8)?);
+        let name_start = p + 12;
+        let desc_start = name_start + namesz.div_ceil(4) * 4;
+        let next = desc_start + descsz.div_ceil(4) * 4;
+        if ty == 3 && notes.get(name_start..name_start + namesz) == Some(b"GNU\0") {
+            return Some(userspace_rewriter::elf::to_hex(
+                notes.get(desc_start..desc_start + descsz)?,
+            ));
+        }
+        p = next;
+    }
+    None
+}
+
+impl KernelSymbols {
+    fn load() -> Option<KernelSymbols> {
+        let text = match std::fs::read_to_string("/proc/kallsyms") {
+            Ok(t) => t,
+            Err(e) => {
+                warn!(error = %e, "cannot read /proc/kallsyms; kernel frames stay unresolved");
+                return None;
+            }
+        };
+        let mut syms = Vec::new();
+        let mut names = String::new();
+        let mut module_index: HashMap<String, u32> = HashMap::new();
+        let mut module_names = vec!["[kernel.kallsyms]".to_owned()];
+        for line in text.lines() {
+            let mut f = line.split_ascii_whitespace();
+            let (Some(addr), Some(ty), Some(name)) = (f.next(), f.next(), f.next()) else {
+                continue;
+            };
+            if !matches!(ty, "t" | "T" | "w" | "W") {
+                continue;
+            }
+            let Ok(addr) = u64::from_str_radix(addr, 16) else {
+                continue;
+            };
+            if addr == 0 {
+                continue;
+            }
+            let mapping = match f.next() {
+                Some(m) if m.starts_with('[') => {
+                    let next = module_names.len() as u32;
+                    *module_index.entry(m.to_owned()).or_insert_with(|| {
+                        module_names.push(m.to_owned());
+                        next
+                    })
+                }
+                _ => 0,
+            };
+            let rank = match ty {
+                "T" => 3,
+                "W" => 2,
+                "t" => 1,
+                _ => 0,
+            };
+            syms.push(KSym {
+                rank,
+                addr,
+                name_off: names.len() as u32,
+                name_len: name.len() as u32,
+                mapping,
+            });
+            names.push_str(name);
+        }
+        if syms.is_empty() {
+            warn!(
+                "/proc/kallsyms has no addresses (kptr_restrict?); kernel frames stay unresolved"
+            );
+            return None;
+        }
+        // One name per address: the most global one, then the first listed.
+        syms.sort_by(|a, b| a.addr.cmp(&b.addr).then(b.rank.cmp(&a.rank)));
+        syms.dedup_by_key(|s| s.addr);
+        let mut ranges = vec![(u64::MAX, 0u64); module_names.len()];
+        for s in &syms {
+            let r = &mut ranges[s.mapping as usize];
+            r.0 = r.0.min(s.addr);
+            r.1 = r.1.max(s.addr);
+        }
+        let mappings = module_names
+            .iter()
+            .zip(ranges)
+            .map(|(name, (lo, hi))| {
+                let build_id = if name == "[kernel.kallsyms]" {
+                    std::fs::read("/sys/kernel/notes").ok()
+                } else {
+                    let m = name.trim_start_matches('[').trim_end_matches(']');
+                    std::fs::read(format!("/sys/module/{m}/notes/.note.gnu.build-id")).ok()
+                }
+                .and_then(|n| build_id_from_notes(&n));
+                MappingInfo {
+                    start: lo,
+                    limit: hi.saturating_add(1),
+                    file_offset: 0,
+                    path: name.clone(),
+                    build_id: build_id.clone(),
+                    bias: 0,
+                    module: Arc::new(Module::placeholder(name, build_id)),
+                }
+            })
+            .collect();
+        debug!(symbols = syms.len(), "loaded /proc/kallsyms");
+        Some(KernelSymbols {
+            syms,
+            names,
+            mappings,
+        })
+    }
+
+    fn lookup(&self, addr: u64) -> Option<(&str, &MappingInfo)> {
+        let i = self.syms.partition_point(|s| s.addr <= addr);
+        let s = self.syms.get(i.checked_sub(1)?)?;
+        if i == self.syms.len() && addr - s.addr > KERNEL_LAST_SYMBOL_SPAN {
+            return None;
+        }
+        let name = self
+            .names
+            .get(s.name_off as usize..(s.name_off + s.name_len) as usize)?;
+        Some((name, &self.mappings[s.mapping as usize]))
+    }
+}
+
+/// Resolves addresses to frames, caching per module and per address.
+pub struct Symbolizer {
+    modules: HashMap<ModuleId, ModuleSymbols>,
+    /// `None` = not loaded yet.
+    kernel: Option<Option<KernelSymbols>>,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Symbolizer {
+    /// An empty symbolizer.
+    pub fn new() -> Self {
+        Symbolizer {
+            modules: HashMap::new(),
+            kernel: None,
+        }
+    }
+
+    /// Resolve a user-space address of `pid` (call [`ProcessTable::ensure`] first).
+    ///
+    /// `is_return_address`: true for every frame but the leaf; then `addr - 1`
+    /// (inside the call instruction) is looked up.
+    pub fn resolve_user(
+        &mut self,
+        procs: &ProcessTable,
+        pid: u32,
+        addr: u64,
+        is_return_address: bool,
+    ) -> Resolved {
+        let Some(mapping) = procs.mapping_for(pid, addr) else {
+            return Resolved::unknown();
+        };
+        let lookup = if is_return_address {
+            addr.wrapping_sub(1)
+        } else {
+            addr
+        };
+        let svma = lookup.wrapping_sub(mapping.bias);
+        let frames = self.module_symbols(&mapping.module).resolve(svma).to_vec();
+        Resolved {
+            mapping: Some(mapping),
+            frames,
+        }
+    }
+
+    /// Resolve an SVMA in `module` directly (no process needed).
+    pub fn resolve_svma(&mut self, module: &Arc<Module>, svma: u64) -> Vec<Frame> {
+        self.module_symbols(module).resolve(svma).to_vec()
+    }
+
+    fn module_symbols(&mut self, module: &Arc<Module>) -> &mut ModuleSymbols {
+        let id = module_id(module);
+        let entry = self
+            .modules
+            .entry(id)
+            .or_insert_with(|| ModuleSymbols::new(module.clone()));
+        // Same path and inode but another file (replaced on disk): start over.
+        if !Arc::ptr_eq(&entry.module, module) && module.build_id().is_none() {
+            *entry = ModuleSymbols::new(module.clone());
+        }
+        entry
+    }
+
+    /// Kernel addresses from `/proc/kallsyms` (loaded once, sorted). The
+    /// mapping path is `[kernel.kallsyms]`, or `[module]` for kernel modules.
+    pub fn resolve_kernel(&mut self, addr: u64) -> Resolved {
+        let kernel = self.kernel.get_or_insert_with(KernelSymbols::load);
+        let Some((name, mapping)) = kernel.as_ref().and_then(|k| k.lookup(addr)) else {
+            return Resolved::unknown();
+        };
+        Resolved {
+            mapping: Some(mapping.clone()),
+            frames: vec![Frame {
+                function: name.to_owned(),
+                file: None,
+                line: None,
+            }],
+        }
+    }
+
+    /// Drop cached data of modules no process table holds any more.
+    pub fn prune(&mut self) {
+        self.modules.retain(|_, m| Arc::strong_count(&m.module) > 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::unwind::tests::{
+        ChildGuard, build_spin_fixture, detach, scratch_dir, seize_and_sample,
+    };
+    use crate::unwind::{UnwindEnd, Unwinder};
+
+    #[inline(never)]
+    fn burstyd_symbolize_marker_fn(x: u64) -> u64 {
+        std::hint::black_box(x).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x55
+    }
+
+    fn function_names(r: &Resolved) -> Vec<&str> {
+        r.frames.iter().map(|f| f.function.as_str()).collect()
+    }
+
+    #[test]
+    fn symbolize_own_function() {
+        let pid = std::process::id();
+        let addr = burstyd_symbolize_marker_fn as fn(u64) -> u64 as usize as u64;
+        assert_ne!(burstyd_symbolize_marker_fn(1), 0);
+        let mut procs = ProcessTable::new();
+        assert!(procs.ensure(pid, addr));
+        let mut s = Symbolizer::new();
+        let r = s.resolve_user(&procs, pid, addr, false);
+        let outer = r
+            .frames
+            .last()
+            .unwrap_or_else(|| panic!("no frames: {r:?}"));
+        assert!(
+            outer.function.contains("burstyd_symbolize_marker_fn"),
+            "{r:?}"
+        );
+        assert!(
+            outer.function.contains("symbolize::tests"),
+            "demangled path: {r:?}"
+        );
+        assert!(
+            outer
+                .file
+                .as_deref()
+                .is_some_and(|f| f.ends_with("symbolize.rs")),
+            "{r:?}"
+        );
+        assert!(outer.line.is_some());
+        // As a return address (addr+1 → lookup addr) it is the same function.
+        let r2 = s.resolve_user(&procs, pid, addr + 1, true);
+        assert_eq!(r2.frames.last().map(|f| &f.function), Some(&outer.function));
+        // Cached: same answer again.
+        assert_eq!(s.resolve_user(&procs, pid, addr, false).frames, r.frames);
+        let m = r.mapping.unwrap();
+        assert!(m.start <= addr && addr < m.limit);
+    }
+
+    #[test]
+    fn symbolize_libc_getpid() {
+        let pid = std::process::id();
+        let addr = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"getpid".as_ptr()) } as u64;
+        assert_ne!(addr, 0);
+        let mut procs = ProcessTable::new();
+        assert!(procs.ensure(pid, addr));
+        let mut s = Symbolizer::new();
+        let r = s.resolve_user(&procs, pid, addr, false);
+        assert!(
+            r.frames
+                .last()
+                .is_some_and(|f| f.function.contains("getpid")),
+            "{r:?}"
+        );
+        assert!(r.mapping.as_ref().unwrap().path.contains("libc.so"));
+        // An address in the middle of getpid is still getpid.
+        let r = s.resolve_user(&procs, pid, addr + 2, false);
+        assert!(
+            function_names(&r).iter().any(|f| f.contains("getpid")),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn symbolize_unknown_and_garbage() {
+        let mut procs = ProcessTable::new();
+        let mut s = Symbolizer::new();
+        let pid = std::process::id();
+        procs.ensure(pid, 0);
+        for addr in [0u64, 1, u64::MAX, 0x1000] {
+            let r = s.resolve_user(&procs, pid, addr, true);
+            assert!(r.frames.is_empty() && r.mapping.is_none());
+        }
+        assert!(
+            s.resolve_user(&procs, u32::MAX - 7, 0x401000, false)
+                .frames
+                .is_empty()
+        );
+        assert!(s.resolve_kernel(0).frames.is_empty());
+    }
+
+    #[test]
+    fn symbolize_vdso() {
+        let pid = std::process::id();
+        let mut procs = ProcessTable::new();
+        procs.refresh(pid);
+        let Some(vdso) = procs
+            .exec_mappings(pid)
+            .iter()
+            .find(|m| &*m.path == "[vdso]")
+            .cloned()
+        else {
+            return;
+        };
+        let mut s = Symbolizer::new();
+        // Every address of the vdso resolves to something non-empty.
+        let r = s.resolve_user(&procs, pid, vdso.start + 0x10, false);
+        assert!(!r.frames.is_empty(), "{r:?}");
+        assert_eq!(r.mapping.unwrap().path, "[vdso]");
+        // Its exported functions resolve by name.
+        let obj = object::File::parse(vdso.module.data()).unwrap();
+        let sym = obj
+            .dynamic_symbols()
+            .find(|s| s.name().is_ok_and(|n| n.ends_with("clock_gettime")) && s.address() != 0)
+            .expect("vdso exports clock_gettime");
+        let r = s.resolve_user(
+            &procs,
+            pid,
+            vdso.bias.wrapping_add(sym.address()) + 1,
+            false,
+        );
+        assert!(
+            function_names(&r)
+                .iter()
+                .any(|n| n.ends_with("clock_gettime")),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn symbolize_kernel_kallsyms() {
+        let text = std::fs::read_to_string("/proc/kallsyms").unwrap();
+        let mut by_addr: HashMap<u64, Vec<String>> = HashMap::new();
+        let mut candidates = Vec::new();
+        for line in text.lines() {
+            let mut f = line.split_whitespace();
+            let (Some(a), Some(t), Some(n)) = (f.next(), f.next(), f.next()) else {
+                continue;
+            };
+            let a = u64::from_str_radix(a, 16).unwrap_or(0);
+            by_addr.entry(a).or_default().push(n.to_owned());
+            if matches!(t, "T" | "t")
+                && [
+                    "do_sys_open",
+                    "__x64_sys_getpid",
+                    "__x64_sys_openat",
+                    "schedule",
+                ]
+                .contains(&n)
+            {
+                candidates.push((a, n.to_owned()));
+            }
+        }
+        assert!(
+            !candidates.is_empty(),
+            "kallsyms has none of the known symbols"
+        );
+        assert!(
+            candidates.iter().all(|c| c.0 != 0),
+            "kallsyms addresses hidden (kptr_restrict); run as root"
+        );
+        let mut s = Symbolizer::new();
+        let mut exact = 0;
+        for (addr, name) in &candidates {
+            let aliases = &by_addr[addr];
+            for a in [*addr, addr + 1] {
+                let r = s.resolve_kernel(a);
+                let got = function_names(&r);
+                assert_eq!(got.len(), 1, "{a:#x}: {r:?}");
+                if aliases.len() == 1 {
+                    assert_eq!(got[0], name, "{a:#x}");
+                    exact += 1;
+                } else {
+                    // Several names at one address: any of them is right.
+                    assert!(
+                        aliases.iter().any(|n| n == got[0]),
+                        "{a:#x}: {got:?} not in {aliases:?}"
+                    );
+                }
+                assert_eq!(r.mapping.as_ref().unwrap().path, "[kernel.kallsyms]");
+            }
+        }
+        assert!(
+            exact > 0,
+            "no known symbol with a unique address: {candidates:?}"
+        );
+    }
+
+    #[test]
+    fn symbolize_unwound_gcc_fixture() {
+        let dir = scratch_dir("symbolize");
+        let exe = build_spin_fixture(&dir);
+        let child = ChildGuard(std::process::Command::new(&exe).spawn().unwrap());
+        let pid = child.0.id() as i32;
+        let mut procs = ProcessTable::new();
+        let mut u = Unwinder::new();
+        let mut s = Symbolizer::new();
+        let mut out = Vec::new();
+        let mut names = Vec::new();
+        let mut end = UnwindEnd::Error;
+        let mut leaf_frame = None;
+        // Sample until the child is inside `leaf` (it gets there within milliseconds).
+        for _ in 0..50 {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let (regs, stack) = seize_and_sample(pid, 16 << 10);
+            end = u.unwind(&mut procs, pid as u32, &regs, &stack, &mut out);
+            detach(pid);
+            names = out
+                .iter()
+                .enumerate()
+                .map(|(i, &a)| {
+                    let r = s.resolve_user(&procs, pid as u32, a, i > 0);
+                    if i == 0 {
+                        leaf_frame = r.frames.last().cloned();
+                    }
+                    r.frames
+                        .last()
+                        .map(|f| f.function.clone())
+                        .unwrap_or_else(|| "??".into())
+                })
+                .collect();
+            if names.first().map(String::as_str) == Some("leaf") {
+                break;
+            }
+        }
+        drop(child);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(end, UnwindEnd::Complete, "{names:?}");
+        assert_eq!(names[..4], ["leaf", "b", "a", "main"], "{names:?}");
+        assert!(
+            names[4..].iter().any(|n| n.contains("libc_start")),
+            "{names:?}"
+        );
+        let leaf = leaf_frame.unwrap();
+        assert!(
+            leaf.file.as_deref().is_some_and(|f| f.ends_with("spin.c")),
+            "{leaf:?}"
+        );
+        assert!(leaf.line.is_some());
+    }
+
+    #[test]
+    fn symbolize_demangles() {
+        assert_eq!(demangle("_ZN3foo3barE"), "foo::bar");
+        assert_eq!(demangle("_ZN3foo3bar17h0123456789abcdefE"), "foo::bar");
+        assert_eq!(demangle("_RNvCs1234_3foo3bar"), "foo::bar");
+        assert_eq!(
+            demangle("_ZNSt6vectorIiSaIiEE9push_backERKi"),
+            "std::vector<int, std::allocator<int> >::push_back(int const&)"
+        );
+        assert_eq!(demangle("getpid"), "getpid");
+        assert_eq!(
+            build_id_from_notes(&[
+                4, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, b'G', b'N', b'U', 0, 0xab, 0xcd, 0, 0
+            ]),
+            Some("abcd".into())
+        );
+    }
+
+    #[test]
+    fn symbolize_separate_debug_file_via_debuglink() {
+        let dir = scratch_dir("debuglink");
+        let exe = build_spin_fixture(&dir);
+        let dbg = dir.join("spin.debug");
+        let run = |args: &[&std::ffi::OsStr]| {
+            let out = std::process::Command::new(args[0])
+                .args(&args[1..])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        run(&[
+            "objcopy".as_ref(),
+            "--only-keep-debug".as_ref(),
+            exe.as_os_str(),
+            dbg.as_os_str(),
+        ]);
+        run(&["strip".as_ref(), "--strip-debug".as_ref(), exe.as_os_str()]);
+        let link = format!("--add-gnu-debuglink={}", dbg.display());
+        run(&["objcopy".as_ref(), link.as_ref(), exe.as_os_str()]);
+        let path = exe.to_str().unwrap();
+        let module = Arc::new(
+            Module::from_file(path, exe.clone(), std::fs::File::open(&exe).unwrap()).unwrap(),
+        );
+        assert!(!module.has_debug_info());
+        assert_eq!(module.debug_file(), Some(dbg.clone()));
+        let obj = object::File::parse(module.data()).unwrap();
+        let leaf = obj
+            .symbols()
+            .find(|s| s.name() == Ok("leaf"))
+            .expect("symtab has leaf")
+            .address();
+        let mut s = Symbolizer::new();
+        let frames = s.resolve_svma(&module, leaf);
+        let _ = std::fs::remove_dir_all(&dir);
+        let f = frames.last().expect("frames");
+        assert_eq!(f.function, "leaf");
+        assert!(
+            f.file.as_deref().is_some_and(|p| p.ends_with("spin.c")),
+            "{frames:?}"
+        );
+        assert!(f.line.is_some());
+    }
+
+    #[test]
+    fn symbolizer_is_send() {
+        fn is_send<T: Send>() {}
+        is_send::<Symbolizer>();
+        is_send::<ProcessTable>();
+        is_send::<Unwinder>();
+    }
+}
