@@ -1,4 +1,3 @@
-
 /// Rebuild when bpf-linker changes (it links this crate): a new linker must
 /// produce a new object.
 fn main() {

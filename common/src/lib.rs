@@ -82,7 +82,9 @@ pub struct Config {
     pub self_pid: u32,
     /// Non-zero: also capture kernel stacks.
     pub kernel_stacks: u32,
-    pub _pad: u32,
+    /// Non-zero: processes forked by a target become targets too
+    /// (`burstyd run`, so that `run -- sh -c ...` profiles the real work).
+    pub follow_children: u32,
 }
 
 /// Indexes into the per-CPU `COUNTERS` array.

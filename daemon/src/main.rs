@@ -126,6 +126,7 @@ async fn real_main(cli: Cli, args: ProfileArgs) -> anyhow::Result<i32> {
         sampling,
         targets: targets.clone(),
         kernel_stacks: !args.no_kernel,
+        follow_children: child.is_some(),
     })?;
     match &targets {
         None => tracing::info!(

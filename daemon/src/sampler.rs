@@ -11,7 +11,7 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        PerfEvent,
+        PerfEvent, TracePoint,
         perf_event::{PerfEventScope, SamplePolicy},
     },
 };
@@ -71,6 +71,8 @@ pub struct SamplerOptions {
     /// `None`: every process; `Some`: only these pids (more can be added).
     pub targets: Option<Vec<u32>>,
     pub kernel_stacks: bool,
+    /// Processes forked by targets become targets (`burstyd run`).
+    pub follow_children: bool,
 }
 
 pub struct Sampler {
@@ -108,7 +110,7 @@ impl Sampler {
                 },
                 self_pid: std::process::id(),
                 kernel_stacks: opts.kernel_stacks as u32,
-                _pad: 0,
+                follow_children: opts.follow_children as u32,
             };
             config.set(0, cfg, 0).map_err(|source| SamplerError::Map {
                 name: "CONFIG",
@@ -147,6 +149,9 @@ impl Sampler {
             }
         }
         sampler.attach(opts)?;
+        if opts.follow_children {
+            sampler.follow_children();
+        }
         Ok(sampler)
     }
 
@@ -184,6 +189,29 @@ impl Sampler {
         }
         self.cpus = cpus.len();
         Ok(())
+    }
+
+    /// Attaches `on_newtask` so that children of targets are sampled. Needs
+    /// tracefs; without it we warn and go on with the targets we have.
+    fn follow_children(&mut self) {
+        if let Err(e) = crate::sys::ensure_tracefs() {
+            tracing::debug!("mounting tracefs: {e}");
+        }
+        let r = (|| -> Result<(), aya::programs::ProgramError> {
+            let prog: &mut TracePoint = self
+                .ebpf
+                .program_mut("on_newtask")
+                .ok_or(aya::programs::ProgramError::NotLoaded)?
+                .try_into()?;
+            prog.load()?;
+            prog.attach("task", "task_newtask")?;
+            Ok(())
+        })();
+        if let Err(e) = r {
+            tracing::warn!(
+                "cannot follow child processes (is tracefs mounted at /sys/kernel/tracing?): {e}; only the command itself is sampled"
+            );
+        }
     }
 
     pub fn cpus(&self) -> usize {

@@ -85,3 +85,26 @@ pub fn self_peak_rss() -> u64 {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     ru.ru_maxrss as u64 * 1024
 }
+
+/// Mounts tracefs at /sys/kernel/tracing if nothing is mounted there yet
+/// (tracepoint attachment needs it; systemd hosts usually have it already).
+pub fn ensure_tracefs() -> io::Result<()> {
+    if std::path::Path::new("/sys/kernel/tracing/events").exists() {
+        return Ok(());
+    }
+    // SAFETY: all pointers are to NUL-terminated static strings.
+    let r = unsafe {
+        libc::mount(
+            c"nodev".as_ptr(),
+            c"/sys/kernel/tracing".as_ptr(),
+            c"tracefs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    tracing::info!("mounted tracefs at /sys/kernel/tracing");
+    Ok(())
+}

@@ -23,9 +23,9 @@ use aya_ebpf::{
             bpf_task_pt_regs,
         },
     },
-    macros::{map, perf_event},
+    macros::{map, perf_event, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::PerfEventContext,
+    programs::{PerfEventContext, TracePointContext},
 };
 use aya_log_ebpf::warn;
 use burstyd_common::{
@@ -56,6 +56,36 @@ pub fn on_overflow(ctx: PerfEventContext) -> u32 {
     match try_on_overflow(&ctx) {
         Ok(ret) | Err(ret) => ret,
     }
+}
+
+/// `clone(2)` flag: the new task is a thread of the caller's process.
+const CLONE_THREAD: u64 = 0x0001_0000;
+/// Offsets in the `task:task_newtask` tracepoint record (see its `format`).
+const NEWTASK_PID_OFFSET: usize = 8;
+const NEWTASK_CLONE_FLAGS_OFFSET: usize = 32;
+
+/// `task:task_newtask`: when a target forks a new process (not a thread),
+/// the child becomes a target too. Runs in the parent's context.
+#[tracepoint]
+pub fn on_newtask(ctx: TracePointContext) -> u32 {
+    let config = CONFIG.get(0).copied().unwrap_or_default();
+    if config.filter != FILTER_TARGETS || config.follow_children == 0 {
+        return 0;
+    }
+    let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if unsafe { TARGETS.get(&parent) }.is_none() {
+        return 0;
+    }
+    // SAFETY: reads within the tracepoint record, offsets from its format.
+    let flags: u64 = unsafe { ctx.read_at(NEWTASK_CLONE_FLAGS_OFFSET) }.unwrap_or(CLONE_THREAD);
+    if flags & CLONE_THREAD != 0 {
+        return 0;
+    }
+    let child: i32 = unsafe { ctx.read_at(NEWTASK_PID_OFFSET) }.unwrap_or(0);
+    if child > 0 {
+        let _ = TARGETS.insert(&(child as u32), &1, 0);
+    }
+    0
 }
 
 #[inline(always)]
