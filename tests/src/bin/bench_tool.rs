@@ -1,0 +1,89 @@
+//! Helpers for bench/overhead.sh and manual testing:
+//!
+//!   bench_tool gen-text SIZE_BYTES SEED OUT_PATH
+//!       deterministic compressible text (burstyd_tests::generate_text)
+//!   bench_tool profile-stats PROFILE.pb.gz
+//!       prints `samples=N sample_types=a/b,c/d pids=K duration_s=X`
+//!   bench_tool rusage OUT_FILE -- CMD ARGS...
+//!       runs CMD, waits for it with wait4(2) and writes its own rusage
+//!       (`wall_s= user_s= sys_s= maxrss_kb= status=`) to OUT_FILE; exits
+//!       with CMD's exit code. Measures CMD itself, not its children.
+use std::time::Instant;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("gen-text") if args.len() == 5 => {
+            let size: usize = args[2].parse().expect("SIZE_BYTES");
+            let seed: u64 = args[3].parse().expect("SEED");
+            burstyd_tests::generate_text(std::path::Path::new(&args[4]), size, seed);
+        }
+        Some("profile-stats") if args.len() == 3 => {
+            let p = burstyd_tests::pprof::read_profile(std::path::Path::new(&args[2]))
+                .unwrap_or_else(|e| {
+                    eprintln!("bench_tool: {e:#}");
+                    std::process::exit(1)
+                });
+            let types: Vec<String> = p
+                .sample_types
+                .iter()
+                .map(|(t, u)| format!("{t}/{u}"))
+                .collect();
+            let pids: std::collections::BTreeSet<&str> =
+                p.samples.iter().filter_map(|s| s.label("pid")).collect();
+            println!(
+                "samples={} sample_types={} pids={} duration_s={:.3}",
+                p.total_samples(),
+                types.join(","),
+                pids.len(),
+                p.raw.duration_nanos as f64 / 1e9
+            );
+        }
+        Some("rusage") if args.len() >= 5 && args[3] == "--" => {
+            let out = &args[2];
+            let start = Instant::now();
+            let child = std::process::Command::new(&args[4])
+                .args(&args[5..])
+                .spawn()
+                .unwrap_or_else(|e| {
+                    eprintln!("bench_tool: spawning {}: {e}", args[4]);
+                    std::process::exit(127)
+                });
+            let pid = child.id() as libc::pid_t;
+            let mut status = 0;
+            // SAFETY: all-zero is a valid rusage.
+            let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: pid is our child; status and ru are valid for writes.
+            let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+            let wall = start.elapsed().as_secs_f64();
+            if r != pid {
+                eprintln!("bench_tool: wait4: {}", std::io::Error::last_os_error());
+                std::process::exit(1);
+            }
+            std::mem::forget(child);
+            let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+            let code = if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            };
+            std::fs::write(
+                out,
+                format!(
+                    "wall_s={wall:.3} user_s={:.3} sys_s={:.3} maxrss_kb={} status={code}\n",
+                    tv(ru.ru_utime),
+                    tv(ru.ru_stime),
+                    ru.ru_maxrss
+                ),
+            )
+            .expect("writing OUT_FILE");
+            std::process::exit(code);
+        }
+        _ => {
+            eprintln!(
+                "usage: bench_tool gen-text SIZE_BYTES SEED OUT | profile-stats PROFILE | rusage OUT_FILE -- CMD ARGS..."
+            );
+            std::process::exit(2);
+        }
+    }
+}
