@@ -23,6 +23,15 @@ pub const MAX_KERNEL_FRAMES: usize = 64;
 /// a core if the daemon stalls.
 pub const RING_BYTES: u32 = 32 * 1024 * 1024;
 
+/// The overflow program wakes the daemon only once this many bytes are
+/// waiting (an eighth of the ring); otherwise the daemon drains on its own
+/// timer (`DRAIN_INTERVAL_MS`). One wakeup per sample would cost the
+/// daemon more than the sample itself.
+pub const WAKEUP_BYTES: u64 = RING_BYTES as u64 / 8;
+
+/// How often the daemon drains the ring buffer without a wakeup.
+pub const DRAIN_INTERVAL_MS: u64 = 100;
+
 /// `Sample::flags`: the sample interrupted user mode.
 pub const SAMPLE_USER_MODE: u32 = 1 << 0;
 /// `Sample::flags`: `rip`/`rsp`/`rbp` hold valid user registers.

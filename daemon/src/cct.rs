@@ -9,6 +9,8 @@
 //! profile is written.
 use std::collections::HashMap;
 
+use rustc_hash::FxHashMap;
+
 /// One frame of a calling context, outermost first when inserted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FrameAddr {
@@ -39,7 +41,9 @@ pub struct ThreadTree {
     /// The thread's name (`comm`) as last seen.
     pub thread_name: String,
     pub nodes: Vec<Node>,
-    children: HashMap<(u32, FrameAddr), u32>,
+    /// (parent node, frame) -> child node. Fx: hashed once per frame per
+    /// sample, keys are small integers, no untrusted input.
+    children: FxHashMap<(u32, FrameAddr), u32>,
 }
 
 impl ThreadTree {
@@ -54,7 +58,7 @@ impl ThreadTree {
                 samples: 0,
                 weight: 0,
             }],
-            children: HashMap::new(),
+            children: FxHashMap::default(),
         }
     }
 

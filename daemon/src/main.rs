@@ -22,8 +22,9 @@ fn main() {
         None => cli.profile.clone(),
     };
     init_logging(args.verbose);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+    // One thread does everything: samples arrive in batches, and a second
+    // thread would only add cross-thread wakeups.
+    let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

@@ -57,6 +57,9 @@ use userspace_rewriter::elf::{ElfInfo, is_elf_x86_64};
 /// Minimum time between two reads of one process' maps when an address is not covered.
 pub const REFRESH_INTERVAL: Duration = Duration::from_millis(50);
 
+/// Refreshes of a process's maps allowed before [`REFRESH_INTERVAL`] applies.
+pub const FREE_REFRESHES: u32 = 8;
+
 /// How long a file that failed to load is not retried.
 const FAILED_RETRY: Duration = Duration::from_secs(10);
 
@@ -571,6 +574,10 @@ struct ProcState {
     /// Executable mappings with a module, sorted by start.
     exec: Vec<ExecMapping>,
     last_refresh: Instant,
+    /// Refreshes so far. A young process maps libraries in quick
+    /// succession (exec, ld.so, libc, ...), so its first
+    /// [`FREE_REFRESHES`] refreshes are not rate limited.
+    refreshes: u32,
     exited: bool,
     generation: u64,
 }
@@ -628,7 +635,9 @@ impl ProcessTable {
     /// Returns false when the process is gone and nothing is known.
     pub fn ensure(&mut self, pid: u32, addr: u64) -> bool {
         if let Some(p) = self.procs.get(&pid)
-            && (p.exited || p.covers(addr) || p.last_refresh.elapsed() < REFRESH_INTERVAL)
+            && (p.exited
+                || p.covers(addr)
+                || (p.refreshes >= FREE_REFRESHES && p.last_refresh.elapsed() < REFRESH_INTERVAL))
         {
             return true;
         }
@@ -686,6 +695,7 @@ impl ProcessTable {
                 module,
             });
         }
+        let refreshes = self.procs.get(&pid).map_or(0, |p| p.refreshes + 1);
         let generation = match self.procs.get(&pid) {
             Some(old)
                 if old.exec.len() == exec.len()
@@ -704,6 +714,7 @@ impl ProcessTable {
                 maps,
                 exec,
                 last_refresh: now,
+                refreshes,
                 exited: false,
                 generation,
             },

@@ -41,6 +41,15 @@ pub struct SessionStats {
     pub kernel_only: u64,
     pub ring_full: u64,
     pub profiles_written: u64,
+    /// Daemon CPU before sampling began (loading eBPF, attaching), ns.
+    pub startup_cpu_ns: u64,
+    /// Daemon CPU while sampling (unwinding, trees, interval profiles), ns.
+    pub sampling_cpu_ns: u64,
+    /// Wall time of the sampling phase.
+    pub sampling_secs: f64,
+    /// Daemon CPU for the final drain and profile (symbolization), ns.
+    pub final_cpu_ns: u64,
+    pub peak_rss_bytes: u64,
 }
 
 /// Why the session loop ended.
@@ -138,6 +147,7 @@ pub async fn run(
     };
     let mut symbolizer = Symbolizer::new();
     let started = Instant::now();
+    let cpu_start = crate::sys::self_cpu_ns();
     let mut interval_start = SystemTime::now();
     let session_start = interval_start;
     let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
@@ -147,6 +157,11 @@ pub async fn run(
         i
     });
     let mut liveness = tokio::time::interval(Duration::from_millis(250));
+    // The eBPF side wakes us only when the ring buffer fills up; otherwise
+    // we drain on this timer (see burstyd_common::WAKEUP_BYTES).
+    let mut drain_tick =
+        tokio::time::interval(Duration::from_millis(burstyd_common::DRAIN_INTERVAL_MS));
+    drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut exit_status = None;
     // With --interval, each interval's trees are written and then merged
     // into the session total that becomes context.pb.gz.
@@ -169,6 +184,7 @@ pub async fn run(
     let reason = loop {
         tokio::select! {
             r = sampler.drain(|s| pipe.handle(s)) => { r.context("reading the sample ring buffer")?; }
+            _ = drain_tick.tick() => { sampler.drain_now(|s| pipe.handle(s)); }
             _ = sigint.recv() => break EndReason::Signal,
             _ = sigterm.recv() => break EndReason::Signal,
             _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() => break EndReason::Duration,
@@ -203,6 +219,8 @@ pub async fn run(
             }
         }
     };
+    let cpu_loop_end = crate::sys::self_cpu_ns();
+    pipe.stats.sampling_secs = started.elapsed().as_secs_f64();
     // Whatever is still in the ring buffer belongs to this session.
     sampler.drain_now(|s| pipe.handle(s));
     let counters = sampler.counters();
@@ -237,6 +255,10 @@ pub async fn run(
         .with_context(|| format!("writing {}", opts.output.join("context.pb.gz").display()))?;
     pipe.stats.profiles_written += 1;
     let secs = started.elapsed().as_secs_f64();
+    pipe.stats.startup_cpu_ns = cpu_start;
+    pipe.stats.sampling_cpu_ns = cpu_loop_end - cpu_start;
+    pipe.stats.final_cpu_ns = crate::sys::self_cpu_ns() - cpu_loop_end;
+    pipe.stats.peak_rss_bytes = crate::sys::self_peak_rss();
     let st = &pipe.stats;
     eprintln!(
         "burstyd: wrote {} — {} samples in {:.1}s ({} processes, {} threads); stacks truncated {}, without unwind info {}, unwind errors {}, kernel-only {}; lost to full ring buffer: {}",
@@ -250,6 +272,15 @@ pub async fn run(
         st.unwind_errors,
         st.kernel_only,
         st.ring_full,
+    );
+    eprintln!(
+        "burstyd: daemon CPU: start-up {} ms, sampling {} ms over {:.1}s ({:.2}% of one core), final profile {} ms; peak RSS {:.1} MB",
+        st.startup_cpu_ns / 1_000_000,
+        st.sampling_cpu_ns / 1_000_000,
+        st.sampling_secs,
+        100.0 * st.sampling_cpu_ns as f64 / 1e9 / st.sampling_secs.max(1e-9),
+        st.final_cpu_ns / 1_000_000,
+        st.peak_rss_bytes as f64 / 1e6,
     );
     if st.ring_full > 0 {
         tracing::warn!(

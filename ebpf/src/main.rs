@@ -15,7 +15,7 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::pt_regs,
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, pt_regs},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
         generated::{
@@ -30,7 +30,7 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use burstyd_common::{
     Config, FILTER_TARGETS, MAX_KERNEL_FRAMES, RING_BYTES, SAMPLE_USER_MODE, SAMPLE_USER_REGS,
-    SAMPLE_USTACK_SHORT, Sample, USER_STACK_BYTES, counter,
+    SAMPLE_USTACK_SHORT, Sample, USER_STACK_BYTES, WAKEUP_BYTES, counter,
 };
 
 #[map]
@@ -185,7 +185,14 @@ fn try_on_overflow(ctx: &PerfEventContext) -> Result<u32, u32> {
             copy_user_stack(s);
         }
     }
-    entry.submit(0);
+    // Batch wakeups: the daemon drains on a timer, and is woken early only
+    // when the ring fills up.
+    let wakeup = if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    entry.submit(wakeup as u64);
     Ok(0)
 }
 
