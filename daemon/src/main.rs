@@ -86,8 +86,14 @@ async fn real_main(cli: Cli, args: ProfileArgs) -> anyhow::Result<i32> {
     }
     session::check_targets(&cli.pids)?;
     let requested = events::parse_event(&args.event)?;
-    let event = events::resolve_supported(requested.clone())
-        .with_context(|| format!("opening a perf event for `{}`", requested.name))?;
+    preflight()?;
+    let event = events::resolve_supported(requested.clone()).map_err(|e| match e.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM) => anyhow::anyhow!(
+            "not permitted to open perf events ({e}): run burstyd as root, or grant it CAP_PERFMON and CAP_BPF"
+        ),
+        Some(libc::ENOSYS) => anyhow::anyhow!("this kernel has no perf events support (perf_event_open: {e})"),
+        _ => anyhow::Error::new(e).context(format!("opening a perf event for `{}`", requested.name)),
+    })?;
     let requested_event = (event.name != requested.name).then(|| requested.name.clone());
     let sampling = match (args.period, args.freq) {
         (Some(0), _) | (_, Some(0)) => bail!("--period and --freq must be positive"),
@@ -161,6 +167,20 @@ async fn real_main(cli: Cli, args: ProfileArgs) -> anyhow::Result<i32> {
         }),
         None => 0,
     })
+}
+
+/// Checks the kernel features burstyd needs, so that their absence is
+/// reported as such rather than as an obscure load error.
+fn preflight() -> anyhow::Result<()> {
+    if !std::path::Path::new("/proc/sys/kernel/perf_event_paranoid").exists() {
+        bail!("this kernel has no perf events support (CONFIG_PERF_EVENTS)");
+    }
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        bail!(
+            "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing; CONFIG_DEBUG_INFO_BTF): burstyd's eBPF program needs it"
+        );
+    }
+    Ok(())
 }
 
 /// Environment variable that turns `burstyd` into the exec gate of

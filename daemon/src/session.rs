@@ -303,20 +303,20 @@ fn merge(into: &mut Cct, from: Cct) {
     }
 }
 
+/// UTC, `YYYYmmddTHHMMSS.mmmZ` (milliseconds, so that a final partial
+/// interval never overwrites the one before it), without a date crate.
 fn timestamp(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    // UTC, YYYYmmddTHHMMSSZ, without a date crate.
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
     let days = secs / 86400;
     let rem = secs % 86400;
     let (y, m, d) = civil_from_days(days as i64);
     format!(
-        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}.{:03}Z",
         rem / 3600,
         (rem / 60) % 60,
-        rem % 60
+        rem % 60,
+        since.subsec_millis()
     )
 }
 
@@ -348,8 +348,8 @@ pub fn check_targets(pids: &[u32]) -> anyhow::Result<()> {
 mod tests {
     #[test]
     fn timestamps_are_utc_civil() {
-        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_795_000_000);
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_795_000_000_042);
         // 2026-11-18 11:06:40 UTC
-        assert_eq!(super::timestamp(t), "20261118T110640Z");
+        assert_eq!(super::timestamp(t), "20261118T110640.042Z");
     }
 }
