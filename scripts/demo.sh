@@ -21,5 +21,11 @@ echo
 echo "[demo] go tool pprof -top $out/context.pb.gz"
 go tool pprof -top -nodecount=15 "$out/context.pb.gz" 2>&1
 echo
-echo "[demo] hottest call chain (go tool pprof -traces, first sample):"
-go tool pprof -traces "$out/context.pb.gz" 2>/dev/null | awk '/^-----------/{n++} n==2{print} n>2{exit}'
+echo "[demo] hottest calling context (go tool pprof -traces, heaviest sample):"
+go tool pprof -traces "$out/context.pb.gz" 2>/dev/null >"$out/traces.txt"
+awk '
+  /^-----------/ { if (w > best) { best = w; keep = blk } blk = ""; w = 0; first = 1; next }
+  /^ +[0-9]+ / && first { w = $1 + 0; first = 0 }
+  { blk = blk $0 "\n" }
+  END { if (w > best) keep = blk; printf "%s", keep }
+' "$out/traces.txt"
