@@ -9,6 +9,8 @@ Examples:
   burstyd --duration 30 -o out/                                   every process on the host
   burstyd run -o out/ -- ./prog args                              launch a command and profile it
   go tool pprof -top out/context.pb.gz                            read the result
+  burstyd analyze /usr/bin/xz                                     what the rewriter sees in a binary
+  burstyd analyze --function main --dot ./prog | dot -Tsvg        one function's CFG
 
 Events: cycles, instructions, cache-misses, cache-references, branch-misses,
 branch-instructions, cpu-clock, task-clock, page-faults, rNNNN (raw PMU event).
@@ -45,6 +47,29 @@ pub enum Command {
         /// The command and its arguments (after `--`).
         #[arg(required = true, last = true, value_name = "COMMAND")]
         command: Vec<String>,
+    },
+    /// Analyse an x86-64 ELF file the way the rewriter will (functions, CFGs,
+    /// loops, Ball-Larus paths, check placement); touches no process.
+    Analyze {
+        /// The ELF executable or shared library.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        /// Report on one function only.
+        #[arg(long, value_name = "NAME")]
+        function: Option<String>,
+        /// The CFG of --function as Graphviz.
+        #[arg(long, requires = "function")]
+        dot: bool,
+        /// Also write the full plan (CFGs, path numberings) as JSON here.
+        #[arg(long, value_name = "FILE")]
+        plan: Option<PathBuf>,
+        /// Loops with no calls and at most K memory references are k-boring
+        /// (no instrumentation, no back-edge check).
+        #[arg(short, long, default_value_t = userspace_rewriter::plan::DEFAULT_K)]
+        k: u64,
     },
 }
 

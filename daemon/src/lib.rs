@@ -9,6 +9,8 @@
 //! - [`symbolize`]: addresses → functions, files, lines, inline frames.
 //! - [`pprof`]: calling context trees → profile.proto.
 //! - [`sys`]: the raw syscalls the daemon makes itself.
+//! - [`analyze`]: `burstyd analyze`, reports on the rewriter's plan of a binary.
+pub mod analyze;
 pub mod cct;
 pub mod cli;
 pub mod events;

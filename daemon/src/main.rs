@@ -17,9 +17,31 @@ fn main() {
         exec_gate(&fd.to_string_lossy(), &argv);
     }
     let cli = Cli::parse();
+    if let Some(Command::Analyze {
+        file,
+        json,
+        function,
+        dot,
+        plan,
+        k,
+    }) = &cli.command
+    {
+        let opts = burstyd::analyze::AnalyzeOptions {
+            json: *json,
+            function: function.as_deref(),
+            dot: *dot,
+            plan_out: plan.as_deref(),
+            k: *k,
+        };
+        if let Err(e) = burstyd::analyze::run(file, &opts) {
+            eprintln!("burstyd: error: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let args = match &cli.command {
         Some(Command::Run { profile, .. }) => profile.clone(),
-        None => cli.profile.clone(),
+        _ => cli.profile.clone(),
     };
     init_logging(args.verbose);
     // One thread does everything: samples arrive in batches, and a second
@@ -125,8 +147,8 @@ async fn real_main(cli: Cli, args: ProfileArgs) -> anyhow::Result<i32> {
             child = Some(c);
             Some(vec![pid])
         }
-        None if !cli.pids.is_empty() => Some(cli.pids.clone()),
-        None => None,
+        _ if !cli.pids.is_empty() => Some(cli.pids.clone()),
+        _ => None,
     };
     let sampler = Sampler::start(&SamplerOptions {
         event: event.clone(),

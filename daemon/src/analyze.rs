@@ -1,0 +1,224 @@
+//! `burstyd analyze`: the rewriter's plan of a binary, for people (a
+//! summary), for programs (`--json`), and as Graphviz (`--dot`).
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context as _, bail};
+use userspace_rewriter::plan::{self, FunctionPlan, FunctionStatus, Plan, PlanOptions};
+
+pub struct AnalyzeOptions<'a> {
+    pub json: bool,
+    pub function: Option<&'a str>,
+    pub dot: bool,
+    pub plan_out: Option<&'a Path>,
+    pub k: u64,
+}
+
+pub fn run(path: &Path, opts: &AnalyzeOptions) -> anyhow::Result<()> {
+    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let report = plan::analyze(
+        &data,
+        &PlanOptions {
+            k: opts.k,
+            keep_details: opts.dot || opts.plan_out.is_some(),
+        },
+    )
+    .with_context(|| format!("analysing {}", path.display()))?;
+    if let Some(out) = opts.plan_out {
+        let json = serde_json::to_vec(&report.plan)?;
+        std::fs::write(out, json).with_context(|| format!("writing {}", out.display()))?;
+    }
+    let plan = &report.plan;
+    let selected: Option<&FunctionPlan> = match opts.function {
+        Some(name) => Some(
+            plan.functions
+                .iter()
+                .find(|f| f.name == name)
+                .with_context(|| format!("no function named `{name}` in {}", path.display()))?,
+        ),
+        None => None,
+    };
+    if opts.dot {
+        let Some(f) = selected else {
+            bail!("--dot needs --function NAME");
+        };
+        print!("{}", dot(&data, f)?);
+        return Ok(());
+    }
+    if opts.json {
+        let mut v = match selected {
+            Some(f) => serde_json::to_value(f)?,
+            None => serde_json::to_value(&plan.summary)?,
+        };
+        if let serde_json::Value::Object(m) = &mut v {
+            m.insert("file".into(), path.display().to_string().into());
+            m.insert("analysis_ms".into(), report.analysis_ms.into());
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    match selected {
+        Some(f) => print!("{}", human_function(f)),
+        None => print!("{}", human_summary(path, plan, report.analysis_ms)),
+    }
+    Ok(())
+}
+
+fn human_summary(path: &Path, plan: &Plan, ms: u64) -> String {
+    let s = &plan.summary;
+    let mut o = String::new();
+    let pct = |a: usize, b: usize| {
+        if b == 0 {
+            100.0
+        } else {
+            100.0 * a as f64 / b as f64
+        }
+    };
+    let _ = writeln!(o, "{}", path.display());
+    let _ = writeln!(
+        o,
+        "  build id {}, {}",
+        plan.build_id.as_deref().unwrap_or("(none)"),
+        if plan.pie {
+            "position-independent"
+        } else {
+            "fixed address"
+        }
+    );
+    let _ = writeln!(
+        o,
+        "  functions: {} found ({}), {} PLT stubs",
+        s.functions_total,
+        s.found_in
+            .iter()
+            .map(|(k, v)| format!("{v} in .{k}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        s.plt_stubs
+    );
+    let _ = writeln!(
+        o,
+        "  analysable: {} ({:.1}%)",
+        s.functions_analyzable,
+        pct(s.functions_analyzable, s.functions_total)
+    );
+    for (reason, n) in &s.skipped {
+        let _ = writeln!(o, "    skipped {n:>6}  {reason}");
+    }
+    let _ = writeln!(
+        o,
+        "  blocks {}, edges {}, loops {} ({} k-boring, k={}), irreducible functions {}",
+        s.blocks, s.edges, s.loops, s.k_boring_loops, plan.k, s.irreducible_functions
+    );
+    let _ = writeln!(
+        o,
+        "  Ball-Larus paths: {} in total; {} functions have more than 2^64 (no path numbers)",
+        s.paths_total, s.functions_too_many_paths
+    );
+    let _ = writeln!(
+        o,
+        "  checks: {} all ({} entries + {} back edges) -> {} reduced ({} entries in C + {} back edges)",
+        s.checks_all,
+        s.entry_checks_all,
+        s.back_edge_checks_all,
+        s.checks_reduced,
+        s.entry_checks_reduced,
+        s.back_edge_checks_reduced
+    );
+    let _ = writeln!(o, "  analysis took {ms} ms");
+    o
+}
+
+fn human_function(f: &FunctionPlan) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{} at {:#x}, {} bytes (from {})",
+        f.name,
+        f.start,
+        f.size,
+        f.sources.join(", ")
+    );
+    match &f.status {
+        FunctionStatus::Plt => {
+            let _ = writeln!(o, "  PLT stub: not analysed");
+        }
+        FunctionStatus::Skipped { reason } => {
+            let _ = writeln!(o, "  skipped: {reason}");
+        }
+        FunctionStatus::Analyzed(a) => {
+            let _ = writeln!(
+                o,
+                "  blocks {}, edges {}, loops {}{}",
+                a.blocks,
+                a.edges,
+                a.loops.len(),
+                if a.irreducible { " (irreducible)" } else { "" }
+            );
+            match a.paths {
+                Some(p) => {
+                    let _ = writeln!(o, "  Ball-Larus paths: {p}");
+                }
+                None => {
+                    let _ = writeln!(o, "  Ball-Larus paths: more than 2^64 (no path numbers)");
+                }
+            }
+            let _ = writeln!(
+                o,
+                "  entry check: {}; back-edge checks {} of {}",
+                if a.entry_check { "yes (in C)" } else { "no" },
+                a.back_edge_checks,
+                a.back_edges
+            );
+            for l in &a.loops {
+                let _ = writeln!(
+                    o,
+                    "    loop at {:#x}: {} blocks, {} back edges, {} memory refs{}{}",
+                    l.header,
+                    l.blocks,
+                    l.back_edges,
+                    l.events,
+                    if l.has_call { ", calls" } else { "" },
+                    if l.k_boring { ", k-boring" } else { "" }
+                );
+            }
+        }
+    }
+    o
+}
+
+/// Graphviz of one function's CFG, blocks labelled with their instructions.
+fn dot(data: &[u8], f: &FunctionPlan) -> anyhow::Result<String> {
+    let FunctionStatus::Analyzed(a) = &f.status else {
+        bail!("{} was not analysed, so it has no CFG", f.name);
+    };
+    let cfg = a.cfg.as_ref().context("plan kept no CFG")?;
+    let file = object::File::parse(data)?;
+    let functions = userspace_rewriter::functions::discover(&file, data)?;
+    let ctx = userspace_rewriter::cfg::CfgContext::new(&file, &functions);
+    let func = functions
+        .iter()
+        .find(|x| x.start == f.start)
+        .context("function vanished")?;
+    let insns = ctx.decode(func);
+    let mut o = String::new();
+    let _ = writeln!(o, "digraph \"{}\" {{", f.name.replace('"', "\\\""));
+    let _ = writeln!(o, "  node [shape=box, fontname=monospace, fontsize=10];");
+    for (i, b) in cfg.blocks.iter().enumerate() {
+        let mut label = format!("{:#x}:\\l", b.start);
+        for ins in &insns[b.insns.clone()] {
+            let _ = write!(label, "{}\\l", ins.display().replace('"', "\\\""));
+        }
+        let exit = cfg.exits.iter().any(|e| e.block == i);
+        let _ = writeln!(
+            o,
+            "  b{i} [label=\"{label}\"{}];",
+            if exit { ", peripheries=2" } else { "" }
+        );
+    }
+    for e in &cfg.edges {
+        let _ = writeln!(o, "  b{} -> b{} [label=\"{:?}\"];", e.from, e.to, e.kind);
+    }
+    let _ = writeln!(o, "}}");
+    Ok(o)
+}

@@ -1,0 +1,816 @@
+//! Generic directed-graph algorithms over a CFG-like [`Graph`]: reachability,
+//! reverse postorder, dominators, back edges, natural loops and the
+//! retreating edges of irreducible regions.
+//!
+//! These are the inputs of Ball-Larus path numbering ([`crate::paths`]):
+//! Ball & Larus ("Efficient Path Profiling", MICRO 1996; summarised in
+//! Bond & McKinley, "Continuous Path and Edge Profiling" (PEP), §3.1, and in
+//! Ammons, Ball & Larus, PLDI 1997, §2) turn a CFG into a DAG by *truncating*
+//! every loop back edge. The Ammons/Ball/Larus summary states the algorithm
+//! handles "reducible and irreducible CFGs": a cycle always contains a
+//! *retreating* edge of a depth-first search from the entry, so cutting all
+//! retreating edges leaves an acyclic graph. For reducible graphs the
+//! retreating edges are exactly the back edges (edges whose target dominates
+//! their source); irreducible regions (cycles with two or more entries)
+//! additionally have retreating edges whose target does not dominate their
+//! source. [`loops`] reports both kinds separately.
+//!
+//! Everything here is deterministic: depth-first searches visit successors in
+//! `succs[v]` order, results are `Vec`s in documented orders, and no hash
+//! iteration order leaks into any output.
+//!
+//! Blocks that are not reachable from [`Graph::entry`] have no immediate
+//! dominator, are not in any loop, and never take part in back or retreating
+//! edges.
+
+use serde::{Deserialize, Serialize};
+
+/// A control-flow graph reduced to its shape.
+///
+/// Nodes are `0..succs.len()`. `succs[v]` lists v's out-edges in a fixed
+/// order; an edge is identified by `(v, i)`, the index `i` into `succs[v]`
+/// (so parallel edges `v -> w` are distinct edges).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Graph {
+    /// Out-edges of each node, in a fixed order.
+    pub succs: Vec<Vec<usize>>,
+    /// The function's entry block.
+    pub entry: usize,
+    /// Blocks that leave the function (ret, tail call, noreturn call, ...).
+    /// A block listed here may also have successors (e.g. a conditional tail
+    /// call); [`crate::paths`] gives it a virtual edge to EXIT in addition to
+    /// its real edges. Blocks without successors are treated as exits whether
+    /// or not they are listed.
+    pub exits: Vec<usize>,
+}
+
+/// A malformed [`Graph`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum GraphError {
+    /// The graph has no nodes.
+    #[error("graph has no nodes")]
+    Empty,
+    /// `entry` is not a node.
+    #[error("entry {entry} is not a node (graph has {nodes} nodes)")]
+    BadEntry { entry: usize, nodes: usize },
+    /// An edge or an exit names a node that does not exist.
+    #[error("node {node} referenced from {context} does not exist (graph has {nodes} nodes)")]
+    BadNode {
+        node: usize,
+        context: String,
+        nodes: usize,
+    },
+}
+
+impl Graph {
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.succs.len()
+    }
+
+    /// True if the graph has no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.succs.is_empty()
+    }
+
+    /// Checks that `entry`, every edge target and every exit are nodes.
+    /// The algorithms in this module and in [`crate::paths`] assume a valid
+    /// graph ([`crate::paths`] calls this and reports the error).
+    pub fn validate(&self) -> Result<(), GraphError> {
+        let n = self.len();
+        if n == 0 {
+            return Err(GraphError::Empty);
+        }
+        if self.entry >= n {
+            return Err(GraphError::BadEntry {
+                entry: self.entry,
+                nodes: n,
+            });
+        }
+        for (v, ss) in self.succs.iter().enumerate() {
+            for (i, &w) in ss.iter().enumerate() {
+                if w >= n {
+                    return Err(GraphError::BadNode {
+                        node: w,
+                        context: format!("edge ({v}, {i})"),
+                        nodes: n,
+                    });
+                }
+            }
+        }
+        for &x in &self.exits {
+            if x >= n {
+                return Err(GraphError::BadNode {
+                    node: x,
+                    context: "exits".to_string(),
+                    nodes: n,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Predecessor lists: `preds[w]` holds `(v, i)` for every edge
+    /// `succs[v][i] == w`, in increasing `(v, i)` order.
+    pub fn predecessors(&self) -> Vec<Vec<(usize, usize)>> {
+        let mut preds = vec![Vec::new(); self.len()];
+        for (v, ss) in self.succs.iter().enumerate() {
+            for (i, &w) in ss.iter().enumerate() {
+                preds[w].push((v, i));
+            }
+        }
+        preds
+    }
+
+    /// Whether `v` is an exit block: listed in `exits`, or without successors.
+    pub fn is_exit(&self, v: usize) -> bool {
+        self.succs[v].is_empty() || self.exits.contains(&v)
+    }
+}
+
+/// Result of one depth-first search from the entry, visiting successors in
+/// `succs` order.
+struct Dfs {
+    /// Reachable nodes in reverse postorder.
+    rpo: Vec<usize>,
+    /// Edges `(v, i)` whose target is on the DFS stack when the edge is
+    /// examined (retreating edges, including self loops), in increasing
+    /// `(v, i)` order.
+    retreating: Vec<(usize, usize)>,
+}
+
+/// Iterative DFS (no recursion: CFGs of large functions are deep).
+fn dfs(g: &Graph) -> Dfs {
+    let n = g.len();
+    // 0 = unvisited, 1 = on stack, 2 = finished
+    let mut state = vec![0u8; n];
+    let mut post = Vec::with_capacity(n);
+    let mut retreating = Vec::new();
+    let mut stack: Vec<(usize, usize)> = vec![(g.entry, 0)];
+    state[g.entry] = 1;
+    while let Some(top) = stack.last_mut() {
+        let (v, i) = *top;
+        if i < g.succs[v].len() {
+            top.1 += 1;
+            let w = g.succs[v][i];
+            match state[w] {
+                0 => {
+                    state[w] = 1;
+                    stack.push((w, 0));
+                }
+                1 => retreating.push((v, i)),
+                _ => {}
+            }
+        } else {
+            state[v] = 2;
+            post.push(v);
+            stack.pop();
+        }
+    }
+    post.reverse();
+    retreating.sort_unstable();
+    Dfs {
+        rpo: post,
+        retreating,
+    }
+}
+
+/// Nodes reachable from the entry.
+pub fn reachable(g: &Graph) -> Vec<bool> {
+    let mut seen = vec![false; g.len()];
+    let mut stack = vec![g.entry];
+    seen[g.entry] = true;
+    while let Some(v) = stack.pop() {
+        for &w in &g.succs[v] {
+            if !seen[w] {
+                seen[w] = true;
+                stack.push(w);
+            }
+        }
+    }
+    seen
+}
+
+/// Reachable nodes in reverse postorder of a DFS from the entry that visits
+/// successors in `succs` order (the entry comes first).
+pub fn reverse_postorder(g: &Graph) -> Vec<usize> {
+    dfs(g).rpo
+}
+
+/// The dominator tree, computed with the iterative algorithm of Cooper,
+/// Harvey & Kennedy ("A Simple, Fast Dominance Algorithm", 2001).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dominators {
+    entry: usize,
+    /// Immediate dominator; `None` for the entry and for unreachable nodes.
+    idom: Vec<Option<usize>>,
+    /// Position in reverse postorder; `usize::MAX` for unreachable nodes.
+    rpo_index: Vec<usize>,
+    /// Reachable nodes in reverse postorder.
+    rpo: Vec<usize>,
+}
+
+impl Dominators {
+    /// Immediate dominator of `v`; `None` for the entry and for nodes not
+    /// reachable from the entry.
+    pub fn idom(&self, v: usize) -> Option<usize> {
+        self.idom[v]
+    }
+
+    /// Whether `v` is reachable from the entry.
+    pub fn is_reachable(&self, v: usize) -> bool {
+        self.rpo_index[v] != usize::MAX
+    }
+
+    /// Whether `a` dominates `b` (reflexive: every reachable node dominates
+    /// itself). False whenever `b` is unreachable.
+    pub fn dominates(&self, a: usize, b: usize) -> bool {
+        if !self.is_reachable(a) || !self.is_reachable(b) {
+            return false;
+        }
+        let mut x = b;
+        loop {
+            if x == a {
+                return true;
+            }
+            // A dominator precedes its dominatees in reverse postorder.
+            if self.rpo_index[x] < self.rpo_index[a] {
+                return false;
+            }
+            match self.idom[x] {
+                Some(p) => x = p,
+                None => return false,
+            }
+        }
+    }
+
+    /// Reachable nodes in the reverse postorder used by the computation.
+    pub fn reverse_postorder(&self) -> &[usize] {
+        &self.rpo
+    }
+
+    /// The graph's entry.
+    pub fn entry(&self) -> usize {
+        self.entry
+    }
+}
+
+/// Computes dominators (Cooper–Harvey–Kennedy). Panics on an invalid graph
+/// (see [`Graph::validate`]).
+pub fn dominators(g: &Graph) -> Dominators {
+    let n = g.len();
+    let rpo = dfs(g).rpo;
+    let mut rpo_index = vec![usize::MAX; n];
+    for (k, &v) in rpo.iter().enumerate() {
+        rpo_index[v] = k;
+    }
+    let preds = g.predecessors();
+    // doms[v] holds the rpo index of the current idom candidate.
+    const UNDEF: usize = usize::MAX;
+    let mut doms = vec![UNDEF; rpo.len()];
+    doms[0] = 0;
+    let intersect = |doms: &[usize], mut a: usize, mut b: usize| {
+        while a != b {
+            while a > b {
+                a = doms[a];
+            }
+            while b > a {
+                b = doms[b];
+            }
+        }
+        a
+    };
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for k in 1..rpo.len() {
+            let v = rpo[k];
+            let mut new_idom = UNDEF;
+            for &(p, _) in &preds[v] {
+                let pk = rpo_index[p];
+                if pk == usize::MAX || doms[pk] == UNDEF {
+                    continue;
+                }
+                new_idom = if new_idom == UNDEF {
+                    pk
+                } else {
+                    intersect(&doms, pk, new_idom)
+                };
+            }
+            if doms[k] != new_idom {
+                doms[k] = new_idom;
+                changed = true;
+            }
+        }
+    }
+    let mut idom = vec![None; n];
+    for k in 1..rpo.len() {
+        idom[rpo[k]] = Some(rpo[doms[k]]);
+    }
+    Dominators {
+        entry: g.entry,
+        idom,
+        rpo_index,
+        rpo,
+    }
+}
+
+/// A natural loop: all back edges into one header, merged.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Loop {
+    /// The loop header (target of the back edges; dominates the body).
+    pub header: usize,
+    /// Blocks of the loop, header included, sorted. Includes the blocks of
+    /// nested loops.
+    pub body: Vec<usize>,
+    /// The back edges `(v, i)` into `header`, sorted.
+    pub back_edges: Vec<(usize, usize)>,
+    /// Index (into [`Loops::loops`]) of the innermost enclosing loop.
+    pub parent: Option<usize>,
+}
+
+/// Loop structure of a graph.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Loops {
+    /// All back edges `(v, i)`: edges whose target dominates their source
+    /// (self loops included), sorted.
+    pub back_edges: Vec<(usize, usize)>,
+    /// Retreating edges of the DFS from the entry whose target does *not*
+    /// dominate their source: the edges that close cycles of irreducible
+    /// regions (cycles with more than one entry), sorted. Which edge of an
+    /// irreducible cycle is reported depends on the DFS, which visits
+    /// successors in `succs` order, so the choice is deterministic.
+    pub retreating_non_back: Vec<(usize, usize)>,
+    /// Natural loops, one per header, ordered by the header's position in
+    /// reverse postorder (so an enclosing loop comes before the loops nested
+    /// in it).
+    pub loops: Vec<Loop>,
+    /// True iff `retreating_non_back` is non-empty, i.e. the reachable part
+    /// of the graph is irreducible.
+    pub irreducible: bool,
+}
+
+impl Loops {
+    /// The edges path numbering cuts to make the graph acyclic: back edges
+    /// and retreating edges of irreducible regions, sorted.
+    pub fn cut_edges(&self) -> Vec<(usize, usize)> {
+        let mut all: Vec<(usize, usize)> = self
+            .back_edges
+            .iter()
+            .chain(&self.retreating_non_back)
+            .copied()
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
+    /// Whether edge `(v, i)` is a back edge or a retreating edge.
+    pub fn is_cut(&self, v: usize, i: usize) -> bool {
+        self.back_edges.binary_search(&(v, i)).is_ok()
+            || self.retreating_non_back.binary_search(&(v, i)).is_ok()
+    }
+
+    /// Index of the innermost loop containing block `v`, if any.
+    pub fn innermost_loop_of(&self, v: usize) -> Option<usize> {
+        self.loops
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.body.binary_search(&v).is_ok())
+            .min_by_key(|(k, l)| (l.body.len(), *k))
+            .map(|(k, _)| k)
+    }
+}
+
+/// Finds back edges, natural loops and irreducible retreating edges.
+///
+/// A back edge is an edge `v -> h` where `h` dominates `v`; the natural loop
+/// of header `h` is `h` plus every block that reaches the source of one of
+/// its back edges without passing through `h`. Loops sharing a header are
+/// merged. Any cycle not closed by a back edge belongs to an irreducible
+/// region; the retreating edges of the DFS whose target does not dominate
+/// their source are reported in [`Loops::retreating_non_back`].
+pub fn loops(g: &Graph, dom: &Dominators) -> Loops {
+    let d = dfs(g);
+    let preds = g.predecessors();
+    let mut back_edges = Vec::new();
+    let mut retreating_non_back = Vec::new();
+    // Every back edge is a retreating edge of every DFS (a dominator is a DFS
+    // ancestor), so classifying the retreating edges finds all of them.
+    for &(v, i) in &d.retreating {
+        let h = g.succs[v][i];
+        if dom.dominates(h, v) {
+            back_edges.push((v, i));
+        } else {
+            retreating_non_back.push((v, i));
+        }
+    }
+    // Group back edges by header, headers in reverse postorder.
+    let mut headers: Vec<usize> = back_edges.iter().map(|&(v, i)| g.succs[v][i]).collect();
+    headers.sort_unstable_by_key(|&h| dom.rpo_index[h]);
+    headers.dedup();
+    let mut result: Vec<Loop> = Vec::with_capacity(headers.len());
+    let mut in_body = vec![false; g.len()];
+    for &h in &headers {
+        let bes: Vec<(usize, usize)> = back_edges
+            .iter()
+            .copied()
+            .filter(|&(v, i)| g.succs[v][i] == h)
+            .collect();
+        let mut body = vec![h];
+        in_body[h] = true;
+        let mut work: Vec<usize> = Vec::new();
+        for &(v, _) in &bes {
+            if !in_body[v] {
+                in_body[v] = true;
+                body.push(v);
+                work.push(v);
+            }
+        }
+        while let Some(x) = work.pop() {
+            for &(p, _) in &preds[x] {
+                if !in_body[p] && dom.is_reachable(p) {
+                    in_body[p] = true;
+                    body.push(p);
+                    work.push(p);
+                }
+            }
+        }
+        for &x in &body {
+            in_body[x] = false;
+        }
+        body.sort_unstable();
+        result.push(Loop {
+            header: h,
+            body,
+            back_edges: bes,
+            parent: None,
+        });
+    }
+    // Parent: the smallest other loop whose body contains this loop's body.
+    for k in 0..result.len() {
+        let mut best: Option<usize> = None;
+        for j in 0..result.len() {
+            if j == k || result[j].body.len() <= result[k].body.len() {
+                continue;
+            }
+            let contains = result[k]
+                .body
+                .iter()
+                .all(|x| result[j].body.binary_search(x).is_ok());
+            if contains && best.is_none_or(|b| result[j].body.len() < result[b].body.len()) {
+                best = Some(j);
+            }
+        }
+        result[k].parent = best;
+    }
+    let irreducible = !retreating_non_back.is_empty();
+    Loops {
+        back_edges,
+        retreating_non_back,
+        loops: result,
+        irreducible,
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn graph(succs: &[&[usize]], exits: &[usize]) -> Graph {
+        Graph {
+            succs: succs.iter().map(|s| s.to_vec()).collect(),
+            entry: 0,
+            exits: exits.to_vec(),
+        }
+    }
+
+    /// Tiny deterministic PRNG (splitmix64) for generated test graphs.
+    pub(crate) struct Rng(pub u64);
+    impl Rng {
+        pub(crate) fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        pub(crate) fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// A random graph of 1..=max_n nodes, mostly forward edges with some
+    /// backward ones, self loops and parallel edges, so that loops, nested
+    /// loops and irreducible regions all occur.
+    pub(crate) fn random_graph(rng: &mut Rng, max_n: usize) -> Graph {
+        let n = 1 + rng.below(max_n as u64) as usize;
+        let mut succs = vec![Vec::new(); n];
+        for (v, s) in succs.iter_mut().enumerate() {
+            let deg = match rng.below(10) {
+                0..=1 => 0,
+                2..=5 => 1,
+                6..=8 => 2,
+                _ => 3,
+            };
+            for _ in 0..deg {
+                let w = if rng.below(4) == 0 || v + 1 >= n {
+                    rng.below(n as u64) as usize
+                } else {
+                    v + 1 + rng.below((n - v - 1) as u64) as usize
+                };
+                s.push(w);
+            }
+        }
+        let mut exits = Vec::new();
+        for v in 0..n {
+            if rng.below(5) == 0 {
+                exits.push(v);
+            }
+        }
+        Graph {
+            succs,
+            entry: 0,
+            exits,
+        }
+    }
+
+    /// Dominance by definition: `a` dominates `b` iff `b` is unreachable
+    /// once `a` is removed (or a == b).
+    fn brute_dominates(g: &Graph, a: usize, b: usize) -> bool {
+        let r = reachable(g);
+        if !r[a] || !r[b] {
+            return false;
+        }
+        if a == b {
+            return true;
+        }
+        if a == g.entry {
+            return true;
+        }
+        let mut seen = vec![false; g.len()];
+        seen[a] = true;
+        seen[g.entry] = true;
+        let mut st = vec![g.entry];
+        while let Some(v) = st.pop() {
+            for &w in &g.succs[v] {
+                if !seen[w] {
+                    seen[w] = true;
+                    st.push(w);
+                }
+            }
+        }
+        !seen[b]
+    }
+
+    fn idoms(g: &Graph) -> Vec<Option<usize>> {
+        let d = dominators(g);
+        (0..g.len()).map(|v| d.idom(v)).collect()
+    }
+
+    #[test]
+    fn graph_straight_line() {
+        let g = graph(&[&[1], &[2], &[3], &[]], &[3]);
+        assert_eq!(idoms(&g), vec![None, Some(0), Some(1), Some(2)]);
+        let d = dominators(&g);
+        assert!(d.dominates(0, 3) && d.dominates(2, 3) && d.dominates(3, 3));
+        assert!(!d.dominates(3, 2));
+        let l = loops(&g, &d);
+        assert!(l.back_edges.is_empty() && l.loops.is_empty() && !l.irreducible);
+        assert_eq!(reverse_postorder(&g), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn graph_diamond() {
+        // 0 -> {1, 2} -> 3
+        let g = graph(&[&[1, 2], &[3], &[3], &[]], &[3]);
+        assert_eq!(idoms(&g), vec![None, Some(0), Some(0), Some(0)]);
+        let d = dominators(&g);
+        assert!(!d.dominates(1, 3) && !d.dominates(2, 3));
+        let l = loops(&g, &d);
+        assert!(l.back_edges.is_empty() && l.loops.is_empty() && !l.irreducible);
+    }
+
+    #[test]
+    fn graph_nested_loops() {
+        // 0 -> 1 (outer header) -> 2 (inner header) -> 3 -> {2 (inner back), 4}
+        // 4 -> {1 (outer back), 5}; 5 exit.
+        let g = graph(&[&[1], &[2], &[3], &[2, 4], &[1, 5], &[]], &[5]);
+        assert_eq!(
+            idoms(&g),
+            vec![None, Some(0), Some(1), Some(2), Some(3), Some(4)]
+        );
+        let d = dominators(&g);
+        let l = loops(&g, &d);
+        assert_eq!(l.back_edges, vec![(3, 0), (4, 0)]);
+        assert!(l.retreating_non_back.is_empty() && !l.irreducible);
+        assert_eq!(l.loops.len(), 2);
+        assert_eq!(
+            l.loops[0],
+            Loop {
+                header: 1,
+                body: vec![1, 2, 3, 4],
+                back_edges: vec![(4, 0)],
+                parent: None
+            }
+        );
+        assert_eq!(
+            l.loops[1],
+            Loop {
+                header: 2,
+                body: vec![2, 3],
+                back_edges: vec![(3, 0)],
+                parent: Some(0)
+            }
+        );
+        assert_eq!(l.innermost_loop_of(3), Some(1));
+        assert_eq!(l.innermost_loop_of(4), Some(0));
+        assert_eq!(l.innermost_loop_of(5), None);
+        assert_eq!(l.cut_edges(), vec![(3, 0), (4, 0)]);
+    }
+
+    #[test]
+    fn graph_loop_with_two_back_edges() {
+        // 0 -> 1 (header) -> {2, 3}; 2 -> {1, 4}; 3 -> {1, 4}; 4 exit.
+        let g = graph(&[&[1], &[2, 3], &[1, 4], &[1, 4], &[]], &[4]);
+        assert_eq!(idoms(&g), vec![None, Some(0), Some(1), Some(1), Some(1)]);
+        let d = dominators(&g);
+        let l = loops(&g, &d);
+        assert_eq!(l.back_edges, vec![(2, 0), (3, 0)]);
+        assert_eq!(
+            l.loops,
+            vec![Loop {
+                header: 1,
+                body: vec![1, 2, 3],
+                back_edges: vec![(2, 0), (3, 0)],
+                parent: None
+            }]
+        );
+        assert!(!l.irreducible);
+    }
+
+    #[test]
+    fn graph_self_loop() {
+        // 0 -> 1; 1 -> {1, 2}; 2 exit.
+        let g = graph(&[&[1], &[1, 2], &[]], &[2]);
+        assert_eq!(idoms(&g), vec![None, Some(0), Some(1)]);
+        let d = dominators(&g);
+        let l = loops(&g, &d);
+        assert_eq!(l.back_edges, vec![(1, 0)]);
+        assert_eq!(
+            l.loops,
+            vec![Loop {
+                header: 1,
+                body: vec![1],
+                back_edges: vec![(1, 0)],
+                parent: None
+            }]
+        );
+        assert!(!l.irreducible);
+    }
+
+    #[test]
+    fn graph_irreducible_two_entries() {
+        // 0 -> {1, 2}; 1 -> {2, 3}; 2 -> {1}; 3 exit.
+        // The cycle {1, 2} is entered at both 1 and 2: neither dominates
+        // the other, so there is no back edge and no natural loop.
+        let g = graph(&[&[1, 2], &[2, 3], &[1], &[]], &[3]);
+        assert_eq!(idoms(&g), vec![None, Some(0), Some(0), Some(1)]);
+        let d = dominators(&g);
+        assert!(!d.dominates(1, 2) && !d.dominates(2, 1));
+        let l = loops(&g, &d);
+        assert!(l.back_edges.is_empty());
+        assert!(l.loops.is_empty());
+        // DFS visits 0, 1, 2 (via 1's first successor); 2 -> 1 retreats.
+        assert_eq!(l.retreating_non_back, vec![(2, 0)]);
+        assert!(l.irreducible);
+        assert_eq!(l.cut_edges(), vec![(2, 0)]);
+        assert!(l.is_cut(2, 0) && !l.is_cut(0, 1));
+    }
+
+    #[test]
+    fn graph_irreducible_inside_loop_and_unreachable() {
+        // 0 -> 1 (header); 1 -> {2, 3}; 2 -> 3; 3 -> {2, 4}; 4 -> {1, 5};
+        // 5 exit; 6 -> 1 is unreachable.
+        let g = graph(&[&[1], &[2, 3], &[3], &[2, 4], &[1, 5], &[], &[1]], &[5]);
+        let d = dominators(&g);
+        assert_eq!(
+            idoms(&g),
+            vec![None, Some(0), Some(1), Some(1), Some(3), Some(4), None]
+        );
+        assert!(!d.is_reachable(6));
+        let l = loops(&g, &d);
+        assert_eq!(l.back_edges, vec![(4, 0)]);
+        assert_eq!(l.retreating_non_back, vec![(3, 0)]);
+        assert!(l.irreducible);
+        assert_eq!(l.loops.len(), 1);
+        assert_eq!(l.loops[0].body, vec![1, 2, 3, 4]);
+        assert_eq!(
+            reachable(&g),
+            vec![true, true, true, true, true, true, false]
+        );
+    }
+
+    #[test]
+    fn graph_validate() {
+        assert_eq!(graph(&[], &[]).validate(), Err(GraphError::Empty));
+        assert!(graph(&[&[1]], &[]).validate().is_err());
+        assert!(graph(&[&[]], &[3]).validate().is_err());
+        let mut g = graph(&[&[]], &[]);
+        g.entry = 2;
+        assert!(g.validate().is_err());
+        assert!(graph(&[&[1], &[]], &[1]).validate().is_ok());
+    }
+
+    /// Checks dominators against the definition and loops against their
+    /// defining properties on a few hundred generated graphs.
+    #[test]
+    fn graph_random_properties() {
+        let mut rng = Rng(0x6275_7273_7479);
+        let mut irreducible_seen = 0;
+        let mut loops_seen = 0;
+        for _ in 0..400 {
+            let g = random_graph(&mut rng, 9);
+            g.validate().unwrap();
+            let d = dominators(&g);
+            let r = reachable(&g);
+            for a in 0..g.len() {
+                for b in 0..g.len() {
+                    assert_eq!(
+                        d.dominates(a, b),
+                        brute_dominates(&g, a, b),
+                        "{g:?} {a} {b}"
+                    );
+                }
+                // idom is the closest strict dominator.
+                if let Some(i) = d.idom(a) {
+                    assert!(brute_dominates(&g, i, a) && i != a);
+                    for x in 0..g.len() {
+                        if x != a && brute_dominates(&g, x, a) {
+                            assert!(brute_dominates(&g, x, i));
+                        }
+                    }
+                } else {
+                    assert!(a == g.entry || !d.is_reachable(a));
+                }
+            }
+            let l = loops(&g, &d);
+            if l.irreducible {
+                irreducible_seen += 1;
+            }
+            loops_seen += l.loops.len();
+            for &(v, i) in &l.back_edges {
+                assert!(d.dominates(g.succs[v][i], v));
+            }
+            for &(v, i) in &l.retreating_non_back {
+                assert!(!d.dominates(g.succs[v][i], v));
+            }
+            // Every back edge (by dominance) among reachable edges is found.
+            for v in 0..g.len() {
+                for (i, &w) in g.succs[v].iter().enumerate() {
+                    if d.is_reachable(v) && d.dominates(w, v) {
+                        assert!(l.back_edges.contains(&(v, i)));
+                    }
+                }
+            }
+            // Cutting back and retreating edges leaves the reachable graph acyclic.
+            assert!(acyclic_without(&g, &l.cut_edges(), &r));
+            for lp in &l.loops {
+                for &x in &lp.body {
+                    assert!(d.dominates(lp.header, x));
+                }
+                if let Some(p) = lp.parent {
+                    assert!(lp.body.iter().all(|x| l.loops[p].body.contains(x)));
+                }
+            }
+        }
+        assert!(irreducible_seen > 10, "{irreducible_seen}");
+        assert!(loops_seen > 100, "{loops_seen}");
+    }
+
+    fn acyclic_without(g: &Graph, cut: &[(usize, usize)], r: &[bool]) -> bool {
+        let n = g.len();
+        let mut indeg = vec![0usize; n];
+        for v in (0..n).filter(|&v| r[v]) {
+            for (i, &w) in g.succs[v].iter().enumerate() {
+                if !cut.contains(&(v, i)) {
+                    indeg[w] += 1;
+                }
+            }
+        }
+        let mut ready: Vec<usize> = (0..n).filter(|&v| r[v] && indeg[v] == 0).collect();
+        let mut done = 0;
+        while let Some(v) = ready.pop() {
+            done += 1;
+            for (i, &w) in g.succs[v].iter().enumerate() {
+                if !cut.contains(&(v, i)) {
+                    indeg[w] -= 1;
+                    if indeg[w] == 0 {
+                        ready.push(w);
+                    }
+                }
+            }
+        }
+        done == r.iter().filter(|&&x| x).count()
+    }
+}
