@@ -768,6 +768,14 @@ impl Walker<'_, '_> {
         if let Some((_, _, _, false)) = containing {
             return Ok(ExitKind::ColdJump { target: t });
         }
+        // The other direction: an unnamed FDE range jumping into the middle
+        // of a named function is a stripped `.cold` part returning to its
+        // parent (GCC -O2 splits, e.g. all over a stripped python3).
+        let unnamed = !self.func.sources.contains(FunctionSources::SYMTAB)
+            && !self.func.sources.contains(FunctionSources::DYNSYM);
+        if unnamed && containing.is_some() {
+            return Ok(ExitKind::ColdJump { target: t });
+        }
         Err(SkipReason::JumpOutsideFunction {
             from: self.insns[from].addr,
             target: t,

@@ -497,3 +497,33 @@ fn plan_types_serialize_deterministically() {
     assert!(ja.contains("\"JumpTable\""));
     assert!(ja.contains("\"ColdPart\":{\"parent\":"));
 }
+
+/// A stripped shared library keeps its exported names in `.dynsym` but its
+/// `.cold` parts become unnamed FDE ranges that jump back into the middle of
+/// their (named) parents: those jumps are `ColdJump` exits, not
+/// `JumpOutsideFunction` skips (seen at scale in a stripped python3).
+#[test]
+fn stripped_library_cold_parts_jump_back_to_named_parents() {
+    let path = common::build(
+        "flow.c",
+        "O2-lib-stripped.so",
+        &["-O2", "-fPIC", "-shared", "-DNO_MAIN"],
+        true,
+    );
+    let a = common::analyse(&path);
+    let unnamed_cold_jumps = a
+        .functions
+        .iter()
+        .zip(&a.cfgs)
+        .filter(|(f, _)| f.name.starts_with("sub_"))
+        .filter_map(|(_, c)| c.as_ref().ok())
+        .flat_map(|c| &c.exits)
+        .filter(|e| matches!(e.kind, cfg::ExitKind::ColdJump { .. }))
+        .count();
+    assert!(
+        unnamed_cold_jumps > 0,
+        "expected unnamed .cold parts jumping back to their parents"
+    );
+    let (ok, total) = a.coverage();
+    assert_eq!(ok, total, "skips: {:?}", a.skip_histogram());
+}
