@@ -1366,9 +1366,21 @@ impl Walker<'_, '_> {
     /// from a table-shaped computation.
     fn is_indirect_tail_call(&mut self, j: usize) -> bool {
         let jmp = self.insns[j].instr;
-        if jmp.op0_kind() != OpKind::Register {
-            return false;
-        }
+        // `jmp reg`, or `jmp [reg+disp]` without an index register (a
+        // function pointer loaded from a struct, vtable or dispatch table,
+        // like libglvnd's `jmp *(%r11)` stubs); `jmp [T+idx*8]` is a jump
+        // table's shape and stays with the table matcher.
+        let reg = match jmp.op0_kind() {
+            OpKind::Register => jmp.op0_register(),
+            OpKind::Memory
+                if jmp.memory_index() == Register::None
+                    && jmp.memory_base() != Register::None
+                    && jmp.memory_base() != Register::RIP =>
+            {
+                jmp.memory_base()
+            }
+            _ => return false,
+        };
         let empty = match self.ctx.frame_is_empty_at(self.insns[j].addr) {
             Some(e) => e,
             None => self.stack_balanced_from_entry(j),
@@ -1376,7 +1388,7 @@ impl Walker<'_, '_> {
         if !empty {
             return false;
         }
-        let Some(r) = gpr_index(jmp.op0_register()) else {
+        let Some(r) = gpr_index(reg) else {
             return false;
         };
         match self.find_def(r, j) {

@@ -89,4 +89,14 @@ fn hand_written_functions_get_their_skip_reason() {
     let (_, c) = get("ptr_tail_call");
     let c = c.as_ref().unwrap();
     assert_eq!(c.exits[0].kind, ExitKind::IndirectTailCall);
+
+    let (_, c) = get("mem_tail_call");
+    let c = c.as_ref().unwrap();
+    assert_eq!(c.exits[0].kind, ExitKind::IndirectTailCall);
+
+    let (_, c) = get("mem_indexed_jump");
+    assert!(
+        matches!(c, Err(SkipReason::UnresolvedIndirectJump { .. })),
+        "{c:?}"
+    );
 }
