@@ -221,6 +221,12 @@ pub async fn run(
     };
     let cpu_loop_end = crate::sys::self_cpu_ns();
     pipe.stats.sampling_secs = started.elapsed().as_secs_f64();
+    if let (Some(c), None) = (&child, exit_status) {
+        tracing::info!(
+            "the command (pid {}) is still running; it is left to run untraced",
+            c.id().unwrap_or(0)
+        );
+    }
     // Whatever is still in the ring buffer belongs to this session.
     sampler.drain_now(|s| pipe.handle(s));
     let counters = sampler.counters();
@@ -254,17 +260,16 @@ pub async fn run(
     let path = write_profile(&opts.output, "context.pb.gz", &profile)
         .with_context(|| format!("writing {}", opts.output.join("context.pb.gz").display()))?;
     pipe.stats.profiles_written += 1;
-    let secs = started.elapsed().as_secs_f64();
     pipe.stats.startup_cpu_ns = cpu_start;
     pipe.stats.sampling_cpu_ns = cpu_loop_end - cpu_start;
     pipe.stats.final_cpu_ns = crate::sys::self_cpu_ns() - cpu_loop_end;
     pipe.stats.peak_rss_bytes = crate::sys::self_peak_rss();
     let st = &pipe.stats;
     eprintln!(
-        "burstyd: wrote {} — {} samples in {:.1}s ({} processes, {} threads); stacks truncated {}, without unwind info {}, unwind errors {}, kernel-only {}; lost to full ring buffer: {}",
+        "burstyd: wrote {} — {} samples in {:.1}s of sampling ({} processes, {} threads); stacks truncated {}, without unwind info {}, unwind errors {}, kernel-only {}; lost to full ring buffer: {}",
         path.display(),
         st.samples,
-        secs,
+        st.sampling_secs,
         total.process_names.len(),
         total.threads.len(),
         st.truncated_stacks,
