@@ -219,7 +219,8 @@ pub fn discover(file: &object::File, data: &[u8]) -> Result<Vec<Function>, Funct
         .map(|s| ExecSection {
             name: s.name().unwrap_or("").to_string(),
             start: s.address(),
-            end: s.address() + s.size(),
+            // A corrupt section header may claim an end past 2^64.
+            end: s.address().saturating_add(s.size()),
         })
         .collect();
     let in_exec = |addr: u64| exec.iter().find(|s| addr >= s.start && addr < s.end);
@@ -276,7 +277,7 @@ pub fn discover(file: &object::File, data: &[u8]) -> Result<Vec<Function>, Funct
             let inside = cands.range(..start).next_back().is_some_and(|(&s, c)| {
                 let size = c.sym_size.max(c.dyn_size);
                 c.sources.0 & (FunctionSources::SYMTAB.0 | FunctionSources::DYNSYM.0) != 0
-                    && start < s + size
+                    && start < s.saturating_add(size)
             });
             if inside {
                 continue;
@@ -303,7 +304,12 @@ pub fn discover(file: &object::File, data: &[u8]) -> Result<Vec<Function>, Funct
     let starts: Vec<u64> = cands.keys().copied().collect();
     let mut out: Vec<Function> = Vec::with_capacity(cands.len());
     for (i, (start, mut c)) in cands.into_iter().enumerate() {
-        let sec = in_exec(start).expect("candidates are in executable sections");
+        // Symbols and FDEs were filtered by `in_exec`; PLT stubs come from
+        // sections named like PLTs, which a corrupt file may not mark
+        // executable: such stubs are not functions.
+        let Some(sec) = in_exec(start) else {
+            continue;
+        };
         let size = if c.plt {
             c.plt_size
         } else if c.sym_size > 0 {
@@ -473,6 +479,13 @@ fn plt_stubs(file: &object::File) -> Vec<(u64, u64, Option<String>)> {
         if !matches!(sec_name, ".plt" | ".plt.sec" | ".plt.got") {
             continue;
         }
+        let executable = match sec.flags() {
+            SectionFlags::Elf { sh_flags } => sh_flags & u64::from(object::elf::SHF_EXECINSTR) != 0,
+            _ => true,
+        };
+        if !executable {
+            continue;
+        }
         let Ok(bytes) = sec.data() else { continue };
         let endbr = bytes.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]);
         let entry = if sec_name == ".plt.got" && !endbr {
@@ -481,7 +494,9 @@ fn plt_stubs(file: &object::File) -> Vec<(u64, u64, Option<String>)> {
             16
         };
         for (k, chunk) in bytes.chunks(entry).enumerate() {
-            let start = sec.address() + (k * entry) as u64;
+            let Some(start) = sec.address().checked_add((k * entry) as u64) else {
+                break;
+            };
             let insns = crate::disasm::decode(chunk, start);
             let mut name = None;
             if sec_name == ".plt" && k == 0 {
