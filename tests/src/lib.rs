@@ -6,6 +6,7 @@
 
 pub mod gopprof;
 pub mod pprof;
+pub mod tracer;
 
 use std::collections::HashMap;
 use std::io::Read;
