@@ -9,12 +9,14 @@
 //! - [`symbolize`]: addresses → functions, files, lines, inline frames.
 //! - [`pprof`]: calling context trees → profile.proto.
 //! - [`sys`]: the raw syscalls the daemon makes itself.
+//! - [`notify`]: systemd readiness, status and watchdog notifications.
 //! - [`analyze`]: `burstyd analyze`, reports on the rewriter's plan of a binary.
 pub mod analyze;
 pub mod cct;
 pub mod cli;
 pub mod events;
 pub mod export;
+pub mod notify;
 pub mod pprof;
 pub mod procs;
 pub mod sampler;

@@ -181,6 +181,20 @@ pub async fn run(
         end,
     };
 
+    // systemd: ready once the programs are loaded and attached (they are:
+    // the sampler exists), then status lines and watchdog pings.
+    let notify = crate::notify::Notifier::from_env();
+    notify.ready(&format!(
+        "sampling {} on {}",
+        match &opts.targets {
+            None => "every process".to_string(),
+            Some(t) => format!("pid {t:?}"),
+        },
+        opts.event.name
+    ));
+    let watchdog_every = notify.watchdog_interval();
+    let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(Duration::from_secs(3600)));
+
     let reason = loop {
         tokio::select! {
             r = sampler.drain(|s| pipe.handle(s)) => { r.context("reading the sample ring buffer")?; }
@@ -201,10 +215,12 @@ pub async fn run(
                 let path = write_profile(&opts.output, &name, &profile)
                     .with_context(|| format!("writing {}", opts.output.join(&name).display()))?;
                 tracing::info!("wrote {} ({} samples)", path.display(), cct.samples);
+                notify.status(&format!("wrote {} ({} samples)", path.display(), cct.samples));
                 pipe.stats.profiles_written += 1;
                 merge(&mut total, cct);
                 interval_start = now;
             }
+            _ = watchdog.tick(), if watchdog_every.is_some() => notify.watchdog(),
             _ = liveness.tick(), if child.is_none() => {
                 if let Some(targets) = &opts.targets {
                     for &pid in targets {
@@ -220,6 +236,7 @@ pub async fn run(
         }
     };
     let cpu_loop_end = crate::sys::self_cpu_ns();
+    notify.stopping("writing the last profile");
     pipe.stats.sampling_secs = started.elapsed().as_secs_f64();
     if let (Some(c), None) = (&child, exit_status) {
         tracing::info!(

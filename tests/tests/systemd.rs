@@ -1,0 +1,76 @@
+//! The systemd unit and the readiness protocol: the unit verifies, and the
+//! daemon, run the way the unit runs it, sends READY=1 once sampling,
+//! STATUS= lines, watchdog pings and STOPPING=1 on a real notify socket.
+
+use std::os::unix::net::UnixDatagram;
+use std::process::Command;
+use std::time::Duration;
+
+use burstyd_tests::*;
+
+#[test]
+fn unit_file_verifies() {
+    let Ok(out) = Command::new("systemd-analyze").arg("--version").output() else {
+        println!("SKIP: systemd-analyze is not installed here");
+        return;
+    };
+    assert!(out.status.success());
+    let scratch = Scratch::new("unit");
+    let unit = std::fs::read_to_string(workspace_root().join("systemd/burstyd.service")).unwrap();
+    // Point ExecStart at the binary under test (verify checks it exists).
+    let unit = unit.replace("/usr/local/bin/burstyd", burstyd_bin().to_str().unwrap());
+    let path = scratch.join("burstyd.service");
+    std::fs::write(&path, unit).unwrap();
+    let f = run_timeout(
+        Command::new("systemd-analyze").arg("verify").arg(&path),
+        Duration::from_secs(60),
+    );
+    assert!(
+        f.status.success() && f.stderr.trim().is_empty(),
+        "{}",
+        f.describe()
+    );
+}
+
+#[test]
+fn readiness_status_watchdog_and_stopping_reach_the_notify_socket() {
+    require_root();
+    let _serial = serial();
+    let scratch = Scratch::new("notify");
+    let sock_path = scratch.join("notify.sock");
+    let rx = UnixDatagram::bind(&sock_path).unwrap();
+    rx.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let f = run_timeout(
+        Command::new(burstyd_bin())
+            .args(["--duration", "3", "--interval", "1", "-o"])
+            .arg(scratch.join("out"))
+            .env("NOTIFY_SOCKET", &sock_path)
+            .env("WATCHDOG_USEC", "1000000"),
+        Duration::from_secs(120),
+    );
+    assert!(f.status.success(), "{}", f.describe());
+    let mut msgs = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = rx.recv(&mut buf) {
+        msgs.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    let count = |p: &str| msgs.iter().filter(|m| m.contains(p)).count();
+    assert!(
+        msgs.first()
+            .is_some_and(|m| m.starts_with("READY=1\nSTATUS=sampling every process")),
+        "{msgs:?}"
+    );
+    assert!(
+        count("WATCHDOG=1") >= 4,
+        "watchdog every 0.5 s for 3 s: {msgs:?}"
+    );
+    assert!(
+        count("STATUS=wrote ") >= 2,
+        "interval status lines: {msgs:?}"
+    );
+    assert!(
+        msgs.last().is_some_and(|m| m.starts_with("STOPPING=1")),
+        "{msgs:?}"
+    );
+}
