@@ -675,6 +675,31 @@ pub fn assert_two_named_threads(traces: &[TraceSample], p: &Profile) {
     );
 }
 
+/// Runs fixture `name` untraced, then under `burstyd run --freq 999`, asserts
+/// burstyd succeeded and the program's stdout is the same both ways, and
+/// returns the traced run, the untraced one, and the scratch directory
+/// (kept alive by the caller).
+pub fn profile_fixture(name: &str) -> (BurstydRun, Finished, Scratch) {
+    let exe = fixture(name);
+    let exe_s = exe.to_str().unwrap();
+    let untraced = run_untraced(&[exe_s], Duration::from_secs(60));
+    let scratch = Scratch::new(name);
+    let run = burstyd_run(
+        &scratch,
+        &["--freq", "999"],
+        &[exe_s],
+        Duration::from_secs(180),
+    );
+    run.assert_ok();
+    assert_eq!(
+        run.finished.stdout_str(),
+        untraced.stdout_str(),
+        "{name}: the program's stdout under `burstyd run` differs from its untraced stdout\n{}",
+        run.finished.describe()
+    );
+    (run, untraced, scratch)
+}
+
 #[cfg(test)]
 mod unit {
     use super::*;

@@ -14,23 +14,7 @@ fn call_chain_is_unwound_in_order() {
     require_root();
     let _serial = serial();
     let exe = fixture("call_chain");
-    let exe_s = exe.to_str().unwrap();
-    let untraced = run_untraced(&[exe_s], Duration::from_secs(60));
-
-    let scratch = Scratch::new("call_chain");
-    let run = burstyd_run(
-        &scratch,
-        &["--freq", "999"],
-        &[exe_s],
-        Duration::from_secs(180),
-    );
-    run.assert_ok();
-    assert_eq!(
-        run.finished.stdout_str(),
-        untraced.stdout_str(),
-        "the program's stdout under `burstyd run` differs from its untraced stdout\n{}",
-        run.finished.describe()
-    );
+    let (run, untraced, _scratch) = profile_fixture("call_chain");
 
     // Direct decode: contract shape, labels, build id.
     let p = run.profile();

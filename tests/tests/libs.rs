@@ -3,8 +3,6 @@
 //! qsort internals between the fixture's comparator and sort_work, and libc
 //! string functions called from copy_work.
 
-use std::time::Duration;
-
 use burstyd_tests::*;
 
 fn in_lib(f: &Frame, lib: &str) -> bool {
@@ -73,22 +71,7 @@ fn describe(p: &Profile, n: usize) -> String {
 #[test]
 fn libm_and_libc_frames_unwind_into_the_caller() {
     require_root();
-    let exe = fixture("libs");
-    let exe_s = exe.to_str().unwrap();
-    let untraced = run_untraced(&[exe_s], Duration::from_secs(60));
-    let scratch = Scratch::new("libs");
-    let run = burstyd_run(
-        &scratch,
-        &["--freq", "999"],
-        &[exe_s],
-        Duration::from_secs(180),
-    );
-    run.assert_ok();
-    assert_eq!(
-        run.finished.stdout_str(),
-        untraced.stdout_str(),
-        "stdout differs under burstyd"
-    );
+    let (run, _untraced, _scratch) = profile_fixture("libs");
 
     let p = run.profile();
     assert_contract_shape(&p, "cpu-clock");
