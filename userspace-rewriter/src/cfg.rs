@@ -1241,7 +1241,7 @@ impl Walker<'_, '_> {
                     };
                 }
             }
-            Idx::Mem(base, index, _, _) => {
+            Idx::Mem(base, index, scale, disp) => {
                 // The variable must not change between guard and load: no
                 // call, no write to its address registers, no store other
                 // than to the stack (pushes, spills).
@@ -1249,6 +1249,29 @@ impl Walker<'_, '_> {
                     return None;
                 }
                 let written = self.gprs_written(p);
+                // `lea index, [r + c]` between guard and load (GCC: `cmp
+                // [rax+rdx*4+0x30], 4; lea rcx, [rdx+12]; ja ..; mov ecx,
+                // [rax+rcx*4]`): the load's address is then
+                // `[base + r*scale + disp + c*scale]`, the guard's operand.
+                if let Some(n) = gpr_index(index)
+                    && written == 1 << n
+                    && ins.mnemonic() == Mnemonic::Lea
+                    && ins.op0_kind() == OpKind::Register
+                    && ins.op0_register().size() == 8
+                    && ins.memory_index() == Register::None
+                    && ins.memory_base().size() == 8
+                    && gpr_index(ins.memory_base()).is_some_and(|r| r != n)
+                    && gpr_index(base) != Some(n)
+                {
+                    let c = ins.memory_displacement64();
+                    let idx = Idx::Mem(
+                        base,
+                        ins.memory_base(),
+                        scale,
+                        disp.wrapping_add(c.wrapping_mul(u64::from(scale))),
+                    );
+                    return self.guard_from(p, idx, bound, budget, on_path);
+                }
                 if [base, index]
                     .into_iter()
                     .filter_map(gpr_index)
