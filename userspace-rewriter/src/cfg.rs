@@ -782,6 +782,25 @@ impl Walker<'_, '_> {
         })
     }
 
+    /// A direct branch from instruction `i` to `t`: a new leader inside the
+    /// function (queued for the walk), or an exit classified by
+    /// [`Walker::external`].
+    fn branch_to(&mut self, i: usize, t: u64) -> Result<(), SkipReason> {
+        match self.intra_index(i, t) {
+            Some(Some(ti)) => {
+                self.leaders.insert(ti);
+                self.branch_preds.entry(ti).or_default().push(i);
+                self.work.push(ti);
+            }
+            Some(None) => {}
+            None => {
+                let kind = self.external(i, t)?;
+                self.add_exit(i, kind);
+            }
+        }
+        Ok(())
+    }
+
     fn add_exit(&mut self, i: usize, kind: ExitKind) {
         let v = self.exits.entry(i).or_default();
         if !v.contains(&kind) {
@@ -825,33 +844,11 @@ impl Walker<'_, '_> {
                         break;
                     }
                     Flow::Jump(t) => {
-                        match self.intra_index(i, t) {
-                            Some(Some(ti)) => {
-                                self.leaders.insert(ti);
-                                self.branch_preds.entry(ti).or_default().push(i);
-                                self.work.push(ti);
-                            }
-                            Some(None) => {}
-                            None => {
-                                let kind = self.external(i, t)?;
-                                self.add_exit(i, kind);
-                            }
-                        }
+                        self.branch_to(i, t)?;
                         break;
                     }
                     Flow::CondJump(t) => {
-                        match self.intra_index(i, t) {
-                            Some(Some(ti)) => {
-                                self.leaders.insert(ti);
-                                self.branch_preds.entry(ti).or_default().push(i);
-                                self.work.push(ti);
-                            }
-                            Some(None) => {}
-                            None => {
-                                let kind = self.external(i, t)?;
-                                self.add_exit(i, kind);
-                            }
-                        }
+                        self.branch_to(i, t)?;
                         if !next_in_range {
                             self.fall_off(i)?;
                             break;
