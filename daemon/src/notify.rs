@@ -20,10 +20,17 @@ impl Notifier {
                 Some(name) => SocketAddr::from_abstract_name(name.as_bytes()).ok()?,
                 None => SocketAddr::from_pathname(&p).ok()?,
             };
-            let sock = UnixDatagram::unbound().ok()?;
-            Some((sock, addr))
+            Self::socket_for(addr)
         });
         Notifier { target }
+    }
+
+    fn socket_for(addr: SocketAddr) -> Option<(UnixDatagram, SocketAddr)> {
+        let sock = UnixDatagram::unbound().ok()?;
+        // Never block the daemon on a slow reader: a full receive queue
+        // (net.unix.max_dgram_qlen, 10 by default) drops the message.
+        sock.set_nonblocking(true).ok()?;
+        Some((sock, addr))
     }
 
     pub fn enabled(&self) -> bool {
@@ -81,15 +88,19 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let rx = UnixDatagram::bind(&path).unwrap();
         let n = Notifier {
-            target: Some((
-                UnixDatagram::unbound().unwrap(),
-                SocketAddr::from_pathname(&path).unwrap(),
-            )),
+            target: Notifier::socket_for(SocketAddr::from_pathname(&path).unwrap()),
         };
         n.ready("sampling");
         let mut buf = [0u8; 256];
         let len = rx.recv(&mut buf).unwrap();
         assert_eq!(&buf[..len], b"READY=1\nSTATUS=sampling");
+        // A reader that stops reading must not stall the daemon: the queue
+        // fills (max_dgram_qlen) and further messages are dropped.
+        let t = std::time::Instant::now();
+        for _ in 0..1000 {
+            n.watchdog();
+        }
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

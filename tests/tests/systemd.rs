@@ -41,6 +41,23 @@ fn readiness_status_watchdog_and_stopping_reach_the_notify_socket() {
     let rx = UnixDatagram::bind(&sock_path).unwrap();
     rx.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
+    // Read while the daemon runs, as systemd does: the socket's queue holds
+    // only net.unix.max_dgram_qlen (10) datagrams.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut msgs = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                match rx.recv(&mut buf) {
+                    Ok(n) => msgs.push(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                    Err(_) if stop.load(std::sync::atomic::Ordering::SeqCst) => break msgs,
+                    Err(_) => {}
+                }
+            }
+        })
+    };
     let f = run_timeout(
         Command::new(burstyd_bin())
             .args(["--duration", "3", "--interval", "1", "-o"])
@@ -49,12 +66,9 @@ fn readiness_status_watchdog_and_stopping_reach_the_notify_socket() {
             .env("WATCHDOG_USEC", "1000000"),
         Duration::from_secs(120),
     );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let msgs = reader.join().unwrap();
     assert!(f.status.success(), "{}", f.describe());
-    let mut msgs = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = rx.recv(&mut buf) {
-        msgs.push(String::from_utf8_lossy(&buf[..n]).into_owned());
-    }
     let count = |p: &str| msgs.iter().filter(|m| m.contains(p)).count();
     assert!(
         msgs.first()
