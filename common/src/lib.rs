@@ -106,8 +106,14 @@ pub mod counter {
     pub const USTACK_FAILED: u32 = 2;
     /// Samples from kernel threads (no user context).
     pub const KERNEL_THREAD: u32 = 3;
+    /// Burst signals sent (`bpf_send_signal_thread`).
+    pub const BURST_SIGNALS: u32 = 4;
+    /// Overflows in a traced process while a burst was running there.
+    pub const BURST_BUSY: u32 = 5;
+    /// `bpf_send_signal_thread` failed.
+    pub const BURST_SIGNAL_FAILED: u32 = 6;
     /// Number of counters.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 7;
 }
 
 #[cfg(feature = "user")]
@@ -116,4 +122,125 @@ mod user {
     // every bit pattern is a valid value.
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::Sample {}
+    unsafe impl aya::Pod for super::burst::BurstTarget {}
+}
+
+/// Bursty tracing: the memory the injected runtime in a target process
+/// shares with the daemon, and the eBPF map entry that arms it.
+///
+/// The daemon maps a memfd into the target (`MAP_SHARED`) and into itself:
+/// page 0 holds a [`BurstControl`], then come `ring_words` u64 words of
+/// records. Only the thread that owns the current burst writes records
+/// (single producer); the daemon consumes (`tail`). The generated code in
+/// the target reaches every field RIP-relatively at fixed offsets, so the
+/// layout is part of the contract between `userspace-rewriter::clone` and
+/// the daemon.
+pub mod burst {
+    /// `BurstControl::magic`.
+    pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd1");
+    /// Saved path registers (one per instrumented activation in a burst).
+    pub const SHADOW_DEPTH: usize = 1024;
+    /// Set in the path register when the path's start was not observed (the
+    /// burst began mid-path, or the activation is older than the burst).
+    pub const PATH_INVALID: u64 = 1 << 63;
+
+    /// Record tags: bits 60..64 of a record's first word. Every record is
+    /// two words.
+    pub const REC_START: u64 = 1;
+    /// An instrumented function was entered: `w0 = tag | fid`, `w1 = 0`.
+    pub const REC_ENTER: u64 = 2;
+    /// A path ended: `w0 = tag | kind << 32 | fid`, `w1 = path register`.
+    pub const REC_PATH: u64 = 3;
+    /// The burst ended: `w0 = tag | reason`, `w1 = 0`.
+    pub const REC_END: u64 = 4;
+
+    /// `REC_PATH` kinds.
+    pub const PATH_END_RETURN: u64 = 0;
+    pub const PATH_END_BACK_EDGE: u64 = 1;
+    pub const PATH_END_TAIL: u64 = 2;
+
+    /// `REC_END` reasons.
+    pub const END_BUDGET: u64 = 0;
+    pub const END_LEFT_CLONES: u64 = 1;
+
+    /// Mask of the tag bits.
+    pub const TAG_SHIFT: u32 = 60;
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct ShadowEntry {
+        /// `rsp` at the activation's entry (points at its return address).
+        pub rsp: u64,
+        /// The caller's path register.
+        pub path: u64,
+    }
+
+    /// Page 0 of the shared memory. Field order is ABI (see the module doc).
+    #[repr(C, align(64))]
+    #[derive(Clone, Copy, Debug)]
+    pub struct BurstControl {
+        pub magic: u64,
+        /// Non-zero: the signal handler may start bursts (the daemon clears
+        /// it to disarm; running bursts end at their next check).
+        pub armed: u32,
+        /// Non-zero while a burst runs (set by the handler with `lock
+        /// cmpxchg`, cleared when the burst ends). The eBPF program reads it
+        /// to avoid signalling a busy process.
+        pub active: u32,
+        /// `fs:[0]` (the thread's TCB address, unique per thread) of the
+        /// burst's thread; 0 when no burst runs.
+        pub owner: u64,
+        /// Checks left in the current burst.
+        pub budget: u64,
+        /// Checks per burst (set by the daemon; `u64::MAX`: full trace).
+        pub burst_len: u64,
+        /// The Ball-Larus path register of the innermost activation.
+        pub path: u64,
+        /// Valid entries in `shadow`.
+        pub depth: u64,
+        /// Records written (in words; producer index).
+        pub head: u64,
+        /// `ring_words - 1` (a power of two minus one).
+        pub ring_mask: u64,
+        /// The ring's address in the target.
+        pub ring_addr: u64,
+        /// Sorted `(original address, clone address)` pairs of every
+        /// rewritten instruction: where the handler may start a burst.
+        pub table_addr: u64,
+        pub table_len: u64,
+        /// Counters kept by the target side.
+        pub bursts: u64,
+        pub declined_busy: u64,
+        pub declined_pc: u64,
+        pub declined_disarmed: u64,
+        pub lost_records: u64,
+        pub shadow_overflow: u64,
+        pub truncated: u64,
+        pub ended: u64,
+        pub _reserved: [u64; 4],
+        /// Words consumed by the daemon (consumer index), on its own line.
+        pub tail: u64,
+        pub _pad: [u64; 7],
+        pub shadow: [ShadowEntry; SHADOW_DEPTH],
+    }
+
+    /// Bytes reserved for [`BurstControl`] at the start of the shared
+    /// memory (the ring starts here).
+    pub const CONTROL_BYTES: usize = 20 * 1024;
+    const _: () = assert!(core::mem::size_of::<BurstControl>() <= CONTROL_BYTES);
+
+    /// The eBPF `BURSTS` map value for one traced process.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct BurstTarget {
+        /// Address of `BurstControl::armed` in the target (`active`
+        /// follows it): read with `bpf_probe_read_user`.
+        pub armed_addr: u64,
+        /// The signal the injected handler is installed on.
+        pub signal: u32,
+        pub _pad: u32,
+    }
+
+    /// Offset of `armed` (and `active` right after it).
+    pub const ARMED_OFFSET: usize = core::mem::offset_of!(BurstControl, armed);
 }

@@ -20,7 +20,7 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
         generated::{
             bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_get_stack, bpf_probe_read_user,
-            bpf_task_pt_regs,
+            bpf_send_signal_thread, bpf_task_pt_regs,
         },
     },
     macros::{map, perf_event, tracepoint},
@@ -29,7 +29,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use burstyd_common::{
-    Config, FILTER_TARGETS, MAX_KERNEL_FRAMES, RING_BYTES, SAMPLE_USER_MODE, SAMPLE_USER_REGS,
+    Config,
+    burst::BurstTarget, FILTER_TARGETS, MAX_KERNEL_FRAMES, RING_BYTES, SAMPLE_USER_MODE, SAMPLE_USER_REGS,
     SAMPLE_USTACK_SHORT, Sample, USER_STACK_BYTES, WAKEUP_BYTES, counter,
 };
 
@@ -43,6 +44,11 @@ static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 /// `FILTER_TARGETS`.
 #[map]
 static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
+
+/// tgid -> where its injected burst runtime lives and which signal starts
+/// a burst (bursty tracing, `--pid`/`run` with the rewriter).
+#[map]
+static BURSTS: HashMap<u32, BurstTarget> = HashMap::with_max_entries(1024, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
@@ -88,6 +94,34 @@ pub fn on_newtask(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// The hardware picked this moment: if the process is armed and no burst
+/// runs in it, signal the overflowing thread; the injected handler moves it
+/// into the instrumented clones. The words are read from the target's own
+/// memory (we are in its context); a page not present reads as busy.
+#[inline(always)]
+fn start_burst(t: &BurstTarget) {
+    let mut words = [0u32; 2];
+    // SAFETY: reads 8 bytes of the current process's memory into a local.
+    let r = unsafe {
+        bpf_probe_read_user(
+            words.as_mut_ptr() as *mut core::ffi::c_void,
+            8,
+            t.armed_addr as *const core::ffi::c_void,
+        )
+    };
+    let (armed, active) = (words[0], words[1]);
+    if r != 0 || armed == 0 || active != 0 {
+        bump(counter::BURST_BUSY);
+        return;
+    }
+    // SAFETY: plain helper call.
+    if unsafe { bpf_send_signal_thread(t.signal) } == 0 {
+        bump(counter::BURST_SIGNALS);
+    } else {
+        bump(counter::BURST_SIGNAL_FAILED);
+    }
+}
+
 #[inline(always)]
 fn bump(index: u32) -> u64 {
     match COUNTERS.get_ptr_mut(index) {
@@ -117,6 +151,9 @@ fn try_on_overflow(ctx: &PerfEventContext) -> Result<u32, u32> {
         return Ok(0);
     }
     bump(counter::SAMPLES);
+    if let Some(t) = unsafe { BURSTS.get(&pid) } {
+        start_burst(t);
+    }
 
     let Some(mut entry) = SAMPLES.reserve::<Sample>(0) else {
         let dropped = bump(counter::RING_FULL);
