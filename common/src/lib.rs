@@ -158,6 +158,9 @@ pub mod burst {
     pub const PATH_END_RETURN: u64 = 0;
     pub const PATH_END_BACK_EDGE: u64 = 1;
     pub const PATH_END_TAIL: u64 = 2;
+    /// The path ended at a call that does not return, or a jump out of the
+    /// clones (to a `.cold` part).
+    pub const PATH_END_NORETURN: u64 = 3;
 
     /// `REC_END` reasons.
     pub const END_BUDGET: u64 = 0;
@@ -217,7 +220,14 @@ pub mod burst {
         pub shadow_overflow: u64,
         pub truncated: u64,
         pub ended: u64,
-        pub _reserved: [u64; 4],
+        /// `[clone_lo, clone_hi)`: the generated code (return addresses in
+        /// it need no translation).
+        pub clone_lo: u64,
+        pub clone_hi: u64,
+        /// Non-zero: a full ring waits (yielding, bounded) for the daemon
+        /// instead of truncating the burst (`--full-trace`).
+        pub wait_when_full: u64,
+        pub _reserved: u64,
         /// Words consumed by the daemon (consumer index), on its own line.
         pub tail: u64,
         pub _pad: [u64; 7],

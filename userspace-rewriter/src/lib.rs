@@ -14,6 +14,7 @@
 //! - [`callgraph`]: call graph SCCs, the entry-check set C, k-boring loops.
 //! - [`plan`]: all of the above for a whole file, as one serializable plan.
 pub mod callgraph;
+pub mod clone;
 pub mod cfg;
 pub mod disasm;
 pub mod elf;

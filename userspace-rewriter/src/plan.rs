@@ -250,6 +250,15 @@ fn address_taken(file: &object::File, functions: &[Function], insns: &[Vec<Insn>
 
 /// Builds the plan of the ELF image `data`.
 pub fn analyze(data: &[u8], opts: &PlanOptions) -> Result<AnalysisReport, PlanError> {
+    analyze_with_insns(data, opts).map(|(report, _)| report)
+}
+
+/// [`analyze`], also returning the decoded instructions and CFGs the plan
+/// was computed from (the clone generator relocates those instructions).
+pub fn analyze_with_insns(
+    data: &[u8],
+    opts: &PlanOptions,
+) -> Result<(AnalysisReport, cfg::Analysis), PlanError> {
     let t0 = Instant::now();
     let file = object::File::parse(data)?;
     if file.architecture() != object::Architecture::X86_64 {
@@ -370,10 +379,13 @@ pub fn analyze(data: &[u8], opts: &PlanOptions) -> Result<AnalysisReport, PlanEr
         summary,
         functions: plans,
     };
-    Ok(AnalysisReport {
-        plan,
-        analysis_ms: t0.elapsed().as_millis() as u64,
-    })
+    Ok((
+        AnalysisReport {
+            plan,
+            analysis_ms: t0.elapsed().as_millis() as u64,
+        },
+        analysis,
+    ))
 }
 
 fn analyze_function(
