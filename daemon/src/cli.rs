@@ -12,6 +12,28 @@ Examples:
   burstyd analyze /usr/bin/xz                                     what the rewriter sees in a binary
   burstyd analyze --function main --dot ./prog | dot -Tsvg        one function's CFG
 
+As a service (see systemd/burstyd.toml for every key):
+  burstyd --config /etc/burstyd/burstyd.toml                      targets, output, HTTP, push from the file
+  burstyd --http 127.0.0.1:6060 --interval 60 -o /var/lib/burstyd  serve pprof and /metrics over HTTP
+  go tool pprof http://127.0.0.1:6060/debug/pprof/profile?seconds=10   the next 10 s, from the endpoint
+  curl -s http://127.0.0.1:6060/metrics                           samples, drops, pushes, daemon CPU/RSS
+  kill -HUP $(pidof burstyd)                                      reload the file (a bad one is rejected)
+
+  # burstyd.toml: sample /usr/bin/foo whenever it runs, push to Pyroscope
+  [output]
+  dir = \"/var/lib/burstyd\"
+  interval = \"60s\"
+  keep = 1440
+  [http]
+  listen = \"127.0.0.1:6060\"
+  [[target]]
+  exe = \"/usr/bin/foo\"
+  [[push]]
+  kind = \"pyroscope\"
+  url = \"http://pyroscope:4040\"
+  app = \"foo\"
+  labels = { env = \"prod\" }
+
 Events: cycles, instructions, cache-misses, cache-references, branch-misses,
 branch-instructions, cpu-clock, task-clock, page-faults, rNNNN (raw PMU event).
 Hardware events fall back to cpu-clock on hosts without a PMU (logged, and
@@ -32,6 +54,21 @@ pub struct Cli {
     /// --pid (and without `run`), every process on the host is sampled.
     #[arg(short, long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
+
+    /// Configuration file [default: /etc/burstyd/burstyd.toml if it
+    /// exists; `run` reads one only when given]. Flags override its values;
+    /// SIGHUP re-reads it.
+    #[arg(long, value_name = "FILE", global = true)]
+    pub config: Option<PathBuf>,
+
+    /// Ignore the configuration file.
+    #[arg(long, global = true, conflicts_with = "config")]
+    pub no_config: bool,
+
+    /// Serve /debug/pprof/*, /metrics and /healthz on this address
+    /// (HOST:PORT, or a port on 127.0.0.1). Off by default.
+    #[arg(long, value_name = "ADDR", global = true)]
+    pub http: Option<String>,
 
     #[command(flatten)]
     pub profile: ProfileArgs,

@@ -11,16 +11,25 @@
 //! - [`sys`]: the raw syscalls the daemon makes itself.
 //! - [`notify`]: systemd readiness, status and watchdog notifications.
 //! - [`analyze`]: `burstyd analyze`, reports on the rewriter's plan of a binary.
+//! - [`config`]: the configuration file and command-line overrides; [`targets`]
+//!   turns its target selectors into pids.
+//! - [`http`]: the pprof/metrics HTTP endpoint; [`push`]: pushing profiles to
+//!   Pyroscope or Parca; [`metrics`]: the daemon's counters.
 pub mod analyze;
 pub mod cct;
 pub mod cli;
+pub mod config;
 pub mod events;
 pub mod export;
+pub mod http;
+pub mod metrics;
 pub mod notify;
 pub mod pprof;
 pub mod procs;
+pub mod push;
 pub mod sampler;
 pub mod session;
 pub mod symbolize;
 pub mod sys;
+pub mod targets;
 pub mod unwind;

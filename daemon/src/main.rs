@@ -6,17 +6,20 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use burstyd::cli::{Cli, Command, ProfileArgs};
-use burstyd::events::{self, DEFAULT_FREQ, Sampling};
+use burstyd::config::{self, Overrides, Settings};
+use burstyd::events;
 use burstyd::sampler::{Sampler, SamplerOptions};
 use burstyd::session::{self, SessionOptions};
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches};
 
 fn main() {
     if let Some(fd) = std::env::var_os(GATE_ENV) {
         let argv: Vec<_> = std::env::args_os().skip(1).collect();
         exec_gate(&fd.to_string_lossy(), &argv);
     }
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Some(Command::Analyze {
         file,
         json,
@@ -56,7 +59,8 @@ fn main() {
             std::process::exit(1);
         }
     };
-    match rt.block_on(real_main(cli, args)) {
+    let overrides = overrides(&cli, &args, &matches);
+    match rt.block_on(real_main(cli, args, overrides)) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("burstyd: error: {e:#}");
@@ -102,12 +106,64 @@ fn tracing_log_bridge() -> Result<(), log::SetLoggerError> {
     log::set_boxed_logger(Box::new(Bridge)).map(|()| log::set_max_level(log::LevelFilter::Info))
 }
 
-async fn real_main(cli: Cli, args: ProfileArgs) -> anyhow::Result<i32> {
+/// The profile flags given on the command line (not clap defaults): they
+/// override the configuration file.
+fn overrides(cli: &Cli, args: &ProfileArgs, matches: &ArgMatches) -> Overrides {
+    let m = matches.subcommand_matches("run").unwrap_or(matches);
+    let given = |id: &str| m.value_source(id) == Some(ValueSource::CommandLine);
+    Overrides {
+        event: given("event").then(|| args.event.clone()),
+        period: args.period,
+        freq: args.freq,
+        interval: args.interval,
+        output: given("output").then(|| args.output.clone()),
+        no_kernel: args.no_kernel,
+        http: cli.http.clone(),
+        pids: cli.pids.clone(),
+    }
+}
+
+/// Reads the configuration file (if any) and applies the overrides.
+fn settings(
+    cli: &Cli,
+    overrides: &Overrides,
+) -> anyhow::Result<(Option<config::Source>, Settings)> {
+    let is_run = matches!(cli.command, Some(Command::Run { .. }));
+    let source = match (&cli.config, cli.no_config) {
+        (_, true) => None,
+        (Some(p), _) => Some(config::Source {
+            path: p.clone(),
+            explicit: true,
+        }),
+        // `run` profiles one command; a service's file is not meant for it.
+        (None, _) if is_run => None,
+        (None, _) => Some(config::Source {
+            path: config::DEFAULT_PATH.into(),
+            explicit: false,
+        }),
+    };
+    let file = match &source {
+        Some(s) => config::load(s)?,
+        None => None,
+    };
+    if let (Some(s), Some(_)) = (&source, &file) {
+        tracing::info!("configuration: {}", s.path.display());
+    }
+    let settings = Settings::resolve(
+        file.as_ref(),
+        source.as_ref().map(|s| s.path.as_path()),
+        overrides,
+    )?;
+    Ok((source, settings))
+}
+
+async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow::Result<i32> {
     if unsafe { libc::geteuid() } != 0 {
         tracing::warn!("not running as root: loading eBPF needs CAP_BPF and CAP_PERFMON");
     }
     session::check_targets(&cli.pids)?;
-    let requested = events::parse_event(&args.event)?;
+    let (source, settings) = settings(&cli, &overrides)?;
+    let requested = events::parse_event(&settings.event)?;
     preflight()?;
     let event = events::resolve_supported(requested.clone()).map_err(|e| match e.raw_os_error() {
         Some(libc::EACCES | libc::EPERM) => anyhow::anyhow!(
@@ -117,12 +173,7 @@ async fn real_main(cli: Cli, args: ProfileArgs) -> anyhow::Result<i32> {
         _ => anyhow::Error::new(e).context(format!("opening a perf event for `{}`", requested.name)),
     })?;
     let requested_event = (event.name != requested.name).then(|| requested.name.clone());
-    let sampling = match (args.period, args.freq) {
-        (Some(0), _) | (_, Some(0)) => bail!("--period and --freq must be positive"),
-        (Some(p), _) => Sampling::Period(p),
-        (None, Some(f)) => Sampling::Frequency(f),
-        (None, None) => Sampling::Frequency(DEFAULT_FREQ),
-    };
+    let sampling = settings.sampling;
     let secs = |s: Option<f64>, what: &str| -> anyhow::Result<Option<Duration>> {
         s.map(|v| {
             Duration::try_from_secs_f64(v)
@@ -133,7 +184,7 @@ async fn real_main(cli: Cli, args: ProfileArgs) -> anyhow::Result<i32> {
         .transpose()
     };
     let duration = secs(args.duration, "duration")?;
-    let interval = secs(args.interval, "interval")?;
+    let interval = settings.interval;
 
     // `run`: fork the command now but hold it before exec until the sampler
     // records its pid, so its first instructions are already sampled.
@@ -150,21 +201,38 @@ async fn real_main(cli: Cli, args: ProfileArgs) -> anyhow::Result<i32> {
         _ if !cli.pids.is_empty() => Some(cli.pids.clone()),
         _ => None,
     };
+    // Targets from the configuration file: the pids matching now, and more
+    // as they appear (the session rescans).
+    let mut scanner = None;
+    let mut initial = targets.clone();
+    if targets.is_none() && !settings.targets.is_empty() {
+        let mut s = burstyd::targets::Scanner::new(settings.targets.clone());
+        let found = s.scan().added;
+        initial = Some(found);
+        scanner = Some(s);
+    }
     let sampler = Sampler::start(&SamplerOptions {
         event: event.clone(),
         sampling,
-        targets: targets.clone(),
-        kernel_stacks: !args.no_kernel,
+        targets: initial.clone(),
+        kernel_stacks: settings.kernel_stacks,
         follow_children: child.is_some(),
     })?;
-    match &targets {
-        None => tracing::info!(
+    match (&targets, &scanner) {
+        (None, None) => tracing::info!(
             "sampling every process on {} CPUs on {} ({:?})",
             sampler.cpus(),
             event.name,
             sampling
         ),
-        Some(t) => tracing::info!("sampling pid {:?} on {} ({:?})", t, event.name, sampling),
+        (None, Some(s)) => tracing::info!(
+            "sampling targets [{}] (now pids {:?}) on {} ({:?})",
+            describe_specs(s.specs()),
+            initial.as_deref().unwrap_or_default(),
+            event.name,
+            sampling
+        ),
+        (Some(t), _) => tracing::info!("sampling pid {:?} on {} ({:?})", t, event.name, sampling),
     }
     // Release the command.
     drop(gate.take());
@@ -174,10 +242,19 @@ async fn real_main(cli: Cli, args: ProfileArgs) -> anyhow::Result<i32> {
             requested_event,
             sampling,
             targets,
-            kernel_stacks: !args.no_kernel,
+            kernel_stacks: settings.kernel_stacks,
             duration,
             interval,
-            output: args.output.clone(),
+            output: settings.output.clone(),
+            service: session::Service {
+                scanner,
+                reload: source.map(|source| session::Reload {
+                    source,
+                    overrides,
+                    static_targets: child.is_some() || !cli.pids.is_empty(),
+                }),
+                settings,
+            },
         },
         sampler,
         child,
@@ -189,6 +266,14 @@ async fn real_main(cli: Cli, args: ProfileArgs) -> anyhow::Result<i32> {
         }),
         None => 0,
     })
+}
+
+fn describe_specs(specs: &[burstyd::config::TargetSpec]) -> String {
+    specs
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Checks the kernel features burstyd needs, so that their absence is

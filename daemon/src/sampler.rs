@@ -237,6 +237,50 @@ impl Sampler {
             })
     }
 
+    /// Stops recording `pid` (it exited, or no longer matches the
+    /// configured targets). A pid not in the map is fine.
+    pub fn remove_target(&mut self, pid: u32) -> Result<(), SamplerError> {
+        let map = self
+            .ebpf
+            .map_mut("TARGETS")
+            .ok_or(SamplerError::MissingMap("TARGETS"))?;
+        let mut targets: HashMap<_, u32, u8> =
+            HashMap::try_from(map).map_err(|source| SamplerError::Map {
+                name: "TARGETS",
+                source,
+            })?;
+        match targets.remove(&pid) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(source) => Err(SamplerError::Map {
+                name: "TARGETS",
+                source,
+            }),
+        }
+    }
+
+    /// Switches between sampling only `TARGETS` (`true`) and every process
+    /// (a configuration reload that adds or removes all targets).
+    pub fn set_targeted(&mut self, targeted: bool) -> Result<(), SamplerError> {
+        let map = self
+            .ebpf
+            .map_mut("CONFIG")
+            .ok_or(SamplerError::MissingMap("CONFIG"))?;
+        let mut config: Array<_, Config> =
+            Array::try_from(map).map_err(|source| SamplerError::Map {
+                name: "CONFIG",
+                source,
+            })?;
+        let mut cfg = config.get(&0, 0).map_err(|source| SamplerError::Map {
+            name: "CONFIG",
+            source,
+        })?;
+        cfg.filter = if targeted { FILTER_TARGETS } else { FILTER_ALL };
+        config.set(0, cfg, 0).map_err(|source| SamplerError::Map {
+            name: "CONFIG",
+            source,
+        })
+    }
+
     /// Waits until samples are available, then calls `f` on each one in the
     /// ring buffer. Returns the number handled.
     pub async fn drain(&mut self, mut f: impl FnMut(&Sample)) -> Result<usize, SamplerError> {

@@ -1,0 +1,730 @@
+//! The configuration file (`/etc/burstyd/burstyd.toml`, or `--config FILE`)
+//! and the effective settings: file values overridden by command-line flags.
+//!
+//! Every error names the file, line and column and says why; on SIGHUP a
+//! file with an error is rejected as a whole and the previous settings stay.
+//! Unknown keys are errors (a typo must not silently do nothing).
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, de};
+use toml::Spanned;
+
+use crate::events::{DEFAULT_FREQ, Sampling};
+
+/// Where the service looks when no `--config` is given.
+pub const DEFAULT_PATH: &str = "/etc/burstyd/burstyd.toml";
+/// Output directory when neither the file nor `-o` names one.
+pub const DEFAULT_OUTPUT: &str = "burstyd-out";
+/// Profile interval when push targets are configured but no interval is.
+pub const DEFAULT_PUSH_INTERVAL: Duration = Duration::from_secs(60);
+/// Per push target, the on-disk spool's size limit.
+pub const DEFAULT_SPOOL_BYTES: u64 = 64 << 20;
+
+/// The file as written.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub event: Option<String>,
+    pub period: Option<Spanned<u64>>,
+    pub freq: Option<Spanned<u64>>,
+    pub kernel_stacks: Option<bool>,
+    #[serde(default)]
+    pub output: OutputConfig,
+    #[serde(default)]
+    pub http: HttpConfig,
+    #[serde(default)]
+    pub push: Vec<PushConfig>,
+    #[serde(default, rename = "target")]
+    pub targets: Vec<TargetSpec>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OutputConfig {
+    pub dir: Option<PathBuf>,
+    pub interval: Option<Secs>,
+    /// Keep at most this many interval profiles (oldest deleted first).
+    pub keep: Option<usize>,
+    /// Delete interval profiles older than this.
+    pub max_age: Option<Secs>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// `host:port`; absent = no HTTP endpoint. A bare port means loopback.
+    #[serde(default, deserialize_with = "de_listen")]
+    pub listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PushKind {
+    Pyroscope,
+    Parca,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PushConfig {
+    pub kind: PushKind,
+    #[serde(deserialize_with = "de_http_url")]
+    pub url: HttpUrl,
+    #[serde(default = "default_app", deserialize_with = "de_app")]
+    pub app: String,
+    #[serde(default, deserialize_with = "de_labels")]
+    pub labels: BTreeMap<String, String>,
+    /// How much time one pushed profile covers (default: the profile
+    /// interval).
+    pub interval: Option<Secs>,
+    pub spool_max_bytes: Option<u64>,
+}
+
+fn default_app() -> String {
+    "burstyd".into()
+}
+
+/// Which processes to sample: `{ pid = N }`, `{ exe = "/usr/bin/foo" }`,
+/// `{ unit = "nginx.service" }` or `{ cgroup = "/system.slice/x" }`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TargetSpec {
+    Pid(u32),
+    Exe(PathBuf),
+    Unit(String),
+    Cgroup(String),
+}
+
+impl std::fmt::Display for TargetSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TargetSpec::Pid(p) => write!(f, "pid {p}"),
+            TargetSpec::Exe(p) => write!(f, "exe {}", p.display()),
+            TargetSpec::Unit(u) => write!(f, "unit {u}"),
+            TargetSpec::Cgroup(c) => write!(f, "cgroup {c}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TargetSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            pid: Option<u32>,
+            exe: Option<PathBuf>,
+            unit: Option<String>,
+            cgroup: Option<String>,
+        }
+        let r = Raw::deserialize(d)?;
+        let mut v = Vec::new();
+        if let Some(p) = r.pid {
+            v.push(TargetSpec::Pid(p));
+        }
+        if let Some(e) = r.exe {
+            if !e.is_absolute() {
+                return Err(de::Error::custom(format!(
+                    "target exe {:?} must be an absolute path",
+                    e.display().to_string()
+                )));
+            }
+            v.push(TargetSpec::Exe(e));
+        }
+        if let Some(u) = r.unit {
+            if u.is_empty() || u.contains('/') {
+                return Err(de::Error::custom(format!(
+                    "target unit {u:?} must be a unit name such as \"nginx.service\""
+                )));
+            }
+            // systemctl's convention: a bare name is a service.
+            let u = if u.contains('.') {
+                u
+            } else {
+                format!("{u}.service")
+            };
+            v.push(TargetSpec::Unit(u));
+        }
+        if let Some(c) = r.cgroup {
+            if !c.starts_with('/') {
+                return Err(de::Error::custom(format!(
+                    "target cgroup {c:?} must be a cgroup path starting with / (as in /proc/PID/cgroup)"
+                )));
+            }
+            let c = c.trim_end_matches('/').to_string();
+            v.push(TargetSpec::Cgroup(if c.is_empty() {
+                "/".into()
+            } else {
+                c
+            }));
+        }
+        match v.len() {
+            1 => Ok(v.pop().unwrap()),
+            0 => Err(de::Error::custom(
+                "a [[target]] needs one of pid, exe, unit or cgroup",
+            )),
+            _ => Err(de::Error::custom(
+                "a [[target]] takes only one of pid, exe, unit or cgroup (use one [[target]] per selector)",
+            )),
+        }
+    }
+}
+
+/// Seconds: a number (`30`, `0.5`) or a string with a unit (`"500ms"`,
+/// `"30s"`, `"5m"`, `"1h"`, `"7d"`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Secs(pub Duration);
+
+impl<'de> Deserialize<'de> for Secs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            I(i64),
+            F(f64),
+            S(String),
+        }
+        let secs = match Raw::deserialize(d)? {
+            Raw::I(i) => i as f64,
+            Raw::F(f) => f,
+            Raw::S(s) => parse_duration(&s).map_err(de::Error::custom)?,
+        };
+        Duration::try_from_secs_f64(secs)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .map(Secs)
+            .ok_or_else(|| de::Error::custom(format!("{secs} is not a positive duration")))
+    }
+}
+
+fn parse_duration(s: &str) -> Result<f64, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| {
+        format!("{s:?} is not a duration (e.g. 30, \"500ms\", \"30s\", \"5m\", \"1h\", \"7d\")")
+    })?;
+    let mul = match unit.trim() {
+        "ms" => 0.001,
+        "" | "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        "d" => 86400.0,
+        u => {
+            return Err(format!(
+                "unknown unit {u:?} in {s:?} (use ms, s, m, h or d)"
+            ));
+        }
+    };
+    Ok(n * mul)
+}
+
+fn de_listen<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_listen(&s).map(Some).map_err(de::Error::custom)
+}
+
+/// `host:port`, `[v6]:port`, or a bare port (loopback).
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(port) = s.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    let s = s.replace("localhost:", "127.0.0.1:");
+    s.parse()
+        .map_err(|_| format!("listen address {s:?} is not host:port (e.g. \"127.0.0.1:6060\")"))
+}
+
+/// An `http://host[:port][/base]` URL (no TLS: put a local proxy or agent
+/// in front of a TLS-only backend).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpUrl {
+    /// `host:port` to connect to (and the Host header).
+    pub authority: String,
+    /// Path prefix without trailing slash ("" for none).
+    pub base: String,
+}
+
+impl HttpUrl {
+    pub fn parse(s: &str) -> Result<HttpUrl, String> {
+        if s.starts_with("https://") {
+            return Err(format!(
+                "{s:?}: https is not supported; push over http:// to the backend or a local TLS-terminating proxy"
+            ));
+        }
+        let rest = s
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("{s:?} is not an http:// URL"))?;
+        let (auth, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        if auth.is_empty() || path.contains(['?', '#']) {
+            return Err(format!("{s:?} is not an http://host[:port][/path] URL"));
+        }
+        let authority = if auth
+            .rsplit_once(':')
+            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+            && !auth.ends_with(']')
+        {
+            auth.to_string()
+        } else {
+            format!("{auth}:80")
+        };
+        Ok(HttpUrl {
+            authority,
+            base: path.trim_end_matches('/').to_string(),
+        })
+    }
+}
+
+impl std::fmt::Display for HttpUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.base)
+    }
+}
+
+fn de_http_url<'de, D: Deserializer<'de>>(d: D) -> Result<HttpUrl, D::Error> {
+    HttpUrl::parse(&String::deserialize(d)?).map_err(de::Error::custom)
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+fn de_app<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    if valid_name(&s) {
+        Ok(s)
+    } else {
+        Err(de::Error::custom(format!(
+            "app name {s:?} may only contain letters, digits, '_', '-' and '.'"
+        )))
+    }
+}
+
+fn de_labels<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    let m = BTreeMap::<String, String>::deserialize(d)?;
+    for (k, v) in &m {
+        if !valid_name(k) || k.contains(['-', '.']) {
+            return Err(de::Error::custom(format!(
+                "label name {k:?} may only contain letters, digits and '_'"
+            )));
+        }
+        if v.is_empty() || v.contains([',', '{', '}', '=', '"', '\n']) {
+            return Err(de::Error::custom(format!(
+                "label {k}: value {v:?} must be non-empty without , {{ }} = or quotes"
+            )));
+        }
+    }
+    Ok(m)
+}
+
+/// A configuration error with its place in the file.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}{place}: {reason}")]
+pub struct ConfigError {
+    pub path: String,
+    /// `:LINE:COL`, or empty when the error concerns the whole file.
+    pub place: String,
+    pub reason: String,
+}
+
+impl ConfigError {
+    fn at(path: &Path, text: &str, span: Option<Range<usize>>, reason: String) -> Self {
+        let place = span
+            .map(|s| {
+                let (l, c) = line_col(text, s.start);
+                format!(":{l}:{c}")
+            })
+            .unwrap_or_default();
+        ConfigError {
+            path: path.display().to_string(),
+            place,
+            reason,
+        }
+    }
+}
+
+/// 1-based line and column of byte offset `at`.
+fn line_col(text: &str, at: usize) -> (usize, usize) {
+    let before = &text[..at.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+    (line, col)
+}
+
+/// Parses and checks configuration text (`path` is for messages).
+pub fn parse(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
+    let cfg: FileConfig = toml::from_str(text).map_err(|e| {
+        // toml's message carries its own location banner; keep the reason.
+        ConfigError::at(path, text, e.span(), e.message().trim().to_string())
+    })?;
+    if let (Some(p), Some(f)) = (&cfg.period, &cfg.freq) {
+        let later = if p.span().start > f.span().start {
+            p
+        } else {
+            f
+        };
+        return Err(ConfigError::at(
+            path,
+            text,
+            Some(later.span()),
+            "period and freq are exclusive: give one of them".into(),
+        ));
+    }
+    for v in [&cfg.period, &cfg.freq].into_iter().flatten() {
+        if *v.get_ref() == 0 {
+            return Err(ConfigError::at(
+                path,
+                text,
+                Some(v.span()),
+                "period and freq must be positive".into(),
+            ));
+        }
+    }
+    if let Some(e) = &cfg.event
+        && let Err(err) = crate::events::parse_event(e)
+    {
+        // Span of the value: find `event` key's line.
+        let at = text.find("event").map(|i| i..i + 5);
+        return Err(ConfigError::at(path, text, at, format!("{err:#}")));
+    }
+    Ok(cfg)
+}
+
+/// Where the configuration comes from.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub path: PathBuf,
+    /// Named with `--config`: a missing file is an error. The default path
+    /// may be absent (built-in defaults then).
+    pub explicit: bool,
+}
+
+/// Reads and parses the configuration. `Ok(None)`: the default file does
+/// not exist.
+pub fn load(src: &Source) -> Result<Option<FileConfig>, ConfigError> {
+    match std::fs::read_to_string(&src.path) {
+        Ok(text) => parse(&src.path, &text).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !src.explicit => Ok(None),
+        Err(e) => Err(ConfigError {
+            path: src.path.display().to_string(),
+            place: String::new(),
+            reason: format!("cannot read the configuration file: {e}"),
+        }),
+    }
+}
+
+/// Command-line values given explicitly; each beats the file's.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub event: Option<String>,
+    pub period: Option<u64>,
+    pub freq: Option<u64>,
+    pub interval: Option<f64>,
+    pub output: Option<PathBuf>,
+    pub no_kernel: bool,
+    pub http: Option<String>,
+    /// `--pid`: replaces the file's targets.
+    pub pids: Vec<u32>,
+}
+
+/// A push destination, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PushTarget {
+    pub kind: PushKind,
+    pub url: HttpUrl,
+    pub app: String,
+    pub labels: BTreeMap<String, String>,
+    /// Time covered by one pushed profile.
+    pub interval: Duration,
+    pub spool_max_bytes: u64,
+}
+
+impl PushTarget {
+    /// A file-system-safe name, unique per destination (spool directory).
+    pub fn id(&self) -> String {
+        let kind = match self.kind {
+            PushKind::Pyroscope => "pyroscope",
+            PushKind::Parca => "parca",
+        };
+        let raw = format!(
+            "{kind}-{}{}-{}",
+            self.url.authority, self.url.base, self.app
+        );
+        raw.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    }
+}
+
+/// The effective settings: file values, then command-line overrides, then
+/// built-in defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub event: String,
+    pub sampling: Sampling,
+    pub kernel_stacks: bool,
+    pub output: PathBuf,
+    /// Interval profiles (context-<time>.pb.gz) every this long.
+    pub interval: Option<Duration>,
+    pub keep: Option<usize>,
+    pub max_age: Option<Duration>,
+    pub http: Option<SocketAddr>,
+    pub push: Vec<PushTarget>,
+    /// Selectors from the file (ignored when `--pid` or `run` is used).
+    pub targets: Vec<TargetSpec>,
+    /// Which file (if any) these came from, for messages.
+    pub source: Option<PathBuf>,
+}
+
+impl Settings {
+    pub fn resolve(
+        file: Option<&FileConfig>,
+        source: Option<&Path>,
+        o: &Overrides,
+    ) -> anyhow::Result<Settings> {
+        let empty = FileConfig::default();
+        let f = file.unwrap_or(&empty);
+        let sampling = match (o.period, o.freq) {
+            (Some(0), _) | (_, Some(0)) => anyhow::bail!("--period and --freq must be positive"),
+            (Some(p), _) => Sampling::Period(p),
+            (None, Some(hz)) => Sampling::Frequency(hz),
+            (None, None) => match (&f.period, &f.freq) {
+                (Some(p), _) => Sampling::Period(*p.get_ref()),
+                (None, Some(hz)) => Sampling::Frequency(*hz.get_ref()),
+                (None, None) => Sampling::Frequency(DEFAULT_FREQ),
+            },
+        };
+        let interval = match o.interval {
+            Some(v) => Some(
+                Duration::try_from_secs_f64(v)
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| {
+                        anyhow::anyhow!("--interval must be a positive number of seconds")
+                    })?,
+            ),
+            None => f.output.interval.map(|s| s.0),
+        };
+        let push_iv: Option<Duration> = f
+            .push
+            .iter()
+            .map(|p| p.interval.map(|s| s.0).unwrap_or(DEFAULT_PUSH_INTERVAL))
+            .min();
+        // Pushing needs interval profiles; a push interval shorter than the
+        // profile interval cannot be honoured, so the profile interval
+        // shrinks to it.
+        let interval = match (interval, push_iv) {
+            (Some(i), Some(p)) => Some(i.min(p)),
+            (i, p) => i.or(p),
+        };
+        let http = match &o.http {
+            Some(s) => Some(parse_listen(s).map_err(|e| anyhow::anyhow!("--http: {e}"))?),
+            None => f.http.listen,
+        };
+        let push = f
+            .push
+            .iter()
+            .map(|p| PushTarget {
+                kind: p.kind,
+                url: p.url.clone(),
+                app: p.app.clone(),
+                labels: p.labels.clone(),
+                interval: p
+                    .interval
+                    .map(|s| s.0)
+                    .or(interval)
+                    .unwrap_or(DEFAULT_PUSH_INTERVAL),
+                spool_max_bytes: p.spool_max_bytes.unwrap_or(DEFAULT_SPOOL_BYTES),
+            })
+            .collect();
+        let targets = if o.pids.is_empty() {
+            f.targets.clone()
+        } else {
+            Vec::new()
+        };
+        Ok(Settings {
+            event: o
+                .event
+                .clone()
+                .or_else(|| f.event.clone())
+                .unwrap_or_else(|| "cycles".into()),
+            sampling,
+            kernel_stacks: !o.no_kernel && f.kernel_stacks.unwrap_or(true),
+            output: o
+                .output
+                .clone()
+                .or_else(|| f.output.dir.clone())
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_OUTPUT)),
+            interval,
+            keep: f.output.keep,
+            max_age: f.output.max_age.map(|s| s.0),
+            http,
+            push,
+            targets,
+            source: file.and(source).map(Path::to_path_buf),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(text: &str) -> Result<FileConfig, ConfigError> {
+        parse(Path::new("/etc/burstyd/burstyd.toml"), text)
+    }
+
+    #[test]
+    fn full_file_parses() {
+        let c = p(r#"
+event = "cpu-clock"
+freq = 99
+[output]
+dir = "/var/lib/burstyd"
+interval = "1m"
+keep = 10
+max_age = "7d"
+[http]
+listen = "127.0.0.1:6060"
+[[push]]
+kind = "pyroscope"
+url = "http://pyro:4040/"
+app = "web.cpu"
+labels = { env = "prod", region = "eu1" }
+interval = 30
+[[target]]
+exe = "/usr/bin/foo"
+[[target]]
+unit = "nginx"
+[[target]]
+cgroup = "/system.slice/x.service/"
+[[target]]
+pid = 1
+"#)
+        .unwrap();
+        assert_eq!(c.output.interval, Some(Secs(Duration::from_secs(60))));
+        assert_eq!(c.output.max_age, Some(Secs(Duration::from_secs(7 * 86400))));
+        assert_eq!(c.http.listen, Some("127.0.0.1:6060".parse().unwrap()));
+        assert_eq!(c.push[0].url.authority, "pyro:4040");
+        assert_eq!(c.push[0].url.base, "");
+        assert_eq!(
+            c.targets,
+            [
+                TargetSpec::Exe("/usr/bin/foo".into()),
+                TargetSpec::Unit("nginx.service".into()),
+                TargetSpec::Cgroup("/system.slice/x.service".into()),
+                TargetSpec::Pid(1),
+            ]
+        );
+        let s = Settings::resolve(Some(&c), None, &Overrides::default()).unwrap();
+        assert_eq!(s.sampling, Sampling::Frequency(99));
+        assert_eq!(
+            s.interval,
+            Some(Duration::from_secs(30)),
+            "push interval shrinks it"
+        );
+        assert_eq!(s.push[0].interval, Duration::from_secs(30));
+        let o = Overrides {
+            event: Some("cycles".into()),
+            period: Some(1000),
+            output: Some("/tmp/x".into()),
+            pids: vec![7],
+            http: Some("6061".into()),
+            ..Default::default()
+        };
+        let s = Settings::resolve(Some(&c), None, &o).unwrap();
+        assert_eq!(s.event, "cycles");
+        assert_eq!(s.sampling, Sampling::Period(1000));
+        assert_eq!(s.output, PathBuf::from("/tmp/x"));
+        assert_eq!(s.http, Some("127.0.0.1:6061".parse().unwrap()));
+        assert!(s.targets.is_empty());
+    }
+
+    #[test]
+    fn empty_file_is_defaults() {
+        let s = Settings::resolve(Some(&p("").unwrap()), None, &Overrides::default()).unwrap();
+        assert_eq!(s.event, "cycles");
+        assert_eq!(s.sampling, Sampling::Frequency(DEFAULT_FREQ));
+        assert_eq!(s.http, None);
+        assert_eq!(s.interval, None);
+        assert!(s.kernel_stacks);
+    }
+
+    #[test]
+    fn errors_have_line_and_reason() {
+        let e = p("event = \"cpu-clock\"\n\n[output]\nintervall = 5\n").unwrap_err();
+        assert!(
+            e.to_string().starts_with("/etc/burstyd/burstyd.toml:4:1: "),
+            "{e}"
+        );
+        assert!(e.reason.contains("unknown field `intervall`"), "{e}");
+        let e = p("freq = 99\nperiod = 100\n").unwrap_err();
+        assert_eq!(e.place, ":2:10", "{e}");
+        assert!(e.reason.contains("exclusive"), "{e}");
+        let e = p("[[target]]\nexe = \"/a\"\npid = 3\n").unwrap_err();
+        assert!(
+            e.place.starts_with(":1:") || e.place.starts_with(":2:"),
+            "{e}"
+        );
+        assert!(e.reason.contains("only one of"), "{e}");
+        let e = p("[http]\nlisten = \"nope\"\n").unwrap_err();
+        assert_eq!(e.place, ":2:10", "{e}");
+        let e = p("[output]\ninterval = \"5 parsecs\"\n").unwrap_err();
+        assert!(
+            e.place.starts_with(":2:") && e.reason.contains("unknown unit"),
+            "{e}"
+        );
+        let e = p("[[push]]\nkind = \"pyroscope\"\nurl = \"https://x\"\n").unwrap_err();
+        assert!(
+            e.place.starts_with(":3:") && e.reason.contains("https"),
+            "{e}"
+        );
+        let e = p("[[push]]\nkind = \"zipkin\"\nurl = \"http://x\"\n").unwrap_err();
+        assert!(e.place.starts_with(":2:"), "{e}");
+        let e = p("event = \"bogus\"\n").unwrap_err();
+        assert!(e.place.starts_with(":1:"), "{e}");
+        let e = p("freq = \n").unwrap_err();
+        assert!(e.place.starts_with(":1:"), "{e}");
+    }
+
+    #[test]
+    fn missing_files() {
+        let dflt = Source {
+            path: "/nonexistent/burstyd.toml".into(),
+            explicit: false,
+        };
+        assert!(load(&dflt).unwrap().is_none());
+        let expl = Source {
+            explicit: true,
+            ..dflt
+        };
+        let e = load(&expl).unwrap_err();
+        assert!(e.to_string().contains("cannot read"), "{e}");
+    }
+
+    #[test]
+    fn urls() {
+        let u = HttpUrl::parse("http://127.0.0.1:4040/base/").unwrap();
+        assert_eq!(
+            (u.authority.as_str(), u.base.as_str()),
+            ("127.0.0.1:4040", "/base")
+        );
+        assert_eq!(HttpUrl::parse("http://pyro").unwrap().authority, "pyro:80");
+        assert!(HttpUrl::parse("ftp://x").is_err());
+        assert!(HttpUrl::parse("http://x/a?b").is_err());
+    }
+}

@@ -1,0 +1,261 @@
+//! The HTTP endpoint (off unless `[http] listen` or `--http` is set):
+//!
+//! - `GET /debug/pprof/profile?seconds=N`: samples from now for N seconds
+//!   (default 30), then that window as gzip'd pprof — what `go tool pprof
+//!   http://HOST/debug/pprof/profile?seconds=N` and Parca/Pyroscope scrape
+//!   jobs fetch.
+//! - `GET /debug/pprof/context`: the last interval profile, or without
+//!   intervals everything since start (what context.pb.gz will hold).
+//! - `GET /debug/pprof/paths`: the latest path profile (bursty tracing), 404
+//!   while there is none.
+//! - `GET /metrics`: Prometheus text ([`crate::metrics`]).
+//! - `GET /healthz`: `ok`.
+//!
+//! hyper's HTTP/1 server on the daemon's single-threaded runtime. Profiles
+//! are built by the session loop, which owns the trees: a request carries a
+//! oneshot sender through a channel and waits for the bytes.
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_DISPOSITION, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::sync::{mpsc, oneshot};
+
+/// What a profile request asks the session for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ProfileKind {
+    /// Samples from now for this long.
+    Window(Duration),
+    /// The last interval profile, or the whole session so far.
+    Context,
+}
+
+/// A request to the session loop; it answers with gzip'd pprof.
+#[derive(Debug)]
+pub struct ProfileRequest {
+    pub kind: ProfileKind,
+    pub reply: oneshot::Sender<Result<Vec<u8>, String>>,
+}
+
+/// Longest window `/debug/pprof/profile` accepts.
+pub const MAX_WINDOW: Duration = Duration::from_secs(3600);
+
+static PATHS: Mutex<Option<Vec<u8>>> = Mutex::new(None);
+
+/// Hook for bursty tracing: publishes the latest path profile (gzip'd
+/// pprof, the content of `paths.pb.gz`) for `/debug/pprof/paths`.
+pub fn set_paths_profile(gz: Vec<u8>) {
+    *PATHS.lock().unwrap_or_else(|e| e.into_inner()) = Some(gz);
+}
+
+/// The latest published path profile, if any.
+pub fn paths_profile() -> Option<Vec<u8>> {
+    PATHS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+struct State {
+    requests: mpsc::Sender<ProfileRequest>,
+    /// Output directory: `/debug/pprof/paths` falls back to its paths.pb.gz.
+    output: Mutex<PathBuf>,
+}
+
+/// A running endpoint; dropping it stops accepting connections.
+pub struct Server {
+    addr: SocketAddr,
+    state: Arc<State>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Server {
+    /// Binds `addr` now (so that a port in use is an immediate error) and
+    /// serves on the current runtime.
+    pub fn start(
+        addr: SocketAddr,
+        requests: mpsc::Sender<ProfileRequest>,
+        output: PathBuf,
+    ) -> std::io::Result<Server> {
+        let std_listener = std::net::TcpListener::bind(addr)?;
+        std_listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(std_listener)?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State {
+            requests,
+            output: Mutex::new(output),
+        });
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let (stream, _) = match listener.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!("http: accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| handle(st.clone(), req));
+                    if let Err(e) = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await
+                    {
+                        tracing::debug!("http: connection: {e}");
+                    }
+                });
+            }
+        });
+        Ok(Server { addr, state, task })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn set_output(&self, dir: PathBuf) {
+        *self.state.output.lock().unwrap_or_else(|e| e.into_inner()) = dir;
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header(CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from(body.into())))
+        .expect("static response parts are valid")
+}
+
+fn pprof(body: Vec<u8>, name: &str) -> Response<Full<Bytes>> {
+    Response::builder()
+        .header(CONTENT_TYPE, "application/octet-stream")
+        .header(
+            CONTENT_DISPOSITION,
+            format!("attachment; filename=\"{name}\""),
+        )
+        .body(Full::new(Bytes::from(body)))
+        .expect("static response parts are valid")
+}
+
+/// `seconds` from a query string: default 30, positive, at most an hour.
+fn window_seconds(query: Option<&str>) -> Result<Duration, String> {
+    let Some(v) = query
+        .unwrap_or("")
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("seconds="))
+    else {
+        return Ok(Duration::from_secs(30));
+    };
+    v.parse::<f64>()
+        .ok()
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .filter(|d| !d.is_zero() && *d <= MAX_WINDOW)
+        .ok_or_else(|| {
+            format!(
+                "seconds={v}: want a positive number of seconds, at most {}",
+                MAX_WINDOW.as_secs()
+            )
+        })
+}
+
+async fn ask(st: &State, kind: ProfileKind) -> Response<Full<Bytes>> {
+    let (tx, rx) = oneshot::channel();
+    if st
+        .requests
+        .send(ProfileRequest { kind, reply: tx })
+        .await
+        .is_err()
+    {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "burstyd is shutting down\n",
+        );
+    }
+    match rx.await {
+        Ok(Ok(bytes)) => pprof(bytes, "profile.pb.gz"),
+        Ok(Err(e)) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+        Err(_) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "burstyd is shutting down\n",
+        ),
+    }
+}
+
+async fn handle(
+    st: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n"));
+    }
+    let resp = match req.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/metrics" => Response::builder()
+            .header(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
+            .body(Full::new(Bytes::from(crate::metrics::METRICS.render())))
+            .expect("static response parts are valid"),
+        "/debug/pprof/profile" => match window_seconds(req.uri().query()) {
+            Ok(d) => ask(&st, ProfileKind::Window(d)).await,
+            Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+        },
+        "/debug/pprof/context" => ask(&st, ProfileKind::Context).await,
+        "/debug/pprof/paths" => {
+            let file = st
+                .output
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .join("paths.pb.gz");
+            match paths_profile().or_else(|| std::fs::read(&file).ok()) {
+                Some(b) => pprof(b, "paths.pb.gz"),
+                None => text(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "no path profile yet: bursty tracing has not produced one (nor is there {})\n",
+                        file.display()
+                    ),
+                ),
+            }
+        }
+        "/" | "/debug/pprof" | "/debug/pprof/" => text(
+            StatusCode::OK,
+            "burstyd: /debug/pprof/profile?seconds=N /debug/pprof/context /debug/pprof/paths /metrics /healthz\n",
+        ),
+        p => text(StatusCode::NOT_FOUND, format!("no such endpoint: {p}\n")),
+    };
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_parameter() {
+        assert_eq!(window_seconds(None), Ok(Duration::from_secs(30)));
+        assert_eq!(
+            window_seconds(Some("seconds=2")),
+            Ok(Duration::from_secs(2))
+        );
+        assert_eq!(
+            window_seconds(Some("a=b&seconds=0.5")),
+            Ok(Duration::from_millis(500))
+        );
+        assert!(window_seconds(Some("seconds=0")).is_err());
+        assert!(window_seconds(Some("seconds=x")).is_err());
+        assert!(window_seconds(Some("seconds=100000")).is_err());
+    }
+}

@@ -1,0 +1,283 @@
+//! Daemon-wide counters, served by `/metrics` in Prometheus text format.
+//!
+//! One static [`METRICS`] with atomic counters: any module increments what
+//! it counts (`METRICS.bursts_taken.inc()`), the HTTP endpoint renders them.
+//! Relaxed ordering throughout: these are statistics, not synchronisation.
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One counter (monotonic) or gauge (set).
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub const fn new() -> Self {
+        Counter(AtomicU64::new(0))
+    }
+    pub fn inc(&self) {
+        self.add(1);
+    }
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn sub(&self, n: u64) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(n))
+            });
+    }
+    pub fn set(&self, n: u64) {
+        self.0.store(n, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Everything `/metrics` reports besides the process's own CPU and RSS.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    // Sampling (session loop).
+    pub samples: Counter,
+    pub ring_drops: Counter,
+    pub truncated_stacks: Counter,
+    pub profiles_written: Counter,
+    /// Gauge: processes currently selected by config targets.
+    pub targets: Counter,
+    // Push (push.rs).
+    pub push_ok: Counter,
+    pub push_failed: Counter,
+    /// Profiles written to the spool (every pushed profile goes through it).
+    pub push_spooled: Counter,
+    /// Gauge: profiles waiting in the spool.
+    pub push_queued: Counter,
+    /// Profiles dropped: spool over its size limit, or rejected by the
+    /// backend as malformed (4xx).
+    pub push_dropped: Counter,
+    // Bursty tracing (burst*.rs).
+    pub bursts_taken: Counter,
+    pub bursts_truncated: Counter,
+    pub bursts_declined: Counter,
+    pub functions_rewritten: Counter,
+    pub functions_skipped: Counter,
+    // Configuration.
+    pub config_reloads: Counter,
+    pub config_reload_failures: Counter,
+}
+
+impl Metrics {
+    pub const fn new() -> Self {
+        Metrics {
+            samples: Counter::new(),
+            ring_drops: Counter::new(),
+            truncated_stacks: Counter::new(),
+            profiles_written: Counter::new(),
+            targets: Counter::new(),
+            push_ok: Counter::new(),
+            push_failed: Counter::new(),
+            push_spooled: Counter::new(),
+            push_queued: Counter::new(),
+            push_dropped: Counter::new(),
+            bursts_taken: Counter::new(),
+            bursts_truncated: Counter::new(),
+            bursts_declined: Counter::new(),
+            functions_rewritten: Counter::new(),
+            functions_skipped: Counter::new(),
+            config_reloads: Counter::new(),
+            config_reload_failures: Counter::new(),
+        }
+    }
+
+    /// Prometheus text exposition format (version 0.0.4).
+    pub fn render(&self) -> String {
+        let mut s = String::with_capacity(4096);
+        let mut one = |name: &str, kind: &str, help: &str, v: String| {
+            let _ = write!(
+                s,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+            );
+        };
+        let c = |x: &Counter| x.get().to_string();
+        one(
+            "burstyd_samples_total",
+            "counter",
+            "Samples handled by the daemon.",
+            c(&self.samples),
+        );
+        one(
+            "burstyd_ring_drops_total",
+            "counter",
+            "Samples lost because the ring buffer was full.",
+            c(&self.ring_drops),
+        );
+        one(
+            "burstyd_truncated_stacks_total",
+            "counter",
+            "Samples whose user stack could not be unwound to its end.",
+            c(&self.truncated_stacks),
+        );
+        one(
+            "burstyd_profiles_written_total",
+            "counter",
+            "Profiles written to the output directory.",
+            c(&self.profiles_written),
+        );
+        one(
+            "burstyd_targets",
+            "gauge",
+            "Processes currently selected by the configured targets.",
+            c(&self.targets),
+        );
+        one(
+            "burstyd_push_success_total",
+            "counter",
+            "Profiles accepted by a push backend.",
+            c(&self.push_ok),
+        );
+        one(
+            "burstyd_push_failures_total",
+            "counter",
+            "Push attempts that failed (each is retried).",
+            c(&self.push_failed),
+        );
+        one(
+            "burstyd_push_spooled_total",
+            "counter",
+            "Profiles queued in the on-disk push spool.",
+            c(&self.push_spooled),
+        );
+        one(
+            "burstyd_push_queued",
+            "gauge",
+            "Profiles waiting in the push spool.",
+            c(&self.push_queued),
+        );
+        one(
+            "burstyd_push_dropped_total",
+            "counter",
+            "Profiles dropped: spool full, or rejected by the backend as invalid.",
+            c(&self.push_dropped),
+        );
+        one(
+            "burstyd_bursts_taken_total",
+            "counter",
+            "Tracing bursts taken.",
+            c(&self.bursts_taken),
+        );
+        one(
+            "burstyd_bursts_truncated_total",
+            "counter",
+            "Tracing bursts cut short.",
+            c(&self.bursts_truncated),
+        );
+        one(
+            "burstyd_bursts_declined_total",
+            "counter",
+            "Tracing bursts declined.",
+            c(&self.bursts_declined),
+        );
+        one(
+            "burstyd_functions_rewritten_total",
+            "counter",
+            "Functions rewritten for bursty tracing.",
+            c(&self.functions_rewritten),
+        );
+        one(
+            "burstyd_functions_skipped_total",
+            "counter",
+            "Functions the rewriter skipped.",
+            c(&self.functions_skipped),
+        );
+        one(
+            "burstyd_config_reloads_total",
+            "counter",
+            "Successful configuration reloads (SIGHUP).",
+            c(&self.config_reloads),
+        );
+        one(
+            "burstyd_config_reload_failures_total",
+            "counter",
+            "Rejected configuration reloads (the previous configuration stays).",
+            c(&self.config_reload_failures),
+        );
+        let (cpu, rss) = self_cpu_and_rss();
+        one(
+            "process_cpu_seconds_total",
+            "counter",
+            "CPU time (user + system) of the daemon, from /proc/self/stat.",
+            format!("{cpu:.3}"),
+        );
+        one(
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident set size of the daemon, from /proc/self/statm.",
+            rss.to_string(),
+        );
+        s
+    }
+}
+
+/// The daemon's counters.
+pub static METRICS: Metrics = Metrics::new();
+
+/// (CPU seconds, RSS bytes) of this process from /proc/self.
+pub fn self_cpu_and_rss() -> (f64, u64) {
+    // SAFETY: sysconf has no preconditions.
+    let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    let cpu = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| parse_stat_cpu_ticks(&s))
+        .map(|t| t as f64 / tck)
+        .unwrap_or(0.0);
+    let rss = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map(|p| p * page)
+        .unwrap_or(0);
+    (cpu, rss)
+}
+
+/// utime + stime (fields 14 and 15) of a /proc/PID/stat line; the comm
+/// field may contain spaces and parentheses, so count from the last ')'.
+fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state): utime is field 14 → index 11.
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_odd_comm() {
+        let s = "1234 (a) b (c) R 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 1 0 100 0 0";
+        assert_eq!(parse_stat_cpu_ticks(s), Some(300));
+    }
+
+    #[test]
+    fn renders_prometheus_text() {
+        let m = Metrics::new();
+        m.samples.add(5);
+        m.push_queued.add(2);
+        m.push_queued.sub(3);
+        let t = m.render();
+        assert!(t.contains("# TYPE burstyd_samples_total counter\nburstyd_samples_total 5\n"));
+        assert!(t.contains("burstyd_push_queued 0\n"));
+        assert!(t.contains("process_resident_memory_bytes "));
+        // Every line is a comment or `name value`.
+        for l in t.lines().filter(|l| !l.starts_with('#')) {
+            let (n, v) = l.split_once(' ').unwrap();
+            assert!(
+                n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                "{l}"
+            );
+            assert!(v.parse::<f64>().is_ok(), "{l}");
+        }
+        let (cpu, rss) = self_cpu_and_rss();
+        assert!(cpu >= 0.0 && rss > 0);
+    }
+}

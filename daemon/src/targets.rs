@@ -1,0 +1,217 @@
+//! Target selection by configuration: which running processes match the
+//! file's `[[target]]` selectors (pid, executable path, systemd unit,
+//! cgroup). The session rescans /proc every second, so a process that
+//! starts later is sampled from its next scan on, and one that exits is
+//! dropped from the eBPF `TARGETS` map.
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use crate::config::TargetSpec;
+
+/// The current selection and what changed at the last scan.
+#[derive(Debug, Default)]
+pub struct Scanner {
+    specs: Vec<TargetSpec>,
+    /// Executable paths resolved through symlinks (as /proc/PID/exe shows
+    /// them), parallel to the `Exe` specs.
+    exes: Vec<PathBuf>,
+    current: BTreeSet<u32>,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Change {
+    pub added: Vec<u32>,
+    pub removed: Vec<u32>,
+}
+
+impl Scanner {
+    pub fn new(specs: Vec<TargetSpec>) -> Scanner {
+        let mut s = Scanner::default();
+        s.set_specs(specs);
+        s
+    }
+
+    /// Replaces the selectors (reload); the next scan adds and removes.
+    pub fn set_specs(&mut self, specs: Vec<TargetSpec>) {
+        self.exes = specs
+            .iter()
+            .filter_map(|s| match s {
+                TargetSpec::Exe(p) => Some(std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())),
+                _ => None,
+            })
+            .collect();
+        self.specs = specs;
+    }
+
+    pub fn specs(&self) -> &[TargetSpec] {
+        &self.specs
+    }
+
+    pub fn is_active(&self) -> bool {
+        !self.specs.is_empty()
+    }
+
+    pub fn current(&self) -> &BTreeSet<u32> {
+        &self.current
+    }
+
+    /// Walks /proc once and returns the pids that started or stopped
+    /// matching.
+    pub fn scan(&mut self) -> Change {
+        let me = std::process::id();
+        let mut now = BTreeSet::new();
+        if !self.specs.is_empty() {
+            for pid in list_pids() {
+                if pid != me && self.matches(pid) {
+                    now.insert(pid);
+                }
+            }
+        }
+        let change = Change {
+            added: now.difference(&self.current).copied().collect(),
+            removed: self.current.difference(&now).copied().collect(),
+        };
+        self.current = now;
+        change
+    }
+
+    fn matches(&self, pid: u32) -> bool {
+        let mut cgroups: Option<Vec<String>> = None;
+        let mut exe: Option<Option<PathBuf>> = None;
+        for spec in &self.specs {
+            let hit = match spec {
+                TargetSpec::Pid(p) => *p == pid,
+                TargetSpec::Exe(_) => {
+                    let e = exe.get_or_insert_with(|| read_exe(pid));
+                    e.as_ref().is_some_and(|e| {
+                        self.exes.iter().any(|want| want == e)
+                            || self
+                                .specs
+                                .iter()
+                                .any(|s| matches!(s, TargetSpec::Exe(p) if p == e))
+                    })
+                }
+                TargetSpec::Unit(u) => cgroups
+                    .get_or_insert_with(|| read_cgroups(pid))
+                    .iter()
+                    .any(|c| c.split('/').any(|part| part == u)),
+                TargetSpec::Cgroup(want) => cgroups
+                    .get_or_insert_with(|| read_cgroups(pid))
+                    .iter()
+                    .any(|c| cgroup_within(c, want)),
+            };
+            if hit {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Has `pid` exited? A zombie (exited, not yet reaped by its parent)
+/// counts as exited.
+pub fn exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s
+            .rfind(')')
+            .and_then(|i| s[i + 1..].split_whitespace().next())
+            .is_none_or(|state| state == "Z" || state == "X"),
+    }
+}
+
+/// Is cgroup path `c` the cgroup `want` or below it?
+fn cgroup_within(c: &str, want: &str) -> bool {
+    want == "/" || c == want || (c.starts_with(want) && c.as_bytes().get(want.len()) == Some(&b'/'))
+}
+
+/// The thread-group ids in /proc.
+fn list_pids() -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// /proc/PID/exe without the " (deleted)" suffix; None for kernel threads
+/// and vanished processes.
+fn read_exe(pid: u32) -> Option<PathBuf> {
+    let p = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let s = p.to_str()?;
+    Some(PathBuf::from(s.strip_suffix(" (deleted)").unwrap_or(s)))
+}
+
+/// The process's cgroup paths: the unified (v2) hierarchy's and, on
+/// v1/hybrid hosts, the systemd hierarchy's (where systemd puts units).
+fn read_cgroups(pid: u32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map(|t| parse_cgroups(&t))
+        .unwrap_or_default()
+}
+
+fn parse_cgroups(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|line| {
+            let mut f = line.splitn(3, ':');
+            let (id, ctrl, path) = (f.next()?, f.next()?, f.next()?);
+            ((id == "0" && ctrl.is_empty()) || ctrl == "name=systemd").then(|| path.to_string())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_parsing_and_matching() {
+        assert_eq!(
+            parse_cgroups("0::/system.slice/nginx.service\n"),
+            ["/system.slice/nginx.service"]
+        );
+        assert_eq!(
+            parse_cgroups("12:cpu:/x\n1:name=systemd:/user.slice/u.scope\n0::/\n"),
+            ["/user.slice/u.scope", "/"]
+        );
+        assert!(cgroup_within("/system.slice/a.service", "/system.slice"));
+        assert!(cgroup_within("/system.slice", "/system.slice"));
+        assert!(!cgroup_within("/system.slicex/a", "/system.slice"));
+        assert!(cgroup_within("/anything", "/"));
+    }
+
+    #[test]
+    fn finds_ourselves_by_exe_pid_and_cgroup() {
+        let me = std::process::id();
+        // The scanner never selects burstyd itself, so look at our parent
+        // through a child process instead: spawn `sleep`.
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let exe = read_exe(pid).unwrap();
+        let cg = read_cgroups(pid).pop().unwrap();
+        for spec in [
+            TargetSpec::Pid(pid),
+            TargetSpec::Exe(exe.clone()),
+            TargetSpec::Cgroup(cg.clone()),
+        ] {
+            let mut s = Scanner::new(vec![spec.clone()]);
+            let c = s.scan();
+            assert!(c.added.contains(&pid), "{spec}: {c:?}");
+            assert!(
+                !c.added.contains(&me),
+                "{spec}: selected the scanner itself"
+            );
+        }
+        let mut s = Scanner::new(vec![TargetSpec::Pid(pid)]);
+        assert_eq!(s.scan().added, [pid]);
+        assert_eq!(s.scan(), Change::default());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(s.scan().removed, [pid]);
+        assert!(s.current().is_empty());
+    }
+}
