@@ -13,6 +13,11 @@
 //! - [`paths`]: Ball-Larus path numbering and regeneration.
 //! - [`callgraph`]: call graph SCCs, the entry-check set C, k-boring loops.
 //! - [`plan`]: all of the above for a whole file, as one serializable plan.
+//!
+//! The apply half works on a live process:
+//! - [`inject`]: the ptrace primitive: stop a process, run syscalls and
+//!   calls in it, read/write its memory, find room near its binary and a
+//!   free signal, and let it go exactly as it was.
 pub mod callgraph;
 pub mod clone;
 pub mod cfg;
@@ -20,5 +25,6 @@ pub mod disasm;
 pub mod elf;
 pub mod functions;
 pub mod graph;
+pub mod inject;
 pub mod paths;
 pub mod plan;
