@@ -243,7 +243,7 @@ fn write_interval(
     procs: &ProcessTable,
     symbolizer: &mut Symbolizer,
     meta: &ProfileMeta,
-    notify: &crate::notify::Notifier,
+    notify: Option<&crate::notify::Notifier>,
 ) -> anyhow::Result<Vec<u8>> {
     let name = format!("context-{}.pb.gz", timestamp(meta.end));
     let profile = build_profile(cct, procs, symbolizer, meta);
@@ -251,11 +251,13 @@ fn write_interval(
     let path = write_atomic(&opts.output, &name, &bytes)
         .with_context(|| format!("writing {}", opts.output.join(&name).display()))?;
     tracing::info!("wrote {} ({} samples)", path.display(), cct.samples);
-    notify.status(&format!(
-        "wrote {} ({} samples)",
-        path.display(),
-        cct.samples
-    ));
+    if let Some(n) = notify {
+        n.status(&format!(
+            "wrote {} ({} samples)",
+            path.display(),
+            cct.samples
+        ));
+    }
     METRICS.profiles_written.inc();
     let s = &opts.service.settings;
     if s.keep.is_some() || s.max_age.is_some() {
@@ -642,7 +644,7 @@ pub async fn run(
                 sampler.drain_now(|s| pipe.handle(s));
                 let now = SystemTime::now();
                 let cct = std::mem::take(&mut pipe.cct);
-                let bytes = write_interval(&opts, &cct, &pipe.procs, &mut symbolizer, &meta(interval_start, now), &notify)?;
+                let bytes = write_interval(&opts, &cct, &pipe.procs, &mut symbolizer, &meta(interval_start, now), Some(&notify))?;
                 pipe.stats.profiles_written += 1;
                 if let Some(p) = &pusher {
                     push_interval(p, &mut push_pending, &cct, &bytes, interval_start, now, opts.interval, &pipe.procs, &mut symbolizer, &meta, false);
@@ -703,7 +705,7 @@ pub async fn run(
             &pipe.procs,
             &mut symbolizer,
             &meta(interval_start, now),
-            &notify,
+            None,
         )?;
         pipe.stats.profiles_written += 1;
         if let Some(p) = &pusher {
