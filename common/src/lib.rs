@@ -227,7 +227,15 @@ pub mod burst {
         /// Non-zero: a full ring waits (yielding, bounded) for the daemon
         /// instead of truncating the burst (`--full-trace`).
         pub wait_when_full: u64,
-        pub _reserved: u64,
+        /// The injected signal handler and its restorer (a later attach
+        /// reinstalls them without generating code again).
+        pub handler: u64,
+        pub restorer: u64,
+        /// The signal they were installed on.
+        pub signal: u64,
+        /// The executable's build ID hash (FNV-1a of the bytes) the clones
+        /// were generated for.
+        pub exe_id: u64,
         /// Words consumed by the daemon (consumer index), on its own line.
         pub tail: u64,
         pub _pad: [u64; 7],

@@ -8,6 +8,8 @@ Examples:
   burstyd --pid 1234 --event cache-misses --duration 30 -o out/   one process (and its threads)
   burstyd --duration 30 -o out/                                   every process on the host
   burstyd run -o out/ -- ./prog args                              launch a command and profile it
+  burstyd --pid 1234 --burst 200 --period 2000000 -o out/         bursty tracing: paths.pb.gz beside context.pb.gz
+  burstyd run --full-trace -o out/ -- ./prog                      every path, for ground truth (slow)
   go tool pprof -top out/context.pb.gz                            read the result
   burstyd analyze /usr/bin/xz                                     what the rewriter sees in a binary
   burstyd analyze --function main --dot ./prog | dot -Tsvg        one function's CFG
@@ -142,6 +144,25 @@ pub struct ProfileArgs {
     /// Do not record kernel stacks.
     #[arg(long)]
     pub no_kernel: bool,
+
+    /// Bursty tracing (with --pid or run): checks per burst, i.e. how long
+    /// each burst traces after a counter overflow switches a thread into
+    /// the instrumented clones. 0 injects the clones but never starts a
+    /// burst.
+    #[arg(long, value_name = "CHECKS", default_value_t = crate::burst::DEFAULT_BURST)]
+    pub burst: u64,
+
+    /// Sample only: no rewriting, no bursts (with --pid or run).
+    #[arg(long, conflicts_with_all = ["full_trace", "save_bursts"])]
+    pub no_bursts: bool,
+
+    /// Trace every event from the first burst on (ground truth; slow).
+    #[arg(long)]
+    pub full_trace: bool,
+
+    /// Also write the raw burst traces to <OUTPUT>/bursts.jsonl.
+    #[arg(long)]
+    pub save_bursts: bool,
 
     /// More logging (-v debug, -vv trace).
     #[arg(short, long, action = clap::ArgAction::Count)]

@@ -10,12 +10,15 @@
 //! - [`pprof`]: calling context trees → profile.proto.
 //! - [`sys`]: the raw syscalls the daemon makes itself.
 //! - [`notify`]: systemd readiness, status and watchdog notifications.
+//! - [`burst`]: bursty tracing of one process: injected clones, burst
+//!   records → path profiles.
 //! - [`analyze`]: `burstyd analyze`, reports on the rewriter's plan of a binary.
 //! - [`config`]: the configuration file and command-line overrides; [`targets`]
 //!   turns its target selectors into pids.
 //! - [`http`]: the pprof/metrics HTTP endpoint; [`push`]: pushing profiles to
 //!   Pyroscope or Parca; [`metrics`]: the daemon's counters.
 pub mod analyze;
+pub mod burst;
 pub mod cct;
 pub mod cli;
 pub mod config;

@@ -246,6 +246,15 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
             duration,
             interval,
             output: settings.output.clone(),
+            bursts: (!args.no_bursts && (child.is_some() || !cli.pids.is_empty())).then(|| {
+                burstyd::burst::BurstOptions {
+                    burst_len: args.burst,
+                    full_trace: args.full_trace,
+                    save_bursts: args
+                        .save_bursts
+                        .then(|| settings.output.join("bursts.jsonl")),
+                }
+            }),
             service: session::Service {
                 scanner,
                 reload: source.map(|source| session::Reload {

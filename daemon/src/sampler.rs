@@ -63,6 +63,10 @@ pub struct KernelCounters {
     pub ring_full: u64,
     pub ustack_failed: u64,
     pub kernel_thread: u64,
+    /// Burst signals sent / overflows while a burst ran / failed sends.
+    pub burst_signals: u64,
+    pub burst_busy: u64,
+    pub burst_signal_failed: u64,
 }
 
 pub struct SamplerOptions {
@@ -328,7 +332,38 @@ impl Sampler {
             ring_full: get(counter::RING_FULL),
             ustack_failed: get(counter::USTACK_FAILED),
             kernel_thread: get(counter::KERNEL_THREAD),
+            burst_signals: get(counter::BURST_SIGNALS),
+            burst_busy: get(counter::BURST_BUSY),
+            burst_signal_failed: get(counter::BURST_SIGNAL_FAILED),
         }
+    }
+
+    /// Arms (`Some`) or disarms (`None`) the burst signal for `pid`.
+    pub fn set_burst_target(
+        &mut self,
+        pid: u32,
+        target: Option<burstyd_common::burst::BurstTarget>,
+    ) -> Result<(), SamplerError> {
+        let map = self
+            .ebpf
+            .map_mut("BURSTS")
+            .ok_or(SamplerError::MissingMap("BURSTS"))?;
+        let mut bursts: HashMap<_, u32, burstyd_common::burst::BurstTarget> =
+            HashMap::try_from(map).map_err(|source| SamplerError::Map {
+                name: "BURSTS",
+                source,
+            })?;
+        let r = match target {
+            Some(t) => bursts.insert(pid, t, 0),
+            None => match bursts.remove(&pid) {
+                Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+                r => r,
+            },
+        };
+        r.map_err(|source| SamplerError::Map {
+            name: "BURSTS",
+            source,
+        })
     }
 
     pub fn ring_fd(&self) -> i32 {

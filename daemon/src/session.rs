@@ -35,6 +35,8 @@ pub struct SessionOptions {
     pub duration: Option<Duration>,
     pub interval: Option<Duration>,
     pub output: PathBuf,
+    /// Bursty tracing of the targets (`--pid`/`run`), unless `--no-bursts`.
+    pub bursts: Option<crate::burst::BurstOptions>,
     pub service: Service,
 }
 
@@ -597,8 +599,17 @@ pub async fn run(
     let watchdog_every = notify.watchdog_interval();
     let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(Duration::from_secs(3600)));
 
+    let mut bursts = crate::burst::Bursts::start(
+        opts.bursts.as_ref(),
+        opts.targets.as_deref().unwrap_or_default(),
+        &mut sampler,
+    );
+    let mut burst_tick = tokio::time::interval(bursts.drain_interval());
+    burst_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
     let reason = loop {
         tokio::select! {
+            _ = burst_tick.tick(), if bursts.active() => bursts.drain(),
             r = sampler.drain(|s| pipe.handle(s)) => { r.context("reading the sample ring buffer")?; }
             _ = drain_tick.tick() => {
                 sampler.drain_now(|s| pipe.handle(s));
@@ -687,6 +698,7 @@ pub async fn run(
     // Whatever is still in the ring buffer belongs to this session.
     sampler.drain_now(|s| pipe.handle(s));
     let counters = sampler.counters();
+    bursts.finish(&mut sampler, &opts.output, &opts.event.name, &counters);
     drop(sampler);
     pipe.stats.ring_full = counters.ring_full;
     METRICS.ring_drops.set(counters.ring_full);

@@ -1574,6 +1574,27 @@ fn emit_runtime(em: &mut Emitter, l: &Layout) -> Result<Runtime, IcedError> {
         )?;
         em.jcc(Code::Jne_rel32_64, busy)?;
         em.e(Instruction::with2(Code::Mov_r64_rm64, R9, RDX))?; // ucontext
+        // fs:[0] must be the thread's TCB (the x86-64 TLS ABI): not yet so
+        // before libc set up TLS, and then no burst may start.
+        em.lea_rsp(-16)?;
+        em.mov_imm(RAX, 158)?; // arch_prctl(ARCH_GET_FS, rsp)
+        em.mov_imm(RDI, 0x1003)?;
+        em.e(Instruction::with2(Code::Mov_r64_rm64, RSI, RSP))?;
+        em.emit(Instruction::with(Code::Syscall));
+        em.e(Instruction::with2(
+            Code::Mov_r64_rm64,
+            RAX,
+            MemoryOperand::with_base(RSP),
+        ))?;
+        em.lea_rsp(16)?;
+        em.e(Instruction::with2(Code::Test_rm64_r64, RAX, RAX))?;
+        em.jcc(Code::Je_rel32_64, notfound)?;
+        em.e(Instruction::with2(
+            Code::Cmp_r64_rm64,
+            RAX,
+            MemoryOperand::new(Register::None, Register::None, 1, 0, 4, false, Register::FS),
+        ))?;
+        em.jcc(Code::Jne_rel32_64, notfound)?;
         em.e(Instruction::with2(
             Code::Mov_r64_rm64,
             R10,

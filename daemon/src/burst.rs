@@ -1,0 +1,828 @@
+//! Bursty tracing of one live process (`--pid`, `run`): inject the
+//! instrumented clones, arm them, drain burst records, build path profiles,
+//! disarm.
+//!
+//! Attach: analyse the executable (the plan), stop the process with ptrace,
+//! map a memfd (`MAP_SHARED`: the [`BurstControl`] page and the record
+//! ring, also mapped by the daemon) and an executable region next to it,
+//! both within ±2 GiB of the binary; generate the clones for that address,
+//! write them, install the handler on a signal the target does not use,
+//! arm, resume. The original code is never written. The eBPF overflow
+//! program then signals a thread whenever its process is armed and idle
+//! (`BURSTS` map).
+//!
+//! Detach: disarm (no new bursts; a running one ends at its next check),
+//! drop the `BURSTS` entry, then under ptrace set the signal to `SIG_IGN`
+//! (discarding a signal still pending) and back to its old disposition.
+//! The regions stay mapped: threads may still hold return addresses into
+//! clones, which lead back to the original code at the next check. A later
+//! attach finds the memfd in `/proc/PID/maps` and reuses it.
+//!
+//! If the daemon dies, the target keeps its handler and regions; without
+//! the eBPF program no burst starts, and nothing in the target waits for
+//! the daemon (a full ring truncates the burst; in full-trace mode the
+//! writer yields a bounded number of times, then drops).
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::{Context as _, bail};
+use burstyd_common::burst::*;
+use tracing::{debug, info, warn};
+use userspace_rewriter::clone::{self, ClonedFunction, Layout};
+use userspace_rewriter::inject::{self, KernelSigaction, SA_RESTORER, Tracee};
+use userspace_rewriter::plan::{self, FunctionStatus, Plan, PlanOptions};
+
+use crate::pprof::{LineKey, MappingKey, ProfileBuilder, encode_gzip};
+
+/// How bursts run.
+#[derive(Clone, Debug)]
+pub struct BurstOptions {
+    /// Checks per burst (`--burst`).
+    pub burst_len: u64,
+    /// Every event, from the first burst on, for ground truth.
+    pub full_trace: bool,
+    /// Write raw burst traces here (`--save-bursts`).
+    pub save_bursts: Option<PathBuf>,
+}
+
+/// Default checks per burst.
+pub const DEFAULT_BURST: u64 = 200;
+
+/// Record ring sizes (words of 8 bytes).
+const RING_WORDS: u64 = 1 << 19; // 4 MiB
+const RING_WORDS_FULL: u64 = 1 << 23; // 64 MiB
+
+const MEMFD_NAME: &str = "burstyd-bursts";
+
+/// Totals reported at the end.
+#[derive(Clone, Debug, Default)]
+pub struct BurstStats {
+    pub functions_rewritten: usize,
+    pub functions_skipped: usize,
+    pub bursts: u64,
+    pub bursts_truncated: u64,
+    pub declined_busy: u64,
+    pub declined_pc: u64,
+    pub records: u64,
+    pub records_lost: u64,
+    pub paths: u64,
+    pub partial_paths: u64,
+    pub bad_records: u64,
+}
+
+/// One process being traced in bursts.
+pub struct BurstTracer {
+    pid: u32,
+    exe: PathBuf,
+    plan: Plan,
+    bias: u64,
+    control_addr: u64,
+    shm: memmap2::MmapMut,
+    signal: i32,
+    old_action: KernelSigaction,
+    /// (context fids outermost first, fid, path) -> executions.
+    counts: HashMap<(Vec<u32>, u32, u64), u64>,
+    /// The current burst's stack of entered functions.
+    stack: Vec<u32>,
+    stats: BurstStats,
+    save: Option<std::io::BufWriter<std::fs::File>>,
+    burst_tid: u32,
+    /// DWARF lines of the executable, opened while the process lives.
+    lines: Option<addr2line::Loader>,
+}
+
+/// A fast content hash of the executable (FNV-1a), to tell whether an
+/// injected region was made for this very file.
+fn exe_id(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in data {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+impl BurstTracer {
+    /// Injects (or re-arms) the clones in `pid`.
+    pub fn attach(pid: u32, opts: &BurstOptions) -> anyhow::Result<Self> {
+        let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+        let data = std::fs::read(&exe)
+            .with_context(|| format!("reading the executable of pid {pid} ({})", exe.display()))?;
+        if inject::shadow_stack_enabled(pid as i32) {
+            bail!(
+                "pid {pid} runs with CET shadow stacks; bursty tracing cannot redirect its returns"
+            );
+        }
+        let (report, analysis) = plan::analyze_with_insns(&data, &PlanOptions::default())
+            .with_context(|| format!("analysing {}", exe.display()))?;
+        let plan = report.plan;
+        let id = exe_id(&data);
+
+        // Where the executable is mapped.
+        let maps = inject::maps(pid as i32)?;
+        let exe_path = std::fs::read_link(&exe).unwrap_or_default();
+        let exe_path = exe_path.to_string_lossy().replace(" (deleted)", "");
+        let own: Vec<_> = maps.iter().filter(|m| m.path == exe_path).collect();
+        let (Some(lo), Some(hi)) = (
+            own.iter().map(|m| m.start).min(),
+            own.iter().map(|m| m.end).max(),
+        ) else {
+            bail!("pid {pid}: {exe_path} is not in /proc/{pid}/maps");
+        };
+        let elf = userspace_rewriter::elf::ElfInfo::parse(&data)?;
+        let first = own.iter().min_by_key(|m| m.offset).unwrap();
+        let bias = elf
+            .load_bias_for(first.start, first.offset, first.perms.contains('x'))
+            .context("no PT_LOAD segment for the executable's first mapping")?;
+
+        let ring_words = if opts.full_trace {
+            RING_WORDS_FULL
+        } else {
+            RING_WORDS
+        };
+        let shm_len = CONTROL_BYTES as u64 + ring_words * 8;
+
+        // An earlier attach's region, if it was made for this file.
+        if let Some(m) = maps
+            .iter()
+            .find(|m| m.path.starts_with(&format!("/memfd:{MEMFD_NAME}")))
+        {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+                .context("opening the existing burst region")?;
+            // SAFETY: shared memory with the target; we only access it
+            // through volatile/atomic reads and writes of plain integers.
+            let shm = unsafe { memmap2::MmapMut::map_mut(&f)? };
+            let cb = shm.as_ptr() as *const BurstControl;
+            // SAFETY: the mapping is at least a page, BurstControl fits.
+            let (magic, old_id) = unsafe { ((*cb).magic, (*cb).exe_id) };
+            if magic == CONTROL_MAGIC && old_id == id {
+                return Self::rearm(pid, exe, plan, bias, m.start, shm, opts, &analysis);
+            }
+            bail!(
+                "pid {pid} already holds a burst region for another executable (from an earlier burstyd); restart it to trace it again"
+            );
+        }
+
+        // Size the code with a trial generation (sizes do not depend on the
+        // address: every branch to the original is rel32).
+        let trial = clone::generate(
+            &plan,
+            &analysis,
+            &Layout {
+                bias,
+                control: lo,
+                code: lo + shm_len,
+            },
+        )?;
+        let code_len = (trial.bytes.len() as u64 + 0xffff) & !0xfff;
+        let total = shm_len + code_len;
+
+        let mut t = Tracee::attach(pid as i32).context("stopping the target with ptrace")?;
+        for &tid in t.threads() {
+            if t.regs(tid).fs_base == 0 {
+                bail!(
+                    "thread {tid} of pid {pid} has no TLS (fs base 0); cannot trace it in bursts"
+                );
+            }
+        }
+        let signal = inject::free_signal(pid as i32)?;
+        let base = inject::find_gap_near(pid as i32, lo, hi, total)?;
+        let fd = t.memfd_create(MEMFD_NAME, libc::MFD_CLOEXEC)?;
+        t.syscall(libc::SYS_ftruncate, &[fd as u64, shm_len])?;
+        t.mmap(
+            base,
+            shm_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            // Populated: the eBPF program reads `armed`/`active` with
+            // bpf_probe_read_user, which cannot fault a page in.
+            libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE | libc::MAP_POPULATE,
+            fd,
+            0,
+        )?;
+        let code = base + shm_len;
+        t.mmap(
+            code,
+            code_len,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )?;
+        let shm_file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/fd/{fd}"))
+            .context("opening the burst memfd")?;
+        t.close(fd)?;
+        // SAFETY: as above.
+        let mut shm = unsafe { memmap2::MmapMut::map_mut(&shm_file)? };
+        let layout = Layout {
+            bias,
+            control: base,
+            code,
+        };
+        let img = clone::generate(&plan, &analysis, &layout)?;
+        if img.bytes.len() as u64 > code_len {
+            bail!(
+                "generated code grew from {} to {} bytes",
+                trial.bytes.len(),
+                img.bytes.len()
+            );
+        }
+        t.write_memory(code, &img.bytes)?;
+        {
+            let cb = control_mut(&mut shm);
+            cb.magic = CONTROL_MAGIC;
+            cb.ring_mask = ring_words - 1;
+            cb.ring_addr = base + CONTROL_BYTES as u64;
+            cb.table_addr = img.table_addr;
+            cb.table_len = img.table_len;
+            cb.clone_lo = img.code_range.0;
+            cb.clone_hi = img.code_range.1;
+            cb.handler = img.handler;
+            cb.restorer = img.restorer;
+            cb.signal = signal as u64;
+            cb.exe_id = id;
+        }
+        let old_action = install_handler(&mut t, signal, img.handler, img.restorer)?;
+        set_run_options(&mut shm, opts);
+        t.detach()?;
+        let skipped: usize = img.skipped.values().sum();
+        info!(
+            pid,
+            "bursty tracing: {} functions rewritten ({} skipped), {} KiB of clones at {code:#x}, signal {signal}",
+            img.functions.len(),
+            skipped + plan.summary.skipped.values().sum::<usize>(),
+            img.bytes.len() / 1024
+        );
+        Ok(Self::new(
+            pid,
+            exe,
+            plan,
+            bias,
+            base,
+            shm,
+            img.functions,
+            signal,
+            old_action,
+            skipped,
+            opts,
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rearm(
+        pid: u32,
+        exe: PathBuf,
+        plan: Plan,
+        bias: u64,
+        base: u64,
+        mut shm: memmap2::MmapMut,
+        opts: &BurstOptions,
+        analysis: &userspace_rewriter::cfg::Analysis,
+    ) -> anyhow::Result<Self> {
+        let (handler, restorer, signal, code) = {
+            let cb = control_mut(&mut shm);
+            (cb.handler, cb.restorer, cb.signal as i32, cb.clone_lo)
+        };
+        // The function table is a pure function of the plan and the layout.
+        let img = clone::generate(
+            &plan,
+            analysis,
+            &Layout {
+                bias,
+                control: base,
+                code,
+            },
+        )?;
+        let mut t = Tracee::attach(pid as i32).context("stopping the target with ptrace")?;
+        let current = t.rt_sigaction(signal, None)?;
+        if current.handler > 1 && current.handler != handler {
+            bail!("pid {pid} now uses signal {signal} itself; cannot re-arm bursts");
+        }
+        let old_action = install_handler(&mut t, signal, handler, restorer)?;
+        {
+            let cb = control_mut(&mut shm);
+            // Whatever an interrupted earlier session left.
+            cb.owner = 0;
+            cb.active = 0;
+        }
+        set_run_options(&mut shm, opts);
+        t.detach()?;
+        let skipped: usize = img.skipped.values().sum();
+        info!(
+            pid,
+            "bursty tracing: re-armed the clones injected earlier (signal {signal})"
+        );
+        Ok(Self::new(
+            pid,
+            exe,
+            plan,
+            bias,
+            base,
+            shm,
+            img.functions,
+            signal,
+            old_action,
+            skipped,
+            opts,
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        pid: u32,
+        exe: PathBuf,
+        plan: Plan,
+        bias: u64,
+        control_addr: u64,
+        shm: memmap2::MmapMut,
+        functions: Vec<ClonedFunction>,
+        signal: i32,
+        old_action: KernelSigaction,
+        skipped: usize,
+        opts: &BurstOptions,
+    ) -> Self {
+        let save = opts.save_bursts.as_ref().and_then(|p| {
+            std::fs::File::create(p)
+                .map_err(|e| warn!("cannot write {}: {e}", p.display()))
+                .ok()
+                .map(std::io::BufWriter::new)
+        });
+        let stats = BurstStats {
+            functions_rewritten: functions.len(),
+            functions_skipped: skipped + plan.summary.skipped.values().sum::<usize>(),
+            ..Default::default()
+        };
+        BurstTracer {
+            pid,
+            exe: exe.clone(),
+            plan,
+            bias,
+            control_addr,
+            shm,
+            signal,
+            old_action,
+            counts: HashMap::new(),
+            stack: Vec::new(),
+            stats,
+            save,
+            burst_tid: 0,
+            lines: addr2line::Loader::new(&exe).ok(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The eBPF `BURSTS` map entry.
+    pub fn target(&self) -> BurstTarget {
+        BurstTarget {
+            armed_addr: self.control_addr + ARMED_OFFSET as u64,
+            signal: self.signal as u32,
+            _pad: 0,
+        }
+    }
+
+    fn word(&self, field_off: usize) -> &AtomicU64 {
+        // SAFETY: an 8-aligned u64 field inside the mapping.
+        unsafe { &*(self.shm.as_ptr().add(field_off) as *const AtomicU64) }
+    }
+
+    /// Consumes every record the target wrote. Returns how many.
+    pub fn drain(&mut self) -> u64 {
+        let head = self
+            .word(core::mem::offset_of!(BurstControl, head))
+            .load(Ordering::Acquire);
+        let tail_off = core::mem::offset_of!(BurstControl, tail);
+        let mut tail = self.word(tail_off).load(Ordering::Relaxed);
+        let mask = self
+            .word(core::mem::offset_of!(BurstControl, ring_mask))
+            .load(Ordering::Relaxed);
+        let ring = unsafe { self.shm.as_ptr().add(CONTROL_BYTES) as *const u64 };
+        let mut n = 0;
+        while tail + 2 <= head {
+            let i = (tail & mask) as usize;
+            // SAFETY: i + 1 <= mask (head and tail are even), in the ring.
+            let (w0, w1) = unsafe {
+                (
+                    std::ptr::read_volatile(ring.add(i)),
+                    std::ptr::read_volatile(ring.add(i + 1)),
+                )
+            };
+            self.record(w0, w1);
+            tail += 2;
+            n += 1;
+        }
+        self.word(tail_off).store(tail, Ordering::Release);
+        self.stats.records += n;
+        n
+    }
+
+    fn record(&mut self, w0: u64, w1: u64) {
+        let tag = w0 >> TAG_SHIFT;
+        match tag {
+            REC_START => {
+                self.stack.clear();
+                self.burst_tid = w0 as u32;
+                self.save_line(format_args!(
+                    "{{\"burst\":\"start\",\"tid\":{},\"pc\":\"{:#x}\"}}",
+                    w0 as u32, w1
+                ));
+            }
+            REC_ENTER => {
+                let fid = w0 as u32;
+                if self.stack.len() < 64 {
+                    self.stack.push(fid);
+                }
+                self.save_line(format_args!("{{\"enter\":{fid}}}"));
+            }
+            REC_PATH => {
+                let fid = w0 as u32;
+                let kind = (w0 >> 32) & 0xf;
+                if w1 & PATH_INVALID != 0 {
+                    self.stats.partial_paths += 1;
+                } else if self.valid_path(fid, w1) {
+                    self.stats.paths += 1;
+                    // Context: the entered functions below this one.
+                    let ctx = match self.stack.last() {
+                        Some(&top) if top == fid => self.stack[..self.stack.len() - 1].to_vec(),
+                        _ => self.stack.clone(),
+                    };
+                    *self.counts.entry((ctx, fid, w1)).or_insert(0) += 1;
+                } else {
+                    self.stats.bad_records += 1;
+                }
+                self.save_line(format_args!(
+                    "{{\"path\":{w1},\"fid\":{fid},\"kind\":{kind}}}"
+                ));
+                if (kind == PATH_END_RETURN || kind == PATH_END_TAIL)
+                    && self.stack.last() == Some(&fid)
+                {
+                    self.stack.pop();
+                }
+            }
+            REC_END => {
+                self.stack.clear();
+                self.save_line(format_args!(
+                    "{{\"burst\":\"end\",\"reason\":{}}}",
+                    w0 & 0xff
+                ));
+            }
+            _ => self.stats.bad_records += 1,
+        }
+    }
+
+    fn valid_path(&self, fid: u32, path: u64) -> bool {
+        self.numbering(fid).is_some_and(|n| path < n.total_paths())
+    }
+
+    fn numbering(&self, fid: u32) -> Option<&userspace_rewriter::paths::PathNumbering> {
+        match &self.plan.functions.get(fid as usize)?.status {
+            FunctionStatus::Analyzed(fa) => fa.numbering.as_ref(),
+            _ => None,
+        }
+    }
+
+    fn save_line(&mut self, line: std::fmt::Arguments) {
+        if let Some(w) = &mut self.save {
+            let _ = writeln!(w, "{line}");
+        }
+    }
+
+    /// Counters from the target side, folded into the stats.
+    pub fn stats(&self) -> BurstStats {
+        let w = |off: usize| self.word(off).load(Ordering::Relaxed);
+        use core::mem::offset_of;
+        let mut s = self.stats.clone();
+        s.bursts = w(offset_of!(BurstControl, bursts));
+        s.bursts_truncated = w(offset_of!(BurstControl, truncated));
+        s.declined_busy = w(offset_of!(BurstControl, declined_busy));
+        s.declined_pc = w(offset_of!(BurstControl, declined_pc));
+        s.records_lost = w(offset_of!(BurstControl, lost_records));
+        s
+    }
+
+    /// Path execution counts keyed by (function name, path number).
+    pub fn path_counts(&self) -> HashMap<(String, u64), u64> {
+        let mut out = HashMap::new();
+        for ((_, fid, path), n) in &self.counts {
+            let name = self.plan.functions[*fid as usize].name.clone();
+            *out.entry((name, *path)).or_insert(0) += n;
+        }
+        out
+    }
+
+    /// Stops bursts and restores the signal disposition.
+    pub fn detach(mut self) -> anyhow::Result<BurstStats> {
+        {
+            let cb = control_mut(&mut self.shm);
+            cb.armed = 0;
+            cb.owner = 0;
+        }
+        // Let a signal already in flight arrive and be declined.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        self.drain();
+        let stats = self.stats();
+        if let Some(w) = &mut self.save {
+            let _ = w.flush();
+        }
+        match Tracee::attach(self.pid as i32) {
+            Ok(mut t) => {
+                // SIG_IGN discards an instance still pending; then the old one.
+                let ign = KernelSigaction {
+                    handler: 1,
+                    ..Default::default()
+                };
+                t.rt_sigaction(self.signal, Some(&ign))?;
+                t.rt_sigaction(self.signal, Some(&self.old_action))?;
+                t.detach()?;
+            }
+            Err(e) if !Path::new(&format!("/proc/{}", self.pid)).exists() => {
+                debug!("pid {} exited before detach: {e}", self.pid);
+            }
+            Err(e) => return Err(e).context("restoring the target's signal disposition"),
+        }
+        Ok(stats)
+    }
+
+    /// `paths.pb.gz`: one sample per (context, function, path).
+    pub fn paths_profile(&self, event: &str) -> anyhow::Result<Vec<u8>> {
+        let mut b = ProfileBuilder::new(&[("executions", "count")], (event, "count"), 1);
+        b.add_comment("Ball-Larus paths from bursty tracing: leaf frame = the path (its blocks' source lines), then the function, then the functions entered before it within the burst");
+        let line_of = |svma: u64| -> (Option<String>, u32) {
+            self.lines
+                .as_ref()
+                .and_then(|l| l.find_location(svma).ok().flatten())
+                .map(|loc| (loc.file.map(str::to_owned), loc.line.unwrap_or(0)))
+                .unwrap_or((None, 0))
+        };
+        let exe_name = std::fs::read_link(&self.exe)
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mapping = b.mapping(
+            &MappingKey {
+                start: 0,
+                limit: u64::MAX,
+                file_offset: 0,
+                filename: exe_name,
+                build_id: self.plan.build_id.clone().unwrap_or_default(),
+            },
+            true,
+        );
+        let mut func_loc: HashMap<u32, u64> = HashMap::new();
+        let mut entries: Vec<_> = self.counts.iter().collect();
+        entries.sort();
+        for ((ctx, fid, path), n) in entries {
+            let f = &self.plan.functions[*fid as usize];
+            let Some(numbering) = self.numbering(*fid) else {
+                continue;
+            };
+            let FunctionStatus::Analyzed(fa) = &f.status else {
+                continue;
+            };
+            let Some(cfg) = fa.cfg.as_ref() else { continue };
+            let Ok(p) = numbering.regenerate(*path) else {
+                continue;
+            };
+            let mut lines = Vec::new();
+            let mut file = None;
+            for &blk in &p.blocks {
+                let (fl, line) = line_of(cfg.blocks[blk].start);
+                file = file.or(fl);
+                lines.push(format!("L{line}"));
+            }
+            let (ffile, fline) = line_of(f.start);
+            let name = format!("{} path {path}: {}", f.name, lines.join("→"));
+            let leaf = b.location(
+                mapping,
+                f.start.wrapping_add(self.bias) ^ (*path << 1),
+                &[
+                    LineKey {
+                        function: name,
+                        file: file.clone().or(ffile.clone()).unwrap_or_default(),
+                        line: 0,
+                    },
+                    LineKey {
+                        function: f.name.clone(),
+                        file: ffile.unwrap_or_default(),
+                        line: i64::from(fline),
+                    },
+                ],
+            );
+            let mut locs = vec![leaf];
+            for c in ctx.iter().rev() {
+                let id = *func_loc.entry(*c).or_insert_with(|| {
+                    let cf = &self.plan.functions[*c as usize];
+                    let (cfile, cline) = line_of(cf.start);
+                    b.location(
+                        mapping,
+                        cf.start.wrapping_add(self.bias),
+                        &[LineKey {
+                            function: cf.name.clone(),
+                            file: cfile.unwrap_or_default(),
+                            line: i64::from(cline),
+                        }],
+                    )
+                });
+                locs.push(id);
+            }
+            b.sample(locs, vec![*n as i64], &[], &[("pid", i64::from(self.pid))]);
+        }
+        Ok(encode_gzip(&b.finish())?)
+    }
+}
+
+fn control_mut(shm: &mut memmap2::MmapMut) -> &mut BurstControl {
+    // SAFETY: the mapping is CONTROL_BYTES + ring, page aligned; the target
+    // writes the same words concurrently, which is why the hot fields are
+    // only read through atomics (`word`); these plain writes happen while
+    // the target is stopped or disarmed.
+    unsafe { &mut *(shm.as_mut_ptr() as *mut BurstControl) }
+}
+
+fn set_run_options(shm: &mut memmap2::MmapMut, opts: &BurstOptions) {
+    let cb = control_mut(shm);
+    cb.burst_len = if opts.full_trace {
+        u64::MAX
+    } else {
+        opts.burst_len.max(1)
+    };
+    cb.wait_when_full = u64::from(opts.full_trace);
+    std::sync::atomic::fence(Ordering::SeqCst);
+    cb.armed = 1;
+}
+
+fn install_handler(
+    t: &mut Tracee,
+    signal: i32,
+    handler: u64,
+    restorer: u64,
+) -> anyhow::Result<KernelSigaction> {
+    let act = KernelSigaction {
+        handler,
+        flags: (libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK) as u64 | SA_RESTORER,
+        restorer,
+        // Block everything while it runs (it is short).
+        mask: !0,
+    };
+    Ok(t.rt_sigaction(signal, Some(&act))?)
+}
+
+/// The bursty-tracing side of a session: one tracer per target.
+pub struct Bursts {
+    tracers: Vec<BurstTracer>,
+    full_trace: bool,
+}
+
+impl Bursts {
+    /// Attaches to each target (waiting for `run`'s command to have
+    /// exec'd). A target that cannot be traced in bursts is still sampled;
+    /// the reason is logged.
+    pub fn start(
+        opts: Option<&BurstOptions>,
+        pids: &[u32],
+        sampler: &mut crate::sampler::Sampler,
+    ) -> Self {
+        let mut tracers = Vec::new();
+        let Some(opts) = opts else {
+            return Bursts {
+                tracers,
+                full_trace: false,
+            };
+        };
+        for &pid in pids {
+            wait_for_exec(pid);
+            match BurstTracer::attach(pid, opts) {
+                Ok(t) => {
+                    let armed = opts.burst_len > 0 || opts.full_trace;
+                    if armed && let Err(e) = sampler.set_burst_target(pid, Some(t.target())) {
+                        warn!(pid, "cannot arm bursts: {e}");
+                    }
+                    let s = t.stats();
+                    crate::metrics::METRICS
+                        .functions_rewritten
+                        .add(s.functions_rewritten as u64);
+                    crate::metrics::METRICS
+                        .functions_skipped
+                        .add(s.functions_skipped as u64);
+                    tracers.push(t);
+                }
+                Err(e) => warn!(pid, "bursty tracing disabled for this process: {e:#}"),
+            }
+        }
+        Bursts {
+            tracers,
+            full_trace: opts.full_trace,
+        }
+    }
+
+    pub fn active(&self) -> bool {
+        !self.tracers.is_empty()
+    }
+
+    /// How often to drain the record rings: a full trace fills them fast.
+    pub fn drain_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(if self.full_trace { 5 } else { 50 })
+    }
+
+    pub fn drain(&mut self) {
+        for t in &mut self.tracers {
+            t.drain();
+        }
+    }
+
+    /// Disarms, drains, detaches; writes `paths.pb.gz` and logs the summary.
+    pub fn finish(
+        &mut self,
+        sampler: &mut crate::sampler::Sampler,
+        output: &Path,
+        event: &str,
+        counters: &crate::sampler::KernelCounters,
+    ) {
+        if self.tracers.is_empty() {
+            return;
+        }
+        let mut profiles = Vec::new();
+        for t in self.tracers.drain(..) {
+            let pid = t.pid();
+            let _ = sampler.set_burst_target(pid, None);
+            let profile = t.paths_profile(event);
+            let stats = match t.detach() {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(pid, "detaching: {e:#}");
+                    continue;
+                }
+            };
+            crate::metrics::METRICS.bursts_taken.add(stats.bursts);
+            crate::metrics::METRICS
+                .bursts_truncated
+                .add(stats.bursts_truncated);
+            crate::metrics::METRICS
+                .bursts_declined
+                .add(stats.declined_busy + stats.declined_pc);
+            info!(
+                pid,
+                "bursts: {} taken, {} truncated, {} declined (busy {}, PC not rewritten {}); {} signals sent, {} overflows during a burst; functions rewritten {}, skipped {}; {} paths recorded ({} partial), records lost: {}",
+                stats.bursts,
+                stats.bursts_truncated,
+                stats.declined_busy + stats.declined_pc,
+                stats.declined_busy,
+                stats.declined_pc,
+                counters.burst_signals,
+                counters.burst_busy,
+                stats.functions_rewritten,
+                stats.functions_skipped,
+                stats.paths,
+                stats.partial_paths,
+                stats.records_lost
+            );
+            match profile {
+                Ok(p) => profiles.push(p),
+                Err(e) => warn!(pid, "path profile: {e:#}"),
+            }
+        }
+        // One target per session in practice; with several, the first.
+        if let Some(p) = profiles.into_iter().next() {
+            let _ = std::fs::create_dir_all(output);
+            let path = output.join("paths.pb.gz");
+            match write_atomic(&path, &p) {
+                Ok(()) => {
+                    info!("wrote {}", path.display());
+                    crate::http::set_paths_profile(p);
+                }
+                Err(e) => warn!("writing {}: {e}", path.display()),
+            }
+        }
+    }
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// `burstyd run` releases its command just before the session starts; the
+/// exec replaces the gate (burstyd itself) within milliseconds.
+fn wait_for_exec(pid: u32) {
+    let me = std::fs::read_link("/proc/self/exe").ok();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        match std::fs::read_link(format!("/proc/{pid}/exe")) {
+            Ok(p) if Some(&p) != me.as_ref() => {
+                // Let the dynamic loader map the libraries and set up TLS.
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                return;
+            }
+            Ok(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
+            Err(_) => return,
+        }
+    }
+}
