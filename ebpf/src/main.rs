@@ -29,9 +29,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use burstyd_common::{
-    Config,
-    burst::BurstTarget, FILTER_TARGETS, MAX_KERNEL_FRAMES, RING_BYTES, SAMPLE_USER_MODE, SAMPLE_USER_REGS,
-    SAMPLE_USTACK_SHORT, Sample, USER_STACK_BYTES, WAKEUP_BYTES, counter,
+    Config, FILTER_TARGETS, MAX_KERNEL_FRAMES, RING_BYTES, SAMPLE_USER_MODE, SAMPLE_USER_REGS,
+    SAMPLE_USTACK_SHORT, Sample, USER_STACK_BYTES, WAKEUP_BYTES, burst::BurstTarget, counter,
 };
 
 #[map]

@@ -19,8 +19,8 @@
 //!   calls in it, read/write its memory, find room near its binary and a
 //!   free signal, and let it go exactly as it was.
 pub mod callgraph;
-pub mod clone;
 pub mod cfg;
+pub mod clone;
 pub mod disasm;
 pub mod elf;
 pub mod functions;
