@@ -89,6 +89,8 @@ pub struct BurstTracer {
     stats: BurstStats,
     save: Option<std::io::BufWriter<std::fs::File>>,
     burst_tid: u32,
+    /// Target-side counters at attach (an earlier session's are in them).
+    baseline: [u64; 5],
     /// DWARF lines of the executable, opened while the process lives.
     lines: Option<addr2line::Loader>,
 }
@@ -348,6 +350,9 @@ impl BurstTracer {
         opts: &BurstOptions,
     ) -> Self {
         let save = opts.save_bursts.as_ref().and_then(|p| {
+            if let Some(dir) = p.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
             std::fs::File::create(p)
                 .map_err(|e| warn!("cannot write {}: {e}", p.display()))
                 .ok()
@@ -358,7 +363,7 @@ impl BurstTracer {
             functions_skipped: skipped + plan.summary.skipped.values().sum::<usize>(),
             ..Default::default()
         };
-        BurstTracer {
+        let mut t = BurstTracer {
             pid,
             exe: exe.clone(),
             plan,
@@ -372,8 +377,11 @@ impl BurstTracer {
             stats,
             save,
             burst_tid: 0,
+            baseline: [0; 5],
             lines: addr2line::Loader::new(&exe).ok(),
-        }
+        };
+        t.baseline = t.target_counters();
+        t
     }
 
     pub fn pid(&self) -> u32 {
@@ -495,16 +503,29 @@ impl BurstTracer {
         }
     }
 
-    /// Counters from the target side, folded into the stats.
-    pub fn stats(&self) -> BurstStats {
-        let w = |off: usize| self.word(off).load(Ordering::Relaxed);
+    fn target_counters(&self) -> [u64; 5] {
         use core::mem::offset_of;
+        [
+            offset_of!(BurstControl, bursts),
+            offset_of!(BurstControl, truncated),
+            offset_of!(BurstControl, declined_busy),
+            offset_of!(BurstControl, declined_pc),
+            offset_of!(BurstControl, lost_records),
+        ]
+        .map(|off| self.word(off).load(Ordering::Relaxed))
+    }
+
+    /// Counters from the target side (this session's), folded into the
+    /// stats.
+    pub fn stats(&self) -> BurstStats {
+        let now = self.target_counters();
+        let d = |i: usize| now[i].wrapping_sub(self.baseline[i]);
         let mut s = self.stats.clone();
-        s.bursts = w(offset_of!(BurstControl, bursts));
-        s.bursts_truncated = w(offset_of!(BurstControl, truncated));
-        s.declined_busy = w(offset_of!(BurstControl, declined_busy));
-        s.declined_pc = w(offset_of!(BurstControl, declined_pc));
-        s.records_lost = w(offset_of!(BurstControl, lost_records));
+        s.bursts = d(0);
+        s.bursts_truncated = d(1);
+        s.declined_busy = d(2);
+        s.declined_pc = d(3);
+        s.records_lost = d(4);
         s
     }
 
@@ -543,7 +564,7 @@ impl BurstTracer {
                 t.rt_sigaction(self.signal, Some(&self.old_action))?;
                 t.detach()?;
             }
-            Err(e) if !Path::new(&format!("/proc/{}", self.pid)).exists() => {
+            Err(e) if !process_alive(self.pid) => {
                 debug!("pid {} exited before detach: {e}", self.pid);
             }
             Err(e) => return Err(e).context("restoring the target's signal disposition"),
@@ -801,6 +822,17 @@ impl Bursts {
             }
         }
     }
+}
+
+/// Running (not gone, not a zombie).
+fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().to_owned())
+        })
+        .is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

@@ -1,0 +1,192 @@
+//! Bursty tracing of live processes: clones injected, bursts started by the
+//! eBPF overflow program, path profiles written; the traced program's output
+//! is byte-identical to its untraced output, across attach/detach cycles and
+//! a SIGKILLed daemon.
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use burstyd_tests::pprof::read_profile;
+use burstyd_tests::*;
+
+/// Executions per path-frame name ("classify path 3: L14→L15→L16").
+fn path_counts(path: &std::path::Path) -> BTreeMap<String, i64> {
+    let p = read_profile(path).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(p.sample_types[0], ("executions".into(), "count".into()));
+    let mut out = BTreeMap::new();
+    for s in &p.samples {
+        let leaf = s.frames[0].name();
+        *out.entry(leaf).or_insert(0) += s.values[0];
+    }
+    out
+}
+
+fn bursts_line(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find(|l| l.contains("bursts: "))
+        .unwrap_or_else(|| panic!("no bursts summary line:\n{stderr}"))
+        .to_string()
+}
+
+/// The number after `label` in the summary line ("96 taken").
+fn stat(line: &str, after_word: &str) -> u64 {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let i = words
+        .iter()
+        .position(|w| w.trim_end_matches([',', ';']) == after_word)
+        .unwrap_or_else(|| panic!("no `{after_word}` in {line}"));
+    words[i - 1]
+        .parse()
+        .unwrap_or_else(|_| panic!("bad number before {after_word} in {line}"))
+}
+
+#[test]
+fn bursts_record_paths_and_keep_output_identical() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("bursty");
+    let exe_s = exe.to_str().unwrap();
+    let untraced = run_untraced(&[exe_s, "150"], Duration::from_secs(60));
+    let scratch = Scratch::new("bursts");
+    let run = burstyd_run(
+        &scratch,
+        &["--freq", "499", "--save-bursts"],
+        &[exe_s, "150"],
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    assert_eq!(
+        run.finished.stdout_str(),
+        untraced.stdout_str(),
+        "output differs under bursty tracing\n{}",
+        run.finished.describe()
+    );
+    let line = bursts_line(&run.finished.stderr);
+    assert!(stat(&line, "taken") >= 20, "{line}");
+    assert!(line.contains("records lost: 0"), "{line}");
+    let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
+    // classify's switch on x & 7 splits into 8 paths per branch of the
+    // x % 3 test; x runs through consecutive integers, so the 8 switch
+    // cases are equally frequent: each of the 8 heaviest classify paths
+    // must be within a factor 1.6 of the others.
+    let mut classify: Vec<i64> = counts
+        .iter()
+        .filter(|(k, _)| k.starts_with("classify path "))
+        .map(|(_, v)| *v)
+        .collect();
+    classify.sort_unstable_by(|a, b| b.cmp(a));
+    assert!(classify.len() >= 8, "{counts:#?}");
+    let top8 = &classify[..8];
+    assert!(
+        top8[0] as f64 <= top8[7] as f64 * 1.6 && top8[7] >= 50,
+        "switch cases not uniform: {top8:?}\n{counts:#?}"
+    );
+    // Paths name their blocks' source lines.
+    assert!(
+        counts
+            .keys()
+            .any(|k| k.contains(": L") && !k.contains("L0")),
+        "{counts:#?}"
+    );
+    // go tool pprof reads it.
+    let top =
+        gopprof::top(&run.out_dir.join("paths.pb.gz"), None).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        top.1.iter().any(|r| r.name.contains("classify path")),
+        "{:?}",
+        top.1
+    );
+    // Raw traces: bursts start, enter functions, end paths.
+    let jsonl = std::fs::read_to_string(run.out_dir.join("bursts.jsonl")).unwrap();
+    assert!(jsonl.lines().any(|l| l.contains("\"burst\":\"start\"")));
+    assert!(jsonl.lines().any(|l| l.contains("\"path\":")));
+    for l in jsonl.lines().take(1000) {
+        serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{l}: {e}"));
+    }
+}
+
+fn spawn_fixture(args: &[&str]) -> std::process::Child {
+    Command::new(args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn finish(child: std::process::Child) -> String {
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "fixture failed: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn twenty_attach_detach_cycles_during_one_run() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("bursty");
+    let exe_s = exe.to_str().unwrap();
+    let untraced = run_untraced(&[exe_s, "2000"], Duration::from_secs(120));
+    let child = spawn_fixture(&[exe_s, "2000"]);
+    let pid = child.id().to_string();
+    let scratch = Scratch::new("attach-cycles");
+    let mut child = child;
+    let t0 = Instant::now();
+    let mut rearmed = 0;
+    let mut bursts = 0;
+    for i in 0..20 {
+        let run = burstyd(
+            &scratch,
+            &["--pid", &pid, "--duration", "0.1", "--freq", "999"],
+            &[],
+            Duration::from_secs(60),
+        );
+        assert!(
+            run.finished.status.success() && run.finished.stderr.contains("bursts: "),
+            "cycle {i}: fixture {:?}\n{}",
+            child.try_wait(),
+            run.finished.describe()
+        );
+        if run.finished.stderr.contains("re-armed") {
+            rearmed += 1;
+        }
+        bursts += stat(&bursts_line(&run.finished.stderr), "taken");
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(40),
+        "the fixture must still be running: {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        rearmed, 19,
+        "every attach after the first reuses the injected clones"
+    );
+    assert!(bursts >= 20, "{bursts} bursts in 20 attaches");
+    assert_eq!(finish(child), untraced.stdout_str());
+}
+
+#[test]
+fn sigkilled_daemon_leaves_the_target_running_correctly() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("bursty");
+    let exe_s = exe.to_str().unwrap();
+    let untraced = run_untraced(&[exe_s, "400"], Duration::from_secs(120));
+    let child = spawn_fixture(&[exe_s, "400"]);
+    let scratch = Scratch::new("sigkill");
+    let mut daemon = Command::new(burstyd_bin())
+        .args(["--pid", &child.id().to_string(), "--freq", "999", "-o"])
+        .arg(scratch.join("out"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let it inject and run bursts for a while, then kill it mid-burst.
+    std::thread::sleep(Duration::from_millis(800));
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
+    assert_eq!(finish(child), untraced.stdout_str());
+}
