@@ -236,6 +236,9 @@ pub mod burst {
         /// The executable's build ID hash (FNV-1a of the bytes) the clones
         /// were generated for.
         pub exe_id: u64,
+        /// Address of the clones' `.eh_frame` once registered with the
+        /// target's unwinder (`__register_frame`), else 0.
+        pub eh_frame: u64,
         /// Words consumed by the daemon (consumer index), on its own line.
         pub tail: u64,
         pub _pad: [u64; 7],

@@ -33,6 +33,7 @@ use tracing::{debug, info, warn};
 use userspace_rewriter::clone::{self, ClonedFunction, Layout};
 use userspace_rewriter::inject::{self, KernelSigaction, SA_RESTORER, Tracee};
 use userspace_rewriter::plan::{self, FunctionStatus, Plan, PlanOptions};
+use userspace_rewriter::unwind_info;
 
 use crate::pprof::{LineKey, MappingKey, ProfileBuilder, encode_gzip};
 
@@ -70,6 +71,9 @@ pub struct BurstStats {
     pub paths: u64,
     pub partial_paths: u64,
     pub bad_records: u64,
+    /// Bursts ended by the daemon: their thread left the clones without a
+    /// check (an exception or longjmp into original code).
+    pub reaped: u64,
 }
 
 /// One process being traced in bursts.
@@ -89,6 +93,10 @@ pub struct BurstTracer {
     stats: BurstStats,
     save: Option<std::io::BufWriter<std::fs::File>>,
     burst_tid: u32,
+    /// (head, bursts) at the previous drain and how many drains saw the
+    /// same running burst make no progress.
+    last_progress: (u64, u64),
+    idle_drains: u32,
     /// Target-side counters at attach (an earlier session's are in them).
     baseline: [u64; 5],
     /// DWARF lines of the executable, opened while the process lives.
@@ -145,6 +153,15 @@ impl BurstTracer {
         };
         let shm_len = CONTROL_BYTES as u64 + ring_words * 8;
 
+        // Functions whose unwind info cannot be restated are not cloned:
+        // C++ exceptions and backtraces must unwind through every clone.
+        let exclude = unwind_info::untranslatable(
+            &data,
+            plan.functions.iter().filter_map(|f| match f.status {
+                FunctionStatus::Analyzed(_) => Some(f.start),
+                _ => None,
+            }),
+        );
         // An earlier attach's region, if it was made for this file.
         if let Some(m) = maps
             .iter()
@@ -162,7 +179,9 @@ impl BurstTracer {
             // SAFETY: the mapping is at least a page, BurstControl fits.
             let (magic, old_id) = unsafe { ((*cb).magic, (*cb).exe_id) };
             if magic == CONTROL_MAGIC && old_id == id {
-                return Self::rearm(pid, exe, plan, bias, m.start, shm, opts, &analysis);
+                return Self::rearm(
+                    pid, exe, plan, bias, m.start, shm, opts, &analysis, &exclude,
+                );
             }
             bail!(
                 "pid {pid} already holds a burst region for another executable (from an earlier burstyd); restart it to trace it again"
@@ -171,7 +190,7 @@ impl BurstTracer {
 
         // Size the code with a trial generation (sizes do not depend on the
         // address: every branch to the original is rel32).
-        let trial = clone::generate(
+        let trial = clone::generate_excluding(
             &plan,
             &analysis,
             &Layout {
@@ -179,9 +198,13 @@ impl BurstTracer {
                 control: lo,
                 code: lo + shm_len,
             },
+            &exclude,
         )?;
-        let code_len = (trial.bytes.len() as u64 + 0xffff) & !0xfff;
+        let trial_eh = unwind_info::eh_frame(&data, &trial, bias).map_err(anyhow::Error::msg)?;
+        let code_len =
+            (trial.bytes.len() as u64 + trial_eh.bytes.len() as u64 + 16 + 0xffff) & !0xfff;
         let total = shm_len + code_len;
+        let exceptions = uses_exceptions(&data, &analysis);
 
         let mut t = Tracee::attach(pid as i32).context("stopping the target with ptrace")?;
         for &tid in t.threads() {
@@ -227,8 +250,10 @@ impl BurstTracer {
             control: base,
             code,
         };
-        let img = clone::generate(&plan, &analysis, &layout)?;
-        if img.bytes.len() as u64 > code_len {
+        let img = clone::generate_excluding(&plan, &analysis, &layout, &exclude)?;
+        let eh = unwind_info::eh_frame(&data, &img, bias).map_err(anyhow::Error::msg)?;
+        let eh_addr = code + ((img.bytes.len() as u64 + 15) & !15);
+        if eh_addr + eh.bytes.len() as u64 > code + code_len {
             bail!(
                 "generated code grew from {} to {} bytes",
                 trial.bytes.len(),
@@ -236,6 +261,25 @@ impl BurstTracer {
             );
         }
         t.write_memory(code, &img.bytes)?;
+        t.write_memory(eh_addr, &eh.bytes)?;
+        // Register the clones' unwind info with the target's unwinder, so
+        // that exceptions and backtraces pass through clone frames.
+        let registered = match register_frame_fn(pid, &maps, &plan, bias) {
+            Some(f) => match t.call(f, &[eh_addr]) {
+                Ok(_) => true,
+                Err(e) => {
+                    warn!(pid, "registering the clones' unwind info failed: {e}");
+                    false
+                }
+            },
+            None => false,
+        };
+        if exceptions && !registered {
+            bail!(
+                "pid {pid} uses C++ exceptions but its unwinder (__register_frame in libgcc_s) could not take the clones' unwind info; not tracing it in bursts"
+            );
+        }
+        debug!(pid, fdes = eh.fdes, registered, "clone unwind info");
         {
             let cb = control_mut(&mut shm);
             cb.magic = CONTROL_MAGIC;
@@ -249,6 +293,7 @@ impl BurstTracer {
             cb.restorer = img.restorer;
             cb.signal = signal as u64;
             cb.exe_id = id;
+            cb.eh_frame = if registered { eh_addr } else { 0 };
         }
         let old_action = install_handler(&mut t, signal, img.handler, img.restorer)?;
         set_run_options(&mut shm, opts);
@@ -286,13 +331,14 @@ impl BurstTracer {
         mut shm: memmap2::MmapMut,
         opts: &BurstOptions,
         analysis: &userspace_rewriter::cfg::Analysis,
+        exclude: &std::collections::BTreeSet<u64>,
     ) -> anyhow::Result<Self> {
         let (handler, restorer, signal, code) = {
             let cb = control_mut(&mut shm);
             (cb.handler, cb.restorer, cb.signal as i32, cb.clone_lo)
         };
         // The function table is a pure function of the plan and the layout.
-        let img = clone::generate(
+        let img = clone::generate_excluding(
             &plan,
             analysis,
             &Layout {
@@ -300,6 +346,7 @@ impl BurstTracer {
                 control: base,
                 code,
             },
+            exclude,
         )?;
         let mut t = Tracee::attach(pid as i32).context("stopping the target with ptrace")?;
         let current = t.rt_sigaction(signal, None)?;
@@ -377,6 +424,8 @@ impl BurstTracer {
             stats,
             save,
             burst_tid: 0,
+            last_progress: (0, 0),
+            idle_drains: 0,
             baseline: [0; 5],
             lines: addr2line::Loader::new(&exe).ok(),
         };
@@ -429,7 +478,44 @@ impl BurstTracer {
         }
         self.word(tail_off).store(tail, Ordering::Release);
         self.stats.records += n;
+        self.reap_stuck_burst(head);
         n
+    }
+
+    /// A burst whose thread left the clones without passing a check (an
+    /// exception or `longjmp` into original code) stays "active" and would
+    /// block every later burst. A running burst writes records all the
+    /// time (at least at every back edge and return); one that wrote
+    /// nothing across two drains is ended here. Its thread, should it
+    /// return into a clone later, fails that return site's check (the owner
+    /// is cleared first) and goes back to the original code.
+    fn reap_stuck_burst(&mut self, head: u64) {
+        use core::mem::offset_of;
+        let active = {
+            // SAFETY: the u32 `active` field inside the mapping.
+            let p = unsafe { self.shm.as_ptr().add(offset_of!(BurstControl, active)) };
+            unsafe { &*(p as *const std::sync::atomic::AtomicU32) }.load(Ordering::Acquire)
+        };
+        let bursts = self
+            .word(offset_of!(BurstControl, bursts))
+            .load(Ordering::Relaxed);
+        if active == 0 || (head, bursts) != self.last_progress {
+            self.last_progress = (head, bursts);
+            self.idle_drains = 0;
+            return;
+        }
+        self.idle_drains += 1;
+        if self.idle_drains < 2 {
+            return;
+        }
+        self.word(offset_of!(BurstControl, owner))
+            .store(0, Ordering::SeqCst);
+        // SAFETY: as above.
+        let p = unsafe { self.shm.as_ptr().add(offset_of!(BurstControl, active)) };
+        unsafe { &*(p as *const std::sync::atomic::AtomicU32) }.store(0, Ordering::SeqCst);
+        self.stats.reaped += 1;
+        self.stack.clear();
+        self.idle_drains = 0;
     }
 
     fn record(&mut self, w0: u64, w1: u64) {
@@ -619,7 +705,8 @@ impl BurstTracer {
                 lines.push(format!("L{line}"));
             }
             let (ffile, fline) = line_of(f.start);
-            let name = format!("{} path {path}: {}", f.name, lines.join("→"));
+            let fname = crate::symbolize::demangle(&f.name);
+            let name = format!("{fname} path {path}: {}", lines.join("→"));
             let leaf = b.location(
                 mapping,
                 f.start.wrapping_add(self.bias) ^ (*path << 1),
@@ -630,7 +717,7 @@ impl BurstTracer {
                         line: 0,
                     },
                     LineKey {
-                        function: f.name.clone(),
+                        function: fname,
                         file: ffile.unwrap_or_default(),
                         line: i64::from(fline),
                     },
@@ -645,7 +732,7 @@ impl BurstTracer {
                         mapping,
                         cf.start.wrapping_add(self.bias),
                         &[LineKey {
-                            function: cf.name.clone(),
+                            function: crate::symbolize::demangle(&cf.name),
                             file: cfile.unwrap_or_default(),
                             line: i64::from(cline),
                         }],
@@ -790,12 +877,13 @@ impl Bursts {
                 .add(stats.declined_busy + stats.declined_pc);
             info!(
                 pid,
-                "bursts: {} taken, {} truncated, {} declined (busy {}, PC not rewritten {}); {} signals sent, {} overflows during a burst; functions rewritten {}, skipped {}; {} paths recorded ({} partial), records lost: {}",
+                "bursts: {} taken, {} truncated, {} declined (busy {}, PC not rewritten {}), {} reaped; {} signals sent, {} overflows during a burst; functions rewritten {}, skipped {}; {} paths recorded ({} partial), records lost: {}",
                 stats.bursts,
                 stats.bursts_truncated,
                 stats.declined_busy + stats.declined_pc,
                 stats.declined_busy,
                 stats.declined_pc,
+                stats.reaped,
                 counters.burst_signals,
                 counters.burst_busy,
                 stats.functions_rewritten,
@@ -822,6 +910,59 @@ impl Bursts {
             }
         }
     }
+}
+
+/// Whether the program throws C++ exceptions (or otherwise unwinds with
+/// libgcc): landing pads, or imports of the throwing/unwinding entry points.
+fn uses_exceptions(data: &[u8], analysis: &userspace_rewriter::cfg::Analysis) -> bool {
+    use object::{Object, ObjectSymbol};
+    if analysis.functions.iter().any(|f| f.has_lsda) {
+        return true;
+    }
+    let Ok(file) = object::File::parse(data) else {
+        return true;
+    };
+    file.dynamic_symbols().any(|s| {
+        s.is_undefined()
+            && matches!(
+                s.name(),
+                Ok("__cxa_throw"
+                    | "__cxa_rethrow"
+                    | "_Unwind_RaiseException"
+                    | "_Unwind_Resume"
+                    | "_Unwind_ForcedUnwind")
+            )
+    })
+}
+
+/// `__register_frame` in the target: libgcc_s's export, or a copy linked
+/// into the executable (static libgcc_eh).
+fn register_frame_fn(pid: u32, maps: &[inject::Mapping], plan: &Plan, bias: u64) -> Option<u64> {
+    use object::{Object, ObjectSymbol};
+    if let Some(f) = plan.functions.iter().find(|f| f.name == "__register_frame") {
+        return Some(f.start.wrapping_add(bias));
+    }
+    let lib: Vec<&inject::Mapping> = maps
+        .iter()
+        .filter(|m| {
+            Path::new(&m.path)
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libgcc_s.so"))
+        })
+        .collect();
+    let first = lib.iter().min_by_key(|m| m.offset)?;
+    let data = std::fs::read(format!(
+        "/proc/{pid}/map_files/{:x}-{:x}",
+        first.start, first.end
+    ))
+    .ok()?;
+    let elf = userspace_rewriter::elf::ElfInfo::parse(&data).ok()?;
+    let lbias = elf.load_bias_for(first.start, first.offset, first.perms.contains('x'))?;
+    let file = object::File::parse(&*data).ok()?;
+    let sym = file
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok("__register_frame") && !s.is_undefined())?;
+    Some(sym.address().wrapping_add(lbias))
 }
 
 /// Running (not gone, not a zombie).

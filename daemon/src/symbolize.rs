@@ -168,7 +168,7 @@ impl SymbolTable {
     }
 }
 
-fn demangle(raw: &str) -> String {
+pub fn demangle(raw: &str) -> String {
     addr2line::demangle_auto(Cow::Borrowed(raw), None).into_owned()
 }
 

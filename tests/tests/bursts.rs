@@ -190,3 +190,36 @@ fn sigkilled_daemon_leaves_the_target_running_correctly() {
     let _ = daemon.wait();
     assert_eq!(finish(child), untraced.stdout_str());
 }
+
+#[test]
+fn cpp_exceptions_unwind_through_instrumented_frames() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("throwing");
+    let exe_s = exe.to_str().unwrap();
+    let untraced = run_untraced(&[exe_s, "1500"], Duration::from_secs(60));
+    let scratch = Scratch::new("throwing");
+    // Long bursts: many exceptions are thrown while a thread runs in the
+    // clones of `middle` and `outer`, which only pass them on. Without the
+    // clones' unwind info registered the program would call terminate().
+    let run = burstyd_run(
+        &scratch,
+        &["--freq", "999", "--burst", "100000"],
+        &[exe_s, "1500"],
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    assert_eq!(
+        run.finished.stdout_str(),
+        untraced.stdout_str(),
+        "{}",
+        run.finished.describe()
+    );
+    let line = bursts_line(&run.finished.stderr);
+    assert!(stat(&line, "taken") >= 20, "{line}");
+    let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
+    assert!(
+        counts.keys().any(|k| k.starts_with("middle(long) path ")),
+        "{counts:#?}"
+    );
+}

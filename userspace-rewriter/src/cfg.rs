@@ -360,15 +360,15 @@ struct SectionBytes<'data> {
     bytes: &'data [u8],
 }
 
-type Fde<'data> =
+pub(crate) type Fde<'data> =
     gimli::FrameDescriptionEntry<gimli::EndianSlice<'data, gimli::LittleEndian>, usize>;
 
 /// The parsed `.eh_frame`, to ask the CFA rule at an address.
-struct EhFrameInfo<'data> {
-    section: gimli::EhFrame<gimli::EndianSlice<'data, gimli::LittleEndian>>,
-    bases: gimli::BaseAddresses,
+pub(crate) struct EhFrameInfo<'data> {
+    pub(crate) section: gimli::EhFrame<gimli::EndianSlice<'data, gimli::LittleEndian>>,
+    pub(crate) bases: gimli::BaseAddresses,
     /// FDEs sorted by start.
-    fdes: Vec<Fde<'data>>,
+    pub(crate) fdes: Vec<Fde<'data>>,
 }
 
 /// What [`build_cfg`] needs to know beyond one function.
@@ -566,7 +566,7 @@ impl<'data> CfgContext<'data> {
     }
 }
 
-fn parse_eh_frame<'data>(file: &object::File<'data>) -> Option<EhFrameInfo<'data>> {
+pub(crate) fn parse_eh_frame<'data>(file: &object::File<'data>) -> Option<EhFrameInfo<'data>> {
     use gimli::UnwindSection as _;
     let sec = file.section_by_name(".eh_frame")?;
     let bytes = sec.data().ok()?;

@@ -323,6 +323,18 @@ pub fn generate(
     analysis: &cfg::Analysis,
     layout: &Layout,
 ) -> Result<CloneImage, GenError> {
+    generate_excluding(plan, analysis, layout, &Default::default())
+}
+
+/// [`generate`], leaving out the functions starting at `exclude` (SVMAs),
+/// e.g. those whose unwind information cannot be restated
+/// ([`crate::unwind_info::untranslatable`]).
+pub fn generate_excluding(
+    plan: &Plan,
+    analysis: &cfg::Analysis,
+    layout: &Layout,
+    exclude: &std::collections::BTreeSet<u64>,
+) -> Result<CloneImage, GenError> {
     let mut em = Emitter::new();
     let rt = emit_runtime(&mut em, layout)?;
 
@@ -341,6 +353,12 @@ pub fn generate(
         have_details = true;
         if f.cold_part {
             *skipped.entry("cold part".into()).or_default() += 1;
+            continue;
+        }
+        if exclude.contains(&f.start) {
+            *skipped
+                .entry("unwind info not restatable".into())
+                .or_default() += 1;
             continue;
         }
         if let Err(Skip(why)) = precheck(cfg, &analysis.insns[i]) {

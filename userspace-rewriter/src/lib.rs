@@ -28,3 +28,4 @@ pub mod graph;
 pub mod inject;
 pub mod paths;
 pub mod plan;
+pub mod unwind_info;

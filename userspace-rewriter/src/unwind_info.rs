@@ -1,0 +1,200 @@
+//! Unwind information for the clones (`.eh_frame` made with gimli::write).
+//!
+//! A clone executes the original's instructions with the original's stack
+//! layout at every instruction it copies; only inside the snippets between
+//! them does `rsp` move (and no snippet calls anything that could unwind).
+//! So the CFI row in effect at an original instruction is the row for its
+//! copy: each original row `[a, b)` becomes a row starting at the clone of
+//! the first instruction at or after `a`. Copies keep their order inside a
+//! clone (blocks are emitted in address order, out-of-line stubs after
+//! them), so the rows stay sorted. The clones' frames are then unwindable
+//! by C++ exceptions, `backtrace()` and debuggers once the table is
+//! registered (`__register_frame`).
+//!
+//! Functions whose CFI uses DWARF expressions (rare: hand-written assembly,
+//! PLT stubs) cannot be restated this way; [`untranslatable`] lists them so
+//! the generator leaves them out.
+use std::collections::BTreeSet;
+
+use gimli::write::{
+    Address, CallFrameInstruction, CommonInformationEntry, EhFrame, EndianVec,
+    FrameDescriptionEntry, FrameTable,
+};
+use gimli::{CfaRule, Encoding, Format, LittleEndian, Register, RegisterRule, X86_64};
+
+use crate::clone::CloneImage;
+
+/// Row rules we can restate: CFA = register + offset; registers
+/// undefined, same value, saved at CFA+n, CFA+n, or in another register.
+type Row = (u64, Register, i64, Vec<(Register, Rule)>);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rule {
+    Undefined,
+    SameValue,
+    Offset(i64),
+    ValOffset(i64),
+    Register(Register),
+}
+
+/// The rows of the FDE covering `svma`, or `Err(())` when a rule is not
+/// restatable; `Ok(None)` without an FDE.
+fn rows(eh: &crate::cfg::EhFrameInfo, svma: u64) -> Result<Option<(u64, u64, Vec<Row>)>, ()> {
+    let i = eh.fdes.partition_point(|f| f.initial_address() <= svma);
+    if i == 0 {
+        return Ok(None);
+    }
+    let fde = &eh.fdes[i - 1];
+    if svma >= fde.initial_address() + fde.len() {
+        return Ok(None);
+    }
+    let mut ctx = gimli::UnwindContext::new();
+    let mut table = fde.rows(&eh.section, &eh.bases, &mut ctx).map_err(|_| ())?;
+    let mut out = Vec::new();
+    while let Some(row) = table.next_row().map_err(|_| ())? {
+        let (reg, off) = match row.cfa() {
+            CfaRule::RegisterAndOffset { register, offset } => (*register, *offset),
+            CfaRule::Expression(_) => return Err(()),
+        };
+        let mut regs = Vec::new();
+        for (r, rule) in row.registers() {
+            let rule = match rule {
+                RegisterRule::Undefined => Rule::Undefined,
+                RegisterRule::SameValue => Rule::SameValue,
+                RegisterRule::Offset(n) => Rule::Offset(*n),
+                RegisterRule::ValOffset(n) => Rule::ValOffset(*n),
+                RegisterRule::Register(o) => Rule::Register(*o),
+                _ => return Err(()),
+            };
+            regs.push((*r, rule));
+        }
+        regs.sort_by_key(|(r, _)| r.0);
+        out.push((row.start_address(), reg, off, regs));
+    }
+    Ok(Some((
+        fde.initial_address(),
+        fde.initial_address() + fde.len(),
+        out,
+    )))
+}
+
+/// Function starts (SVMAs) whose CFI cannot be restated for a clone.
+pub fn untranslatable(data: &[u8], starts: impl IntoIterator<Item = u64>) -> BTreeSet<u64> {
+    let Ok(file) = object::File::parse(data) else {
+        return BTreeSet::new();
+    };
+    let Some(eh) = crate::cfg::parse_eh_frame(&file) else {
+        return BTreeSet::new();
+    };
+    starts
+        .into_iter()
+        .filter(|&s| rows(&eh, s).is_err())
+        .collect()
+}
+
+/// What [`eh_frame`] produced.
+#[derive(Debug, Default)]
+pub struct CloneUnwind {
+    /// `.eh_frame` bytes (CIE, one FDE per clone, zero terminator), with
+    /// absolute FDE addresses: position independent.
+    pub bytes: Vec<u8>,
+    pub fdes: usize,
+    /// Clones whose original has no FDE (no unwinding through either).
+    pub without_cfi: usize,
+}
+
+/// `.eh_frame` for every clone of `image` (made from the file `data`
+/// loaded with `bias`).
+pub fn eh_frame(data: &[u8], image: &CloneImage, bias: u64) -> Result<CloneUnwind, String> {
+    let file = object::File::parse(data).map_err(|e| e.to_string())?;
+    let Some(eh) = crate::cfg::parse_eh_frame(&file) else {
+        return Ok(CloneUnwind {
+            bytes: vec![0; 4],
+            fdes: 0,
+            without_cfi: image.functions.len(),
+        });
+    };
+    let table = image.table();
+    let mut clones: Vec<(u64, u64)> = image.functions.iter().map(|f| (f.clone, f.orig)).collect();
+    clones.sort_unstable();
+    let encoding = Encoding {
+        address_size: 8,
+        format: Format::Dwarf32,
+        version: 1,
+    };
+    let mut cie = CommonInformationEntry::new(encoding, 1, -8, X86_64::RA);
+    cie.add_instruction(CallFrameInstruction::Cfa(X86_64::RSP, 8));
+    cie.add_instruction(CallFrameInstruction::Offset(X86_64::RA, -8));
+    let mut frames = FrameTable::default();
+    let cie_id = frames.add_cie(cie);
+    let mut out = CloneUnwind::default();
+    for (k, &(cstart, orig)) in clones.iter().enumerate() {
+        let cend = clones.get(k + 1).map(|c| c.0).unwrap_or(image.code_range.1);
+        let svma = orig.wrapping_sub(bias);
+        let Ok(Some((fstart, fend, rows))) = rows(&eh, svma) else {
+            out.without_cfi += 1;
+            continue;
+        };
+        // Clone address of the first copied instruction at or after an
+        // original address (within this function).
+        let lo = table.partition_point(|e| e.0 < fstart.wrapping_add(bias));
+        let hi = table.partition_point(|e| e.0 < fend.wrapping_add(bias));
+        let insns = &table[lo..hi];
+        let clone_of = |svma: u64| -> Option<u64> {
+            let a = svma.wrapping_add(bias);
+            let j = insns.partition_point(|e| e.0 < a);
+            insns.get(j).map(|e| e.1)
+        };
+        let mut fde = FrameDescriptionEntry::new(Address::Constant(cstart), (cend - cstart) as u32);
+        let mut prev: Option<&Row> = None;
+        for row in &rows {
+            // The first row covers the prologue snippet too.
+            let at = if prev.is_none() {
+                cstart
+            } else {
+                match clone_of(row.0) {
+                    Some(c) if c >= cstart && c < cend => c,
+                    _ => continue,
+                }
+            };
+            let off = (at - cstart) as u32;
+            if prev.is_none_or(|p| p.1 != row.1 || p.2 != row.2) {
+                fde.add_instruction(off, CallFrameInstruction::Cfa(row.1, row.2 as i32));
+            }
+            let before: &[(Register, Rule)] = prev.map(|p| p.3.as_slice()).unwrap_or(&[]);
+            for (r, rule) in &row.3 {
+                if before.iter().any(|(br, bru)| br == r && bru == rule) {
+                    continue;
+                }
+                fde.add_instruction(off, instruction(*r, *rule));
+            }
+            for (br, _) in before {
+                if !row.3.iter().any(|(r, _)| r == br) {
+                    // Back to the CIE's rule (the return address) or
+                    // untouched.
+                    fde.add_instruction(off, CallFrameInstruction::Restore(*br));
+                }
+            }
+            prev = Some(row);
+        }
+        frames.add_fde(cie_id, fde);
+        out.fdes += 1;
+    }
+    let mut eh_out = EhFrame(EndianVec::new(LittleEndian));
+    frames
+        .write_eh_frame(&mut eh_out)
+        .map_err(|e| e.to_string())?;
+    out.bytes = eh_out.0.into_vec();
+    out.bytes.extend_from_slice(&[0; 4]);
+    Ok(out)
+}
+
+fn instruction(r: Register, rule: Rule) -> CallFrameInstruction {
+    match rule {
+        Rule::Undefined => CallFrameInstruction::Undefined(r),
+        Rule::SameValue => CallFrameInstruction::SameValue(r),
+        Rule::Offset(n) => CallFrameInstruction::Offset(r, n as i32),
+        Rule::ValOffset(n) => CallFrameInstruction::ValOffset(r, n as i32),
+        Rule::Register(o) => CallFrameInstruction::Register(r, o),
+    }
+}
