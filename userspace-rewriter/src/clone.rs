@@ -387,12 +387,6 @@ pub fn generate_excluding(
             .numbering
             .as_ref()
             .filter(|n| n.total_paths() < (1 << 62));
-        let checked_headers: Vec<u64> = fa
-            .loops
-            .iter()
-            .filter(|l| !l.k_boring)
-            .map(|l| l.header)
-            .collect();
         let mark = em.out.len();
         let tmark = table_idx.len();
         let label = entry_label[&f.start];
@@ -408,7 +402,6 @@ pub fn generate_excluding(
             insns: &analysis.insns[i],
             live: cfg::liveness(cfg, &analysis.insns[i]),
             numbering,
-            checked_headers: &checked_headers,
             loops: &loops,
             edges_of: {
                 let mut v = vec![Vec::new(); cfg.blocks.len()];
@@ -417,7 +410,6 @@ pub fn generate_excluding(
                 }
                 v
             },
-            entry_check: fa.entry_check,
             entry_label: &entry_label,
             table: &mut table_idx,
             stats: GenStats::default(),
@@ -531,11 +523,9 @@ struct FnGen<'a> {
     insns: &'a [Insn],
     live: Vec<LiveSet>,
     numbering: Option<&'a PathNumbering>,
-    checked_headers: &'a [u64],
     loops: &'a crate::graph::Loops,
     /// Out-edges per block, in edge order (index = `idx`).
     edges_of: Vec<Vec<cfg::Edge>>,
-    entry_check: bool,
     entry_label: &'a HashMap<u64, u64>,
     table: &'a mut Vec<(u64, usize)>,
     stats: GenStats,
@@ -601,17 +591,19 @@ impl FnGen<'_> {
         n.back_edge(b, idx).is_some() || n.increment(b, idx).is_some_and(|v| v != 0)
     }
 
-    /// A truncated edge that keeps a check: a back edge of a loop that is
-    /// not k-boring, or a retreating edge of an irreducible region.
+    /// A truncated edge: a back edge, or a retreating edge of an
+    /// irreducible region. Every one has a check in the clones.
+    ///
+    /// The paper's reductions (no checks on back edges of k-boring loops,
+    /// entry checks only on the set C) lower the cost of its *checking
+    /// code*, which runs all the time. Here the checking code is the
+    /// original code and has no checks at all; checks exist only in the
+    /// clones, which run only during bursts, so every back edge and entry
+    /// gets one and a burst is bounded by `--burst` checks even inside a
+    /// long loop without calls.
     fn is_checked_back_edge(&self, b: usize, idx: usize) -> bool {
-        if self.loops.retreating_non_back.contains(&(b, idx)) {
-            return true;
-        }
-        if !self.loops.back_edges.contains(&(b, idx)) {
-            return false;
-        }
-        let to = self.edges_of[b][idx].to;
-        self.checked_headers.contains(&self.cfg.blocks[to].start)
+        self.loops.retreating_non_back.contains(&(b, idx))
+            || self.loops.back_edges.contains(&(b, idx))
     }
 
     fn edge_stub(
@@ -643,7 +635,7 @@ impl FnGen<'_> {
 
         // Prologue: entry check, then the activation record.
         self.em.bind(entry);
-        if self.entry_check {
+        {
             let first = self.block_first(0);
             let flags = self.flags_live(first);
             let orig = self.avma(self.insns[first].addr);
