@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use anyhow::{Context as _, bail};
 use burstyd_common::burst::*;
 use tracing::{debug, info, warn};
-use userspace_rewriter::clone::{self, ClonedFunction, Layout};
+use userspace_rewriter::clone::{self, Layout};
 use userspace_rewriter::inject::{self, KernelSigaction, SA_RESTORER, Tracee};
 use userspace_rewriter::plan::{self, FunctionStatus, Plan, PlanOptions};
 use userspace_rewriter::unwind_info;
@@ -99,6 +99,8 @@ pub struct BurstTracer {
     idle_drains: u32,
     /// Target-side counters at attach (an earlier session's are in them).
     baseline: [u64; 5],
+    /// The clones, for unwinding samples taken during bursts.
+    frames: std::sync::Arc<crate::unwind::CloneFrames>,
     /// DWARF lines of the executable, opened while the process lives.
     lines: Option<addr2line::Loader>,
 }
@@ -180,7 +182,7 @@ impl BurstTracer {
             let (magic, old_id) = unsafe { ((*cb).magic, (*cb).exe_id) };
             if magic == CONTROL_MAGIC && old_id == id {
                 return Self::rearm(
-                    pid, exe, plan, bias, m.start, shm, opts, &analysis, &exclude,
+                    pid, exe, plan, bias, m.start, shm, opts, &analysis, &exclude, &data,
                 );
             }
             bail!(
@@ -313,7 +315,8 @@ impl BurstTracer {
             bias,
             base,
             shm,
-            img.functions,
+            &img,
+            (eh_addr, eh.bytes),
             signal,
             old_action,
             skipped,
@@ -332,6 +335,7 @@ impl BurstTracer {
         opts: &BurstOptions,
         analysis: &userspace_rewriter::cfg::Analysis,
         exclude: &std::collections::BTreeSet<u64>,
+        data: &[u8],
     ) -> anyhow::Result<Self> {
         let (handler, restorer, signal, code) = {
             let cb = control_mut(&mut shm);
@@ -348,6 +352,8 @@ impl BurstTracer {
             },
             exclude,
         )?;
+        let eh = unwind_info::eh_frame(data, &img, bias).map_err(anyhow::Error::msg)?;
+        let eh_addr = code + ((img.bytes.len() as u64 + 15) & !15);
         let mut t = Tracee::attach(pid as i32).context("stopping the target with ptrace")?;
         let current = t.rt_sigaction(signal, None)?;
         if current.handler > 1 && current.handler != handler {
@@ -374,7 +380,8 @@ impl BurstTracer {
             bias,
             base,
             shm,
-            img.functions,
+            &img,
+            (eh_addr, eh.bytes),
             signal,
             old_action,
             skipped,
@@ -390,12 +397,14 @@ impl BurstTracer {
         bias: u64,
         control_addr: u64,
         shm: memmap2::MmapMut,
-        functions: Vec<ClonedFunction>,
+        img: &clone::CloneImage,
+        eh: (u64, Vec<u8>),
         signal: i32,
         old_action: KernelSigaction,
         skipped: usize,
         opts: &BurstOptions,
     ) -> Self {
+        let functions = &img.functions;
         let save = opts.save_bursts.as_ref().and_then(|p| {
             if let Some(dir) = p.parent() {
                 let _ = std::fs::create_dir_all(dir);
@@ -424,6 +433,12 @@ impl BurstTracer {
             stats,
             save,
             burst_tid: 0,
+            frames: std::sync::Arc::new(crate::unwind::CloneFrames {
+                range: img.code_range.0..img.code_range.1,
+                eh_frame: eh.1.into(),
+                eh_frame_addr: eh.0,
+                map: img.reverse.clone(),
+            }),
             last_progress: (0, 0),
             idle_drains: 0,
             baseline: [0; 5],
@@ -435,6 +450,11 @@ impl BurstTracer {
 
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The clones, for the unwinder.
+    pub fn clone_frames(&self) -> std::sync::Arc<crate::unwind::CloneFrames> {
+        self.frames.clone()
     }
 
     /// The eBPF `BURSTS` map entry.
@@ -832,6 +852,13 @@ impl Bursts {
 
     pub fn active(&self) -> bool {
         !self.tracers.is_empty()
+    }
+
+    /// Lets the unwinder see through the clones of every traced process.
+    pub fn register_clone_frames(&self, procs: &mut crate::procs::ProcessTable) {
+        for t in &self.tracers {
+            procs.set_clone_frames(t.pid(), t.clone_frames());
+        }
     }
 
     /// How often to drain the record rings: a full trace fills them fast.

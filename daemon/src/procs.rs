@@ -610,6 +610,9 @@ pub struct ProcessTable {
     modules: HashMap<ModuleKey, Arc<Module>>,
     failed: HashMap<ModuleKey, Instant>,
     next_generation: u64,
+    /// Bursty tracing: the injected clones of a process, unwound with their
+    /// own `.eh_frame` and reported as the original addresses.
+    clones: HashMap<u32, Arc<crate::unwind::CloneFrames>>,
 }
 
 impl Default for ProcessTable {
@@ -626,7 +629,22 @@ impl ProcessTable {
             modules: HashMap::new(),
             failed: HashMap::new(),
             next_generation: 1,
+            clones: HashMap::new(),
         }
+    }
+
+    /// Registers the clones injected into `pid` (see [`crate::burst`]).
+    pub fn set_clone_frames(&mut self, pid: u32, frames: Arc<crate::unwind::CloneFrames>) {
+        self.clones.insert(pid, frames);
+        self.next_generation += 1;
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.generation = self.next_generation;
+        }
+    }
+
+    /// The clones injected into `pid`, if any.
+    pub fn clone_frames(&self, pid: u32) -> Option<&Arc<crate::unwind::CloneFrames>> {
+        self.clones.get(&pid)
     }
 
     /// Make sure we hold a maps snapshot for `pid` that covers `addr` (re-read

@@ -604,6 +604,7 @@ pub async fn run(
         opts.targets.as_deref().unwrap_or_default(),
         &mut sampler,
     );
+    bursts.register_clone_frames(&mut pipe.procs);
     let mut burst_tick = tokio::time::interval(bursts.drain_interval());
     burst_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 

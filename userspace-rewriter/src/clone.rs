@@ -94,6 +94,9 @@ pub struct CloneImage {
     pub skipped: BTreeMap<String, usize>,
     /// Instrumentation points emitted.
     pub stats: GenStats,
+    /// `(clone address, original address, original end)` of every copied
+    /// instruction, sorted by clone address (clone frames → original).
+    pub reverse: Vec<(u64, u64, u64)>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -373,8 +376,8 @@ pub fn generate_excluding(
     }
 
     let mut stats = GenStats::default();
-    // (original AVMA, instruction index of its clone code)
-    let mut table_idx: Vec<(u64, usize)> = Vec::new();
+    // (original AVMA, instruction index of its clone code, original end)
+    let mut table_idx: Vec<(u64, usize, u64)> = Vec::new();
     let mut funcs: Vec<(u32, u64, u64, bool)> = Vec::new(); // fid, orig, label, paths
     let mut removed: Vec<(u64, u64)> = Vec::new();
     for &i in &chosen {
@@ -463,8 +466,13 @@ pub fn generate_excluding(
     }
     let mut table: Vec<(u64, u64)> = table_idx
         .iter()
-        .map(|&(o, idx)| (o, addr_of_index(idx)))
+        .map(|&(o, idx, _)| (o, addr_of_index(idx)))
         .collect();
+    let mut reverse: Vec<(u64, u64, u64)> = table_idx
+        .iter()
+        .map(|&(o, idx, end)| (addr_of_index(idx), o, end))
+        .collect();
+    reverse.sort_unstable();
     table.sort_unstable();
     table.dedup_by_key(|e| e.0);
     while bytes.len() % 16 != 0 {
@@ -494,6 +502,7 @@ pub fn generate_excluding(
         functions,
         skipped,
         stats,
+        reverse,
     })
 }
 
@@ -527,7 +536,7 @@ struct FnGen<'a> {
     /// Out-edges per block, in edge order (index = `idx`).
     edges_of: Vec<Vec<cfg::Edge>>,
     entry_label: &'a HashMap<u64, u64>,
-    table: &'a mut Vec<(u64, usize)>,
+    table: &'a mut Vec<(u64, usize, u64)>,
     stats: GenStats,
     /// Code emitted after the function body: (label, what).
     out_of_line: Vec<(u64, OutOfLine)>,
@@ -555,7 +564,8 @@ impl FnGen<'_> {
 
     fn record(&mut self, insn: usize) {
         let a = self.avma(self.insns[insn].addr);
-        self.table.push((a, self.em.out.len()));
+        let end = self.avma(self.insns[insn].end());
+        self.table.push((a, self.em.out.len(), end));
     }
 
     /// Flags live before instruction `idx`.
