@@ -99,6 +99,9 @@ pub struct BurstTracer {
     idle_drains: u32,
     /// Target-side counters at attach (an earlier session's are in them).
     baseline: [u64; 5],
+    /// Per function with paths: the address (SVMA) of each block's last
+    /// instruction (its branch), for `edges.fdata`.
+    last_insn: HashMap<u32, Vec<u64>>,
     /// The clones, for unwinding samples taken during bursts.
     frames: std::sync::Arc<crate::unwind::CloneFrames>,
     /// DWARF lines of the executable, opened while the process lives.
@@ -308,6 +311,7 @@ impl BurstTracer {
             skipped + plan.summary.skipped.values().sum::<usize>(),
             img.bytes.len() / 1024
         );
+        let last = last_insns(&plan, &analysis);
         Ok(Self::new(
             pid,
             exe,
@@ -321,6 +325,7 @@ impl BurstTracer {
             old_action,
             skipped,
             opts,
+            last,
         ))
     }
 
@@ -373,6 +378,7 @@ impl BurstTracer {
             pid,
             "bursty tracing: re-armed the clones injected earlier (signal {signal})"
         );
+        let last = last_insns(&plan, analysis);
         Ok(Self::new(
             pid,
             exe,
@@ -386,6 +392,7 @@ impl BurstTracer {
             old_action,
             skipped,
             opts,
+            last,
         ))
     }
 
@@ -403,6 +410,7 @@ impl BurstTracer {
         old_action: KernelSigaction,
         skipped: usize,
         opts: &BurstOptions,
+        last_insn: HashMap<u32, Vec<u64>>,
     ) -> Self {
         let functions = &img.functions;
         let save = opts.save_bursts.as_ref().and_then(|p| {
@@ -433,6 +441,7 @@ impl BurstTracer {
             stats,
             save,
             burst_tid: 0,
+            last_insn,
             frames: std::sync::Arc::new(crate::unwind::CloneFrames {
                 range: img.code_range.0..img.code_range.1,
                 eh_frame: eh.1.into(),
@@ -645,13 +654,16 @@ impl BurstTracer {
         out
     }
 
+    /// No new bursts; a running one ends at its next check.
+    pub fn disarm(&mut self) {
+        let cb = control_mut(&mut self.shm);
+        cb.armed = 0;
+        cb.owner = 0;
+    }
+
     /// Stops bursts and restores the signal disposition.
     pub fn detach(mut self) -> anyhow::Result<BurstStats> {
-        {
-            let cb = control_mut(&mut self.shm);
-            cb.armed = 0;
-            cb.owner = 0;
-        }
+        self.disarm();
         // Let a signal already in flight arrive and be declined.
         std::thread::sleep(std::time::Duration::from_millis(20));
         self.drain();
@@ -676,6 +688,51 @@ impl BurstTracer {
             Err(e) => return Err(e).context("restoring the target's signal disposition"),
         }
         Ok(stats)
+    }
+
+    /// `edges.fdata`: the edge profile derived from the paths, in BOLT's
+    /// branch-profile format (`1 FUNC FROM 1 FUNC TO MISPREDS COUNT`,
+    /// offsets in hex from the function start), for `llvm-bolt -data=`.
+    /// FROM is the last byte of the source block (inside its branch), TO the
+    /// target block's start; call fall-throughs are not branches for BOLT
+    /// and are left out.
+    pub fn fdata(&self) -> String {
+        use userspace_rewriter::cfg::EdgeKind;
+        let mut edges: std::collections::BTreeMap<(u32, u64, u64), u64> = Default::default();
+        for ((_, fid, path), n) in &self.counts {
+            let f = &self.plan.functions[*fid as usize];
+            let FunctionStatus::Analyzed(fa) = &f.status else {
+                continue;
+            };
+            let (Some(cfg), Some(num)) = (fa.cfg.as_ref(), fa.numbering.as_ref()) else {
+                continue;
+            };
+            let Ok(p) = num.regenerate(*path) else {
+                continue;
+            };
+            for (v, idx) in p.edges.iter().copied().chain(p.end_edge) {
+                let Some(e) = cfg.edges.iter().filter(|e| e.from == v).nth(idx) else {
+                    continue;
+                };
+                // BOLT counts branches: a block that merely falls into the
+                // next one (or returns from a call) has none.
+                if matches!(e.kind, EdgeKind::CallFallThrough | EdgeKind::FallThrough) {
+                    continue;
+                }
+                let Some(&last) = self.last_insn.get(fid).and_then(|l| l.get(v)) else {
+                    continue;
+                };
+                let from = last - f.start;
+                let to = cfg.blocks[e.to].start - f.start;
+                *edges.entry((*fid, from, to)).or_insert(0) += n;
+            }
+        }
+        let mut out = String::new();
+        for ((fid, from, to), n) in edges {
+            let name = &self.plan.functions[fid as usize].name;
+            out.push_str(&format!("1 {name} {from:x} 1 {name} {to:x} 0 {n}\n"));
+        }
+        out
     }
 
     /// `paths.pb.gz`: one sample per (context, function, path).
@@ -760,7 +817,12 @@ impl BurstTracer {
                 });
                 locs.push(id);
             }
-            b.sample(locs, vec![*n as i64], &[], &[("pid", i64::from(self.pid))]);
+            b.sample(
+                locs,
+                vec![*n as i64],
+                &[("symbol", f.name.as_str())],
+                &[("pid", i64::from(self.pid)), ("path", *path as i64)],
+            );
         }
         Ok(encode_gzip(&b.finish())?)
     }
@@ -884,10 +946,15 @@ impl Bursts {
             return;
         }
         let mut profiles = Vec::new();
-        for t in self.tracers.drain(..) {
+        for mut t in self.tracers.drain(..) {
             let pid = t.pid();
             let _ = sampler.set_burst_target(pid, None);
+            // Everything the target wrote counts (it may have exited with
+            // the ring full: drain until empty).
+            t.disarm();
+            while t.drain() > 0 {}
             let profile = t.paths_profile(event);
+            let fdata = t.fdata();
             let stats = match t.detach() {
                 Ok(s) => s,
                 Err(e) => {
@@ -920,13 +987,17 @@ impl Bursts {
                 stats.records_lost
             );
             match profile {
-                Ok(p) => profiles.push(p),
+                Ok(p) => profiles.push((p, fdata)),
                 Err(e) => warn!(pid, "path profile: {e:#}"),
             }
         }
         // One target per session in practice; with several, the first.
-        if let Some(p) = profiles.into_iter().next() {
+        if let Some((p, fdata)) = profiles.into_iter().next() {
             let _ = std::fs::create_dir_all(output);
+            let edges = output.join("edges.fdata");
+            if let Err(e) = write_atomic(&edges, fdata.as_bytes()) {
+                warn!("writing {}: {e}", edges.display());
+            }
             let path = output.join("paths.pb.gz");
             match write_atomic(&path, &p) {
                 Ok(()) => {
@@ -1025,4 +1096,27 @@ fn wait_for_exec(pid: u32) {
             Err(_) => return,
         }
     }
+}
+
+/// Per analysed function with a path numbering: the SVMA of each block's
+/// last instruction.
+fn last_insns(plan: &Plan, analysis: &userspace_rewriter::cfg::Analysis) -> HashMap<u32, Vec<u64>> {
+    plan.functions
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| {
+            let FunctionStatus::Analyzed(fa) = &f.status else {
+                return None;
+            };
+            let cfg = fa.cfg.as_ref()?;
+            fa.numbering.as_ref()?;
+            let insns = &analysis.insns[i];
+            let last = cfg
+                .blocks
+                .iter()
+                .map(|b| insns.get(b.insns.end.checked_sub(1)?).map(|x| x.addr))
+                .collect::<Option<Vec<u64>>>()?;
+            Some((i as u32, last))
+        })
+        .collect()
 }

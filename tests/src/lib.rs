@@ -4,6 +4,7 @@
 //! time, burstyd is the built binary, profiles are read both directly
 //! ([`pprof`]) and with the reference reader `go tool pprof` ([`gopprof`]).
 
+pub mod accuracy;
 pub mod gopprof;
 pub mod pprof;
 pub mod tracer;

@@ -4,6 +4,10 @@
 //!       deterministic compressible text (burstyd_tests::generate_text)
 //!   bench_tool profile-stats PROFILE.pb.gz
 //!       prints `samples=N sample_types=a/b,c/d pids=K duration_s=X`
+//!   bench_tool path-accuracy BINARY TRUTH.pb.gz ESTIMATE.pb.gz...
+//!       prints `wall=F overlap=F hot_paths=N truth_paths=N estimate_paths=N`:
+//!       PEP's Wall weight matching (hot threshold 0.125%) and edge
+//!       relative overlap of two paths.pb.gz of BINARY
 //!   bench_tool rusage OUT_FILE -- CMD ARGS...
 //!       runs CMD, waits for it with wait4(2) and writes its own rusage
 //!       (`wall_s= user_s= sys_s= maxrss_kb= status=`) to OUT_FILE; exits
@@ -37,6 +41,38 @@ fn main() {
                 types.join(","),
                 pids.len(),
                 p.raw.duration_nanos as f64 / 1e9
+            );
+        }
+        Some("path-accuracy") if args.len() >= 5 => {
+            use burstyd_tests::accuracy::*;
+            let bin = std::fs::read(&args[2]).expect("BINARY");
+            let read = |p: &str| {
+                burstyd_tests::pprof::read_profile(std::path::Path::new(p))
+                    .unwrap_or_else(|e| panic!("{p}: {e:#}"))
+            };
+            let truth = path_counts(&read(&args[3]));
+            // Several estimates (runs) add up.
+            let mut est = std::collections::HashMap::new();
+            for p in &args[4..] {
+                for (k, v) in path_counts(&read(p)) {
+                    *est.entry(k).or_insert(0) += v;
+                }
+            }
+            let r = Regenerator::new(&bin).expect("analysing BINARY");
+            let wall = wall_weight_matching(&truth, &est, |id| r.branches(id), 0.00125);
+            let overlap = relative_overlap(&r.edge_profile(&truth), &r.edge_profile(&est));
+            let total: f64 = truth
+                .iter()
+                .map(|(id, &c)| c as f64 * r.branches(id) as f64)
+                .sum();
+            let hot = truth
+                .iter()
+                .filter(|(id, c)| **c as f64 * r.branches(id) as f64 > 0.00125 * total)
+                .count();
+            println!(
+                "wall={wall:.4} overlap={overlap:.4} hot_paths={hot} truth_paths={} estimate_paths={}",
+                truth.len(),
+                est.len()
             );
         }
         Some("rusage") if args.len() >= 5 && args[3] == "--" => {
@@ -81,7 +117,7 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: bench_tool gen-text SIZE_BYTES SEED OUT | profile-stats PROFILE | rusage OUT_FILE -- CMD ARGS..."
+                "usage: bench_tool gen-text SIZE_BYTES SEED OUT | profile-stats PROFILE | path-accuracy BINARY TRUTH ESTIMATE | rusage OUT_FILE -- CMD ARGS..."
             );
             std::process::exit(2);
         }

@@ -1,0 +1,224 @@
+//! Path and edge profile accuracy, as PEP (Bond & McKinley) measures it.
+//!
+//! - Wall weight matching (PEP §6.3): a path's *flow* is its frequency times
+//!   its length in branches. The actual hot paths are those whose flow in
+//!   the ground truth exceeds `threshold` (0.125%) of the total flow; the
+//!   estimated hot paths are the top |actual| paths of the estimate by
+//!   flow. Accuracy = actual flow of (estimated ∩ actual) / actual flow of
+//!   actual.
+//! - Relative overlap (PEP §6.4): per branch, 1 − the difference between
+//!   the actual and estimated bias (for n-way branches, half the L1 distance
+//!   of the outcome distributions, which is the same for 2-way branches),
+//!   weighted by the branch's actual frequency. A branch the estimate never
+//!   saw scores 0.
+//!
+//! Paths and edges come from `paths.pb.gz` (sample labels `symbol` and
+//! `path`) regenerated with the rewriter's plan of the binary.
+use std::collections::{BTreeMap, HashMap};
+
+use userspace_rewriter::plan::{FunctionStatus, Plan, PlanOptions, analyze};
+
+use crate::pprof::Profile;
+
+/// A path: (function symbol, path number).
+pub type PathId = (String, u64);
+/// A branch outcome: (function symbol, block, successor index).
+pub type EdgeId = (String, usize, usize);
+
+/// Path counts of a `paths.pb.gz`.
+pub fn path_counts(p: &Profile) -> HashMap<PathId, u64> {
+    let mut out = HashMap::new();
+    for s in &p.samples {
+        let (Some(sym), Some(&path)) = (s.label("symbol"), s.num_labels.get("path")) else {
+            continue;
+        };
+        *out.entry((sym.to_string(), path as u64)).or_insert(0) += s.values[0] as u64;
+    }
+    out
+}
+
+/// Regenerates paths with the plan of the binary: per path its branch
+/// count, and the edge profile.
+pub struct Regenerator {
+    plan: Plan,
+    by_name: HashMap<String, usize>,
+}
+
+impl Regenerator {
+    pub fn new(binary: &[u8]) -> anyhow::Result<Self> {
+        let plan = analyze(binary, &PlanOptions::default())?.plan;
+        let by_name = plan
+            .functions
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.name.clone(), i))
+            .collect();
+        Ok(Regenerator { plan, by_name })
+    }
+
+    /// Taken edges `(block, successor index)` of a path (the truncated edge
+    /// that ends it included) and, per block, its number of successors.
+    fn edges(&self, id: &PathId) -> Option<(Vec<(usize, usize)>, Vec<usize>)> {
+        let f = &self.plan.functions[*self.by_name.get(&id.0)?];
+        let FunctionStatus::Analyzed(fa) = &f.status else {
+            return None;
+        };
+        let (cfg, n) = (fa.cfg.as_ref()?, fa.numbering.as_ref()?);
+        let p = n.regenerate(id.1).ok()?;
+        let mut edges = p.edges.clone();
+        edges.extend(p.end_edge);
+        let mut outdeg = vec![0; cfg.blocks.len()];
+        for e in &cfg.edges {
+            outdeg[e.from] += 1;
+        }
+        Some((edges, outdeg))
+    }
+
+    /// Branches on the path: taken edges out of blocks with two or more
+    /// successors.
+    pub fn branches(&self, id: &PathId) -> u64 {
+        self.edges(id)
+            .map(|(edges, outdeg)| edges.iter().filter(|(v, _)| outdeg[*v] >= 2).count() as u64)
+            .unwrap_or(0)
+    }
+
+    /// The edge profile of a path profile: counts of each outcome of each
+    /// branch (blocks with two or more successors).
+    pub fn edge_profile(&self, paths: &HashMap<PathId, u64>) -> HashMap<EdgeId, u64> {
+        let mut out = HashMap::new();
+        for (id, &c) in paths {
+            let Some((edges, outdeg)) = self.edges(id) else {
+                continue;
+            };
+            for (v, i) in edges {
+                if outdeg[v] >= 2 {
+                    *out.entry((id.0.clone(), v, i)).or_insert(0) += c;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Wall weight matching of `estimate` against `truth`; `flow_of` gives a
+/// path's branch count.
+pub fn wall_weight_matching(
+    truth: &HashMap<PathId, u64>,
+    estimate: &HashMap<PathId, u64>,
+    branches: impl Fn(&PathId) -> u64,
+    threshold: f64,
+) -> f64 {
+    let flow = |m: &HashMap<PathId, u64>| -> Vec<(PathId, f64)> {
+        let mut v: Vec<(PathId, f64)> = m
+            .iter()
+            .map(|(id, &c)| (id.clone(), c as f64 * branches(id) as f64))
+            .filter(|(_, f)| *f > 0.0)
+            .collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v
+    };
+    let t = flow(truth);
+    let total: f64 = t.iter().map(|(_, f)| f).sum();
+    if total == 0.0 {
+        return 1.0;
+    }
+    let hot: BTreeMap<&PathId, f64> = t
+        .iter()
+        .filter(|(_, f)| *f > threshold * total)
+        .map(|(id, f)| (id, *f))
+        .collect();
+    let hot_flow: f64 = hot.values().sum();
+    let e = flow(estimate);
+    let matched: f64 = e
+        .iter()
+        .take(hot.len())
+        .filter_map(|(id, _)| hot.get(id))
+        .sum();
+    matched / hot_flow
+}
+
+/// Relative overlap of two edge profiles (see the module doc).
+pub fn relative_overlap(truth: &HashMap<EdgeId, u64>, estimate: &HashMap<EdgeId, u64>) -> f64 {
+    type Branch = (String, usize);
+    let group = |m: &HashMap<EdgeId, u64>| -> HashMap<Branch, BTreeMap<usize, u64>> {
+        let mut g: HashMap<Branch, BTreeMap<usize, u64>> = HashMap::new();
+        for ((f, v, i), &c) in m {
+            *g.entry((f.clone(), *v)).or_default().entry(*i).or_insert(0) += c;
+        }
+        g
+    };
+    let (t, e) = (group(truth), group(estimate));
+    let (mut num, mut den) = (0.0, 0.0);
+    for (b, outcomes) in &t {
+        let freq: u64 = outcomes.values().sum();
+        if freq == 0 {
+            continue;
+        }
+        let acc = match e.get(b) {
+            Some(est) => {
+                let efreq: u64 = est.values().sum::<u64>().max(1);
+                let mut keys: Vec<usize> = outcomes.keys().chain(est.keys()).copied().collect();
+                keys.sort_unstable();
+                keys.dedup();
+                let l1: f64 = keys
+                    .iter()
+                    .map(|k| {
+                        let p = *outcomes.get(k).unwrap_or(&0) as f64 / freq as f64;
+                        let q = *est.get(k).unwrap_or(&0) as f64 / efreq as f64;
+                        (p - q).abs()
+                    })
+                    .sum();
+                1.0 - l1 / 2.0
+            }
+            None => 0.0,
+        };
+        num += freq as f64 * acc;
+        den += freq as f64;
+    }
+    if den == 0.0 { 1.0 } else { num / den }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(f: &str, p: u64) -> PathId {
+        (f.to_string(), p)
+    }
+
+    #[test]
+    fn wall_matching_counts_hot_flow_found() {
+        let truth: HashMap<PathId, u64> = [
+            (id("f", 0), 900),
+            (id("f", 1), 90),
+            (id("f", 2), 10),
+            (id("g", 0), 1),
+        ]
+        .into();
+        // Same order of the hot paths: perfect.
+        let est: HashMap<PathId, u64> = [(id("f", 0), 80), (id("f", 1), 9), (id("f", 2), 2)].into();
+        let b = |_: &PathId| 2;
+        assert_eq!(wall_weight_matching(&truth, &est, b, 0.00125), 1.0);
+        // The estimate misses f/1 and ranks a cold path instead: f/1's flow
+        // (90 of the 1000 hot flow) is lost; g/0 is below the threshold.
+        let est: HashMap<PathId, u64> = [(id("f", 0), 80), (id("g", 0), 9), (id("f", 2), 2)].into();
+        let acc = wall_weight_matching(&truth, &est, b, 0.00125);
+        assert!((acc - 910.0 / 1000.0).abs() < 1e-9, "{acc}");
+    }
+
+    #[test]
+    fn relative_overlap_weights_branch_bias_by_frequency() {
+        let e = |v: usize, i: usize| ("f".to_string(), v, i);
+        let truth: HashMap<EdgeId, u64> = [(e(0, 0), 75), (e(0, 1), 25), (e(1, 0), 100)].into();
+        // Branch 0: bias 0.75 vs 0.5 → 0.75; branch 1 exact → 1.
+        let est: HashMap<EdgeId, u64> = [(e(0, 0), 5), (e(0, 1), 5), (e(1, 0), 3)].into();
+        let acc = relative_overlap(&truth, &est);
+        assert!(
+            (acc - (100.0 * 0.75 + 100.0 * 1.0) / 200.0).abs() < 1e-9,
+            "{acc}"
+        );
+        // A branch never seen scores 0.
+        let est: HashMap<EdgeId, u64> = [(e(1, 0), 3)].into();
+        assert!((relative_overlap(&truth, &est) - 0.5).abs() < 1e-9);
+    }
+}
