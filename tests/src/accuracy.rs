@@ -37,6 +37,10 @@ pub fn path_counts(p: &Profile) -> HashMap<PathId, u64> {
     out
 }
 
+/// A path's taken edges `(block, successor index)` and the out-degree of
+/// every block of its function.
+type PathEdges = (Vec<(usize, usize)>, Vec<usize>);
+
 /// Regenerates paths with the plan of the binary: per path its branch
 /// count, and the edge profile.
 pub struct Regenerator {
@@ -58,7 +62,7 @@ impl Regenerator {
 
     /// Taken edges `(block, successor index)` of a path (the truncated edge
     /// that ends it included) and, per block, its number of successors.
-    fn edges(&self, id: &PathId) -> Option<(Vec<(usize, usize)>, Vec<usize>)> {
+    fn edges(&self, id: &PathId) -> Option<PathEdges> {
         let f = &self.plan.functions[*self.by_name.get(&id.0)?];
         let FunctionStatus::Analyzed(fa) = &f.status else {
             return None;
