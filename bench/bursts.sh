@@ -3,7 +3,7 @@
 # (scripts/realprogs.sh: bzip2 1.0.8 and xz 5.4.1, -O2 -g, no frame
 # pointers), on deterministic generated text, all measured in one run and
 # reported as ratios:
-#   - slowdown under `burstyd run` at default settings (bursts on),
+#   - slowdown with `burstyd --pid` attached at default settings (bursts on),
 #   - slowdown with the clones injected but bursts disabled (`--burst 0`),
 #   - slowdown under `--full-trace` (every path from the first burst on),
 #   - bursts per second at default settings,
@@ -11,8 +11,9 @@
 #     PEP's Wall weight matching (hot threshold 0.125% of flow) and edge
 #     relative overlap (bench_tool path-accuracy).
 # Untraced and traced runs alternate; each time is the program's own wall
-# time (wait4 in bench_tool), so burstyd's start-up and final profile are
-# not counted.
+# time (wait4 in bench_tool). burstyd attaches with --pid right after the
+# program starts (its analysis and injection count against the program;
+# its final profile does not).
 #
 # Usage (workspace root, as root, after `cargo build --release -p burstyd`):
 #   bash bench/bursts.sh [--runs N] [--size-mb MB] [--accuracy-mb MB]
@@ -53,15 +54,29 @@ stats() { sort -g | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.4f\n", a / b }'; }
 # timed PROG-ARGS... (untraced): prints wall seconds
 untraced() { "$TOOL" rusage "$WORK/ru" -- "$@" >/dev/null; kv "$WORK/ru" wall_s; }
-# traced OUT BURSTYD-ARGS -- PROG-ARGS...: prints wall seconds
+# traced OUT BURSTYD-ARGS -- PROG-ARGS...: prints the program's wall seconds.
+# The program is started (and timed by wait4 in bench_tool) first, then
+# `burstyd --pid` attaches to it, as on a production host; the analysis and
+# injection happen while it runs and count against it.
 traced() {
     local out="$1"; shift
     local args=()
     while [[ "$1" != "--" ]]; do args+=("$1"); shift; done
     shift
     rm -rf "$out"
-    "$BURSTYD" run -o "$out" "${args[@]}" -- "$TOOL" rusage "$WORK/ru" -- "$@" >/dev/null 2>"$out.log" \
-        || { tail -20 "$out.log" >&2; die "burstyd run ${args[*]} failed"; }
+    "$TOOL" rusage "$WORK/ru" -- "$@" >/dev/null &
+    local tool=$!
+    local pid=""
+    for _ in $(seq 1 2000); do
+        pid=$(pgrep -P "$tool" | head -1 || true)
+        [[ -n "$pid" ]] && break
+        sleep 0.001
+    done
+    [[ -n "$pid" ]] || die "could not find the program's pid"
+    "$BURSTYD" --pid "$pid" -o "$out" "${args[@]}" >/dev/null 2>"$out.log" &
+    local daemon=$!
+    wait "$tool" || die "$* failed under burstyd ${args[*]}"
+    wait "$daemon" || { tail -20 "$out.log" >&2; die "burstyd --pid ${args[*]} failed"; }
     kv "$WORK/ru" wall_s
 }
 bursts_taken() { grep -o 'bursts: [0-9]* taken' "$1" | awk '{ s += $2 } END { print s + 0 }'; }
