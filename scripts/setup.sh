@@ -31,6 +31,8 @@ fi
 need=()
 command -v gcc >/dev/null || need+=(gcc)
 command -v go >/dev/null || need+=(golang-go)
+# llvm-bolt: the test that feeds burstyd's edges.fdata to BOLT.
+command -v llvm-bolt-19 >/dev/null || command -v llvm-bolt >/dev/null || need+=(bolt-19)
 for extra in ${BURSTYD_EXTRA_APT:-}; do
     dpkg -s "$extra" >/dev/null 2>&1 || need+=("$extra")
 done

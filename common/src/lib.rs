@@ -211,6 +211,13 @@ pub mod burst {
         /// rewritten instruction: where the handler may start a burst.
         pub table_addr: u64,
         pub table_len: u64,
+        /// Sorted `(original start, clone entry)` pairs of the cloned
+        /// functions: indirect calls in a burst go to the clone.
+        pub fn_table_addr: u64,
+        pub fn_table_len: u64,
+        /// Where a clone puts an indirect call's looked-up target (only the
+        /// burst's thread runs between two checks).
+        pub call_target: u64,
         /// Counters kept by the target side.
         pub bursts: u64,
         pub declined_busy: u64,

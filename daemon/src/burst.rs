@@ -292,6 +292,8 @@ impl BurstTracer {
             cb.ring_addr = base + CONTROL_BYTES as u64;
             cb.table_addr = img.table_addr;
             cb.table_len = img.table_len;
+            cb.fn_table_addr = img.fn_table_addr;
+            cb.fn_table_len = img.fn_table_len;
             cb.clone_lo = img.code_range.0;
             cb.clone_hi = img.code_range.1;
             cb.handler = img.handler;

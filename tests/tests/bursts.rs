@@ -286,3 +286,95 @@ fn full_trace_path_counts_are_exact() {
         n + 1
     );
 }
+
+/// bzip2 and xz built from source compress byte-identically under a full
+/// trace (every path of the main thread from the first burst on, through
+/// function pointers into cloned liblzma code) and under default bursts.
+#[test]
+fn real_programs_compress_identically_under_full_trace_and_bursts() {
+    require_root();
+    let _serial = serial();
+    let bin = realprogs();
+    let scratch = Scratch::new("real-full-trace");
+    let input = scratch.join("input.txt");
+    generate_text(&input, 2 << 20, 3);
+    let input_s = input.to_str().unwrap();
+    for (prog, args) in [("bzip2", vec!["-9", "-c"]), ("xz", vec!["-6", "-T1", "-c"])] {
+        let exe = bin.join(prog);
+        let exe_s = exe.to_str().unwrap();
+        let mut cmd: Vec<&str> = vec![exe_s];
+        cmd.extend(&args);
+        cmd.push(input_s);
+        let untraced = run_untraced(&cmd, Duration::from_secs(120));
+        for mode in [&["--full-trace"][..], &["--freq", "999"][..]] {
+            let run = burstyd_run(&scratch, mode, &cmd, Duration::from_secs(300));
+            run.assert_ok();
+            assert!(
+                run.finished.stdout == untraced.stdout,
+                "{prog} {mode:?}: compressed output differs\n{}",
+                run.finished.describe()
+            );
+            let line = bursts_line(&run.finished.stderr);
+            assert!(stat(&line, "taken") >= 1, "{prog} {mode:?}: {line}");
+            assert!(line.contains("records lost: 0"), "{prog} {mode:?}: {line}");
+        }
+    }
+}
+
+/// `llvm-bolt` (Debian's bolt-19, installed by scripts/setup.sh) takes
+/// edges.fdata for a binary linked with --emit-relocs: every profiled
+/// function matches (no stale profile), it reorders blocks, and the
+/// optimized binary prints what the original prints.
+#[test]
+fn llvm_bolt_accepts_the_edge_profile() {
+    require_root();
+    let _serial = serial();
+    let bolt = ["llvm-bolt-19", "llvm-bolt"]
+        .into_iter()
+        .find(|b| Command::new(b).arg("--version").output().is_ok())
+        .expect("llvm-bolt not found: scripts/setup.sh installs bolt-19");
+    let scratch = Scratch::new("bolt");
+    let exe = scratch.join("paths_known");
+    let src = workspace_root().join("tests/fixtures/paths_known.c");
+    let cc = run_timeout(
+        Command::new("gcc")
+            .args(["-O2", "-g", "-Wl,--emit-relocs", "-o"])
+            .arg(&exe)
+            .arg(&src),
+        Duration::from_secs(60),
+    );
+    assert!(cc.status.success(), "{}", cc.describe());
+    let exe_s = exe.to_str().unwrap();
+    let untraced = run_untraced(&[exe_s, "1200000"], Duration::from_secs(60));
+    let run = burstyd_run(
+        &scratch,
+        &["--freq", "999", "--full-trace"],
+        &[exe_s, "1200000"],
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    let fdata = run.out_dir.join("edges.fdata");
+    let text = std::fs::read_to_string(&fdata).unwrap();
+    assert!(text.lines().any(|l| l.starts_with("1 kernel ")), "{text}");
+    let out = scratch.join("paths_known.bolt");
+    let b = run_timeout(
+        Command::new(bolt)
+            .arg(&exe)
+            .arg("-o")
+            .arg(&out)
+            .arg(format!("-data={}", fdata.display()))
+            .args([
+                "-reorder-blocks=ext-tsp",
+                "-reorder-functions=hfsort",
+                "-split-functions",
+            ]),
+        Duration::from_secs(120),
+    );
+    let log = format!("{}{}", b.stdout_str(), b.stderr);
+    assert!(b.status.success(), "{}", b.describe());
+    assert!(log.contains("have non-empty execution profile"), "{log}");
+    assert!(!log.contains("invalid (possibly stale) profile"), "{log}");
+    assert!(!log.contains("modified layout of 0 functions"), "{log}");
+    let bolted = run_untraced(&[out.to_str().unwrap(), "1200000"], Duration::from_secs(60));
+    assert_eq!(bolted.stdout_str(), untraced.stdout_str());
+}

@@ -89,6 +89,10 @@ pub struct CloneImage {
     /// AVMA and length (pairs) of the sorted `(original, clone)` table.
     pub table_addr: u64,
     pub table_len: u64,
+    /// AVMA and length (pairs) of the sorted `(original start, clone
+    /// entry)` table of cloned functions.
+    pub fn_table_addr: u64,
+    pub fn_table_len: u64,
     pub functions: Vec<ClonedFunction>,
     /// Functions the plan analysed but the generator left out, by reason.
     pub skipped: BTreeMap<String, usize>,
@@ -311,6 +315,7 @@ const NO_PATH: u32 = 0x8000_0000;
 struct Runtime {
     emit: u64,
     lookup: u64,
+    lookup_fn: u64,
     enter: u64,
     exit: u64,
     back: u64,
@@ -483,6 +488,18 @@ pub fn generate_excluding(
         bytes.extend_from_slice(&o.to_le_bytes());
         bytes.extend_from_slice(&c.to_le_bytes());
     }
+    // Function entries: original start -> clone entry (indirect calls).
+    let mut fn_table: Vec<(u64, u64)> = funcs
+        .iter()
+        .map(|&(_, orig, label, _)| (orig, label_addr[&label]))
+        .collect();
+    fn_table.sort_unstable();
+    fn_table.dedup_by_key(|e| e.0);
+    let fn_table_addr = layout.code + bytes.len() as u64;
+    for &(o, c) in &fn_table {
+        bytes.extend_from_slice(&o.to_le_bytes());
+        bytes.extend_from_slice(&c.to_le_bytes());
+    }
     let functions = funcs
         .into_iter()
         .map(|(fid, orig, label, paths)| ClonedFunction {
@@ -499,6 +516,8 @@ pub fn generate_excluding(
         code_range: (layout.code, layout.code + code_len),
         table_addr,
         table_len: table.len() as u64,
+        fn_table_addr,
+        fn_table_len: fn_table.len() as u64,
         functions,
         skipped,
         stats,
@@ -904,11 +923,77 @@ impl FnGen<'_> {
                 let target = self.call_target(t);
                 self.em.call(target)?;
             }
-            _ => {
-                let ins = self.reloc(k);
-                self.em.emit(ins);
-            }
+            _ => self.indirect_call(k)?,
         }
+        Ok(())
+    }
+
+    /// `call reg` / `call [mem]`: the target is looked up among the cloned
+    /// functions at run time, so a burst follows calls through function
+    /// pointers (and vtables) into clones; anything else is called in the
+    /// original. The target goes through a control-block slot: only the
+    /// burst's thread runs here, between two checks. The stack pointer is
+    /// back in place at the call (stack-passed arguments stay where the
+    /// callee expects them).
+    fn indirect_call(&mut self, k: usize) -> Result<(), Skip> {
+        let ins = self.reloc(k);
+        // Bytes pushed below the program's rsp before the operand is read.
+        const DEPTH: i64 = 128 + 8 * 4;
+        let l = *self.layout;
+        let em = &mut *self.em;
+        let operand = match ins.op0_kind() {
+            OpKind::Register => {
+                let r = ins.op0_register();
+                if r == Register::RSP {
+                    return Err(Skip("call through rsp"));
+                }
+                Instruction::with2(Code::Mov_r64_rm64, Register::RAX, r)?
+            }
+            OpKind::Memory => {
+                if ins.memory_index() == Register::RSP {
+                    return Err(Skip("unusual indirect call"));
+                }
+                let mut d = ins.memory_displacement64() as i64;
+                if ins.memory_base() == Register::RSP {
+                    d += DEPTH;
+                }
+                let op = MemoryOperand::new(
+                    ins.memory_base(),
+                    ins.memory_index(),
+                    ins.memory_index_scale(),
+                    d,
+                    // 1: the encoder picks disp8 or disp32 as needed.
+                    if ins.memory_base() == Register::RIP {
+                        8
+                    } else if d == 0 {
+                        0
+                    } else {
+                        1
+                    },
+                    false,
+                    ins.segment_prefix(),
+                );
+                Instruction::with2(Code::Mov_r64_rm64, Register::RAX, op)?
+            }
+            _ => return Err(Skip("unusual indirect call")),
+        };
+        em.lea_rsp(-128)?;
+        em.pushf();
+        em.push(Register::RAX)?;
+        em.push(Register::RCX)?;
+        em.push(Register::RDX)?;
+        em.emit(operand);
+        em.call(self.rt.lookup_fn)?;
+        em.mr(Code::Mov_rm64_r64, field!(l, call_target), Register::RAX)?;
+        em.pop(Register::RDX)?;
+        em.pop(Register::RCX)?;
+        em.pop(Register::RAX)?;
+        em.popf();
+        em.lea_rsp(128)?;
+        em.e(Instruction::with1(
+            Code::Call_rm64,
+            rip(field!(l, call_target)),
+        ))?;
         Ok(())
     }
 
@@ -1154,7 +1239,7 @@ impl FnGen<'_> {
                     m.memory_index(),
                     m.memory_index_scale(),
                     m.memory_displacement64() as i64,
-                    if m.memory_displ_size() == 0 { 0 } else { 4 },
+                    if m.memory_displacement64() == 0 { 0 } else { 1 },
                     false,
                     m.segment_prefix(),
                 );
@@ -1200,6 +1285,76 @@ fn add_path(em: &mut Emitter, l: &Layout, v: u64) -> Result<(), IcedError> {
     }
 }
 
+/// A binary search over a sorted `(original, clone)` table whose address
+/// and length are the control-block words at `addr_field`/`len_field`:
+/// `rax` = original → `rax` = clone, or 0 (or the original when
+/// `keep_if_missing`). Clobbers rcx, rdx.
+fn emit_lookup(
+    em: &mut Emitter,
+    entry: u64,
+    addr_field: u64,
+    len_field: u64,
+    keep_if_missing: bool,
+) -> Result<(), IcedError> {
+    use Register::*;
+    let (lp, right, found, none, out) =
+        (em.label(), em.label(), em.label(), em.label(), em.label());
+    em.bind(entry);
+    em.push(RSI)?;
+    em.push(RDI)?;
+    em.push(R8)?;
+    em.e(Instruction::with2(Code::Mov_r64_rm64, R8, RAX))?;
+    em.rm(Code::Mov_r64_rm64, RSI, addr_field)?;
+    em.e(Instruction::with2(Code::Xor_r32_rm32, ECX, ECX))?; // lo
+    em.rm(Code::Mov_r64_rm64, RDX, len_field)?; // hi
+    em.bind(lp);
+    em.e(Instruction::with2(Code::Cmp_r64_rm64, RCX, RDX))?;
+    em.jcc(Code::Jae_rel32_64, none)?;
+    em.e(Instruction::with2(
+        Code::Lea_r64_m,
+        RAX,
+        mem(RCX, RDX, 1, 0),
+    ))?;
+    em.e(Instruction::with2(Code::Shr_rm64_1, RAX, 1))?;
+    em.e(Instruction::with2(Code::Mov_r64_rm64, RDI, RAX))?;
+    em.e(Instruction::with2(Code::Shl_rm64_imm8, RDI, 4))?;
+    em.e(Instruction::with2(
+        Code::Cmp_rm64_r64,
+        mem(RSI, RDI, 1, 0),
+        R8,
+    ))?;
+    em.jcc(Code::Je_rel32_64, found)?;
+    em.jcc(Code::Jb_rel32_64, right)?;
+    em.e(Instruction::with2(Code::Mov_r64_rm64, RDX, RAX))?;
+    em.jmp(lp)?;
+    em.bind(right);
+    em.e(Instruction::with2(
+        Code::Lea_r64_m,
+        RCX,
+        mem(RAX, Register::None, 1, 1),
+    ))?;
+    em.jmp(lp)?;
+    em.bind(found);
+    em.e(Instruction::with2(
+        Code::Mov_r64_rm64,
+        RAX,
+        mem(RSI, RDI, 1, 8),
+    ))?;
+    em.jmp(out)?;
+    em.bind(none);
+    if keep_if_missing {
+        em.e(Instruction::with2(Code::Mov_r64_rm64, RAX, R8))?;
+    } else {
+        em.e(Instruction::with2(Code::Xor_r32_rm32, EAX, EAX))?;
+    }
+    em.bind(out);
+    em.pop(R8)?;
+    em.pop(RDI)?;
+    em.pop(RSI)?;
+    em.ret();
+    Ok(())
+}
+
 fn tag(t: u64) -> u64 {
     t << TAG_SHIFT
 }
@@ -1211,6 +1366,7 @@ fn emit_runtime(em: &mut Emitter, l: &Layout) -> Result<Runtime, IcedError> {
     let rt = Runtime {
         emit: em.label(),
         lookup: em.label(),
+        lookup_fn: em.label(),
         enter: em.label(),
         exit: em.label(),
         back: em.label(),
@@ -1301,61 +1457,24 @@ fn emit_runtime(em: &mut Emitter, l: &Layout) -> Result<Runtime, IcedError> {
         em.jmp(done)?;
     }
 
-    // rt_lookup(rax = original address) -> rax = clone address or 0.
-    // Binary search over the (original, clone) table. Clobbers rcx, rdx.
-    {
-        let (lp, right, found, none, out) =
-            (em.label(), em.label(), em.label(), em.label(), em.label());
-        em.bind(rt.lookup);
-        em.push(RSI)?;
-        em.push(RDI)?;
-        em.push(R8)?;
-        em.e(Instruction::with2(Code::Mov_r64_rm64, R8, RAX))?;
-        em.rm(Code::Mov_r64_rm64, RSI, field!(l, table_addr))?;
-        em.e(Instruction::with2(Code::Xor_r32_rm32, ECX, ECX))?; // lo
-        em.rm(Code::Mov_r64_rm64, RDX, field!(l, table_len))?; // hi
-        em.bind(lp);
-        em.e(Instruction::with2(Code::Cmp_r64_rm64, RCX, RDX))?;
-        em.jcc(Code::Jae_rel32_64, none)?;
-        em.e(Instruction::with2(
-            Code::Lea_r64_m,
-            RAX,
-            mem(RCX, RDX, 1, 0),
-        ))?;
-        em.e(Instruction::with2(Code::Shr_rm64_1, RAX, 1))?;
-        em.e(Instruction::with2(Code::Mov_r64_rm64, RDI, RAX))?;
-        em.e(Instruction::with2(Code::Shl_rm64_imm8, RDI, 4))?;
-        em.e(Instruction::with2(
-            Code::Cmp_rm64_r64,
-            mem(RSI, RDI, 1, 0),
-            R8,
-        ))?;
-        em.jcc(Code::Je_rel32_64, found)?;
-        em.jcc(Code::Jb_rel32_64, right)?;
-        em.e(Instruction::with2(Code::Mov_r64_rm64, RDX, RAX))?;
-        em.jmp(lp)?;
-        em.bind(right);
-        em.e(Instruction::with2(
-            Code::Lea_r64_m,
-            RCX,
-            mem(RAX, Register::None, 1, 1),
-        ))?;
-        em.jmp(lp)?;
-        em.bind(found);
-        em.e(Instruction::with2(
-            Code::Mov_r64_rm64,
-            RAX,
-            mem(RSI, RDI, 1, 8),
-        ))?;
-        em.jmp(out)?;
-        em.bind(none);
-        em.e(Instruction::with2(Code::Xor_r32_rm32, EAX, EAX))?;
-        em.bind(out);
-        em.pop(R8)?;
-        em.pop(RDI)?;
-        em.pop(RSI)?;
-        em.ret();
-    }
+    // rt_lookup(rax = original address) -> rax = clone address or 0, over
+    // every rewritten instruction; rt_lookup_fn: over function entries
+    // (original start -> clone entry), returning rax unchanged when not
+    // found (an indirect call to code that was not cloned).
+    emit_lookup(
+        em,
+        rt.lookup,
+        field!(l, table_addr),
+        field!(l, table_len),
+        false,
+    )?;
+    emit_lookup(
+        em,
+        rt.lookup_fn,
+        field!(l, fn_table_addr),
+        field!(l, fn_table_len),
+        true,
+    )?;
 
     // rt_end(eax = reason): END record, the burst is over.
     {
