@@ -5,7 +5,8 @@
 #     (rustup installs it on first use; we trigger that here)
 #   - bpf-linker 0.10.3 (links the eBPF programs, uses rustc's own LLVM)
 #   - Debian packages: gcc, golang-go (for `go tool pprof`, the reference
-#     pprof reader), linux-perf is NOT needed.
+#     pprof reader), bolt-19 (llvm-bolt, which the tests feed burstyd's
+#     edges.fdata); linux-perf is NOT needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
