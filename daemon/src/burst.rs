@@ -76,6 +76,22 @@ pub struct BurstStats {
     pub reaped: u64,
 }
 
+/// What an attach put into the target, for [`BurstTracer::new`].
+struct Injected {
+    pid: u32,
+    exe: PathBuf,
+    plan: Plan,
+    bias: u64,
+    /// Address of the control block in the target.
+    control: u64,
+    shm: memmap2::MmapMut,
+    img: clone::CloneImage,
+    /// The clones' `.eh_frame`: address in the target and bytes.
+    eh: (u64, Vec<u8>),
+    signal: i32,
+    old_action: KernelSigaction,
+}
+
 /// One process being traced in bursts.
 pub struct BurstTracer {
     pid: u32,
@@ -305,29 +321,28 @@ impl BurstTracer {
         let old_action = install_handler(&mut t, signal, img.handler, img.restorer)?;
         set_run_options(&mut shm, opts);
         t.detach()?;
-        let skipped: usize = img.skipped.values().sum();
         info!(
             pid,
             "bursty tracing: {} functions rewritten ({} skipped), {} KiB of clones at {code:#x}, signal {signal}",
             img.functions.len(),
-            skipped + plan.summary.skipped.values().sum::<usize>(),
+            img.skipped.values().sum::<usize>() + plan.summary.skipped.values().sum::<usize>(),
             img.bytes.len() / 1024
         );
-        let last = last_insns(&plan, &analysis);
         Ok(Self::new(
-            pid,
-            exe,
-            plan,
-            bias,
-            base,
-            shm,
-            &img,
-            (eh_addr, eh.bytes),
-            signal,
-            old_action,
-            skipped,
+            Injected {
+                pid,
+                exe,
+                plan,
+                bias,
+                control: base,
+                shm,
+                img,
+                eh: (eh_addr, eh.bytes),
+                signal,
+                old_action,
+            },
             opts,
-            last,
+            &analysis,
         ))
     }
 
@@ -375,45 +390,48 @@ impl BurstTracer {
         }
         set_run_options(&mut shm, opts);
         t.detach()?;
-        let skipped: usize = img.skipped.values().sum();
         info!(
             pid,
             "bursty tracing: re-armed the clones injected earlier (signal {signal})"
         );
-        let last = last_insns(&plan, analysis);
         Ok(Self::new(
+            Injected {
+                pid,
+                exe,
+                plan,
+                bias,
+                control: base,
+                shm,
+                img,
+                eh: (eh_addr, eh.bytes),
+                signal,
+                old_action,
+            },
+            opts,
+            analysis,
+        ))
+    }
+
+    fn new(
+        inj: Injected,
+        opts: &BurstOptions,
+        analysis: &userspace_rewriter::cfg::Analysis,
+    ) -> Self {
+        let Injected {
             pid,
             exe,
             plan,
             bias,
-            base,
+            control: control_addr,
             shm,
-            &img,
-            (eh_addr, eh.bytes),
+            img,
+            eh,
             signal,
             old_action,
-            skipped,
-            opts,
-            last,
-        ))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        pid: u32,
-        exe: PathBuf,
-        plan: Plan,
-        bias: u64,
-        control_addr: u64,
-        shm: memmap2::MmapMut,
-        img: &clone::CloneImage,
-        eh: (u64, Vec<u8>),
-        signal: i32,
-        old_action: KernelSigaction,
-        skipped: usize,
-        opts: &BurstOptions,
-        last_insn: HashMap<u32, Vec<u64>>,
-    ) -> Self {
+        } = inj;
+        let img = &img;
+        let skipped: usize = img.skipped.values().sum();
+        let last_insn = last_insns(&plan, analysis);
         let functions = &img.functions;
         let save = opts.save_bursts.as_ref().and_then(|p| {
             if let Some(dir) = p.parent() {
