@@ -378,3 +378,35 @@ fn llvm_bolt_accepts_the_edge_profile() {
     let bolted = run_untraced(&[out.to_str().unwrap(), "1200000"], Duration::from_secs(60));
     assert_eq!(bolted.stdout_str(), untraced.stdout_str());
 }
+
+/// longjmp out of cloned frames in the middle of bursts: the shadow stack
+/// drops the abandoned frames (by stack pointer) and the output stays the
+/// same; long bursts so that many jumps happen inside one.
+#[test]
+fn longjmp_out_of_instrumented_frames() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("longjmp");
+    let exe_s = exe.to_str().unwrap();
+    let untraced = run_untraced(&[exe_s, "1000"], Duration::from_secs(60));
+    let scratch = Scratch::new("longjmp");
+    for extra in [&["--burst", "100000"][..], &["--full-trace"][..]] {
+        let mut args = vec!["--freq", "999"];
+        args.extend_from_slice(extra);
+        let run = burstyd_run(&scratch, &args, &[exe_s, "1000"], Duration::from_secs(120));
+        run.assert_ok();
+        assert_eq!(
+            run.finished.stdout_str(),
+            untraced.stdout_str(),
+            "{extra:?}\n{}",
+            run.finished.describe()
+        );
+        let line = bursts_line(&run.finished.stderr);
+        assert!(stat(&line, "taken") >= 1, "{extra:?}: {line}");
+        let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
+        assert!(
+            counts.keys().any(|k| k.starts_with("depth3 path ")),
+            "{counts:#?}"
+        );
+    }
+}
