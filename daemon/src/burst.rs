@@ -755,10 +755,88 @@ impl BurstTracer {
         out
     }
 
+    /// The sampled event attributed to paths: every stack sample's weight
+    /// at a PC in block `b` of a traced function is split among the paths
+    /// through `b` in proportion to their executions (the estimator of
+    /// the event each path incurs, given the block-level samples).
+    fn path_events(&self, leaf_weights: &HashMap<u64, u64>) -> HashMap<(u32, u64), f64> {
+        // Executions per (fid, path), and the paths through each block.
+        let mut execs: HashMap<(u32, u64), u64> = HashMap::new();
+        for ((_, fid, path), n) in &self.counts {
+            *execs.entry((*fid, *path)).or_insert(0) += n;
+        }
+        let mut through: HashMap<(u32, usize), Vec<(u64, u64)>> = HashMap::new();
+        for (&(fid, path), &n) in &execs {
+            let Some(p) = self
+                .numbering(fid)
+                .and_then(|num| num.regenerate(path).ok())
+            else {
+                continue;
+            };
+            let mut blocks = p.blocks.clone();
+            blocks.sort_unstable();
+            blocks.dedup();
+            for blk in blocks {
+                through.entry((fid, blk)).or_default().push((path, n));
+            }
+        }
+        let starts: Vec<(u64, u64, u32)> = {
+            let mut v: Vec<_> = self
+                .plan
+                .functions
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| matches!(f.status, FunctionStatus::Analyzed(_)))
+                .map(|(i, f)| (f.start, f.start + f.size, i as u32))
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        let mut out: HashMap<(u32, u64), f64> = HashMap::new();
+        for (&pc, &w) in leaf_weights {
+            let svma = pc.wrapping_sub(self.bias);
+            let i = starts.partition_point(|s| s.0 <= svma);
+            let Some(&(_, end, fid)) = i.checked_sub(1).and_then(|i| starts.get(i)) else {
+                continue;
+            };
+            if svma >= end {
+                continue;
+            }
+            let FunctionStatus::Analyzed(fa) = &self.plan.functions[fid as usize].status else {
+                continue;
+            };
+            let Some(blk) = fa.cfg.as_ref().and_then(|c| c.block_at(svma)) else {
+                continue;
+            };
+            let Some(paths) = through.get(&(fid, blk)) else {
+                continue;
+            };
+            let total: u64 = paths.iter().map(|p| p.1).sum();
+            for &(path, n) in paths {
+                *out.entry((fid, path)).or_insert(0.0) += w as f64 * n as f64 / total as f64;
+            }
+        }
+        out
+    }
+
     /// `paths.pb.gz`: one sample per (context, function, path).
-    pub fn paths_profile(&self, event: &str) -> anyhow::Result<Vec<u8>> {
-        let mut b = ProfileBuilder::new(&[("executions", "count")], (event, "count"), 1);
+    pub fn paths_profile(
+        &self,
+        event: &str,
+        leaf_weights: &HashMap<u64, u64>,
+    ) -> anyhow::Result<Vec<u8>> {
+        let mut b = ProfileBuilder::new(
+            &[("executions", "count"), (event, "count")],
+            (event, "count"),
+            1,
+        );
         b.add_comment("Ball-Larus paths from bursty tracing: leaf frame = the path (its blocks' source lines), then the function, then the functions entered before it within the burst");
+        b.add_comment(&format!("{event}/count: the sampled {event} of each block split among the paths through it by their executions"));
+        let events = self.path_events(leaf_weights);
+        let mut execs: HashMap<(u32, u64), u64> = HashMap::new();
+        for ((_, fid, path), n) in &self.counts {
+            *execs.entry((*fid, *path)).or_insert(0) += n;
+        }
         let line_of = |svma: u64| -> (Option<String>, u32) {
             self.lines
                 .as_ref()
@@ -837,9 +915,12 @@ impl BurstTracer {
                 });
                 locs.push(id);
             }
+            // This context's share of the path's event.
+            let ev = events.get(&(*fid, *path)).copied().unwrap_or(0.0) * *n as f64
+                / execs[&(*fid, *path)].max(1) as f64;
             b.sample(
                 locs,
-                vec![*n as i64],
+                vec![*n as i64, ev.round() as i64],
                 &[("symbol", f.name.as_str())],
                 &[("pid", i64::from(self.pid)), ("path", *path as i64)],
             );
@@ -936,6 +1017,11 @@ impl Bursts {
         !self.tracers.is_empty()
     }
 
+    /// The processes traced in bursts.
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.tracers.iter().map(|t| t.pid())
+    }
+
     /// Lets the unwinder see through the clones of every traced process.
     pub fn register_clone_frames(&self, procs: &mut crate::procs::ProcessTable) {
         for t in &self.tracers {
@@ -961,6 +1047,7 @@ impl Bursts {
         output: &Path,
         event: &str,
         counters: &crate::sampler::KernelCounters,
+        leaf_weights: &HashMap<u32, HashMap<u64, u64>>,
     ) {
         if self.tracers.is_empty() {
             return;
@@ -973,7 +1060,8 @@ impl Bursts {
             // the ring full: drain until empty).
             t.disarm();
             while t.drain() > 0 {}
-            let profile = t.paths_profile(event);
+            let empty = HashMap::new();
+            let profile = t.paths_profile(event, leaf_weights.get(&pid).unwrap_or(&empty));
             let fdata = t.fdata();
             let stats = match t.detach() {
                 Ok(s) => s,

@@ -4,6 +4,7 @@
 //! The end comes from `--duration`, SIGINT/SIGTERM, or all targets exiting;
 //! whichever it is, what the ring buffer still holds is drained and the last
 //! profile is written before returning.
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -108,6 +109,9 @@ struct Pipeline {
     frames: Vec<u64>,
     /// Open HTTP profile windows: every sample also goes into each.
     windows: Vec<Window>,
+    /// For processes traced in bursts: event weight per sampled PC (the
+    /// original address), to attribute the event to paths.
+    leaf_weights: HashMap<u32, HashMap<u64, u64>>,
 }
 
 impl Pipeline {
@@ -164,6 +168,11 @@ impl Pipeline {
             truncated,
             s.period.max(1),
         );
+        if let Some(m) = self.leaf_weights.get_mut(&s.pid)
+            && let Some(&pc) = self.frames.first()
+        {
+            *m.entry(pc).or_insert(0) += s.period.max(1);
+        }
         for w in &mut self.windows {
             if !w.cct.process_names.contains_key(&s.pid)
                 && let Some(n) = self.cct.process_names.get(&s.pid)
@@ -523,6 +532,7 @@ pub async fn run(
         stats: SessionStats::default(),
         frames: Vec::with_capacity(256),
         windows: Vec::new(),
+        leaf_weights: HashMap::new(),
     };
     let mut symbolizer = Symbolizer::new();
     let started = Instant::now();
@@ -605,6 +615,7 @@ pub async fn run(
         &mut sampler,
     );
     bursts.register_clone_frames(&mut pipe.procs);
+    pipe.leaf_weights = bursts.pids().map(|p| (p, HashMap::new())).collect();
     let mut burst_tick = tokio::time::interval(bursts.drain_interval());
     burst_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -699,7 +710,13 @@ pub async fn run(
     // Whatever is still in the ring buffer belongs to this session.
     sampler.drain_now(|s| pipe.handle(s));
     let counters = sampler.counters();
-    bursts.finish(&mut sampler, &opts.output, &opts.event.name, &counters);
+    bursts.finish(
+        &mut sampler,
+        &opts.output,
+        &opts.event.name,
+        &counters,
+        &pipe.leaf_weights,
+    );
     drop(sampler);
     pipe.stats.ring_full = counters.ring_full;
     METRICS.ring_drops.set(counters.ring_full);

@@ -82,6 +82,19 @@ fn bursts_record_paths_and_keep_output_identical() {
         top8[0] as f64 <= top8[7] as f64 * 1.6 && top8[7] >= 50,
         "switch cases not uniform: {top8:?}\n{counts:#?}"
     );
+    // The sampled event is attributed to paths: the second value, summed,
+    // is most of the event the stack samples of the program saw.
+    let paths = read_profile(&run.out_dir.join("paths.pb.gz")).unwrap();
+    let ctx = run.profile();
+    assert_eq!(paths.sample_types.len(), 2, "{:?}", paths.sample_types);
+    let event = paths.sample_types[1].0.clone();
+    let on_paths: i64 = paths.samples.iter().map(|s| s.values[1]).sum();
+    let ci = ctx.value_index(&event).expect("event in context.pb.gz");
+    let sampled: i64 = ctx.samples.iter().map(|s| s.values[ci]).sum();
+    assert!(
+        on_paths as f64 >= 0.5 * sampled as f64 && on_paths as f64 <= 1.01 * sampled as f64,
+        "{event} on paths {on_paths} vs sampled {sampled}"
+    );
     // Paths name their blocks' source lines.
     assert!(
         counts
