@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds burstyd and the bundled demo program, profiles the demo with
-# `burstyd run`, and shows the top of the profile with `go tool pprof`.
+# `burstyd run` (sampling and bursty tracing), and shows the top of the
+# calling-context profile and of the path profile with `go tool pprof`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -29,3 +30,8 @@ awk '
   { blk = blk $0 "\n" }
   END { if (w > best) keep = blk; printf "%s", keep }
 ' "$out/traces.txt"
+if [[ -f "$out/paths.pb.gz" ]]; then
+    echo
+    echo "[demo] hottest Ball-Larus paths from bursty tracing (go tool pprof -top $out/paths.pb.gz):"
+    go tool pprof -top -nodecount=8 -sample_index=executions "$out/paths.pb.gz" 2>&1 | sed -n '/flat%/,$p'
+fi
