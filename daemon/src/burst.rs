@@ -76,6 +76,42 @@ pub struct BurstStats {
     pub reaped: u64,
 }
 
+/// Calling contexts inside bursts, interned as a tree of `(parent, fid)`
+/// nodes (node 0: no caller seen in the burst), so that counting a path
+/// allocates nothing.
+#[derive(Default)]
+struct Contexts {
+    nodes: Vec<(u32, u32)>,
+    index: HashMap<(u32, u32), u32>,
+}
+
+impl Contexts {
+    /// The node for `fid` entered from context `parent`.
+    fn child(&mut self, parent: u32, fid: u32) -> u32 {
+        if self.nodes.is_empty() {
+            self.nodes.push((0, u32::MAX));
+        }
+        let next = self.nodes.len() as u32;
+        let node = *self.index.entry((parent, fid)).or_insert(next);
+        if node == next {
+            self.nodes.push((parent, fid));
+        }
+        node
+    }
+
+    /// The functions of a context, outermost first.
+    fn fids(&self, mut node: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        while node != 0 {
+            let (parent, fid) = self.nodes[node as usize];
+            out.push(fid);
+            node = parent;
+        }
+        out.reverse();
+        out
+    }
+}
+
 /// What an attach put into the target, for [`BurstTracer::new`].
 struct Injected {
     pid: u32,
@@ -102,10 +138,13 @@ pub struct BurstTracer {
     shm: memmap2::MmapMut,
     signal: i32,
     old_action: KernelSigaction,
-    /// (context fids outermost first, fid, path) -> executions.
-    counts: HashMap<(Vec<u32>, u32, u64), u64>,
-    /// The current burst's stack of entered functions.
-    stack: Vec<u32>,
+    /// (context node, fid, path) -> executions.
+    counts: HashMap<(u32, u32, u64), u64>,
+    /// Calling contexts seen inside bursts.
+    contexts: Contexts,
+    /// The current burst's stack of entered functions: (fid, its context
+    /// node, i.e. the context including it).
+    stack: Vec<(u32, u32)>,
     stats: BurstStats,
     save: Option<std::io::BufWriter<std::fs::File>>,
     burst_tid: u32,
@@ -457,6 +496,7 @@ impl BurstTracer {
             signal,
             old_action,
             counts: HashMap::new(),
+            contexts: Contexts::default(),
             stack: Vec::new(),
             stats,
             save,
@@ -581,7 +621,9 @@ impl BurstTracer {
             REC_ENTER => {
                 let fid = w0 as u32;
                 if self.stack.len() < 64 {
-                    self.stack.push(fid);
+                    let parent = self.stack.last().map_or(0, |e| e.1);
+                    let node = self.contexts.child(parent, fid);
+                    self.stack.push((fid, node));
                 }
                 self.save_line(format_args!("{{\"enter\":{fid}}}"));
             }
@@ -593,9 +635,13 @@ impl BurstTracer {
                 } else if self.valid_path(fid, w1) {
                     self.stats.paths += 1;
                     // Context: the entered functions below this one.
+                    let n = self.stack.len();
                     let ctx = match self.stack.last() {
-                        Some(&top) if top == fid => self.stack[..self.stack.len() - 1].to_vec(),
-                        _ => self.stack.clone(),
+                        Some(&(top, _)) if top == fid => {
+                            n.checked_sub(2).map_or(0, |i| self.stack[i].1)
+                        }
+                        Some(&(_, node)) => node,
+                        None => 0,
                     };
                     *self.counts.entry((ctx, fid, w1)).or_insert(0) += 1;
                 } else {
@@ -605,7 +651,7 @@ impl BurstTracer {
                     "{{\"path\":{w1},\"fid\":{fid},\"kind\":{kind}}}"
                 ));
                 if (kind == PATH_END_RETURN || kind == PATH_END_TAIL)
-                    && self.stack.last() == Some(&fid)
+                    && self.stack.last().map(|e| e.0) == Some(fid)
                 {
                     self.stack.pop();
                 }
@@ -662,16 +708,6 @@ impl BurstTracer {
         s.declined_pc = d(3);
         s.records_lost = d(4);
         s
-    }
-
-    /// Path execution counts keyed by (function name, path number).
-    pub fn path_counts(&self) -> HashMap<(String, u64), u64> {
-        let mut out = HashMap::new();
-        for ((_, fid, path), n) in &self.counts {
-            let name = self.plan.functions[*fid as usize].name.clone();
-            *out.entry((name, *path)).or_insert(0) += n;
-        }
-        out
     }
 
     /// No new bursts; a running one ends at its next check.
@@ -755,16 +791,22 @@ impl BurstTracer {
         out
     }
 
+    /// Executions per (fid, path), over all contexts.
+    fn executions(&self) -> HashMap<(u32, u64), u64> {
+        let mut execs: HashMap<(u32, u64), u64> = HashMap::new();
+        for ((_, fid, path), n) in &self.counts {
+            *execs.entry((*fid, *path)).or_insert(0) += n;
+        }
+        execs
+    }
+
     /// The sampled event attributed to paths: every stack sample's weight
     /// at a PC in block `b` of a traced function is split among the paths
     /// through `b` in proportion to their executions (the estimator of
     /// the event each path incurs, given the block-level samples).
     fn path_events(&self, leaf_weights: &HashMap<u64, u64>) -> HashMap<(u32, u64), f64> {
         // Executions per (fid, path), and the paths through each block.
-        let mut execs: HashMap<(u32, u64), u64> = HashMap::new();
-        for ((_, fid, path), n) in &self.counts {
-            *execs.entry((*fid, *path)).or_insert(0) += n;
-        }
+        let execs = self.executions();
         let mut through: HashMap<(u32, usize), Vec<(u64, u64)>> = HashMap::new();
         for (&(fid, path), &n) in &execs {
             let Some(p) = self
@@ -833,10 +875,7 @@ impl BurstTracer {
         b.add_comment("Ball-Larus paths from bursty tracing: leaf frame = the path (its blocks' source lines), then the function, then the functions entered before it within the burst");
         b.add_comment(&format!("{event}/count: the sampled {event} of each block split among the paths through it by their executions"));
         let events = self.path_events(leaf_weights);
-        let mut execs: HashMap<(u32, u64), u64> = HashMap::new();
-        for ((_, fid, path), n) in &self.counts {
-            *execs.entry((*fid, *path)).or_insert(0) += n;
-        }
+        let execs = self.executions();
         let line_of = |svma: u64| -> (Option<String>, u32) {
             self.lines
                 .as_ref()
@@ -899,7 +938,7 @@ impl BurstTracer {
                 ],
             );
             let mut locs = vec![leaf];
-            for c in ctx.iter().rev() {
+            for c in self.contexts.fids(*ctx).iter().rev() {
                 let id = *func_loc.entry(*c).or_insert_with(|| {
                     let cf = &self.plan.functions[*c as usize];
                     let (cfile, cline) = line_of(cf.start);

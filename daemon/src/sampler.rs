@@ -222,18 +222,33 @@ impl Sampler {
         self.cpus
     }
 
-    /// Starts recording `pid` (targeted mode only).
-    pub fn add_target(&mut self, pid: u32) -> Result<(), SamplerError> {
+    /// A pid-keyed hash map of the loaded programs.
+    fn pid_map<V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<HashMap<&mut aya::maps::MapData, u32, V>, SamplerError> {
         let map = self
             .ebpf
-            .map_mut("TARGETS")
-            .ok_or(SamplerError::MissingMap("TARGETS"))?;
-        let mut targets: HashMap<_, u32, u8> =
-            HashMap::try_from(map).map_err(|source| SamplerError::Map {
-                name: "TARGETS",
-                source,
-            })?;
-        targets
+            .map_mut(name)
+            .ok_or(SamplerError::MissingMap(name))?;
+        HashMap::try_from(map).map_err(|source| SamplerError::Map { name, source })
+    }
+
+    /// Removes `pid` from a pid-keyed map; a pid not in it is fine.
+    fn remove_pid<V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+        pid: u32,
+    ) -> Result<(), SamplerError> {
+        match self.pid_map::<V>(name)?.remove(&pid) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(source) => Err(SamplerError::Map { name, source }),
+        }
+    }
+
+    /// Starts recording `pid` (targeted mode only).
+    pub fn add_target(&mut self, pid: u32) -> Result<(), SamplerError> {
+        self.pid_map::<u8>("TARGETS")?
             .insert(pid, 1, 0)
             .map_err(|source| SamplerError::Map {
                 name: "TARGETS",
@@ -244,22 +259,7 @@ impl Sampler {
     /// Stops recording `pid` (it exited, or no longer matches the
     /// configured targets). A pid not in the map is fine.
     pub fn remove_target(&mut self, pid: u32) -> Result<(), SamplerError> {
-        let map = self
-            .ebpf
-            .map_mut("TARGETS")
-            .ok_or(SamplerError::MissingMap("TARGETS"))?;
-        let mut targets: HashMap<_, u32, u8> =
-            HashMap::try_from(map).map_err(|source| SamplerError::Map {
-                name: "TARGETS",
-                source,
-            })?;
-        match targets.remove(&pid) {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(source) => Err(SamplerError::Map {
-                name: "TARGETS",
-                source,
-            }),
-        }
+        self.remove_pid::<u8>("TARGETS", pid)
     }
 
     /// Switches between sampling only `TARGETS` (`true`) and every process
@@ -344,26 +344,17 @@ impl Sampler {
         pid: u32,
         target: Option<burstyd_common::burst::BurstTarget>,
     ) -> Result<(), SamplerError> {
-        let map = self
-            .ebpf
-            .map_mut("BURSTS")
-            .ok_or(SamplerError::MissingMap("BURSTS"))?;
-        let mut bursts: HashMap<_, u32, burstyd_common::burst::BurstTarget> =
-            HashMap::try_from(map).map_err(|source| SamplerError::Map {
-                name: "BURSTS",
-                source,
-            })?;
-        let r = match target {
-            Some(t) => bursts.insert(pid, t, 0),
-            None => match bursts.remove(&pid) {
-                Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-                r => r,
-            },
-        };
-        r.map_err(|source| SamplerError::Map {
-            name: "BURSTS",
-            source,
-        })
+        use burstyd_common::burst::BurstTarget;
+        match target {
+            Some(t) => self
+                .pid_map::<BurstTarget>("BURSTS")?
+                .insert(pid, t, 0)
+                .map_err(|source| SamplerError::Map {
+                    name: "BURSTS",
+                    source,
+                }),
+            None => self.remove_pid::<BurstTarget>("BURSTS", pid),
+        }
     }
 
     pub fn ring_fd(&self) -> i32 {

@@ -242,6 +242,10 @@ impl Emitter {
             MemoryOperand::with_base_displ(Register::RSP, d),
         ))
     }
+    /// `inc qword [abs]` (a control-block counter).
+    fn inc(&mut self, addr: u64) -> Result<(), IcedError> {
+        self.e(Instruction::with1(Code::Inc_rm64, rip(addr)))
+    }
     fn push(&mut self, r: Register) -> Result<(), IcedError> {
         self.e(Instruction::with1(Code::Push_r64, r))
     }
@@ -1435,10 +1439,7 @@ fn emit_runtime(em: &mut Emitter, l: &Layout) -> Result<Runtime, IcedError> {
         em.pop(RAX)?;
         em.jmp(retry)?;
         em.bind(lost);
-        em.e(Instruction::with1(
-            Code::Inc_rm64,
-            rip(field!(l, lost_records)),
-        ))?;
+        em.inc(field!(l, lost_records))?;
         em.e(Instruction::with2(
             Code::Cmp_rm64_imm8,
             rip(field!(l, budget)),
@@ -1450,10 +1451,7 @@ fn emit_runtime(em: &mut Emitter, l: &Layout) -> Result<Runtime, IcedError> {
             rip(field!(l, budget)),
             1,
         ))?;
-        em.e(Instruction::with1(
-            Code::Inc_rm64,
-            rip(field!(l, truncated)),
-        ))?;
+        em.inc(field!(l, truncated))?;
         em.jmp(done)?;
     }
 
@@ -1489,7 +1487,7 @@ fn emit_runtime(em: &mut Emitter, l: &Layout) -> Result<Runtime, IcedError> {
             rip(field!(l, owner)),
             0,
         ))?;
-        em.e(Instruction::with1(Code::Inc_rm64, rip(field!(l, ended))))?;
+        em.inc(field!(l, ended))?;
         em.e(Instruction::with2(
             Code::Mov_rm32_imm32,
             rip(field!(l, active)),
@@ -1565,10 +1563,7 @@ fn emit_runtime(em: &mut Emitter, l: &Layout) -> Result<Runtime, IcedError> {
         em.pop(RSI)?;
         em.ret();
         em.bind(overflow);
-        em.e(Instruction::with1(
-            Code::Inc_rm64,
-            rip(field!(l, shadow_overflow)),
-        ))?;
+        em.inc(field!(l, shadow_overflow))?;
         em.jmp(store)?;
     }
 
@@ -1763,7 +1758,7 @@ fn emit_runtime(em: &mut Emitter, l: &Layout) -> Result<Runtime, IcedError> {
             rip(field!(l, depth)),
             0,
         ))?;
-        em.e(Instruction::with1(Code::Inc_rm64, rip(field!(l, bursts))))?;
+        em.inc(field!(l, bursts))?;
         // START record: gettid(), interrupted PC.
         em.mov_imm(RAX, 186)?;
         em.emit(Instruction::with(Code::Syscall));
@@ -1779,22 +1774,13 @@ fn emit_runtime(em: &mut Emitter, l: &Layout) -> Result<Runtime, IcedError> {
             rip(field!(l, active)),
             0u32,
         ))?;
-        em.e(Instruction::with1(
-            Code::Inc_rm64,
-            rip(field!(l, declined_pc)),
-        ))?;
+        em.inc(field!(l, declined_pc))?;
         em.ret();
         em.bind(busy);
-        em.e(Instruction::with1(
-            Code::Inc_rm64,
-            rip(field!(l, declined_busy)),
-        ))?;
+        em.inc(field!(l, declined_busy))?;
         em.ret();
         em.bind(disarmed);
-        em.e(Instruction::with1(
-            Code::Inc_rm64,
-            rip(field!(l, declined_disarmed)),
-        ))?;
+        em.inc(field!(l, declined_disarmed))?;
         em.ret();
 
         em.bind(rt.restorer);
