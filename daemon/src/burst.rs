@@ -248,8 +248,11 @@ impl BurstTracer {
             );
         }
 
-        // Size the code with a trial generation (sizes do not depend on the
-        // address: every branch to the original is rel32).
+        // Everything that takes time happens before the process is stopped:
+        // size the code with a trial generation (sizes do not depend on the
+        // address: every branch to the original is rel32), pick the address,
+        // generate the clones and their unwind info for it. Only the
+        // mapping, the writes and the handler installation stop the target.
         let trial = clone::generate_excluding(
             &plan,
             &analysis,
@@ -264,47 +267,11 @@ impl BurstTracer {
         let code_len =
             (trial.bytes.len() as u64 + trial_eh.bytes.len() as u64 + 16 + 0xffff) & !0xfff;
         let total = shm_len + code_len;
+        drop((trial, trial_eh));
         let exceptions = uses_exceptions(&data, &analysis);
-
-        let mut t = Tracee::attach(pid as i32).context("stopping the target with ptrace")?;
-        for &tid in t.threads() {
-            if t.regs(tid).fs_base == 0 {
-                bail!(
-                    "thread {tid} of pid {pid} has no TLS (fs base 0); cannot trace it in bursts"
-                );
-            }
-        }
-        let signal = inject::free_signal(pid as i32)?;
+        let register_frame = register_frame_fn(pid, &maps, &plan, bias);
         let base = inject::find_gap_near(pid as i32, lo, hi, total)?;
-        let fd = t.memfd_create(MEMFD_NAME, libc::MFD_CLOEXEC)?;
-        t.syscall(libc::SYS_ftruncate, &[fd as u64, shm_len])?;
-        t.mmap(
-            base,
-            shm_len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            // Populated: the eBPF program reads `armed`/`active` with
-            // bpf_probe_read_user, which cannot fault a page in.
-            libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE | libc::MAP_POPULATE,
-            fd,
-            0,
-        )?;
         let code = base + shm_len;
-        t.mmap(
-            code,
-            code_len,
-            libc::PROT_READ | libc::PROT_EXEC,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-            -1,
-            0,
-        )?;
-        let shm_file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/{pid}/fd/{fd}"))
-            .context("opening the burst memfd")?;
-        t.close(fd)?;
-        // SAFETY: as above.
-        let mut shm = unsafe { memmap2::MmapMut::map_mut(&shm_file)? };
         let layout = Layout {
             bias,
             control: base,
@@ -314,17 +281,58 @@ impl BurstTracer {
         let eh = unwind_info::eh_frame(&data, &img, bias).map_err(anyhow::Error::msg)?;
         let eh_addr = code + ((img.bytes.len() as u64 + 15) & !15);
         if eh_addr + eh.bytes.len() as u64 > code + code_len {
-            bail!(
-                "generated code grew from {} to {} bytes",
-                trial.bytes.len(),
-                img.bytes.len()
-            );
+            bail!("generated code grew to {} bytes", img.bytes.len());
         }
+
+        let mut t = Tracee::attach(pid as i32).context("stopping the target with ptrace")?;
+        let stopped = std::time::Instant::now();
+        for &tid in t.threads() {
+            if t.regs(tid).fs_base == 0 {
+                bail!(
+                    "thread {tid} of pid {pid} has no TLS (fs base 0); cannot trace it in bursts"
+                );
+            }
+        }
+        let signal = inject::free_signal(pid as i32)?;
+        let fd = t.memfd_create(MEMFD_NAME, libc::MFD_CLOEXEC)?;
+        t.syscall(libc::SYS_ftruncate, &[fd as u64, shm_len])?;
+        // MAP_FIXED_NOREPLACE: if the program mapped something into the
+        // gap since we looked, this fails cleanly and nothing is replaced.
+        t.mmap(
+            base,
+            shm_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            // Populated: the eBPF program reads `armed`/`active` with
+            // bpf_probe_read_user, which cannot fault a page in.
+            libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE | libc::MAP_POPULATE,
+            fd,
+            0,
+        )
+        .context(
+            "mapping the burst region (the address space changed while the clones were generated?)",
+        )?;
+        t.mmap(
+            code,
+            code_len,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+        .context("mapping the clone code")?;
+        let shm_file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/fd/{fd}"))
+            .context("opening the burst memfd")?;
+        t.close(fd)?;
+        // SAFETY: as above.
+        let mut shm = unsafe { memmap2::MmapMut::map_mut(&shm_file)? };
         t.write_memory(code, &img.bytes)?;
         t.write_memory(eh_addr, &eh.bytes)?;
         // Register the clones' unwind info with the target's unwinder, so
         // that exceptions and backtraces pass through clone frames.
-        let registered = match register_frame_fn(pid, &maps, &plan, bias) {
+        let registered = match register_frame {
             Some(f) => match t.call(f, &[eh_addr]) {
                 Ok(_) => true,
                 Err(e) => {
@@ -360,9 +368,10 @@ impl BurstTracer {
         let old_action = install_handler(&mut t, signal, img.handler, img.restorer)?;
         set_run_options(&mut shm, opts);
         t.detach()?;
+        let stopped_ms = stopped.elapsed().as_secs_f64() * 1e3;
         info!(
             pid,
-            "bursty tracing: {} functions rewritten ({} skipped), {} KiB of clones at {code:#x}, signal {signal}",
+            "bursty tracing: {} functions rewritten ({} skipped), {} KiB of clones at {code:#x}, signal {signal}; target stopped {stopped_ms:.1} ms",
             img.functions.len(),
             img.skipped.values().sum::<usize>() + plan.summary.skipped.values().sum::<usize>(),
             img.bytes.len() / 1024
