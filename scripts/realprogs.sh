@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Fetch and build real programs (bzip2, xz) from their upstream sources, with
-# `-O2 -g` (gcc's default -fomit-frame-pointer at -O2: no frame pointers, on
-# purpose -- the profiler must unwind them with DWARF CFI).
+# Fetch and build real programs from their upstream sources, with `-O2 -g`
+# (gcc's default -fomit-frame-pointer at -O2: no frame pointers, on purpose --
+# the profiler must unwind them with DWARF CFI):
+#   bzip2 1.0.8, xz 5.4.1 (static liblzma), gzip 1.12, zstd 1.5.4 (CLI on its
+#   own static lib, built with threads: even `-T1` runs a worker and two async
+#   I/O threads; `--single-thread --no-asyncio` runs in one thread) -- all C --
+#   and lzip 1.23, the C++ one.
+# All are linked with `-Wl,--emit-relocs`: the relocations stay in the
+# executable (.rela.text etc.), which llvm-bolt needs to rewrite (optimize) it.
 #
 # Sources: the upstream release tarballs as Debian ships them ("orig"
 # tarballs), fetched with `apt-get source --download-only` from the Debian
 # archive (needs a deb-src entry; added below if missing) and checked against
 # pinned SHA-256 sums. Debian's own patches are not applied.
 #
-# Output: target/realprogs/bin/{bzip2,xz}. Idempotent: a second run with the
-# binaries present and the same pins does nothing.
+# Output: target/realprogs/bin/{bzip2,xz,gzip,zstd,lzip} (build logs:
+# target/realprogs/src/*-build.log). Idempotent: a second run with the
+# binaries present and the same pins and flags does nothing.
 #
 # Usage: bash scripts/realprogs.sh          (as root, non-interactive)
 set -euo pipefail
@@ -28,24 +35,49 @@ BZIP2_SHA=ab5a03176ee106d3f0fa90e381da478ddae405918153cca248e682cd0c4a2269
 XZ_VER=5.4.1
 XZ_TAR=xz-utils_5.4.1.orig.tar.xz
 XZ_SHA=5d9827aa1875b21c288f78864bb26d2650b436ea8d2cad364e4921eb6266a5a5
+GZIP_VER=1.12
+GZIP_TAR=gzip_1.12.orig.tar.xz
+GZIP_SHA=ce5e03e519f637e1f814011ace35c4f87b33c0bbabeec35baf5fbd3479e91956
+# Debian's source package is "libzstd"; its orig tarball is repacked (+dfsg2:
+# Windows/CI build files removed, nothing the CLI uses) and unpacks to
+# zstd-1.5.4/.
+ZSTD_VER=1.5.4
+ZSTD_TAR=libzstd_1.5.4+dfsg2.orig.tar.xz
+ZSTD_SHA=8cf4bbb65e77ec348d052c8d6230eba66d435bddf64c8b5be2fcb16880c19953
+LZIP_VER=1.23
+LZIP_TAR=lzip_1.23.orig.tar.xz
+LZIP_SHA=d269d8e204579cb7047d6187bce741acb484a27e24cf24f20cf017c48574147c
 
-CFLAGS_REAL="-O2 -g"
-STAMP_WANT="bzip2=$BZIP2_VER:$BZIP2_SHA xz=$XZ_VER:$XZ_SHA cflags=$CFLAGS_REAL"
+CFLAGS_REAL="-O2 -g"      # also CXXFLAGS for lzip
+LDFLAGS_REAL="-Wl,--emit-relocs"
+PROGS=(bzip2 xz gzip zstd lzip)
+STAMP_WANT="bzip2=$BZIP2_VER:$BZIP2_SHA xz=$XZ_VER:$XZ_SHA gzip=$GZIP_VER:$GZIP_SHA"
+STAMP_WANT+=" zstd=$ZSTD_VER:$ZSTD_SHA lzip=$LZIP_VER:$LZIP_SHA"
+STAMP_WANT+=" cflags=$CFLAGS_REAL ldflags=$LDFLAGS_REAL"
+BUILT_MSG="$BIN/{bzip2 $BZIP2_VER, xz $XZ_VER, gzip $GZIP_VER, zstd $ZSTD_VER, lzip $LZIP_VER}"
 
 die() { echo "realprogs.sh: error: $*" >&2; exit 1; }
 log() { echo "realprogs.sh: $*" >&2; }
 
-if [[ -x "$BIN/bzip2" && -x "$BIN/xz" && -f "$OUT/stamp" && "$(cat "$OUT/stamp")" == "$STAMP_WANT" ]]; then
-    log "up to date: $BIN/bzip2 ($BZIP2_VER), $BIN/xz ($XZ_VER)"
+up_to_date() {
+    local p
+    for p in "${PROGS[@]}"; do
+        [[ -x "$BIN/$p" ]] || return 1
+    done
+    [[ -f "$OUT/stamp" && "$(cat "$OUT/stamp")" == "$STAMP_WANT" ]]
+}
+if up_to_date; then
+    log "up to date: $BUILT_MSG"
     exit 0
 fi
 
-for tool in gcc make tar sha256sum; do
+for tool in gcc g++ make tar sha256sum readelf; do
     command -v "$tool" >/dev/null || die "'$tool' not found (apt-get install -y build-essential)"
 done
-command -v xz >/dev/null || die "'xz' not found to unpack the xz tarball (apt-get install -y xz-utils)"
+command -v xz >/dev/null || die "'xz' not found to unpack the .tar.xz tarballs (apt-get install -y xz-utils)"
 
 mkdir -p "$BIN" "$SRC" "$DL"
+rm -f "$OUT/stamp"
 
 have_tarball() { # name sha
     [[ -f "$DL/$1" ]] && echo "$2  $DL/$1" | sha256sum -c --status
@@ -85,37 +117,112 @@ fetch_sources() { # debian-source-package tarball sha
     log "verified sha256 of $tar"
 }
 
+# Unpacks a downloaded tarball afresh into $SRC and prints the directory it
+# made: the tarball's single top-level directory, whatever it is called (the
+# Debian orig tarball name does not always say, e.g. libzstd_*+dfsg2 -> zstd-*).
+unpack() { # tarball
+    local top
+    top="$(tar -tf "$DL/$1" | sed -n '1{s,^\./,,;s,/.*,,;p}')" \
+        || die "cannot list $1"
+    [[ -n "$top" && "$top" != . && "$top" != .. ]] || die "$1 has no top-level directory"
+    rm -rf "${SRC:?}/$top"
+    tar -C "$SRC" -xf "$DL/$1" || die "cannot unpack $1"
+    [[ -d "$SRC/$top" ]] || die "$1 did not unpack to $top/"
+    echo "$SRC/$top"
+}
+
+# Runs a build step (a command or function) with its output in
+# $SRC/NAME-build.log; on failure shows the log's tail and stops. (set -e does
+# not apply inside it: chain a function's steps with &&.)
+build_logged() { # name function args...
+    local name="$1"
+    shift
+    "$@" >"$SRC/$name-build.log" 2>&1 \
+        || { tail -30 "$SRC/$name-build.log" >&2; die "$name build failed (log: $SRC/$name-build.log)"; }
+}
+
 fetch_sources bzip2 "$BZIP2_TAR" "$BZIP2_SHA"
 fetch_sources xz-utils "$XZ_TAR" "$XZ_SHA"
+fetch_sources gzip "$GZIP_TAR" "$GZIP_SHA"
+fetch_sources libzstd "$ZSTD_TAR" "$ZSTD_SHA"
+fetch_sources lzip "$LZIP_TAR" "$LZIP_SHA"
 
 JOBS="$(nproc 2>/dev/null || echo 2)"
 
 # --- bzip2 ------------------------------------------------------------------
-log "building bzip2 $BZIP2_VER with CFLAGS='$CFLAGS_REAL'"
-rm -rf "$SRC/bzip2-$BZIP2_VER"
-tar -C "$SRC" -xzf "$DL/$BZIP2_TAR"
-[[ -f "$SRC/bzip2-$BZIP2_VER/bzip2.c" ]] || die "bzip2.c missing from $BZIP2_TAR"
-make -C "$SRC/bzip2-$BZIP2_VER" -j"$JOBS" bzip2 \
-    CFLAGS="-Wall $CFLAGS_REAL -D_FILE_OFFSET_BITS=64" >"$SRC/bzip2-build.log" 2>&1 \
-    || { tail -30 "$SRC/bzip2-build.log" >&2; die "bzip2 build failed (log: $SRC/bzip2-build.log)"; }
-install -m 0755 "$SRC/bzip2-$BZIP2_VER/bzip2" "$BIN/bzip2"
+log "building bzip2 $BZIP2_VER with CFLAGS='$CFLAGS_REAL' LDFLAGS='$LDFLAGS_REAL'"
+D="$(unpack "$BZIP2_TAR")"
+[[ -f "$D/bzip2.c" ]] || die "bzip2.c missing from $BZIP2_TAR"
+# Plain Makefile: its link line is `$(CC) $(CFLAGS) $(LDFLAGS) -o bzip2 ...`.
+build_logged bzip2 make -C "$D" -j"$JOBS" bzip2 \
+    CFLAGS="-Wall $CFLAGS_REAL -D_FILE_OFFSET_BITS=64" LDFLAGS="$LDFLAGS_REAL"
+install -m 0755 "$D/bzip2" "$BIN/bzip2"
 
 # --- xz ---------------------------------------------------------------------
-log "building xz $XZ_VER (static liblzma) with CFLAGS='$CFLAGS_REAL'"
-rm -rf "$SRC/xz-$XZ_VER"
-tar -C "$SRC" -xJf "$DL/$XZ_TAR"
-[[ -x "$SRC/xz-$XZ_VER/configure" ]] || die "configure missing from $XZ_TAR"
-(
-    cd "$SRC/xz-$XZ_VER"
-    ./configure CFLAGS="$CFLAGS_REAL" --disable-shared --enable-static \
-        --disable-nls --disable-doc --disable-scripts --disable-lzmadec \
-        --disable-lzmainfo --disable-xzdec
-    make -j"$JOBS"
-) >"$SRC/xz-build.log" 2>&1 \
-    || { tail -30 "$SRC/xz-build.log" >&2; die "xz build failed (log: $SRC/xz-build.log)"; }
-install -m 0755 "$SRC/xz-$XZ_VER/src/xz/xz" "$BIN/xz"
+log "building xz $XZ_VER (static liblzma) with CFLAGS='$CFLAGS_REAL' LDFLAGS='$LDFLAGS_REAL'"
+D="$(unpack "$XZ_TAR")"
+[[ -x "$D/configure" ]] || die "configure missing from $XZ_TAR"
+build_xz() {
+    cd "$D" &&
+        ./configure CFLAGS="$CFLAGS_REAL" LDFLAGS="$LDFLAGS_REAL" --disable-shared --enable-static \
+            --disable-nls --disable-doc --disable-scripts --disable-lzmadec \
+            --disable-lzmainfo --disable-xzdec &&
+        make -j"$JOBS"
+}
+(build_logged xz build_xz)
+install -m 0755 "$D/src/xz/xz" "$BIN/xz"
 
-"$BIN/bzip2" --help 2>&1 | head -1 | grep -q "$BZIP2_VER" || die "built bzip2 does not run"
-"$BIN/xz" --version | grep -q "$XZ_VER" || die "built xz does not run"
+# --- gzip -------------------------------------------------------------------
+log "building gzip $GZIP_VER with CFLAGS='$CFLAGS_REAL' LDFLAGS='$LDFLAGS_REAL'"
+D="$(unpack "$GZIP_TAR")"
+[[ -x "$D/configure" ]] || die "configure missing from $GZIP_TAR"
+build_gzip() {
+    cd "$D" &&
+        ./configure CFLAGS="$CFLAGS_REAL" LDFLAGS="$LDFLAGS_REAL" --disable-nls &&
+        make -j"$JOBS"
+}
+(build_logged gzip build_gzip)
+install -m 0755 "$D/gzip" "$BIN/gzip"
+
+# --- zstd -------------------------------------------------------------------
+# The CLI with the library sources compiled in (no libzstd.so). CFLAGS and
+# LDFLAGS go in through the environment, not the make command line: the
+# Makefiles then use them instead of their default -O3 and still append their
+# own flags (warnings, -Wa,--noexecstack, -pthread). zlib/lzma/lz4 support is
+# off so the binary does not depend on what -dev packages happen to be
+# installed. V=1 puts the compile commands in the log. Upstream's x86-64
+# assembly (huf_decompress_amd64.S) is kept; it has no CFI (its two Huffman
+# decoding loops, used only when decompressing, have no .eh_frame entry).
+log "building zstd $ZSTD_VER (CLI, static lib) with CFLAGS='$CFLAGS_REAL' LDFLAGS='$LDFLAGS_REAL'"
+D="$(unpack "$ZSTD_TAR")"
+[[ -f "$D/programs/zstdcli.c" ]] || die "programs/zstdcli.c missing from $ZSTD_TAR"
+build_logged zstd env CFLAGS="$CFLAGS_REAL" LDFLAGS="$LDFLAGS_REAL" \
+    make -C "$D/programs" -j"$JOBS" zstd-release HAVE_ZLIB=0 HAVE_LZMA=0 HAVE_LZ4=0 \
+    V=1
+install -m 0755 "$D/programs/zstd" "$BIN/zstd"
+
+# --- lzip (C++) -------------------------------------------------------------
+log "building lzip $LZIP_VER (C++) with CXXFLAGS='$CFLAGS_REAL' LDFLAGS='$LDFLAGS_REAL'"
+D="$(unpack "$LZIP_TAR")"
+[[ -x "$D/configure" ]] || die "configure missing from $LZIP_TAR"
+build_lzip() {
+    cd "$D" &&
+        ./configure CXX=g++ CXXFLAGS="$CFLAGS_REAL" LDFLAGS="$LDFLAGS_REAL" &&
+        make -j"$JOBS"
+}
+(build_logged lzip build_lzip)
+install -m 0755 "$D/lzip" "$BIN/lzip"
+
+# (grep >/dev/null, not grep -q: an early exit could SIGPIPE the writer, which
+# pipefail would count as a failure.)
+"$BIN/bzip2" --help 2>&1 | grep "$BZIP2_VER" >/dev/null || die "built bzip2 does not run"
+"$BIN/xz" --version | grep "$XZ_VER" >/dev/null || die "built xz does not run"
+"$BIN/gzip" --version | grep "^gzip $GZIP_VER" >/dev/null || die "built gzip does not run"
+"$BIN/zstd" --version | grep "v$ZSTD_VER" >/dev/null || die "built zstd does not run"
+"$BIN/lzip" --version | grep "^lzip $LZIP_VER" >/dev/null || die "built lzip does not run"
+for p in "${PROGS[@]}"; do
+    readelf -S "$BIN/$p" | grep '\.rela\.text' >/dev/null \
+        || die "$BIN/$p has no .rela.text: not linked with $LDFLAGS_REAL?"
+done
 echo "$STAMP_WANT" >"$OUT/stamp"
-log "built $BIN/bzip2 ($BZIP2_VER) and $BIN/xz ($XZ_VER)"
+log "built $BUILT_MSG"
