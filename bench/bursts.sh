@@ -1,44 +1,54 @@
 #!/usr/bin/env bash
 # Bursty tracing benchmark on real programs built from source
-# (scripts/realprogs.sh: bzip2 1.0.8 and xz 5.4.1, -O2 -g, no frame
-# pointers), on deterministic generated text, all measured in one run and
-# reported as ratios:
+# (scripts/realprogs.sh: bzip2, xz, gzip, zstd and lzip (C++), -O2 -g, no
+# frame pointers, linked with --emit-relocs), on deterministic generated
+# text, all measured in one run and reported as ratios:
 #   - slowdown with `burstyd --pid` attached at default settings (bursts on),
 #   - slowdown with the clones injected but bursts disabled (`--burst 0`),
+#   - slowdown with sampling only (`--no-bursts`), for reference,
 #   - slowdown under `--full-trace` (every path from the first burst on),
 #   - bursts per second at default settings,
 #   - path-profile accuracy of the default runs against the full trace:
 #     PEP's Wall weight matching (hot threshold 0.125% of flow) and edge
-#     relative overlap (bench_tool path-accuracy).
-# Untraced and traced runs alternate; each time is the program's own wall
-# time (wait4 in bench_tool). burstyd attaches with --pid right after the
-# program starts (its analysis and injection count against the program;
-# its final profile does not).
+#     relative overlap (bench_tool path-accuracy),
+#   - the speed of the binary optimized by llvm-bolt with the edge profile
+#     of the default runs (edges.fdata, merged with merge-fdata) relative to
+#     the original binary.
+# Each program's input is sized so that an untraced run takes about
+# --seconds (calibrated on a 2 MiB sample). Untraced and traced runs
+# alternate; each time is the program's own wall time (wait4 in bench_tool).
+# burstyd attaches with --pid right after the program starts, as on a
+# production host: its analysis and injection count against the program,
+# its final profile writing does not.
 #
 # Usage (workspace root, as root, after `cargo build --release -p burstyd`):
-#   bash bench/bursts.sh [--runs N] [--size-mb MB] [--accuracy-mb MB]
-# Environment: RUNS (5), SIZE_MB (16: timing input), ACC_MB (4: accuracy and
-#   full-trace input), BURSTYD_BIN, KEEP=1 keeps the work directory.
+#   bash bench/bursts.sh [--runs N] [--seconds S] [--programs "bzip2 xz ..."]
+# Environment: RUNS (3), SECONDS_PER_RUN (3), PROGRAMS (all five),
+#   BURSTYD_BIN, KEEP=1 keeps the work directory.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-RUNS="${RUNS:-5}"
-SIZE_MB="${SIZE_MB:-16}"
-ACC_MB="${ACC_MB:-4}"
+RUNS="${RUNS:-3}"
+SECS="${SECONDS_PER_RUN:-3}"
+PROGRAMS="${PROGRAMS:-bzip2 xz gzip zstd lzip}"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --runs) RUNS="$2"; shift 2 ;;
-        --size-mb) SIZE_MB="$2"; shift 2 ;;
-        --accuracy-mb) ACC_MB="$2"; shift 2 ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        --seconds) SECS="$2"; shift 2 ;;
+        --programs) PROGRAMS="$2"; shift 2 ;;
+        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
         *) echo "bursts.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 die() { echo "bursts.sh: error: $*" >&2; exit 1; }
 [[ "$RUNS" =~ ^[1-9][0-9]*$ ]] || die "--runs must be a positive integer"
+[[ "$SECS" =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--seconds must be a number"
 [[ $(id -u) -eq 0 ]] || die "run as root (burstyd loads eBPF programs and uses ptrace)"
 BURSTYD="${BURSTYD_BIN:-$ROOT/target/release/burstyd}"
 [[ -x "$BURSTYD" ]] || die "$BURSTYD not found: build it with \`cargo build --release -p burstyd\`"
+BOLT="$(command -v llvm-bolt-19 || command -v llvm-bolt || true)"
+MERGE="$(command -v merge-fdata-19 || command -v merge-fdata || true)"
+[[ -n "$BOLT" && -n "$MERGE" ]] || die "llvm-bolt / merge-fdata not found: scripts/setup.sh installs bolt-19"
 
 echo "== preparing" >&2
 bash "$ROOT/scripts/realprogs.sh" >&2 || die "scripts/realprogs.sh failed"
@@ -46,18 +56,15 @@ bash "$ROOT/scripts/realprogs.sh" >&2 || die "scripts/realprogs.sh failed"
 TOOL="$ROOT/target/release/bench_tool"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/burstyd-bursts.XXXXXX")"
 if [[ "${KEEP:-0}" != 1 ]]; then trap 'rm -rf "$WORK"' EXIT; fi
-"$TOOL" gen-text $((SIZE_MB * 1024 * 1024)) 7 "$WORK/input.txt"
-"$TOOL" gen-text $((ACC_MB * 1024 * 1024)) 11 "$WORK/acc.txt"
 
 kv() { tr ' ' '\n' <"$1" | awk -F= -v k="$2" '$1 == k { print $2 }'; }
 stats() { sort -g | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.4f %.4f %.4f\n", m, v[1], v[NR] }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.4f\n", a / b }'; }
-# timed PROG-ARGS... (untraced): prints wall seconds
+# untraced PROG-ARGS...: prints the program's wall seconds
 untraced() { "$TOOL" rusage "$WORK/ru" -- "$@" >/dev/null; kv "$WORK/ru" wall_s; }
 # traced OUT BURSTYD-ARGS -- PROG-ARGS...: prints the program's wall seconds.
 # The program is started (and timed by wait4 in bench_tool) first, then
-# `burstyd --pid` attaches to it, as on a production host; the analysis and
-# injection happen while it runs and count against it.
+# `burstyd --pid` attaches to it, as on a production host.
 traced() {
     local out="$1"; shift
     local args=()
@@ -80,43 +87,80 @@ traced() {
     kv "$WORK/ru" wall_s
 }
 bursts_taken() { grep -o 'bursts: [0-9]* taken' "$1" | awk '{ s += $2 } END { print s + 0 }'; }
+# One thread each: the comparison is per thread of work.
+command_for() {
+    local bin="$ROOT/target/realprogs/bin/$1"
+    case "$1" in
+        bzip2) echo "$bin -9 -c" ;;
+        xz) echo "$bin -6 -T1 -c" ;;
+        gzip) echo "$bin -9 -c" ;;
+        zstd) echo "$bin -q --single-thread --no-asyncio -12 -c" ;;
+        lzip) echo "$bin -2 -c" ;;
+        *) die "unknown program $1 (known: bzip2 xz gzip zstd lzip)" ;;
+    esac
+}
 
 declare -a REPORT
-for prog in bzip2 xz; do
-    BIN="$ROOT/target/realprogs/bin/$prog"
-    case "$prog" in
-        bzip2) CMD=("$BIN" -9 -c) ;;
-        xz) CMD=("$BIN" -6 -T1 -c) ;;
-    esac
-    echo "== $prog: $RUNS alternating runs on ${SIZE_MB} MiB: untraced, default, --burst 0" >&2
-    "${CMD[@]}" "$WORK/input.txt" >/dev/null
-    : >"$WORK/r_def"; : >"$WORK/r_off"; : >"$WORK/bps"
+"$TOOL" gen-text $((2 * 1024 * 1024)) 5 "$WORK/sample.txt"
+for prog in $PROGRAMS; do
+    read -r -a CMD <<<"$(command_for "$prog")"
+    BIN="${CMD[0]}"
+    # Calibrate the input size to about $SECS seconds untraced.
+    "${CMD[@]}" "$WORK/sample.txt" >/dev/null
+    s=$(untraced "${CMD[@]}" "$WORK/sample.txt")
+    mb=$(awk -v s="$s" -v t="$SECS" 'BEGIN { m = int(2 * t / s + 0.5); if (m < 1) m = 1; if (m > 512) m = 512; print m }')
+    "$TOOL" gen-text $((mb * 1024 * 1024)) 7 "$WORK/input.txt"
+    IN="$WORK/input.txt"
+
+    echo "== $prog: $RUNS alternating runs on $mb MiB: untraced, default, --burst 0, --no-bursts" >&2
+    "${CMD[@]}" "$IN" >/dev/null
+    : >"$WORK/r_def"; : >"$WORK/r_off"; : >"$WORK/r_smp"; : >"$WORK/bps"; : >"$WORK/u_all"
+    ests=(); fdatas=()
     for i in $(seq 1 "$RUNS"); do
-        u=$(untraced "${CMD[@]}" "$WORK/input.txt")
-        d=$(traced "$WORK/def" -- "${CMD[@]}" "$WORK/input.txt")
-        o=$(traced "$WORK/off" --burst 0 -- "${CMD[@]}" "$WORK/input.txt")
-        ratio "$d" "$u" >>"$WORK/r_def"; ratio "$o" "$u" >>"$WORK/r_off"
-        b=$(bursts_taken "$WORK/def.log")
+        u=$(untraced "${CMD[@]}" "$IN")
+        d=$(traced "$WORK/def$i" -- "${CMD[@]}" "$IN")
+        o=$(traced "$WORK/off" --burst 0 -- "${CMD[@]}" "$IN")
+        n=$(traced "$WORK/smp" --no-bursts -- "${CMD[@]}" "$IN")
+        echo "$u" >>"$WORK/u_all"
+        ratio "$d" "$u" >>"$WORK/r_def"; ratio "$o" "$u" >>"$WORK/r_off"; ratio "$n" "$u" >>"$WORK/r_smp"
+        b=$(bursts_taken "$WORK/def$i.log")
         awk -v b="$b" -v t="$d" 'BEGIN { printf "%.1f\n", b / t }' >>"$WORK/bps"
-        printf '  run %d: untraced %.3fs default %.3fs (%s bursts) --burst 0 %.3fs\n' "$i" "$u" "$d" "$b" "$o" >&2
+        ests+=("$WORK/def$i/paths.pb.gz"); fdatas+=("$WORK/def$i/edges.fdata")
+        printf '  run %d: untraced %.3fs default %.3fs (%s bursts) --burst 0 %.3fs --no-bursts %.3fs\n' "$i" "$u" "$d" "$b" "$o" "$n" >&2
     done
     read -r DEF_MED DEF_MIN DEF_MAX < <(stats <"$WORK/r_def")
     read -r OFF_MED OFF_MIN OFF_MAX < <(stats <"$WORK/r_off")
+    read -r SMP_MED _ _ < <(stats <"$WORK/r_smp")
     read -r BPS_MED _ _ < <(stats <"$WORK/bps")
+    read -r U_MED _ _ < <(stats <"$WORK/u_all")
 
-    echo "== $prog: accuracy on ${ACC_MB} MiB: full trace vs $RUNS default runs" >&2
-    ua=$(untraced "${CMD[@]}" "$WORK/acc.txt")
-    fa=$(traced "$WORK/full" --full-trace -- "${CMD[@]}" "$WORK/acc.txt")
-    ests=()
-    for i in $(seq 1 "$RUNS"); do
-        traced "$WORK/est$i" -- "${CMD[@]}" "$WORK/acc.txt" >/dev/null
-        ests+=("$WORK/est$i/paths.pb.gz")
-    done
+    echo "== $prog: full trace (ground truth) and accuracy of the $RUNS default runs" >&2
+    fa=$(traced "$WORK/full" --full-trace -- "${CMD[@]}" "$IN")
     acc=$("$TOOL" path-accuracy "$BIN" "$WORK/full/paths.pb.gz" "${ests[@]}")
-    REPORT+=("$(printf '%-6s default %.4f (min %.4f max %.4f)  --burst 0 %.4f (min %.4f max %.4f)  full-trace %.2fx  bursts/s %.0f  %s' \
-        "$prog" "$DEF_MED" "$DEF_MIN" "$DEF_MAX" "$OFF_MED" "$OFF_MIN" "$OFF_MAX" "$(ratio "$fa" "$ua")" "$BPS_MED" "$acc")")
+
+    echo "== $prog: llvm-bolt with the default runs' edge profile; $RUNS alternating runs original vs BOLTed" >&2
+    "$MERGE" "${fdatas[@]}" >"$WORK/merged.fdata" 2>"$WORK/merge.log" \
+        || { cat "$WORK/merge.log" >&2; die "merge-fdata failed for $prog"; }
+    "$BOLT" "$BIN" -o "$WORK/$prog.bolt" -data="$WORK/merged.fdata" \
+        -reorder-blocks=ext-tsp -reorder-functions=hfsort -split-functions -split-all-cold \
+        >"$WORK/bolt.log" 2>&1 || { tail -20 "$WORK/bolt.log" >&2; die "llvm-bolt failed for $prog"; }
+    BOLTED=("$WORK/$prog.bolt" "${CMD[@]:1}")
+    cmp <("${CMD[@]}" "$IN") <("${BOLTED[@]}" "$IN") || die "$prog: the BOLTed binary's output differs"
+    : >"$WORK/r_bolt"
+    for i in $(seq 1 "$RUNS"); do
+        u=$(untraced "${CMD[@]}" "$IN")
+        b=$(untraced "${BOLTED[@]}" "$IN")
+        ratio "$b" "$u" >>"$WORK/r_bolt"
+        printf '  run %d: original %.3fs BOLTed %.3fs\n' "$i" "$u" "$b" >&2
+    done
+    read -r BOLT_MED BOLT_MIN BOLT_MAX < <(stats <"$WORK/r_bolt")
+    stale=$(grep -o '[0-9]* out of [0-9]* functions in the binary ([0-9.]*%) have non-empty execution profile' "$WORK/bolt.log" | head -1 || true)
+
+    REPORT+=("$(printf '%-6s %4d MiB %6.2fs  default %.4f (%.4f-%.4f)  --burst 0 %.4f (%.4f-%.4f)  --no-bursts %.4f  full-trace %.2fx  bursts/s %.0f  %s  BOLTed %.4f (%.4f-%.4f)' \
+        "$prog" "$mb" "$U_MED" "$DEF_MED" "$DEF_MIN" "$DEF_MAX" "$OFF_MED" "$OFF_MIN" "$OFF_MAX" "$SMP_MED" "$(ratio "$fa" "$U_MED")" "$BPS_MED" "$acc" "$BOLT_MED" "$BOLT_MIN" "$BOLT_MAX")")
+    [[ -n "$stale" ]] && echo "  bolt: $stale" >&2
 done
 echo
-echo "bursty tracing, wall time traced/untraced (median over $RUNS alternating runs); accuracy of $RUNS default runs vs a full trace:"
+echo "bursty tracing, wall time traced/untraced (median, min-max over $RUNS alternating runs); accuracy of the $RUNS default runs together vs a full trace; BOLTed/original wall time:"
 for l in "${REPORT[@]}"; do echo "  $l"; done
 echo "targets: default <= 1.02, --burst 0 <= 1.005, wall >= 0.95, overlap >= 0.97"

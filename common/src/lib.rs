@@ -137,7 +137,8 @@ mod user {
 /// the daemon.
 pub mod burst {
     /// `BurstControl::magic`.
-    pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd1");
+    /// Changes whenever the layout of [`BurstControl`] does.
+    pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd2");
     /// Saved path registers (one per instrumented activation in a burst).
     pub const SHADOW_DEPTH: usize = 1024;
     /// Set in the path register when the path's start was not observed (the
@@ -246,6 +247,9 @@ pub mod burst {
         /// Address of the clones' `.eh_frame` once registered with the
         /// target's unwinder (`__register_frame`), else 0.
         pub eh_frame: u64,
+        /// Signals handled with `burst_len` 0 (`--burst 0`): the handler
+        /// returned to the interrupted original code at once.
+        pub declined_budget: u64,
         /// Words consumed by the daemon (consumer index), on its own line.
         pub tail: u64,
         pub _pad: [u64; 7],
@@ -256,6 +260,7 @@ pub mod burst {
     /// memory (the ring starts here).
     pub const CONTROL_BYTES: usize = 20 * 1024;
     const _: () = assert!(core::mem::size_of::<BurstControl>() <= CONTROL_BYTES);
+    const _: () = assert!(core::mem::offset_of!(BurstControl, tail) % 64 == 0);
 
     /// The eBPF `BURSTS` map value for one traced process.
     #[repr(C)]

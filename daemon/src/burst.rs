@@ -66,6 +66,8 @@ pub struct BurstStats {
     pub bursts_truncated: u64,
     pub declined_busy: u64,
     pub declined_pc: u64,
+    /// Signals handled with `--burst 0` (straight back to the original).
+    pub declined_budget: u64,
     pub records: u64,
     pub records_lost: u64,
     pub paths: u64,
@@ -126,6 +128,8 @@ struct Injected {
     eh: (u64, Vec<u8>),
     signal: i32,
     old_action: KernelSigaction,
+    /// `llvm-bolt`'s names of the functions, by start address.
+    bolt_names: HashMap<u64, String>,
 }
 
 /// One process being traced in bursts.
@@ -153,7 +157,10 @@ pub struct BurstTracer {
     last_progress: (u64, u64),
     idle_drains: u32,
     /// Target-side counters at attach (an earlier session's are in them).
-    baseline: [u64; 5],
+    baseline: [u64; 6],
+    /// `llvm-bolt`'s names of the functions (local ones as `name/N`), by
+    /// start address (SVMA), for `edges.fdata`.
+    bolt_names: HashMap<u64, String>,
     /// Per function with paths: the address (SVMA) of each block's last
     /// instruction (its branch), for `edges.fdata`.
     last_insn: HashMap<u32, Vec<u64>>,
@@ -241,6 +248,11 @@ impl BurstTracer {
             if magic == CONTROL_MAGIC && old_id == id {
                 return Self::rearm(
                     pid, exe, plan, bias, m.start, shm, opts, &analysis, &exclude, &data,
+                );
+            }
+            if magic != CONTROL_MAGIC {
+                bail!(
+                    "pid {pid} already holds a burst region made by another version of burstyd; restart it to trace it again"
                 );
             }
             bail!(
@@ -388,6 +400,7 @@ impl BurstTracer {
                 eh: (eh_addr, eh.bytes),
                 signal,
                 old_action,
+                bolt_names: bolt_names(&data),
             },
             opts,
             &analysis,
@@ -454,6 +467,7 @@ impl BurstTracer {
                 eh: (eh_addr, eh.bytes),
                 signal,
                 old_action,
+                bolt_names: bolt_names(&data),
             },
             opts,
             analysis,
@@ -476,6 +490,7 @@ impl BurstTracer {
             eh,
             signal,
             old_action,
+            bolt_names,
         } = inj;
         let img = &img;
         let skipped: usize = img.skipped.values().sum();
@@ -510,6 +525,7 @@ impl BurstTracer {
             stats,
             save,
             burst_tid: 0,
+            bolt_names,
             last_insn,
             frames: std::sync::Arc::new(crate::unwind::CloneFrames {
                 range: img.code_range.0..img.code_range.1,
@@ -519,7 +535,7 @@ impl BurstTracer {
             }),
             last_progress: (0, 0),
             idle_drains: 0,
-            baseline: [0; 5],
+            baseline: [0; 6],
             lines: addr2line::Loader::new(&exe).ok(),
         };
         t.baseline = t.target_counters();
@@ -693,7 +709,7 @@ impl BurstTracer {
         }
     }
 
-    fn target_counters(&self) -> [u64; 5] {
+    fn target_counters(&self) -> [u64; 6] {
         use core::mem::offset_of;
         [
             offset_of!(BurstControl, bursts),
@@ -701,6 +717,7 @@ impl BurstTracer {
             offset_of!(BurstControl, declined_busy),
             offset_of!(BurstControl, declined_pc),
             offset_of!(BurstControl, lost_records),
+            offset_of!(BurstControl, declined_budget),
         ]
         .map(|off| self.word(off).load(Ordering::Relaxed))
     }
@@ -716,6 +733,7 @@ impl BurstTracer {
         s.declined_busy = d(2);
         s.declined_pc = d(3);
         s.records_lost = d(4);
+        s.declined_budget = d(5);
         s
     }
 
@@ -794,7 +812,8 @@ impl BurstTracer {
         }
         let mut out = String::new();
         for ((fid, from, to), n) in edges {
-            let name = &self.plan.functions[fid as usize].name;
+            let f = &self.plan.functions[fid as usize];
+            let name = self.bolt_names.get(&f.start).unwrap_or(&f.name);
             out.push_str(&format!("1 {name} {from:x} 1 {name} {to:x} 0 {n}\n"));
         }
         out
@@ -990,7 +1009,8 @@ fn set_run_options(shm: &mut memmap2::MmapMut, opts: &BurstOptions) {
     cb.burst_len = if opts.full_trace {
         u64::MAX
     } else {
-        opts.burst_len.max(1)
+        // 0: the handler returns to the original code at once.
+        opts.burst_len
     };
     cb.wait_when_full = u64::from(opts.full_trace);
     std::sync::atomic::fence(Ordering::SeqCst);
@@ -1039,8 +1059,10 @@ impl Bursts {
             wait_for_exec(pid);
             match BurstTracer::attach(pid, opts) {
                 Ok(t) => {
-                    let armed = opts.burst_len > 0 || opts.full_trace;
-                    if armed && let Err(e) = sampler.set_burst_target(pid, Some(t.target())) {
+                    // Also with --burst 0: every overflow still reaches the
+                    // handler, which returns to the original code at once
+                    // (what being attached costs without bursts).
+                    if let Err(e) = sampler.set_burst_target(pid, Some(t.target())) {
                         warn!(pid, "cannot arm bursts: {e}");
                     }
                     let s = t.stats();
@@ -1124,15 +1146,16 @@ impl Bursts {
                 .add(stats.bursts_truncated);
             crate::metrics::METRICS
                 .bursts_declined
-                .add(stats.declined_busy + stats.declined_pc);
+                .add(stats.declined_busy + stats.declined_pc + stats.declined_budget);
             info!(
                 pid,
-                "bursts: {} taken, {} truncated, {} declined (busy {}, PC not rewritten {}), {} reaped; {} signals sent, {} overflows during a burst; functions rewritten {}, skipped {}; {} paths recorded ({} partial), records lost: {}",
+                "bursts: {} taken, {} truncated, {} declined (busy {}, PC not rewritten {}, budget 0 {}), {} reaped; {} signals sent, {} overflows during a burst; functions rewritten {}, skipped {}; {} paths recorded ({} partial), records lost: {}",
                 stats.bursts,
                 stats.bursts_truncated,
-                stats.declined_busy + stats.declined_pc,
+                stats.declined_busy + stats.declined_pc + stats.declined_budget,
                 stats.declined_busy,
                 stats.declined_pc,
+                stats.declined_budget,
                 stats.reaped,
                 counters.burst_signals,
                 counters.burst_busy,
@@ -1217,6 +1240,64 @@ fn register_frame_fn(pid: u32, maps: &[inject::Mapping], plan: &Plan, bias: u64)
         .dynamic_symbols()
         .find(|s| s.name() == Ok("__register_frame") && !s.is_undefined())?;
     Some(sym.address().wrapping_add(lbias))
+}
+
+/// The names `llvm-bolt` gives the functions of an executable, by address,
+/// where they differ from the symbol's: BOLT renames every local symbol
+/// `name/N`, N counting the local symbols of that name in its order (by
+/// address; at one address functions first, section symbols last; see
+/// `RewriteInstance::discoverFileObjects`), and its profile reader looks
+/// functions up by those names.
+fn bolt_names(data: &[u8]) -> HashMap<u64, String> {
+    use object::{Object, ObjectSection, ObjectSymbol, SymbolKind, SymbolSection};
+    let mut out = HashMap::new();
+    let Ok(file) = object::File::parse(data) else {
+        return out;
+    };
+    let in_memory = |s: &object::Symbol| match s.section() {
+        SymbolSection::Absolute => true,
+        SymbolSection::Section(i) => file.section_by_index(i).is_ok_and(|sec| {
+            matches!(sec.flags(), object::SectionFlags::Elf { sh_flags }
+                if sh_flags & u64::from(object::elf::SHF_ALLOC) != 0)
+        }),
+        _ => false,
+    };
+    let mut syms: Vec<_> = file
+        .symbols()
+        .filter(|s| s.kind() != SymbolKind::File && !s.is_undefined() && s.address() != 0)
+        .filter(|s| in_memory(s))
+        .collect();
+    let rank = |k: SymbolKind| match k {
+        SymbolKind::Text => 0,
+        SymbolKind::Section => 2,
+        _ => 1,
+    };
+    syms.sort_by_key(|s| (s.address(), rank(s.kind())));
+    let mut seen: HashMap<String, u32> = HashMap::new();
+    for s in syms {
+        if s.is_global() {
+            continue;
+        }
+        let name = match s.kind() {
+            SymbolKind::Section => s
+                .section_index()
+                .and_then(|i| file.section_by_index(i).ok())
+                .and_then(|sec| sec.name().ok().map(str::to_owned)),
+            _ => s.name().ok().map(str::to_owned),
+        };
+        let Some(mut name) = name.filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        if name.starts_with(".L") {
+            name.insert_str(0, "PG");
+        }
+        let n = seen.entry(name.clone()).or_insert(0);
+        *n += 1;
+        if s.kind() == SymbolKind::Text {
+            out.insert(s.address(), format!("{name}/{n}"));
+        }
+    }
+    out
 }
 
 /// Running (not gone, not a zombie).

@@ -147,8 +147,9 @@ pub struct ProfileArgs {
 
     /// Bursty tracing (with --pid or run): checks per burst, i.e. how long
     /// each burst traces after a counter overflow switches a thread into
-    /// the instrumented clones. 0 injects the clones but never starts a
-    /// burst.
+    /// the instrumented clones. 0 injects the clones and handles every
+    /// overflow signal by returning straight to the original code: the
+    /// cost of being attached, without bursts.
     #[arg(long, value_name = "CHECKS", default_value_t = crate::burst::DEFAULT_BURST)]
     pub burst: u64,
 

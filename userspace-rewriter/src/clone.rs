@@ -1688,7 +1688,7 @@ fn emit_runtime(em: &mut Emitter, l: &Layout) -> Result<Runtime, IcedError> {
     // armed, idle, and the interrupted PC was rewritten. Everything it
     // clobbers is restored by rt_sigreturn from the ucontext.
     {
-        let (busy, disarmed, notfound) = (em.label(), em.label(), em.label());
+        let (busy, disarmed, notfound, zero) = (em.label(), em.label(), em.label(), em.label());
         // uc_mcontext.gregs[REG_RIP]: ucontext (40) + 16 * 8.
         const UC_RIP: i64 = 40 + 16 * 8;
         em.bind(rt.handler);
@@ -1698,6 +1698,13 @@ fn emit_runtime(em: &mut Emitter, l: &Layout) -> Result<Runtime, IcedError> {
             0,
         ))?;
         em.jcc(Code::Je_rel32_64, disarmed)?;
+        // Budget zero (`--burst 0`): back to the interrupted original code.
+        em.e(Instruction::with2(
+            Code::Cmp_rm64_imm8,
+            rip(field!(l, burst_len)),
+            0,
+        ))?;
+        em.jcc(Code::Je_rel32_64, zero)?;
         em.e(Instruction::with2(Code::Xor_r32_rm32, EAX, EAX))?;
         em.mov_imm(RCX, 1)?;
         em.e(
@@ -1778,6 +1785,9 @@ fn emit_runtime(em: &mut Emitter, l: &Layout) -> Result<Runtime, IcedError> {
         em.ret();
         em.bind(busy);
         em.inc(field!(l, declined_busy))?;
+        em.ret();
+        em.bind(zero);
+        em.inc(field!(l, declined_budget))?;
         em.ret();
         em.bind(disarmed);
         em.inc(field!(l, declined_disarmed))?;
