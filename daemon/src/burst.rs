@@ -467,7 +467,7 @@ impl BurstTracer {
                 eh: (eh_addr, eh.bytes),
                 signal,
                 old_action,
-                bolt_names: bolt_names(&data),
+                bolt_names: bolt_names(data),
             },
             opts,
             analysis,
