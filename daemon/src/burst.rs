@@ -191,10 +191,12 @@ impl BurstTracer {
                 "pid {pid} runs with CET shadow stacks; bursty tracing cannot redirect its returns"
             );
         }
+        let t0 = std::time::Instant::now();
         let (report, analysis) = plan::analyze_with_insns(&data, &PlanOptions::default())
             .with_context(|| format!("analysing {}", exe.display()))?;
         let plan = report.plan;
         let id = exe_id(&data);
+        let analysis_ms = t0.elapsed().as_secs_f64() * 1e3;
 
         // Where the executable is mapped.
         let maps = inject::maps(pid as i32)?;
@@ -261,41 +263,45 @@ impl BurstTracer {
         }
 
         // Everything that takes time happens before the process is stopped:
-        // size the code with a trial generation (sizes do not depend on the
-        // address: every branch to the original is rel32), pick the address,
-        // generate the clones and their unwind info for it. Only the
-        // mapping, the writes and the handler installation stop the target.
-        let trial = clone::generate_excluding(
-            &plan,
-            &analysis,
-            &Layout {
-                bias,
-                control: lo,
-                code: lo + shm_len,
-            },
-            &exclude,
-        )?;
-        let trial_eh = unwind_info::eh_frame(&data, &trial, bias).map_err(anyhow::Error::msg)?;
-        let code_len =
-            (trial.bytes.len() as u64 + trial_eh.bytes.len() as u64 + 16 + 0xffff) & !0xfff;
-        let total = shm_len + code_len;
-        drop((trial, trial_eh));
+        // pick the address, generate the clones and their unwind info for
+        // it. Only the mapping, the writes and the handler installation
+        // stop the target. The gap is sized for a generous bound on the
+        // code (clones plus address tables run at 6-10x the original
+        // bytes); in the rare case the code outgrows it, a second
+        // generation at a gap of the exact size follows.
         let exceptions = uses_exceptions(&data, &analysis);
         let register_frame = register_frame_fn(pid, &maps, &plan, bias);
-        let base = inject::find_gap_near(pid as i32, lo, hi, total)?;
-        let code = base + shm_len;
-        let layout = Layout {
-            bias,
-            control: base,
-            code,
+        let original: u64 = plan
+            .functions
+            .iter()
+            .filter(|f| matches!(f.status, FunctionStatus::Analyzed(_)))
+            .map(|f| f.size)
+            .sum();
+        let mut code_len = (32 * original + (2 << 20)).min(256 << 20);
+        let (img, eh, base) = loop {
+            let base = inject::find_gap_near(pid as i32, lo, hi, shm_len + code_len)?;
+            let layout = Layout {
+                bias,
+                control: base,
+                code: base + shm_len,
+            };
+            let img = clone::generate_excluding(&plan, &analysis, &layout, &exclude)?;
+            let eh = unwind_info::eh_frame(&data, &img, bias).map_err(anyhow::Error::msg)?;
+            let need =
+                (((img.bytes.len() as u64 + 15) & !15) + eh.bytes.len() as u64 + 0xfff) & !0xfff;
+            if need <= code_len {
+                code_len = need;
+                break (img, eh, base);
+            }
+            if need > 1 << 31 {
+                bail!("the clones would take {need} bytes: too large to map near the binary");
+            }
+            code_len = need;
         };
-        let img = clone::generate_excluding(&plan, &analysis, &layout, &exclude)?;
-        let eh = unwind_info::eh_frame(&data, &img, bias).map_err(anyhow::Error::msg)?;
+        let code = base + shm_len;
         let eh_addr = code + ((img.bytes.len() as u64 + 15) & !15);
-        if eh_addr + eh.bytes.len() as u64 > code + code_len {
-            bail!("generated code grew to {} bytes", img.bytes.len());
-        }
 
+        let generation_ms = t0.elapsed().as_secs_f64() * 1e3 - analysis_ms;
         let mut t = Tracee::attach(pid as i32).context("stopping the target with ptrace")?;
         let stopped = std::time::Instant::now();
         for &tid in t.threads() {
@@ -383,7 +389,7 @@ impl BurstTracer {
         let stopped_ms = stopped.elapsed().as_secs_f64() * 1e3;
         info!(
             pid,
-            "bursty tracing: {} functions rewritten ({} skipped), {} KiB of clones at {code:#x}, signal {signal}; target stopped {stopped_ms:.1} ms",
+            "bursty tracing: {} functions rewritten ({} skipped), {} KiB of clones at {code:#x}, signal {signal}; analysis {analysis_ms:.0} ms, generation {generation_ms:.0} ms, target stopped {stopped_ms:.1} ms",
             img.functions.len(),
             img.skipped.values().sum::<usize>() + plan.summary.skipped.values().sum::<usize>(),
             img.bytes.len() / 1024

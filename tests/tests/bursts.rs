@@ -300,24 +300,33 @@ fn full_trace_path_counts_are_exact() {
     );
 }
 
-/// bzip2 and xz built from source compress byte-identically under a full
-/// trace (every path of the main thread from the first burst on, through
-/// function pointers into cloned liblzma code) and under default bursts.
+/// The real programs of scripts/realprogs.sh with their arguments (output
+/// to stdout) and an input size for one test run: bzip2, xz (liblzma through
+/// function pointers), gzip, zstd (multi-threaded: a worker compresses) and
+/// lzip (C++).
+const REAL_PROGRAMS: [(&str, &[&str], usize); 5] = [
+    ("bzip2", &["-9", "-c"], 2 << 20),
+    ("xz", &["-6", "-T1", "-c"], 2 << 20),
+    ("gzip", &["-9", "-n", "-c"], 8 << 20),
+    ("zstd", &["-q", "-12", "-T2", "-c"], 4 << 20),
+    ("lzip", &["-2", "-c"], 2 << 20),
+];
+
+/// The real programs compress byte-identically under a full trace (every
+/// path of one thread from the first burst on) and under default bursts.
 #[test]
 fn real_programs_compress_identically_under_full_trace_and_bursts() {
     require_root();
     let _serial = serial();
     let bin = realprogs();
     let scratch = Scratch::new("real-full-trace");
-    let input = scratch.join("input.txt");
-    generate_text(&input, 2 << 20, 3);
-    let input_s = input.to_str().unwrap();
-    for (prog, args) in [("bzip2", vec!["-9", "-c"]), ("xz", vec!["-6", "-T1", "-c"])] {
+    for (prog, args, size) in REAL_PROGRAMS {
+        let input = scratch.join(&format!("{prog}.txt"));
+        generate_text(&input, size, 3);
         let exe = bin.join(prog);
-        let exe_s = exe.to_str().unwrap();
-        let mut cmd: Vec<&str> = vec![exe_s];
-        cmd.extend(&args);
-        cmd.push(input_s);
+        let mut cmd: Vec<&str> = vec![exe.to_str().unwrap()];
+        cmd.extend(args);
+        cmd.push(input.to_str().unwrap());
         let untraced = run_untraced(&cmd, Duration::from_secs(120));
         for mode in [&["--full-trace"][..], &["--freq", "999"][..]] {
             let run = burstyd_run(&scratch, mode, &cmd, Duration::from_secs(300));
@@ -330,7 +339,163 @@ fn real_programs_compress_identically_under_full_trace_and_bursts() {
             let line = bursts_line(&run.finished.stderr);
             assert!(stat(&line, "taken") >= 1, "{prog} {mode:?}: {line}");
             assert!(line.contains("records lost: 0"), "{prog} {mode:?}: {line}");
+            let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
+            assert!(!counts.is_empty(), "{prog} {mode:?}: no paths");
         }
+    }
+}
+
+/// A real program compressing its stdin, fed by a thread from a text file
+/// (cyclically) at a bounded rate until `stop`; the bytes fed and the
+/// program's output come back from `finish`.
+struct Fed {
+    child: std::process::Child,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    feeder: std::thread::JoinHandle<Vec<u8>>,
+    reader: std::thread::JoinHandle<Vec<u8>>,
+}
+
+impl Fed {
+    fn spawn(cmd: &[&str], text: Vec<u8>) -> Fed {
+        use std::io::{Read, Write};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let mut child = Command::new(cmd[0])
+            .args(&cmd[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let mut stdin = child.stdin.take().unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let flag = stop.clone();
+        let feeder = std::thread::spawn(move || {
+            // 64 KiB every 16 ms: at most 4 MiB/s.
+            let mut fed = Vec::new();
+            for chunk in text.chunks(64 << 10).cycle() {
+                if flag.load(Ordering::Relaxed) || stdin.write_all(chunk).is_err() {
+                    break;
+                }
+                fed.extend_from_slice(chunk);
+                std::thread::sleep(Duration::from_millis(16));
+            }
+            fed
+        });
+        let reader = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            stdout.read_to_end(&mut out).unwrap();
+            out
+        });
+        Fed {
+            child,
+            stop,
+            feeder,
+            reader,
+        }
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Stops feeding (closing stdin) and waits for the program: (input
+    /// fed, its output).
+    fn finish(self) -> (Vec<u8>, Vec<u8>) {
+        let Fed {
+            mut child,
+            stop,
+            feeder,
+            reader,
+        } = self;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let fed = feeder.join().unwrap();
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(300), "program hangs");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "{status}");
+        (fed, reader.join().unwrap())
+    }
+}
+
+/// Each real program, compressing its stdin for one long run, survives 20
+/// `burstyd --pid` attach/detach cycles and then a burstyd SIGKILLed
+/// mid-run; its output equals the untraced output for the same input.
+#[test]
+fn real_programs_survive_attach_cycles_and_a_sigkilled_daemon() {
+    require_root();
+    let _serial = serial();
+    let bin = realprogs();
+    let scratch = Scratch::new("real-cycles");
+    let text_path = scratch.join("text.txt");
+    generate_text(&text_path, 8 << 20, 5);
+    let text = std::fs::read(&text_path).unwrap();
+    for (prog, args, _) in REAL_PROGRAMS {
+        let exe = bin.join(prog);
+        let mut cmd: Vec<&str> = vec![exe.to_str().unwrap()];
+        cmd.extend(args);
+        let mut fed = Fed::spawn(&cmd, text.clone());
+        let pid = fed.child.id().to_string();
+        let (mut rearmed, mut bursts) = (0, 0);
+        for i in 0..20 {
+            let run = burstyd(
+                &scratch,
+                // zstd's analysis alone takes a quarter of that.
+                &["--pid", &pid, "--duration", "0.4", "--freq", "999"],
+                &[],
+                Duration::from_secs(60),
+            );
+            assert!(
+                run.finished.status.success() && run.finished.stderr.contains("bursts: "),
+                "{prog} cycle {i}: alive {}\n{}",
+                fed.alive(),
+                run.finished.describe()
+            );
+            if run.finished.stderr.contains("re-armed") {
+                rearmed += 1;
+            }
+            bursts += stat(&bursts_line(&run.finished.stderr), "taken");
+        }
+        assert_eq!(
+            rearmed, 19,
+            "{prog}: attaches after the first reuse the clones"
+        );
+        assert!(bursts >= 20, "{prog}: {bursts} bursts in 20 attaches");
+
+        let mut daemon = Command::new(burstyd_bin())
+            .args(["--pid", &pid, "--freq", "999", "-o"])
+            .arg(scratch.join("killed"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1200));
+        daemon.kill().unwrap();
+        let _ = daemon.wait();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(fed.alive(), "{prog} died with the daemon");
+
+        let (input, traced) = fed.finish();
+        // The same input on stdin (headers differ for a named file).
+        let input_path = scratch.join("fed.txt");
+        std::fs::write(&input_path, &input).unwrap();
+        let untraced = Command::new(cmd[0])
+            .args(&cmd[1..])
+            .stdin(std::fs::File::open(&input_path).unwrap())
+            .output()
+            .unwrap();
+        assert!(untraced.status.success(), "{untraced:?}");
+        assert!(
+            traced == untraced.stdout,
+            "{prog}: output differs after attach cycles and SIGKILL ({} bytes fed)",
+            input.len()
+        );
     }
 }
 
@@ -390,6 +555,45 @@ fn llvm_bolt_accepts_the_edge_profile() {
     assert!(!log.contains("modified layout of 0 functions"), "{log}");
     let bolted = run_untraced(&[out.to_str().unwrap(), "1200000"], Duration::from_secs(60));
     assert_eq!(bolted.stdout_str(), untraced.stdout_str());
+
+    // bzip2 (static functions, which BOLT names `name/N`) profiled in
+    // default bursts: BOLT finds every function the profile names.
+    let exe = realprogs().join("bzip2");
+    let input = scratch.join("input.txt");
+    generate_text(&input, 8 << 20, 9);
+    let cmd = [exe.to_str().unwrap(), "-9", "-c", input.to_str().unwrap()];
+    let untraced = run_untraced(&cmd, Duration::from_secs(60));
+    let run = burstyd_run(&scratch, &["--freq", "999"], &cmd, Duration::from_secs(120));
+    run.assert_ok();
+    let fdata = run.out_dir.join("edges.fdata");
+    let text = std::fs::read_to_string(&fdata).unwrap();
+    let names: std::collections::BTreeSet<&str> =
+        text.lines().filter_map(|l| l.split(' ').nth(1)).collect();
+    assert!(names.contains("mainSort/1"), "{names:?}");
+    let out = scratch.join("bzip2.bolt");
+    let b = run_timeout(
+        Command::new(bolt)
+            .arg(&exe)
+            .arg("-o")
+            .arg(&out)
+            .arg(format!("-data={}", fdata.display()))
+            .args(["-reorder-blocks=ext-tsp", "-split-functions"]),
+        Duration::from_secs(120),
+    );
+    let log = format!("{}{}", b.stdout_str(), b.stderr);
+    assert!(b.status.success(), "{}", b.describe());
+    assert!(
+        log.contains(&format!("BOLT-INFO: {} out of ", names.len())),
+        "BOLT must match all {} functions of the profile: {names:?}\n{log}",
+        names.len()
+    );
+    assert!(!log.contains("was ignored"), "{log}");
+    assert!(!log.contains("invalid (possibly stale) profile"), "{log}");
+    let bolted = run_untraced(
+        &[out.to_str().unwrap(), "-9", "-c", input.to_str().unwrap()],
+        Duration::from_secs(60),
+    );
+    assert!(bolted.stdout == untraced.stdout, "the BOLTed bzip2 differs");
 }
 
 /// longjmp out of cloned frames in the middle of bursts: the shadow stack
