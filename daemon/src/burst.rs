@@ -762,6 +762,18 @@ impl BurstTracer {
         }
         match Tracee::attach(self.pid as i32) {
             Ok(mut t) => {
+                // Only our own handler is replaced: a process that exec'd
+                // since (same pid, new image) has its own dispositions.
+                let ours = control_mut(&mut self.shm).handler;
+                let current = t.rt_sigaction(self.signal, None)?;
+                if current.handler != ours {
+                    debug!(
+                        pid = self.pid,
+                        "signal {} no longer ours; left alone", self.signal
+                    );
+                    t.detach()?;
+                    return Ok(stats);
+                }
                 // SIG_IGN discards an instance still pending; then the old one.
                 let ign = KernelSigaction {
                     handler: 1,

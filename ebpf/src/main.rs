@@ -30,7 +30,9 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use burstyd_common::{
     Config, FILTER_TARGETS, MAX_KERNEL_FRAMES, RING_BYTES, SAMPLE_USER_MODE, SAMPLE_USER_REGS,
-    SAMPLE_USTACK_SHORT, Sample, USER_STACK_BYTES, WAKEUP_BYTES, burst::BurstTarget, counter,
+    SAMPLE_USTACK_SHORT, Sample, USER_STACK_BYTES, WAKEUP_BYTES,
+    burst::{ARMED_OFFSET, BurstTarget, CONTROL_MAGIC},
+    counter,
 };
 
 #[map]
@@ -96,20 +98,23 @@ pub fn on_newtask(ctx: TracePointContext) -> u32 {
 /// The hardware picked this moment: if the process is armed and no burst
 /// runs in it, signal the overflowing thread; the injected handler moves it
 /// into the instrumented clones. The words are read from the target's own
-/// memory (we are in its context); a page not present reads as busy.
+/// memory (we are in its context); a page not present reads as busy. The
+/// control block's magic word must be there too: a process that exec'd
+/// since keeps its pid but not our region (nor our handler), and whatever
+/// it maps at that address now must never get the signal.
 #[inline(always)]
 fn start_burst(t: &BurstTarget) {
-    let mut words = [0u32; 2];
-    // SAFETY: reads 8 bytes of the current process's memory into a local.
+    let mut words = [0u64; 2];
+    // SAFETY: reads 16 bytes of the current process's memory into a local.
     let r = unsafe {
         bpf_probe_read_user(
             words.as_mut_ptr() as *mut core::ffi::c_void,
-            8,
-            t.armed_addr as *const core::ffi::c_void,
+            16,
+            t.armed_addr.wrapping_sub(ARMED_OFFSET as u64) as *const core::ffi::c_void,
         )
     };
-    let (armed, active) = (words[0], words[1]);
-    if r != 0 || armed == 0 || active != 0 {
+    let (magic, armed, active) = (words[0], words[1] as u32, (words[1] >> 32) as u32);
+    if r != 0 || magic != CONTROL_MAGIC || armed == 0 || active != 0 {
         bump(counter::BURST_BUSY);
         return;
     }

@@ -627,3 +627,104 @@ fn longjmp_out_of_instrumented_frames() {
         );
     }
 }
+
+/// A burst that outruns the daemon fills the ring: it is truncated (the
+/// program goes on in its original code), counted, and the records that
+/// did not fit are counted as lost; the output is unchanged and the paths
+/// recorded before the ring filled are in the profile.
+#[test]
+fn a_full_ring_truncates_the_burst_and_counts_it() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("paths_known");
+    let exe_s = exe.to_str().unwrap();
+    let arg = "60000000";
+    let untraced = run_untraced(&[exe_s, arg], Duration::from_secs(60));
+    let scratch = Scratch::new("full-ring");
+    // Bursts that never end by themselves: about 20 M paths/s instrumented
+    // against a 256 Ki-record ring drained every 50 ms.
+    let run = burstyd_run(
+        &scratch,
+        &["--freq", "99", "--burst", "4000000000000"],
+        &[exe_s, arg],
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    let line = bursts_line(&run.finished.stderr);
+    assert!(stat(&line, "truncated") >= 1, "{line}");
+    let lost: u64 = line
+        .rsplit("records lost: ")
+        .next()
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no records lost count in {line}"));
+    assert!(lost >= 1, "{line}");
+    let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
+    assert!(
+        counts.keys().any(|k| k.starts_with("kernel path ")),
+        "{counts:#?}"
+    );
+}
+
+/// A stripped executable (no .symtab): functions come from its unwind
+/// info, bursts run, the output is unchanged and paths are recorded.
+#[test]
+fn a_stripped_executable_is_traced_in_bursts() {
+    require_root();
+    let _serial = serial();
+    let scratch = Scratch::new("stripped");
+    let exe = scratch.join("bursty-stripped");
+    let st = run_timeout(
+        Command::new("strip")
+            .arg("-o")
+            .arg(&exe)
+            .arg(fixture("bursty")),
+        Duration::from_secs(30),
+    );
+    assert!(st.status.success(), "{}", st.describe());
+    let exe_s = exe.to_str().unwrap();
+    let untraced = run_untraced(&[exe_s, "400"], Duration::from_secs(60));
+    let run = burstyd_run(
+        &scratch,
+        &["--freq", "999"],
+        &[exe_s, "400"],
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    let line = bursts_line(&run.finished.stderr);
+    assert!(stat(&line, "taken") >= 1, "{line}");
+    assert!(line.contains("records lost: 0"), "{line}");
+    let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
+    assert!(!counts.is_empty(), "{line}");
+}
+
+/// The traced process execs another program (same pid, new image: our
+/// region and handler are gone, the signal's disposition is back to its
+/// default, which would kill it). The eBPF program checks the control
+/// block's magic word before signalling and the final detach leaves a
+/// disposition that is not ours alone: the new program runs to the end
+/// with its normal output.
+#[test]
+fn a_process_that_execs_is_left_alone() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("bursty");
+    let script = format!("sleep 0.7; exec {} 400", exe.display());
+    let untraced = run_untraced(&[&exe.to_string_lossy(), "400"], Duration::from_secs(60));
+    let scratch = Scratch::new("exec");
+    let run = burstyd_run(
+        &scratch,
+        &["--freq", "999"],
+        &["/bin/sh", "-c", &script],
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    assert!(
+        run.finished.stderr.contains("bursty tracing: "),
+        "the shell was traced before its exec:\n{}",
+        run.finished.describe()
+    );
+}
