@@ -7,6 +7,11 @@
 #   - slowdown with the clones injected but bursts disabled (`--burst 0`),
 #   - slowdown with sampling only (`--no-bursts`), for reference,
 #   - slowdown under `--full-trace` (every path from the first burst on),
+#   - the cost of one burst and of one `--burst 0` signal, measured with
+#     the event rate amplified (--freq HIFREQ) against sampling alone at the
+#     same rate, and the slowdowns they imply at the default rate: on a
+#     shared host the run-to-run noise of the direct ratios can exceed the
+#     overhead itself,
 #   - bursts per second at default settings,
 #   - path-profile accuracy of the default runs against the full trace:
 #     PEP's Wall weight matching (hot threshold 0.125% of flow) and edge
@@ -23,7 +28,7 @@
 #
 # Usage (workspace root, as root, after `cargo build --release -p burstyd`):
 #   bash bench/bursts.sh [--runs N] [--seconds S] [--programs "bzip2 xz ..."]
-# Environment: RUNS (5), SECONDS_PER_RUN (3), PROGRAMS (all five),
+# Environment: RUNS (5), SECONDS_PER_RUN (3), PROGRAMS (all five), HIFREQ (4999),
 #   BURSTYD_BIN, KEEP=1 keeps the work directory.
 set -euo pipefail
 
@@ -31,12 +36,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUNS="${RUNS:-5}"
 SECS="${SECONDS_PER_RUN:-3}"
 PROGRAMS="${PROGRAMS:-bzip2 xz gzip zstd lzip}"
+HIFREQ="${HIFREQ:-4999}"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --runs) RUNS="$2"; shift 2 ;;
         --seconds) SECS="$2"; shift 2 ;;
         --programs) PROGRAMS="$2"; shift 2 ;;
-        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h|--help) sed -n "2,32p" "$0"; exit 0 ;;
         *) echo "bursts.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -88,6 +94,8 @@ traced() {
     kv "$WORK/ru" wall_s
 }
 bursts_taken() { grep -o 'bursts: [0-9]* taken' "$1" | awk '{ s += $2 } END { print s + 0 }'; }
+budget0_signals() { grep -o 'budget 0 [0-9]*' "$1" | awk '{ s += $3 } END { print s + 0 }'; }
+median() { stats | awk '{ print $1 }'; }
 # One thread each: the comparison is per thread of work.
 command_for() {
     local bin="$ROOT/target/realprogs/bin/$1"
@@ -142,6 +150,23 @@ for prog in $PROGRAMS; do
     OFF_BEST=$(ratio "$(minof "$WORK/t_off")" "$U_MIN")
     SMP_BEST=$(ratio "$(minof "$WORK/t_smp")" "$U_MIN")
 
+    echo "== $prog: per-event costs at --freq $HIFREQ: $RUNS alternating runs: --no-bursts, --burst 0, default" >&2
+    : >"$WORK/c_burst"; : >"$WORK/c_signal"
+    for i in $(seq 1 "$RUNS"); do
+        n=$(traced "$WORK/hsmp" --no-bursts --freq "$HIFREQ" -- "${CMD[@]}" "$IN")
+        o=$(traced "$WORK/hoff" --burst 0 --freq "$HIFREQ" -- "${CMD[@]}" "$IN")
+        d=$(traced "$WORK/hdef" --freq "$HIFREQ" -- "${CMD[@]}" "$IN")
+        sg=$(budget0_signals "$WORK/hoff.log"); b=$(bursts_taken "$WORK/hdef.log")
+        awk -v d="$d" -v n="$n" -v b="$b" 'BEGIN { printf "%.2f\n", (d - n) / b * 1e6 }' >>"$WORK/c_burst"
+        awk -v o="$o" -v n="$n" -v s="$sg" 'BEGIN { printf "%.2f\n", (o - n) / s * 1e6 }' >>"$WORK/c_signal"
+        printf '  run %d: --no-bursts %.3fs  --burst 0 %.3fs (%s signals)  default %.3fs (%s bursts)\n' "$i" "$n" "$o" "$sg" "$d" "$b" >&2
+    done
+    C_BURST=$(median <"$WORK/c_burst"); C_SIGNAL=$(median <"$WORK/c_signal")
+    # Signals per second at the default rate: bursts plus declined ones.
+    SPS=$(awk -v s="$(budget0_signals "$WORK/off.log")" -v t="$o" 'BEGIN { printf "%.1f", s / t }')
+    IMPL_DEF=$(awk -v c="$C_BURST" -v r="$BPS_MED" 'BEGIN { printf "%.4f", 1 + c * r / 1e6 }')
+    IMPL_OFF=$(awk -v c="$C_SIGNAL" -v r="$SPS" 'BEGIN { printf "%.4f", 1 + c * r / 1e6 }')
+
     echo "== $prog: full trace (ground truth) and accuracy of the $RUNS default runs" >&2
     fa=$(traced "$WORK/full" --full-trace -- "${CMD[@]}" "$IN")
     acc=$("$TOOL" path-accuracy "$BIN" "$WORK/full/paths.pb.gz" "${ests[@]}")
@@ -165,12 +190,13 @@ for prog in $PROGRAMS; do
     BOLT_BEST=$(ratio "$(minof "$WORK/t_bolt")" "$(minof "$WORK/t_orig")")
     stale=$(grep -o '[0-9]* out of [0-9]* functions in the binary ([0-9.]*%) have non-empty execution profile' "$WORK/bolt.log" | head -1 || true)
 
-    REPORT+=("$(printf '%-6s %4d MiB %5.2fs | default %.4f %.4f (%.4f-%.4f) | --burst 0 %.4f %.4f (%.4f-%.4f) | --no-bursts %.4f %.4f | full-trace %.2fx | bursts/s %.0f | %s | BOLTed %.4f %.4f' \
-        "$prog" "$mb" "$U_MED" "$DEF_BEST" "$DEF_MED" "$DEF_MIN" "$DEF_MAX" "$OFF_BEST" "$OFF_MED" "$OFF_MIN" "$OFF_MAX" "$SMP_BEST" "$SMP_MED" "$(ratio "$fa" "$U_MED")" "$BPS_MED" "$acc" "$BOLT_BEST" "$BOLT_MED")")
+    REPORT+=("$(printf '%-6s %4d MiB %5.2fs | default %.4f %.4f (%.4f-%.4f) | --burst 0 %.4f %.4f (%.4f-%.4f) | --no-bursts %.4f %.4f | full-trace %.2fx | bursts/s %.0f | burst %.1fus signal %.1fus: bursts add %.4f, --burst 0 adds %.4f | %s | BOLTed %.4f %.4f' \
+        "$prog" "$mb" "$U_MED" "$DEF_BEST" "$DEF_MED" "$DEF_MIN" "$DEF_MAX" "$OFF_BEST" "$OFF_MED" "$OFF_MIN" "$OFF_MAX" "$SMP_BEST" "$SMP_MED" "$(ratio "$fa" "$U_MED")" "$BPS_MED" "$C_BURST" "$C_SIGNAL" "$IMPL_DEF" "$IMPL_OFF" "$acc" "$BOLT_BEST" "$BOLT_MED")")
     [[ -n "$stale" ]] && echo "  bolt: $stale" >&2
 done
 echo
 echo "bursty tracing on $(nproc) CPUs, wall time traced/untraced over $RUNS alternating runs: best run/best run, then the median (min-max) of the per-run ratios;"
+echo "per-event costs (median over $RUNS runs at --freq $HIFREQ vs --no-bursts) and the slowdown they imply at the default rate;"
 echo "accuracy of the $RUNS default runs together vs a full trace; BOLTed/original wall time (best/best, median):"
 for l in "${REPORT[@]}"; do echo "  $l"; done
 echo "targets: default <= 1.02, --burst 0 <= 1.005, wall >= 0.95, overlap >= 0.97"
