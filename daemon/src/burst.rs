@@ -908,18 +908,8 @@ impl BurstTracer {
     }
 
     /// `paths.pb.gz`: one sample per (context, function, path).
-    pub fn paths_profile(
-        &self,
-        event: &str,
-        leaf_weights: &HashMap<u64, u64>,
-    ) -> anyhow::Result<Vec<u8>> {
-        let mut b = ProfileBuilder::new(
-            &[("executions", "count"), (event, "count")],
-            (event, "count"),
-            1,
-        );
-        b.add_comment("Ball-Larus paths from bursty tracing: leaf frame = the path (its blocks' source lines), then the function, then the functions entered before it within the burst");
-        b.add_comment(&format!("{event}/count: the sampled {event} of each block split among the paths through it by their executions"));
+    /// Adds this process's paths to `paths.pb.gz` (see [`paths_builder`]).
+    pub fn add_paths(&self, b: &mut ProfileBuilder, leaf_weights: &HashMap<u64, u64>) {
         let events = self.path_events(leaf_weights);
         let execs = self.executions();
         let line_of = |svma: u64| -> (Option<String>, u32) {
@@ -1010,8 +1000,19 @@ impl BurstTracer {
                 &[("pid", i64::from(self.pid)), ("path", *path as i64)],
             );
         }
-        Ok(encode_gzip(&b.finish())?)
     }
+}
+
+/// The builder of `paths.pb.gz`, which every traced process adds to.
+fn paths_builder(event: &str) -> ProfileBuilder {
+    let mut b = ProfileBuilder::new(
+        &[("executions", "count"), (event, "count")],
+        (event, "count"),
+        1,
+    );
+    b.add_comment("Ball-Larus paths from bursty tracing: leaf frame = the path (its blocks' source lines), then the function, then the functions entered before it within the burst");
+    b.add_comment(&format!("{event}/count: the sampled {event} of each block split among the paths through it by their executions"));
+    b
 }
 
 fn control_mut(shm: &mut memmap2::MmapMut) -> &mut BurstControl {
@@ -1140,7 +1141,8 @@ impl Bursts {
         if self.tracers.is_empty() {
             return;
         }
-        let mut profiles = Vec::new();
+        let mut paths = paths_builder(event);
+        let mut fdatas = Vec::new();
         for mut t in self.tracers.drain(..) {
             let pid = t.pid();
             let _ = sampler.set_burst_target(pid, None);
@@ -1149,8 +1151,8 @@ impl Bursts {
             t.disarm();
             while t.drain() > 0 {}
             let empty = HashMap::new();
-            let profile = t.paths_profile(event, leaf_weights.get(&pid).unwrap_or(&empty));
-            let fdata = t.fdata();
+            t.add_paths(&mut paths, leaf_weights.get(&pid).unwrap_or(&empty));
+            fdatas.push((pid, t.fdata()));
             let stats = match t.detach() {
                 Ok(s) => s,
                 Err(e) => {
@@ -1183,26 +1185,36 @@ impl Bursts {
                 stats.partial_paths,
                 stats.records_lost
             );
-            match profile {
-                Ok(p) => profiles.push((p, fdata)),
-                Err(e) => warn!(pid, "path profile: {e:#}"),
+        }
+        let _ = std::fs::create_dir_all(output);
+        // edges.fdata is for one binary: the first process's; with several
+        // processes each also gets edges-<pid>.fdata.
+        let several = fdatas.len() > 1;
+        for (i, (pid, fdata)) in fdatas.iter().enumerate() {
+            let mut names = Vec::new();
+            if i == 0 {
+                names.push("edges.fdata".to_string());
+            }
+            if several {
+                names.push(format!("edges-{pid}.fdata"));
+            }
+            for name in names {
+                let edges = output.join(name);
+                if let Err(e) = write_atomic(&edges, fdata.as_bytes()) {
+                    warn!("writing {}: {e}", edges.display());
+                }
             }
         }
-        // One target per session in practice; with several, the first.
-        if let Some((p, fdata)) = profiles.into_iter().next() {
-            let _ = std::fs::create_dir_all(output);
-            let edges = output.join("edges.fdata");
-            if let Err(e) = write_atomic(&edges, fdata.as_bytes()) {
-                warn!("writing {}: {e}", edges.display());
-            }
-            let path = output.join("paths.pb.gz");
-            match write_atomic(&path, &p) {
+        let path = output.join("paths.pb.gz");
+        match encode_gzip(&paths.finish()).map_err(anyhow::Error::from) {
+            Ok(p) => match write_atomic(&path, &p) {
                 Ok(()) => {
                     info!("wrote {}", path.display());
                     crate::http::set_paths_profile(p);
                 }
                 Err(e) => warn!("writing {}: {e}", path.display()),
-            }
+            },
+            Err(e) => warn!("path profile: {e:#}"),
         }
     }
 }

@@ -301,14 +301,15 @@ fn full_trace_path_counts_are_exact() {
 }
 
 /// The real programs of scripts/realprogs.sh with their arguments (output
-/// to stdout) and an input size for one test run: bzip2, xz (liblzma through
-/// function pointers), gzip, zstd (multi-threaded: a worker compresses) and
-/// lzip (C++).
+/// to stdout) and an input size for one test run (a few tenths of a second
+/// or more, so that burstyd attaches before the program ends even on a
+/// loaded machine): bzip2, xz (liblzma through function pointers), gzip,
+/// zstd (multi-threaded: a worker compresses) and lzip (C++).
 const REAL_PROGRAMS: [(&str, &[&str], usize); 5] = [
-    ("bzip2", &["-9", "-c"], 2 << 20),
+    ("bzip2", &["-9", "-c"], 4 << 20),
     ("xz", &["-6", "-T1", "-c"], 2 << 20),
-    ("gzip", &["-9", "-n", "-c"], 8 << 20),
-    ("zstd", &["-q", "-12", "-T2", "-c"], 4 << 20),
+    ("gzip", &["-9", "-n", "-c"], 16 << 20),
+    ("zstd", &["-q", "-12", "-T2", "-c"], 24 << 20),
     ("lzip", &["-2", "-c"], 2 << 20),
 ];
 
@@ -727,4 +728,55 @@ fn a_process_that_execs_is_left_alone() {
         "the shell was traced before its exec:\n{}",
         run.finished.describe()
     );
+}
+
+/// Two processes traced in one session: paths.pb.gz holds both (pid
+/// labels), each gets its own edges-<pid>.fdata, and both run unharmed.
+#[test]
+fn two_processes_traced_in_one_session() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("bursty");
+    let exe_s = exe.to_str().unwrap();
+    let untraced = run_untraced(&[exe_s, "60"], Duration::from_secs(60));
+    let a = spawn_fixture(&[exe_s, "60"]);
+    let b = spawn_fixture(&[exe_s, "60"]);
+    let (pa, pb) = (a.id(), b.id());
+    let scratch = Scratch::new("two-pids");
+    let run = burstyd(
+        &scratch,
+        &[
+            "--pid",
+            &pa.to_string(),
+            "--pid",
+            &pb.to_string(),
+            "--duration",
+            "1",
+            "--freq",
+            "999",
+        ],
+        &[],
+        Duration::from_secs(60),
+    );
+    run.assert_ok();
+    assert_eq!(finish(a), untraced.stdout_str());
+    assert_eq!(finish(b), untraced.stdout_str());
+    let p = read_profile(&run.out_dir.join("paths.pb.gz")).unwrap();
+    let pids: std::collections::BTreeSet<i64> = p
+        .samples
+        .iter()
+        .filter_map(|s| s.num_labels.get("pid").copied())
+        .collect();
+    assert_eq!(
+        pids,
+        [i64::from(pa), i64::from(pb)].into_iter().collect(),
+        "{}",
+        run.finished.describe()
+    );
+    for pid in [pa, pb] {
+        let f = run.out_dir.join(format!("edges-{pid}.fdata"));
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        assert!(text.starts_with("1 "), "{}: {text:?}", f.display());
+    }
+    assert!(run.out_dir.join("edges.fdata").exists());
 }
