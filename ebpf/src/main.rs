@@ -95,6 +95,31 @@ pub fn on_newtask(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// Whether the overflow interrupted the thread inside execve(2): a signal
+/// queued now would stay pending across the exec and reach the new image,
+/// whose disposition for it is back to the default (terminate). A signal
+/// queued in any other syscall is delivered when it returns, before the
+/// thread can exec.
+#[inline(always)]
+fn in_exec(ctx: &PerfEventContext) -> bool {
+    let regs = ctx.as_ptr() as *const pt_regs;
+    // SAFETY: the perf_event context points at the interrupted registers.
+    if unsafe { (*regs).cs } & 3 == 3 {
+        return false;
+    }
+    // SAFETY: helpers on the current task; the read is checked.
+    let nr = unsafe {
+        let task = bpf_get_current_task_btf();
+        let uregs = bpf_task_pt_regs(task) as *const pt_regs;
+        match bpf_probe_read_kernel(uregs) {
+            Ok(u) => u.orig_rax,
+            // Unknown: be safe.
+            Err(_) => return true,
+        }
+    };
+    nr == 59 || nr == 322 // execve, execveat
+}
+
 /// The hardware picked this moment: if the process is armed and no burst
 /// runs in it, signal the overflowing thread; the injected handler moves it
 /// into the instrumented clones. The words are read from the target's own
@@ -155,7 +180,9 @@ fn try_on_overflow(ctx: &PerfEventContext) -> Result<u32, u32> {
         return Ok(0);
     }
     bump(counter::SAMPLES);
-    if let Some(t) = unsafe { BURSTS.get(&pid) } {
+    if let Some(t) = unsafe { BURSTS.get(&pid) }
+        && !in_exec(ctx)
+    {
         start_burst(t);
     }
 

@@ -715,9 +715,11 @@ fn a_process_that_execs_is_left_alone() {
     let script = format!("sleep 0.7; exec {} 400", exe.display());
     let untraced = run_untraced(&[&exe.to_string_lossy(), "400"], Duration::from_secs(60));
     let scratch = Scratch::new("exec");
+    // A high rate, so that overflows also land inside the execve itself
+    // (a signal queued there would outlive the exec and kill the program).
     let run = burstyd_run(
         &scratch,
-        &["--freq", "999"],
+        &["--freq", "19999"],
         &["/bin/sh", "-c", &script],
         Duration::from_secs(120),
     );
