@@ -135,6 +135,38 @@ fn finish(child: std::process::Child) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// `n` cycles of `burstyd --pid PID --duration SECS` on one running
+/// process: (re-arms of the first injection, bursts taken). `state`
+/// describes the target for a failure message.
+fn attach_cycles(
+    scratch: &Scratch,
+    pid: &str,
+    secs: &str,
+    n: usize,
+    mut state: impl FnMut() -> String,
+) -> (usize, u64) {
+    let (mut rearmed, mut bursts) = (0, 0);
+    for i in 0..n {
+        let run = burstyd(
+            scratch,
+            &["--pid", pid, "--duration", secs, "--freq", "999"],
+            &[],
+            Duration::from_secs(60),
+        );
+        assert!(
+            run.finished.status.success() && run.finished.stderr.contains("bursts: "),
+            "cycle {i}: {}\n{}",
+            state(),
+            run.finished.describe()
+        );
+        if run.finished.stderr.contains("re-armed") {
+            rearmed += 1;
+        }
+        bursts += stat(&bursts_line(&run.finished.stderr), "taken");
+    }
+    (rearmed, bursts)
+}
+
 #[test]
 fn twenty_attach_detach_cycles_during_one_run() {
     require_root();
@@ -147,26 +179,9 @@ fn twenty_attach_detach_cycles_during_one_run() {
     let scratch = Scratch::new("attach-cycles");
     let mut child = child;
     let t0 = Instant::now();
-    let mut rearmed = 0;
-    let mut bursts = 0;
-    for i in 0..20 {
-        let run = burstyd(
-            &scratch,
-            &["--pid", &pid, "--duration", "0.1", "--freq", "999"],
-            &[],
-            Duration::from_secs(60),
-        );
-        assert!(
-            run.finished.status.success() && run.finished.stderr.contains("bursts: "),
-            "cycle {i}: fixture {:?}\n{}",
-            child.try_wait(),
-            run.finished.describe()
-        );
-        if run.finished.stderr.contains("re-armed") {
-            rearmed += 1;
-        }
-        bursts += stat(&bursts_line(&run.finished.stderr), "taken");
-    }
+    let (rearmed, bursts) = attach_cycles(&scratch, &pid, "0.1", 20, || {
+        format!("fixture {:?}", child.try_wait())
+    });
     assert!(
         t0.elapsed() < Duration::from_secs(40),
         "the fixture must still be running: {:?}",
@@ -449,26 +464,10 @@ fn real_programs_survive_attach_cycles_and_a_sigkilled_daemon() {
         cmd.extend(args);
         let mut fed = Fed::spawn(&cmd, text.clone());
         let pid = fed.child.id().to_string();
-        let (mut rearmed, mut bursts) = (0, 0);
-        for i in 0..20 {
-            let run = burstyd(
-                &scratch,
-                // zstd's analysis alone takes a quarter of that.
-                &["--pid", &pid, "--duration", "0.4", "--freq", "999"],
-                &[],
-                Duration::from_secs(60),
-            );
-            assert!(
-                run.finished.status.success() && run.finished.stderr.contains("bursts: "),
-                "{prog} cycle {i}: alive {}\n{}",
-                fed.alive(),
-                run.finished.describe()
-            );
-            if run.finished.stderr.contains("re-armed") {
-                rearmed += 1;
-            }
-            bursts += stat(&bursts_line(&run.finished.stderr), "taken");
-        }
+        // zstd's analysis alone takes a quarter of each 0.4 s.
+        let (rearmed, bursts) = attach_cycles(&scratch, &pid, "0.4", 20, || {
+            format!("{prog} alive {}", fed.alive())
+        });
         assert_eq!(
             rearmed, 19,
             "{prog}: attaches after the first reuse the clones"
