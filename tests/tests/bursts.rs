@@ -464,8 +464,8 @@ fn real_programs_survive_attach_cycles_and_a_sigkilled_daemon() {
         cmd.extend(args);
         let mut fed = Fed::spawn(&cmd, text.clone());
         let pid = fed.child.id().to_string();
-        // zstd's analysis alone takes a quarter of each 0.4 s.
-        let (rearmed, bursts) = attach_cycles(&scratch, &pid, "0.4", 20, || {
+        // zstd's analysis and generation take most of 0.4 s on a loaded machine.
+        let (rearmed, bursts) = attach_cycles(&scratch, &pid, "0.8", 20, || {
             format!("{prog} alive {}", fed.alive())
         });
         assert_eq!(
