@@ -3,8 +3,16 @@
 //! Every type here is `#[repr(C)]` and plain old data: the kernel side writes
 //! it into a BPF map or ring buffer, the user side reads the same bytes. Any
 //! change here changes both sides at once, which is the point of the crate.
-//! The `layout` test in the daemon pins the sizes and offsets the daemon
-//! decodes, so a drift fails `cargo test`.
+//! The eBPF target (`bpfel`) and x86-64 lay `#[repr(C)]` structs out alike
+//! (little endian, 8-byte `u64` alignment); the `layout` tests here pin the
+//! offsets both sides rely on, so a drift fails `cargo test`:
+//! `sample_layout` below, and `burst::layout`, which also ties
+//! [`burst::BurstControl`]'s layout to [`burst::CONTROL_MAGIC`].
+//!
+//! - [`addr`]: process ids and the address spaces (AVMA, SVMA, bias, frame
+//!   addresses) as types, shared by the daemon and the rewriter.
+//! - [`burst`]: the memory a traced process shares with the daemon, and the
+//!   record format its injected runtime writes.
 #![no_std]
 
 /// Bytes of user stack copied per sample, starting at the sampled `rsp`.
@@ -125,155 +133,55 @@ mod user {
     unsafe impl aya::Pod for super::burst::BurstTarget {}
 }
 
-/// Bursty tracing: the memory the injected runtime in a target process
-/// shares with the daemon, and the eBPF map entry that arms it.
-///
-/// The daemon maps a memfd into the target (`MAP_SHARED`) and into itself:
-/// page 0 holds a [`BurstControl`], then come `ring_words` u64 words of
-/// records. Only the thread that owns the current burst writes records
-/// (single producer); the daemon consumes (`tail`). The generated code in
-/// the target reaches every field RIP-relatively at fixed offsets, so the
-/// layout is part of the contract between `userspace-rewriter::clone` and
-/// the daemon.
-pub mod burst {
-    /// `BurstControl::magic`.
-    /// Changes whenever the layout of [`BurstControl`] does.
-    pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd2");
-    /// Saved path registers (one per instrumented activation in a burst).
-    pub const SHADOW_DEPTH: usize = 1024;
-    /// Set in the path register when the path's start was not observed (the
-    /// burst began mid-path, or the activation is older than the burst).
-    pub const PATH_INVALID: u64 = 1 << 63;
+pub mod addr;
+pub mod burst;
 
-    /// Record tags: bits 60..64 of a record's first word. Every record is
-    /// two words.
-    pub const REC_START: u64 = 1;
-    /// An instrumented function was entered: `w0 = tag | fid`, `w1 = 0`.
-    pub const REC_ENTER: u64 = 2;
-    /// A path ended: `w0 = tag | kind << 32 | fid`, `w1 = path register`.
-    pub const REC_PATH: u64 = 3;
-    /// The burst ended: `w0 = tag | reason`, `w1 = 0`.
-    pub const REC_END: u64 = 4;
+#[cfg(test)]
+mod sample_layout {
+    use super::*;
+    use core::mem::{offset_of, size_of};
 
-    /// `REC_PATH` kinds.
-    pub const PATH_END_RETURN: u64 = 0;
-    pub const PATH_END_BACK_EDGE: u64 = 1;
-    pub const PATH_END_TAIL: u64 = 2;
-    /// The path ended at a call that does not return, or a jump out of the
-    /// clones (to a `.cold` part).
-    pub const PATH_END_NORETURN: u64 = 3;
-
-    /// `REC_END` reasons.
-    pub const END_BUDGET: u64 = 0;
-    pub const END_LEFT_CLONES: u64 = 1;
-
-    /// Mask of the tag bits.
-    pub const TAG_SHIFT: u32 = 60;
-
-    #[repr(C)]
-    #[derive(Clone, Copy, Debug, Default)]
-    pub struct ShadowEntry {
-        /// `rsp` at the activation's entry (points at its return address).
-        pub rsp: u64,
-        /// The caller's path register.
-        pub path: u64,
+    /// The offsets the eBPF program writes and the daemon reads.
+    #[test]
+    fn sample_and_config_offsets_are_pinned() {
+        let sample = [
+            offset_of!(Sample, pid),
+            offset_of!(Sample, tid),
+            offset_of!(Sample, time_ns),
+            offset_of!(Sample, period),
+            offset_of!(Sample, cpu),
+            offset_of!(Sample, flags),
+            offset_of!(Sample, comm),
+            offset_of!(Sample, rip),
+            offset_of!(Sample, rsp),
+            offset_of!(Sample, rbp),
+            offset_of!(Sample, kstack_len),
+            offset_of!(Sample, ustack_len),
+            offset_of!(Sample, kstack),
+            offset_of!(Sample, ustack),
+            size_of::<Sample>(),
+        ];
+        assert_eq!(
+            sample,
+            [
+                0,
+                4,
+                8,
+                16,
+                24,
+                28,
+                32,
+                48,
+                56,
+                64,
+                72,
+                76,
+                80,
+                592,
+                592 + USER_STACK_BYTES
+            ]
+        );
+        assert_eq!(size_of::<Config>(), 16);
+        assert_eq!(size_of::<burst::BurstTarget>(), 16);
     }
-
-    /// Page 0 of the shared memory. Field order is ABI (see the module doc).
-    #[repr(C, align(64))]
-    #[derive(Clone, Copy, Debug)]
-    pub struct BurstControl {
-        pub magic: u64,
-        /// Non-zero: the signal handler may start bursts (the daemon clears
-        /// it to disarm; running bursts end at their next check).
-        pub armed: u32,
-        /// Non-zero while a burst runs (set by the handler with `lock
-        /// cmpxchg`, cleared when the burst ends). The eBPF program reads it
-        /// to avoid signalling a busy process.
-        pub active: u32,
-        /// `fs:[0]` (the thread's TCB address, unique per thread) of the
-        /// burst's thread; 0 when no burst runs.
-        pub owner: u64,
-        /// Checks left in the current burst.
-        pub budget: u64,
-        /// Checks per burst (set by the daemon; `u64::MAX`: full trace).
-        pub burst_len: u64,
-        /// The Ball-Larus path register of the innermost activation.
-        pub path: u64,
-        /// Valid entries in `shadow`.
-        pub depth: u64,
-        /// Records written (in words; producer index).
-        pub head: u64,
-        /// `ring_words - 1` (a power of two minus one).
-        pub ring_mask: u64,
-        /// The ring's address in the target.
-        pub ring_addr: u64,
-        /// Sorted `(original address, clone address)` pairs of every
-        /// rewritten instruction: where the handler may start a burst.
-        pub table_addr: u64,
-        pub table_len: u64,
-        /// Sorted `(original start, clone entry)` pairs of the cloned
-        /// functions: indirect calls in a burst go to the clone.
-        pub fn_table_addr: u64,
-        pub fn_table_len: u64,
-        /// Where a clone puts an indirect call's looked-up target (only the
-        /// burst's thread runs between two checks).
-        pub call_target: u64,
-        /// Counters kept by the target side.
-        pub bursts: u64,
-        pub declined_busy: u64,
-        pub declined_pc: u64,
-        pub declined_disarmed: u64,
-        pub lost_records: u64,
-        pub shadow_overflow: u64,
-        pub truncated: u64,
-        pub ended: u64,
-        /// `[clone_lo, clone_hi)`: the generated code (return addresses in
-        /// it need no translation).
-        pub clone_lo: u64,
-        pub clone_hi: u64,
-        /// Non-zero: a full ring waits (yielding, bounded) for the daemon
-        /// instead of truncating the burst (`--full-trace`).
-        pub wait_when_full: u64,
-        /// The injected signal handler and its restorer (a later attach
-        /// reinstalls them without generating code again).
-        pub handler: u64,
-        pub restorer: u64,
-        /// The signal they were installed on.
-        pub signal: u64,
-        /// The executable's build ID hash (FNV-1a of the bytes) the clones
-        /// were generated for.
-        pub exe_id: u64,
-        /// Address of the clones' `.eh_frame` once registered with the
-        /// target's unwinder (`__register_frame`), else 0.
-        pub eh_frame: u64,
-        /// Signals handled with `burst_len` 0 (`--burst 0`): the handler
-        /// returned to the interrupted original code at once.
-        pub declined_budget: u64,
-        /// Words consumed by the daemon (consumer index), on its own line.
-        pub tail: u64,
-        pub _pad: [u64; 7],
-        pub shadow: [ShadowEntry; SHADOW_DEPTH],
-    }
-
-    /// Bytes reserved for [`BurstControl`] at the start of the shared
-    /// memory (the ring starts here).
-    pub const CONTROL_BYTES: usize = 20 * 1024;
-    const _: () = assert!(core::mem::size_of::<BurstControl>() <= CONTROL_BYTES);
-    const _: () = assert!(core::mem::offset_of!(BurstControl, tail) % 64 == 0);
-
-    /// The eBPF `BURSTS` map value for one traced process.
-    #[repr(C)]
-    #[derive(Clone, Copy, Debug, Default)]
-    pub struct BurstTarget {
-        /// Address of `BurstControl::armed` in the target (`active`
-        /// follows it): read with `bpf_probe_read_user`.
-        pub armed_addr: u64,
-        /// The signal the injected handler is installed on.
-        pub signal: u32,
-        pub _pad: u32,
-    }
-
-    /// Offset of `armed` (and `active` right after it).
-    pub const ARMED_OFFSET: usize = core::mem::offset_of!(BurstControl, armed);
 }

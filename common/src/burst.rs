@@ -1,0 +1,253 @@
+//! Bursty tracing: the memory the injected runtime in a target process
+//! shares with the daemon, and the eBPF map entry that arms it.
+//!
+//! The daemon maps a memfd into the target (`MAP_SHARED`) and into itself:
+//! page 0 holds a [`BurstControl`], then come `ring_words` u64 words of
+//! records. Only the thread that owns the current burst writes records
+//! (single producer); the daemon consumes (`tail`). The generated code in
+//! the target reaches every field RIP-relatively at fixed offsets, so the
+//! layout is part of the contract between `userspace-rewriter::clone` and
+//! the daemon.
+
+/// Defines [`BurstControl`] and [`CONTROL_FIELDS`] from one field list, so
+/// that the list the `layout` test pins cannot miss a field.
+macro_rules! control_block {
+    (
+        $(#[$sm:meta])*
+        pub struct $name:ident {
+            $( $(#[$fm:meta])* pub $f:ident : $t:ty ),* $(,)?
+        }
+    ) => {
+        $(#[$sm])*
+        #[repr(C, align(64))]
+        #[derive(Clone, Copy, Debug)]
+        pub struct $name {
+            $( $(#[$fm])* pub $f: $t ),*
+        }
+
+        /// `(name, offset, size)` of every field of [`BurstControl`], in
+        /// declaration order.
+        pub const CONTROL_FIELDS: &[(&str, usize, usize)] = &[
+            $( (stringify!($f), core::mem::offset_of!($name, $f), core::mem::size_of::<$t>()) ),*
+        ];
+    };
+}
+
+/// `BurstControl::magic`: the version of the layout. It changes whenever
+/// [`CONTROL_FIELDS`] does; the `layout` test below fails until it has.
+pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd2");
+/// Saved path registers (one per instrumented activation in a burst).
+pub const SHADOW_DEPTH: usize = 1024;
+/// Set in the path register when the path's start was not observed (the
+/// burst began mid-path, or the activation is older than the burst).
+pub const PATH_INVALID: u64 = 1 << 63;
+
+/// Record tags: bits 60..64 of a record's first word. Every record is
+/// two words.
+pub const REC_START: u64 = 1;
+/// An instrumented function was entered: `w0 = tag | fid`, `w1 = 0`.
+pub const REC_ENTER: u64 = 2;
+/// A path ended: `w0 = tag | kind << 32 | fid`, `w1 = path register`.
+pub const REC_PATH: u64 = 3;
+/// The burst ended: `w0 = tag | reason`, `w1 = 0`.
+pub const REC_END: u64 = 4;
+
+/// `REC_PATH` kinds.
+pub const PATH_END_RETURN: u64 = 0;
+pub const PATH_END_BACK_EDGE: u64 = 1;
+pub const PATH_END_TAIL: u64 = 2;
+/// The path ended at a call that does not return, or a jump out of the
+/// clones (to a `.cold` part).
+pub const PATH_END_NORETURN: u64 = 3;
+
+/// `REC_END` reasons.
+pub const END_BUDGET: u64 = 0;
+pub const END_LEFT_CLONES: u64 = 1;
+
+/// Mask of the tag bits.
+pub const TAG_SHIFT: u32 = 60;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ShadowEntry {
+    /// `rsp` at the activation's entry (points at its return address).
+    pub rsp: u64,
+    /// The caller's path register.
+    pub path: u64,
+}
+
+control_block! {
+    /// Page 0 of the shared memory. Field order is ABI (see the module doc):
+    /// the injected runtime reaches every field at a fixed offset, the eBPF
+    /// program reads `armed`/`active`. [`CONTROL_FIELDS`] lists them all and
+    /// the `layout` test pins that list to [`CONTROL_MAGIC`].
+    pub struct BurstControl {
+        pub magic: u64,
+        /// Non-zero: the signal handler may start bursts (the daemon clears
+        /// it to disarm; running bursts end at their next check).
+        pub armed: u32,
+        /// Non-zero while a burst runs (set by the handler with `lock
+        /// cmpxchg`, cleared when the burst ends). The eBPF program reads it
+        /// to avoid signalling a busy process.
+        pub active: u32,
+        /// `fs:[0]` (the thread's TCB address, unique per thread) of the
+        /// burst's thread; 0 when no burst runs.
+        pub owner: u64,
+        /// Checks left in the current burst.
+        pub budget: u64,
+        /// Checks per burst (set by the daemon; `u64::MAX`: full trace).
+        pub burst_len: u64,
+        /// The Ball-Larus path register of the innermost activation.
+        pub path: u64,
+        /// Valid entries in `shadow`.
+        pub depth: u64,
+        /// Records written (in words; producer index).
+        pub head: u64,
+        /// `ring_words - 1` (a power of two minus one).
+        pub ring_mask: u64,
+        /// The ring's address in the target.
+        pub ring_addr: u64,
+        /// Sorted `(original address, clone address)` pairs of every
+        /// rewritten instruction: where the handler may start a burst.
+        pub table_addr: u64,
+        pub table_len: u64,
+        /// Sorted `(original start, clone entry)` pairs of the cloned
+        /// functions: indirect calls in a burst go to the clone.
+        pub fn_table_addr: u64,
+        pub fn_table_len: u64,
+        /// Where a clone puts an indirect call's looked-up target (only the
+        /// burst's thread runs between two checks).
+        pub call_target: u64,
+        /// Counters kept by the target side.
+        pub bursts: u64,
+        pub declined_busy: u64,
+        pub declined_pc: u64,
+        pub declined_disarmed: u64,
+        pub lost_records: u64,
+        pub shadow_overflow: u64,
+        pub truncated: u64,
+        pub ended: u64,
+        /// `[clone_lo, clone_hi)`: the generated code (return addresses in
+        /// it need no translation).
+        pub clone_lo: u64,
+        pub clone_hi: u64,
+        /// Non-zero: a full ring waits (yielding, bounded) for the daemon
+        /// instead of truncating the burst (`--full-trace`).
+        pub wait_when_full: u64,
+        /// The injected signal handler and its restorer (a later attach
+        /// reinstalls them without generating code again).
+        pub handler: u64,
+        pub restorer: u64,
+        /// The signal they were installed on.
+        pub signal: u64,
+        /// The executable's build ID hash (FNV-1a of the bytes) the clones
+        /// were generated for.
+        pub exe_id: u64,
+        /// Address of the clones' `.eh_frame` once registered with the
+        /// target's unwinder (`__register_frame`), else 0.
+        pub eh_frame: u64,
+        /// Signals handled with `burst_len` 0 (`--burst 0`): the handler
+        /// returned to the interrupted original code at once.
+        pub declined_budget: u64,
+        /// Words consumed by the daemon (consumer index), on its own line.
+        pub tail: u64,
+        pub _pad: [u64; 7],
+        pub shadow: [ShadowEntry; SHADOW_DEPTH],
+    }
+}
+
+/// Bytes reserved for [`BurstControl`] at the start of the shared
+/// memory (the ring starts here).
+pub const CONTROL_BYTES: usize = 20 * 1024;
+const _: () = assert!(core::mem::size_of::<BurstControl>() <= CONTROL_BYTES);
+const _: () = assert!(core::mem::offset_of!(BurstControl, tail) % 64 == 0);
+
+/// The eBPF `BURSTS` map value for one traced process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BurstTarget {
+    /// Address of `BurstControl::armed` in the target (`active`
+    /// follows it): read with `bpf_probe_read_user`.
+    pub armed_addr: u64,
+    /// The signal the injected handler is installed on.
+    pub signal: u32,
+    pub _pad: u32,
+}
+
+/// Offset of `armed` (and `active` right after it).
+pub const ARMED_OFFSET: usize = core::mem::offset_of!(BurstControl, armed);
+
+#[cfg(test)]
+mod layout {
+    use super::*;
+
+    /// The layout `CONTROL_MAGIC` stands for. When this test fails because
+    /// `BurstControl` changed, give `CONTROL_MAGIC` a new value (a target
+    /// still holding a region of the old layout must be recognised as
+    /// foreign) and copy the new field list and magic here.
+    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd2");
+    const PINNED_FIELDS: &[(&str, usize, usize)] = &[
+        ("magic", 0, 8),
+        ("armed", 8, 4),
+        ("active", 12, 4),
+        ("owner", 16, 8),
+        ("budget", 24, 8),
+        ("burst_len", 32, 8),
+        ("path", 40, 8),
+        ("depth", 48, 8),
+        ("head", 56, 8),
+        ("ring_mask", 64, 8),
+        ("ring_addr", 72, 8),
+        ("table_addr", 80, 8),
+        ("table_len", 88, 8),
+        ("fn_table_addr", 96, 8),
+        ("fn_table_len", 104, 8),
+        ("call_target", 112, 8),
+        ("bursts", 120, 8),
+        ("declined_busy", 128, 8),
+        ("declined_pc", 136, 8),
+        ("declined_disarmed", 144, 8),
+        ("lost_records", 152, 8),
+        ("shadow_overflow", 160, 8),
+        ("truncated", 168, 8),
+        ("ended", 176, 8),
+        ("clone_lo", 184, 8),
+        ("clone_hi", 192, 8),
+        ("wait_when_full", 200, 8),
+        ("handler", 208, 8),
+        ("restorer", 216, 8),
+        ("signal", 224, 8),
+        ("exe_id", 232, 8),
+        ("eh_frame", 240, 8),
+        ("declined_budget", 248, 8),
+        ("tail", 256, 8),
+        ("_pad", 264, 56),
+        ("shadow", 320, 16384),
+    ];
+
+    #[test]
+    fn control_block_layout_is_pinned_to_the_magic() {
+        let same_layout = CONTROL_FIELDS == PINNED_FIELDS;
+        assert!(
+            same_layout || CONTROL_MAGIC != PINNED_MAGIC,
+            "BurstControl's layout changed but CONTROL_MAGIC did not: give it a \
+             new value, then pin the new layout here.\nnow: {CONTROL_FIELDS:?}"
+        );
+        assert!(
+            same_layout && CONTROL_MAGIC == PINNED_MAGIC,
+            "pin the new layout and magic in this test: \
+             PINNED_MAGIC = {CONTROL_MAGIC:#x}, PINNED_FIELDS = {CONTROL_FIELDS:?}"
+        );
+    }
+
+    #[test]
+    fn the_runtime_and_the_ebpf_program_agree_on_armed_and_active() {
+        // The eBPF program reads both words with one 8-byte read at
+        // ARMED_OFFSET.
+        assert_eq!(
+            core::mem::offset_of!(BurstControl, active),
+            ARMED_OFFSET + 4
+        );
+        assert_eq!(core::mem::offset_of!(BurstControl, tail) % 64, 0);
+    }
+}
