@@ -2,7 +2,7 @@
 //! reverse postorder, dominators, back edges, natural loops and the
 //! retreating edges of irreducible regions.
 //!
-//! These are the inputs of Ball-Larus path numbering ([`crate::paths`]):
+//! These are the inputs of Ball-Larus path numbering ([`crate::analysis::paths`]):
 //! Ball & Larus ("Efficient Path Profiling", MICRO 1996; summarised in
 //! Bond & McKinley, "Continuous Path and Edge Profiling" (PEP), §3.1, and in
 //! Ammons, Ball & Larus, PLDI 1997, §2) turn a CFG into a DAG by *truncating*
@@ -38,7 +38,7 @@ pub struct Graph {
     pub entry: usize,
     /// Blocks that leave the function (ret, tail call, noreturn call, ...).
     /// A block listed here may also have successors (e.g. a conditional tail
-    /// call); [`crate::paths`] gives it a virtual edge to EXIT in addition to
+    /// call); [`crate::analysis::paths`] gives it a virtual edge to EXIT in addition to
     /// its real edges. Blocks without successors are treated as exits whether
     /// or not they are listed.
     pub exits: Vec<usize>,
@@ -74,8 +74,8 @@ impl Graph {
     }
 
     /// Checks that `entry`, every edge target and every exit are nodes.
-    /// The algorithms in this module and in [`crate::paths`] assume a valid
-    /// graph ([`crate::paths`] calls this and reports the error).
+    /// The algorithms in this module and in [`crate::analysis::paths`] assume a valid
+    /// graph ([`crate::analysis::paths`] calls this and reports the error).
     pub fn validate(&self) -> Result<(), GraphError> {
         let n = self.len();
         if n == 0 {

@@ -23,7 +23,7 @@
 //!
 //! Irreducible regions (PEP and BL96 speak of loops; Ammons et al. note the
 //! algorithm handles irreducible CFGs) are cut at the retreating edges that
-//! [`crate::graph::loops`] reports in `retreating_non_back`, exactly like back
+//! [`crate::analysis::graph::loops`] reports in `retreating_non_back`, exactly like back
 //! edges: cutting all retreating edges of a DFS leaves an acyclic graph.
 //!
 //! Blocks unreachable from the entry are not part of the DAG.
@@ -108,7 +108,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::graph::{Graph, GraphError, Loops, reachable};
+use crate::analysis::graph::{Graph, GraphError, Loops, reachable};
 
 /// Why paths could not be numbered or regenerated.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
@@ -578,8 +578,8 @@ impl PathNumbering {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::tests::{Rng, graph, random_graph};
-    use crate::graph::{dominators, loops};
+    use crate::analysis::graph::tests::{Rng, graph, random_graph};
+    use crate::analysis::graph::{dominators, loops};
     use std::collections::BTreeSet;
 
     fn number(g: &Graph) -> (Loops, PathNumbering) {

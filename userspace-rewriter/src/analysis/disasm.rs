@@ -4,14 +4,14 @@
 //! ([`decode`]); it returns every instruction of a *linear sweep* over the
 //! bytes, each with its address, length and control-flow class ([`Flow`]),
 //! plus the decoded [`iced_x86::Instruction`] for later stages (jump-table
-//! matching and liveness in [`crate::cfg`]).
+//! matching and liveness in [`crate::analysis::cfg`]).
 //!
 //! A linear sweep is what a post-link rewriter such as the Vulcan-based
 //! implementation of Hirzel & Chilimbi ("Bursty Tracing", section 3) starts
 //! from: it decodes every byte of the function's symbol/FDE range in order.
 //! Bytes that do not decode become [`Flow::Invalid`] instructions of length 1
 //! so the sweep always covers the whole range; deciding whether invalid or
-//! overlapping code is actually reached is the job of [`crate::cfg`], which
+//! overlapping code is actually reached is the job of [`crate::analysis::cfg`], which
 //! walks control flow recursively over this sweep.
 //!
 //! ## Non-goals

@@ -27,7 +27,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::graph::Loops;
+use crate::analysis::graph::Loops;
 
 /// The static call graph of one binary: nodes are function indices `0..n`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -349,8 +349,8 @@ pub fn loop_summaries(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::tests::{Rng, graph};
-    use crate::graph::{dominators, loops};
+    use crate::analysis::graph::tests::{Rng, graph};
+    use crate::analysis::graph::{dominators, loops};
 
     fn cg(n: usize, calls: &[(usize, usize)], roots: &[usize]) -> CallGraph {
         let mut g = CallGraph::new(n);

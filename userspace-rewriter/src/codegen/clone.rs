@@ -46,10 +46,10 @@ use iced_x86::{
 };
 use serde::Serialize;
 
-use crate::cfg::{self, Cfg, EdgeKind, ExitKind, LiveSet};
-use crate::disasm::{Flow, Insn};
-use crate::paths::PathNumbering;
-use crate::plan::{FunctionStatus, Plan};
+use crate::analysis::cfg::{self, Cfg, EdgeKind, ExitKind, LiveSet};
+use crate::analysis::disasm::{Flow, Insn};
+use crate::analysis::paths::PathNumbering;
+use crate::analysis::plan::{FunctionStatus, Plan};
 
 /// Where the image goes in the target.
 #[derive(Clone, Copy, Debug)]
@@ -340,7 +340,7 @@ pub fn generate(
 
 /// [`generate`], leaving out the functions starting at `exclude` (SVMAs),
 /// e.g. those whose unwind information cannot be restated
-/// ([`crate::unwind_info::untranslatable`]).
+/// ([`crate::codegen::unwind_info::untranslatable`]).
 pub fn generate_excluding(
     plan: &Plan,
     analysis: &cfg::Analysis,
@@ -403,8 +403,8 @@ pub fn generate_excluding(
         let tmark = table_idx.len();
         let label = entry_label[&f.start];
         let g = cfg.to_graph();
-        let dom = crate::graph::dominators(&g);
-        let loops = crate::graph::loops(&g, &dom);
+        let dom = crate::analysis::graph::dominators(&g);
+        let loops = crate::analysis::graph::loops(&g, &dom);
         let mut fg = FnGen {
             em: &mut em,
             rt: &rt,
@@ -555,7 +555,7 @@ struct FnGen<'a> {
     insns: &'a [Insn],
     live: Vec<LiveSet>,
     numbering: Option<&'a PathNumbering>,
-    loops: &'a crate::graph::Loops,
+    loops: &'a crate::analysis::graph::Loops,
     /// Out-edges per block, in edge order (index = `idx`).
     edges_of: Vec<Vec<cfg::Edge>>,
     entry_label: &'a HashMap<u64, u64>,

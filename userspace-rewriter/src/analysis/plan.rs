@@ -1,9 +1,9 @@
 //! The deterministic *plan* of a binary: everything the clone generator
 //! needs, computed from the ELF file alone (no process is touched).
 //!
-//! Pipeline: [`crate::functions`] → [`crate::disasm`] → [`crate::cfg`] →
-//! [`crate::graph`] (dominators, loops) → [`crate::paths`] (Ball-Larus
-//! numbering) and [`crate::callgraph`] (the entry-check set C of Hirzel &
+//! Pipeline: [`crate::analysis::functions`] → [`crate::analysis::disasm`] → [`crate::analysis::cfg`] →
+//! [`crate::analysis::graph`] (dominators, loops) → [`crate::analysis::paths`] (Ball-Larus
+//! numbering) and [`crate::analysis::callgraph`] (the entry-check set C of Hirzel &
 //! Chilimbi §4.1, k-boring loops of §4.2).
 //!
 //! Check points (Hirzel & Chilimbi §2, §4): the unreduced framework checks at
@@ -22,12 +22,12 @@ use iced_x86::{Mnemonic, OpKind};
 use object::{Object, ObjectSection, SectionKind};
 use serde::Serialize;
 
-use crate::callgraph::{self, CallGraph, LoopSummary};
-use crate::cfg::{self, Cfg, SkipReason};
-use crate::disasm::{Flow, Insn};
-use crate::functions::{Function, FunctionKind, FunctionSources};
-use crate::graph::{self, Loops};
-use crate::paths::{self, PathNumbering, PathsError};
+use crate::analysis::callgraph::{self, CallGraph, LoopSummary};
+use crate::analysis::cfg::{self, Cfg, SkipReason};
+use crate::analysis::disasm::{Flow, Insn};
+use crate::analysis::functions::{Function, FunctionKind, FunctionSources};
+use crate::analysis::graph::{self, Loops};
+use crate::analysis::paths::{self, PathNumbering, PathsError};
 
 /// Default `k` for k-boring loops: the paper's experiments skip 4-boring
 /// loops (§4.2).
@@ -57,7 +57,7 @@ pub enum PlanError {
     #[error("not an ELF file we can read: {0}")]
     Object(#[from] object::Error),
     #[error("{0}")]
-    Functions(#[from] crate::functions::FunctionsError),
+    Functions(#[from] crate::analysis::functions::FunctionsError),
     #[error("not an x86-64 ELF file (found {0:?})")]
     Architecture(object::Architecture),
 }
@@ -369,7 +369,7 @@ pub fn analyze_with_insns(
     summary.checks_all = summary.entry_checks_all + summary.back_edge_checks_all;
     summary.checks_reduced = summary.entry_checks_reduced + summary.back_edge_checks_reduced;
 
-    let build_id = crate::elf::ElfInfo::parse(data)
+    let build_id = crate::analysis::elf::ElfInfo::parse(data)
         .ok()
         .and_then(|e| e.build_id_hex());
     let plan = Plan {

@@ -203,7 +203,7 @@ struct Candidate {
 /// docs for sources and naming. Malformed `.eh_frame` data ends FDE discovery
 /// at the first bad entry (what came before is kept) rather than failing.
 pub fn discover(file: &object::File, data: &[u8]) -> Result<Vec<Function>, FunctionsError> {
-    if !crate::elf::is_elf_x86_64(data) {
+    if !crate::analysis::elf::is_elf_x86_64(data) {
         return Err(FunctionsError::NotX86_64);
     }
     let exec: Vec<ExecSection> = file
@@ -497,7 +497,7 @@ fn plt_stubs(file: &object::File) -> Vec<(u64, u64, Option<String>)> {
             let Some(start) = sec.address().checked_add((k * entry) as u64) else {
                 break;
             };
-            let insns = crate::disasm::decode(chunk, start);
+            let insns = crate::analysis::disasm::decode(chunk, start);
             let mut name = None;
             if sec_name == ".plt" && k == 0 {
                 name = Some(".plt".to_string()); // PLT0: pushes the link map, jumps to the resolver
@@ -507,7 +507,7 @@ fn plt_stubs(file: &object::File) -> Vec<(u64, u64, Option<String>)> {
                 if name.is_some() {
                     break;
                 }
-                if insn.flow == crate::disasm::Flow::IndirectJump && i.is_ip_rel_memory_operand() {
+                if insn.flow == crate::analysis::disasm::Flow::IndirectJump && i.is_ip_rel_memory_operand() {
                     name = by_slot
                         .get(&i.ip_rel_memory_address())
                         .map(|n| format!("{n}@plt"));

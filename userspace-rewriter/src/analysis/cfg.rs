@@ -2,7 +2,7 @@
 //! register/flags liveness.
 //!
 //! You give it a [`Function`], the linear sweep of its bytes
-//! ([`crate::disasm::decode`]) and a [`CfgContext`] (every function start,
+//! ([`crate::analysis::disasm::decode`]) and a [`CfgContext`] (every function start,
 //! the bytes of the file's sections, which functions never return);
 //! [`build_cfg`] returns the function's [`Cfg`] — basic blocks, typed edges,
 //! exits and recovered jump tables — or the [`SkipReason`] why the function
@@ -49,8 +49,8 @@ use iced_x86::{
 use object::{Object, ObjectSection};
 use serde::Serialize;
 
-use crate::disasm::{Flow, Insn};
-use crate::functions::{Function, FunctionKind, FunctionSources, FunctionsError};
+use crate::analysis::disasm::{Flow, Insn};
+use crate::analysis::functions::{Function, FunctionKind, FunctionSources, FunctionsError};
 
 /// Names of functions that never return (matched without `@plt` and symbol
 /// versions).
@@ -337,16 +337,16 @@ impl Cfg {
         (i > 0 && addr < self.blocks[i - 1].end).then(|| i - 1)
     }
 
-    /// The shape of the CFG for [`crate::graph`]: nodes are block indices,
+    /// The shape of the CFG for [`crate::analysis::graph`]: nodes are block indices,
     /// `succs` in edge order, exits = blocks with an [`Exit`] (deduplicated,
     /// ascending).
-    pub fn to_graph(&self) -> crate::graph::Graph {
+    pub fn to_graph(&self) -> crate::analysis::graph::Graph {
         let mut succs = vec![Vec::new(); self.blocks.len()];
         for e in &self.edges {
             succs[e.from].push(e.to);
         }
         let exits: BTreeSet<usize> = self.exits.iter().map(|e| e.block).collect();
-        crate::graph::Graph {
+        crate::analysis::graph::Graph {
             succs,
             entry: 0,
             exits: exits.into_iter().collect(),
@@ -424,7 +424,7 @@ impl<'data> CfgContext<'data> {
                 is_known_noreturn(f.base_name())
                     || f.aliases
                         .iter()
-                        .any(|a| is_known_noreturn(crate::functions::base_name(a)))
+                        .any(|a| is_known_noreturn(crate::analysis::functions::base_name(a)))
             })
             .map(|f| f.start)
             .collect();
@@ -470,7 +470,7 @@ impl<'data> CfgContext<'data> {
     /// The linear sweep of `f`'s bytes (empty when the file has no bytes for it).
     pub fn decode(&self, f: &Function) -> Vec<Insn> {
         self.bytes(f.start, f.size)
-            .map(|b| crate::disasm::decode(b, f.start))
+            .map(|b| crate::analysis::disasm::decode(b, f.start))
             .unwrap_or_default()
     }
 
@@ -520,7 +520,7 @@ impl<'data> CfgContext<'data> {
                 return Some(addr);
             }
             let bytes = self.bytes(addr, 16).or_else(|| self.bytes(addr, 1))?;
-            let insn = crate::disasm::decode_one(bytes, addr)?;
+            let insn = crate::analysis::disasm::decode_one(bytes, addr)?;
             if insn.instr.mnemonic() != Mnemonic::Nop {
                 return None;
             }
@@ -1895,7 +1895,7 @@ pub fn liveness(cfg: &Cfg, insns: &[Insn]) -> Vec<LiveSet> {
 
 /// The analysis of a whole file.
 pub struct Analysis {
-    /// Every function, as [`crate::functions::discover`] found them.
+    /// Every function, as [`crate::analysis::functions::discover`] found them.
     pub functions: Vec<Function>,
     /// The linear sweep of each function.
     pub insns: Vec<Vec<Insn>>,
@@ -1947,7 +1947,7 @@ impl Analysis {
 /// Discover, decode and build the CFG of every function of the ELF file
 /// `data`, with noreturn inference.
 pub fn analyse(file: &object::File, data: &[u8]) -> Result<Analysis, FunctionsError> {
-    let functions = crate::functions::discover(file, data)?;
+    let functions = crate::analysis::functions::discover(file, data)?;
     let mut ctx = CfgContext::new(file, &functions);
     let insns: Vec<Vec<Insn>> = functions.iter().map(|f| ctx.decode(f)).collect();
     ctx.infer_noreturn(&functions, &insns);
