@@ -507,7 +507,9 @@ fn plt_stubs(file: &object::File) -> Vec<(u64, u64, Option<String>)> {
                 if name.is_some() {
                     break;
                 }
-                if insn.flow == crate::analysis::disasm::Flow::IndirectJump && i.is_ip_rel_memory_operand() {
+                if insn.flow == crate::analysis::disasm::Flow::IndirectJump
+                    && i.is_ip_rel_memory_operand()
+                {
                     name = by_slot
                         .get(&i.ip_rel_memory_address())
                         .map(|n| format!("{n}@plt"));

@@ -39,7 +39,10 @@ enum Rule {
 
 /// The rows of the FDE covering `svma`, or `Err(())` when a rule is not
 /// restatable; `Ok(None)` without an FDE.
-fn rows(eh: &crate::analysis::cfg::EhFrameInfo, svma: u64) -> Result<Option<(u64, u64, Vec<Row>)>, ()> {
+fn rows(
+    eh: &crate::analysis::cfg::EhFrameInfo,
+    svma: u64,
+) -> Result<Option<(u64, u64, Vec<Row>)>, ()> {
     let i = eh.fdes.partition_point(|f| f.initial_address() <= svma);
     if i == 0 {
         return Ok(None);
