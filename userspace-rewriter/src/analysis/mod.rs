@@ -1,5 +1,5 @@
 //! The analysis half: a deterministic plan from the ELF file alone.
-pub mod callgraph;
+mod callgraph;
 pub mod cfg;
 pub mod disasm;
 pub mod elf;

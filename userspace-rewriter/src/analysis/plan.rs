@@ -1,10 +1,10 @@
 //! The deterministic *plan* of a binary: everything the clone generator
 //! needs, computed from the ELF file alone (no process is touched).
 //!
-//! Pipeline: [`crate::analysis::functions`] → [`crate::analysis::disasm`] → [`crate::analysis::cfg`] →
-//! [`crate::analysis::graph`] (dominators, loops) → [`crate::analysis::paths`] (Ball-Larus
-//! numbering) and [`crate::analysis::callgraph`] (the entry-check set C of Hirzel &
-//! Chilimbi §4.1, k-boring loops of §4.2).
+//! Pipeline: [`functions`](super::functions) → [`disasm`](super::disasm) →
+//! [`cfg`](mod@cfg) → [`graph`] (dominators, loops) → [`paths`] (Ball-Larus
+//! numbering) and `callgraph` (the entry-check set C of Hirzel & Chilimbi
+//! §4.1, k-boring loops of §4.2).
 //!
 //! Check points (Hirzel & Chilimbi §2, §4): the unreduced framework checks at
 //! every procedure entry and every loop back edge (`checks_all`); the
@@ -139,7 +139,7 @@ pub struct FunctionPlan {
     pub start: u64,
     pub size: u64,
     pub sources: Vec<&'static str>,
-    pub cold_part: bool,
+    pub(crate) cold_part: bool,
     #[serde(flatten)]
     pub status: FunctionStatus,
 }
@@ -174,7 +174,7 @@ fn source_names(s: FunctionSources) -> Vec<&'static str> {
 }
 
 /// Variant name of a skip reason (`UnresolvedIndirectJump`, ...).
-pub fn reason_name(r: &SkipReason) -> String {
+fn reason_name(r: &SkipReason) -> String {
     let s = format!("{r:?}");
     s.split([' ', '{', '('])
         .next()

@@ -20,7 +20,7 @@ use crate::analysis::plan::{FunctionStatus, Plan};
 pub struct Layout {
     /// `AVMA - SVMA` of the executable.
     pub bias: u64,
-    /// AVMA of the [`BurstControl`].
+    /// AVMA of the [`BurstControl`](burstyd_common::burst::BurstControl).
     pub control: u64,
     /// AVMA where [`CloneImage::bytes`] is written.
     pub code: u64,
@@ -30,13 +30,13 @@ pub struct Layout {
 #[derive(Clone, Debug, Serialize)]
 pub struct ClonedFunction {
     /// Index into the plan's `functions` (the `fid` in records).
-    pub fid: u32,
+    fid: u32,
     /// AVMA of the original.
-    pub orig: u64,
+    pub(crate) orig: u64,
     /// AVMA of the clone's entry.
-    pub clone: u64,
+    pub(crate) clone: u64,
     /// Whether its path records are valid Ball-Larus numbers.
-    pub paths: bool,
+    paths: bool,
 }
 
 /// The generated code and tables.
@@ -69,22 +69,13 @@ pub struct CloneImage {
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct GenStats {
-    pub instructions: usize,
-    pub edge_increments: usize,
-    pub checks: usize,
-    pub path_records: usize,
+    instructions: usize,
+    pub(crate) edge_increments: usize,
+    pub(crate) checks: usize,
+    pub(crate) path_records: usize,
 }
 
 impl CloneImage {
-    /// The clone address of an original instruction (AVMA), if rewritten.
-    pub fn translate(&self, orig: u64) -> Option<u64> {
-        let table = self.table();
-        table
-            .binary_search_by_key(&orig, |&(o, _)| o)
-            .ok()
-            .map(|i| table[i].1)
-    }
-
     /// The `(original, clone)` pairs.
     pub fn table(&self) -> Vec<(u64, u64)> {
         let off = (self.table_addr - self.code_range.0) as usize;
@@ -116,6 +107,10 @@ impl From<IcedError> for GenError {
 
 /// Generates the clones of every analysed function in `plan` (computed with
 /// `keep_details`), whose instructions are `analysis.insns`.
+///
+/// For the tests (`tests/clone_gen.rs`): the daemon calls
+/// [`generate_excluding`] with the functions whose unwind information
+/// cannot be restated.
 pub fn generate(
     plan: &Plan,
     analysis: &cfg::Analysis,

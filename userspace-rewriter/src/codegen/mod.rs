@@ -41,7 +41,7 @@
 //!
 //! ## Files
 //!
-//! - `emitter.rs`: [`Emitter`](emitter::Emitter), an instruction list with
+//! - `emitter.rs`: `Emitter`, an instruction list with
 //!   labels for iced's block encoder, and small instruction helpers;
 //! - `image.rs`: [`generate_excluding`] — which functions get a clone, the
 //!   encoding at the target address, the `(original, clone)` tables —

@@ -103,7 +103,7 @@ pub struct CloneUnwind {
     pub bytes: Vec<u8>,
     pub fdes: usize,
     /// Clones whose original has no FDE (no unwinding through either).
-    pub without_cfi: usize,
+    without_cfi: usize,
 }
 
 /// `.eh_frame` for every clone of `image` (made from the file `data`

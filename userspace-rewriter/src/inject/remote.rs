@@ -74,6 +74,9 @@ impl Tracee {
     }
 
     /// `mprotect(addr, len, prot)` in the target.
+    ///
+    /// For the tests (`tests/inject.rs`): the daemon maps its region with
+    /// its final protection and never changes it.
     pub fn mprotect(&mut self, addr: u64, len: u64, prot: i32) -> Result<()> {
         self.syscall(libc::SYS_mprotect, &[addr, len, prot as u32 as u64])
             .map(drop)

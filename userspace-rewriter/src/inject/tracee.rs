@@ -148,8 +148,8 @@ impl Tracee {
         &self.tids
     }
 
-    /// The saved registers of thread `tid`: as the thread stopped, or as set
-    /// by [`Tracee::set_saved_regs`]. These are restored at detach.
+    /// The saved registers of thread `tid`, as the thread stopped. These are
+    /// restored at detach.
     ///
     /// For a thread stopped inside a blocking syscall, `orig_rax` is the
     /// syscall number and `rax` a negative `-ERESTART*` code (e.g. -516 for
@@ -159,18 +159,6 @@ impl Tracee {
     /// If `tid` is not one of [`Tracee::threads`].
     pub fn regs(&self, tid: i32) -> &libc::user_regs_struct {
         &self.threads[self.index(tid)].saved
-    }
-
-    /// Set the registers thread `tid` gets back at detach (e.g. a redirected
-    /// `rip`). Injections in between do not change them. To leave a thread
-    /// stopped in a syscall elsewhere without restarting the syscall, set
-    /// `orig_rax` to `u64::MAX` (-1).
-    ///
-    /// # Panics
-    /// If `tid` is not one of [`Tracee::threads`].
-    pub fn set_saved_regs(&mut self, tid: i32, regs: libc::user_regs_struct) {
-        let i = self.index(tid);
-        self.threads[i].saved = regs;
     }
 
     /// How long [`Tracee::call`] waits for the function to return (5 s by
@@ -209,8 +197,8 @@ impl Tracee {
     }
 
     /// Give back any signal taken from the program, unmap our scratch page,
-    /// restore every thread's saved registers (as possibly changed by
-    /// [`Tracee::set_saved_regs`]) and `PTRACE_DETACH` every thread. A thread
+    /// restore every thread's saved registers and `PTRACE_DETACH` every
+    /// thread. A thread
     /// that was in a signal-delivery stop at attach (and was not used since)
     /// gets that signal with the detach. Also done, best effort, on `Drop`.
     pub fn detach(mut self) -> Result<()> {

@@ -50,7 +50,11 @@ pub(super) struct Walker<'a, 'data> {
 ///
 /// Returns the [`Cfg`], or the first [`SkipReason`] found (deterministic:
 /// the walk order is fixed).
-pub fn build_cfg(func: &Function, insns: &[Insn], ctx: &CfgContext) -> Result<Cfg, SkipReason> {
+pub(crate) fn build_cfg(
+    func: &Function,
+    insns: &[Insn],
+    ctx: &CfgContext,
+) -> Result<Cfg, SkipReason> {
     if func.has_lsda {
         return Err(SkipReason::HasLandingPads);
     }

@@ -22,7 +22,7 @@ struct SectionBytes<'data> {
     bytes: &'data [u8],
 }
 
-pub(crate) type Fde<'data> =
+type Fde<'data> =
     gimli::FrameDescriptionEntry<gimli::EndianSlice<'data, gimli::LittleEndian>, usize>;
 
 /// The parsed `.eh_frame`, to ask the CFA rule at an address.
@@ -33,7 +33,7 @@ pub(crate) struct EhFrameInfo<'data> {
     pub(crate) fdes: Vec<Fde<'data>>,
 }
 
-/// What [`build_cfg`] needs to know beyond one function.
+/// What `build_cfg` needs to know beyond one function.
 pub struct CfgContext<'data> {
     sections: Vec<SectionBytes<'data>>,
     eh_frame: Option<EhFrameInfo<'data>>,
@@ -47,7 +47,7 @@ pub struct CfgContext<'data> {
 
 impl<'data> CfgContext<'data> {
     /// Collect section bytes and function starts of `file`; seed the noreturn
-    /// set with [`is_known_noreturn`] names (symbols, aliases and PLT stubs).
+    /// set with `is_known_noreturn` names (symbols, aliases and PLT stubs).
     pub fn new(file: &object::File<'data>, functions: &[Function]) -> Self {
         let mut sections: Vec<SectionBytes<'data>> = file
             .sections()
@@ -102,7 +102,7 @@ impl<'data> CfgContext<'data> {
     /// Whether, per `.eh_frame`, the canonical frame address at `addr` is
     /// `rsp + 8`: the stack holds nothing but the return address, as at a
     /// tail call. `None` without CFI for `addr`.
-    pub fn frame_is_empty_at(&self, addr: u64) -> Option<bool> {
+    pub(crate) fn frame_is_empty_at(&self, addr: u64) -> Option<bool> {
         let eh = self.eh_frame.as_ref()?;
         let i = eh.fdes.partition_point(|f| f.initial_address() <= addr);
         let fde = eh.fdes.get(i.checked_sub(1)?)?;
@@ -121,7 +121,7 @@ impl<'data> CfgContext<'data> {
 
     /// `len` bytes of the file's image at SVMA `addr`, if one section holds
     /// them all.
-    pub fn bytes(&self, addr: u64, len: u64) -> Option<&'data [u8]> {
+    pub(crate) fn bytes(&self, addr: u64, len: u64) -> Option<&'data [u8]> {
         let i = self.sections.partition_point(|s| s.addr <= addr);
         let s = self.sections.get(i.checked_sub(1)?)?;
         let off = usize::try_from(addr - s.addr).ok()?;
@@ -134,11 +134,6 @@ impl<'data> CfgContext<'data> {
         self.bytes(f.start, f.size)
             .map(|b| crate::analysis::disasm::decode(b, f.start))
             .unwrap_or_default()
-    }
-
-    /// The name of the function starting at `addr` (`foo@plt` for PLT stubs).
-    pub fn name_at(&self, addr: u64) -> Option<&str> {
-        self.names.get(&addr).map(String::as_str)
     }
 
     /// The function range containing `addr`: `(start, end, family, named)`.

@@ -50,11 +50,11 @@ const CALLEE_SAVED: u16 = RBX | RBP | R12 | R13 | R14 | R15 | RSP;
 /// Status flags and DF as bits of [`LiveSet::flags`].
 pub mod flag {
     /// Carry.
-    pub const CF: u8 = 1 << 0;
+    pub(crate) const CF: u8 = 1 << 0;
     /// Parity.
-    pub const PF: u8 = 1 << 1;
+    pub(crate) const PF: u8 = 1 << 1;
     /// Adjust.
-    pub const AF: u8 = 1 << 2;
+    pub(crate) const AF: u8 = 1 << 2;
     /// Zero.
     pub const ZF: u8 = 1 << 3;
     /// Sign.
@@ -62,11 +62,11 @@ pub mod flag {
     /// Overflow.
     pub const OF: u8 = 1 << 5;
     /// Direction.
-    pub const DF: u8 = 1 << 6;
+    pub(crate) const DF: u8 = 1 << 6;
     /// The six status flags (what `add`/`sub`/`cmp` write).
-    pub const STATUS: u8 = CF | PF | AF | ZF | SF | OF;
+    pub(crate) const STATUS: u8 = CF | PF | AF | ZF | SF | OF;
     /// All tracked flags.
-    pub const ALL: u8 = STATUS | DF;
+    pub(crate) const ALL: u8 = STATUS | DF;
 }
 
 /// Registers and flags live at a point.
@@ -80,15 +80,10 @@ pub struct LiveSet {
 
 impl LiveSet {
     /// Everything live (the conservative answer).
-    pub const ALL: LiveSet = LiveSet {
+    const ALL: LiveSet = LiveSet {
         regs: u16::MAX,
         flags: flag::ALL,
     };
-
-    /// Whether GPR `reg` (any width) is live.
-    pub fn reg_live(&self, reg: Register) -> bool {
-        gpr_index(reg).is_some_and(|n| self.regs & (1 << n) != 0)
-    }
 
     /// Whether any of the six status flags is live (instrumentation that
     /// clobbers them must save them here).
@@ -225,7 +220,7 @@ fn exit_live(kind: ExitKind) -> LiveSet {
 /// caller-saved ones and the status flags; exits keep `rax`/`rdx` and the
 /// callee-saved registers live on return, the argument registers on tail
 /// calls, everything at traps and cold-part jumps. Instructions not in any
-/// block get [`LiveSet::ALL`].
+/// block get `LiveSet::ALL`.
 ///
 /// The rewriter uses this to put instrumentation where the status flags are
 /// dead, so that it need not save them (the "check" of Hirzel & Chilimbi's

@@ -2,9 +2,9 @@
 //! register/flags liveness.
 //!
 //! You give it a [`Function`], the linear sweep of its bytes
-//! ([`crate::analysis::disasm::decode`]) and a [`CfgContext`] (every function start,
+//! (`disasm::decode`) and a [`CfgContext`] (every function start,
 //! the bytes of the file's sections, which functions never return);
-//! [`build_cfg`] returns the function's [`Cfg`] — basic blocks, typed edges,
+//! `build_cfg` returns the function's [`Cfg`] — basic blocks, typed edges,
 //! exits and recovered jump tables — or the [`SkipReason`] why the function
 //! cannot be handled safely. [`liveness`] then gives, for every instruction,
 //! the general-purpose registers and flags live before it.
@@ -28,9 +28,9 @@
 //! guard; `jmp [rip+GOT]` is an indirect tail call.
 //!
 //! Noreturn functions: a fixed list of names (`abort`, `exit`,
-//! `__stack_chk_fail`, ...; see [`KNOWN_NORETURN`]), matched on symbol and PLT
+//! `__stack_chk_fail`, ...; see `KNOWN_NORETURN`), matched on symbol and PLT
 //! names, plus every function whose exits are all noreturn, found by the
-//! fixpoint [`CfgContext::infer_noreturn`].
+//! fixpoint `CfgContext::infer_noreturn`.
 //!
 //! ## Non-goals
 //!
@@ -47,7 +47,7 @@
 //! - `context.rs`: [`CfgContext`], what the walk needs beyond one function
 //!   (section bytes, function ranges, `.eh_frame`);
 //! - `noreturn.rs`: known and inferred noreturn functions;
-//! - `build.rs`: [`build_cfg`], the recursive walk and the cut into blocks;
+//! - `build.rs`: `build_cfg`, the recursive walk and the cut into blocks;
 //! - `jump_tables.rs`: GCC switch tables and their bound-check guards;
 //! - `tail_calls.rs`: how control leaves the function other than by `ret`
 //!   (tail calls, `.cold` jumps, indirect tail calls);
@@ -68,11 +68,11 @@ use serde::Serialize;
 use crate::analysis::disasm::Insn;
 use crate::analysis::functions::{Function, FunctionKind, FunctionsError};
 
-pub use build::build_cfg;
+use build::build_cfg;
 pub use context::CfgContext;
 pub(crate) use context::{EhFrameInfo, parse_eh_frame};
 pub use liveness::{LiveSet, flag, liveness};
-pub use noreturn::{KNOWN_NORETURN, is_known_noreturn};
+use noreturn::is_known_noreturn;
 
 /// Why a function was left out.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, thiserror::Error)]
@@ -183,7 +183,7 @@ pub struct Block {
     /// SVMA of the first instruction.
     pub start: u64,
     /// SVMA just past the last instruction.
-    pub end: u64,
+    end: u64,
     /// Indices into the function's instruction slice.
     pub insns: Range<usize>,
 }
@@ -259,7 +259,7 @@ pub struct JumpTable {
     /// SVMA of the indirect `jmp`.
     pub jump: u64,
     /// SVMA of the table.
-    pub table: u64,
+    table: u64,
     /// Entry format.
     pub kind: JumpTableKind,
     /// One target per entry (`entries = targets.len()`, bounded by the guard).
@@ -270,7 +270,7 @@ pub struct JumpTable {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct CallSite {
     /// SVMA of the call instruction.
-    pub insn: u64,
+    insn: u64,
     /// Direct target.
     pub target: Option<u64>,
 }
@@ -295,11 +295,6 @@ pub struct Cfg {
 }
 
 impl Cfg {
-    /// The index of the entry block (always 0).
-    pub fn entry(&self) -> usize {
-        0
-    }
-
     /// Successor block indices of `block`, in edge order.
     pub fn succs(&self, block: usize) -> impl Iterator<Item = usize> + '_ {
         self.edges
@@ -314,9 +309,9 @@ impl Cfg {
         (i > 0 && addr < self.blocks[i - 1].end).then(|| i - 1)
     }
 
-    /// The shape of the CFG for [`crate::analysis::graph`]: nodes are block indices,
-    /// `succs` in edge order, exits = blocks with an [`Exit`] (deduplicated,
-    /// ascending).
+    /// The shape of the CFG for [`graph`](crate::analysis::graph): nodes are
+    /// block indices, `succs` in edge order, exits = blocks with an [`Exit`]
+    /// (deduplicated, ascending).
     pub fn to_graph(&self) -> crate::analysis::graph::Graph {
         let mut succs = vec![Vec::new(); self.blocks.len()];
         for e in &self.edges {

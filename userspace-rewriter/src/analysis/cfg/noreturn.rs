@@ -10,7 +10,7 @@ use crate::analysis::functions::{Function, FunctionKind};
 
 /// Names of functions that never return (matched without `@plt` and symbol
 /// versions).
-pub const KNOWN_NORETURN: &[&str] = &[
+const KNOWN_NORETURN: &[&str] = &[
     "abort",
     "exit",
     "_exit",
@@ -49,31 +49,26 @@ pub const KNOWN_NORETURN: &[&str] = &[
 
 /// Whether `name` (already without `@plt`/version) is a known noreturn
 /// function (also libstdc++'s `std::__throw_*` helpers).
-pub fn is_known_noreturn(name: &str) -> bool {
+pub(crate) fn is_known_noreturn(name: &str) -> bool {
     KNOWN_NORETURN.contains(&name) || name.starts_with("_ZSt") && name.contains("__throw_")
 }
 
 impl CfgContext<'_> {
     /// Whether the function starting at `addr` never returns.
-    pub fn is_noreturn(&self, addr: u64) -> bool {
+    pub(crate) fn is_noreturn(&self, addr: u64) -> bool {
         self.noreturn.contains(&addr)
     }
 
     /// Starts of all functions known not to return, ascending.
-    pub fn noreturn_functions(&self) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn noreturn_functions(&self) -> impl Iterator<Item = u64> + '_ {
         self.noreturn.iter().copied()
-    }
-
-    /// Mark the function at `addr` as noreturn.
-    pub fn add_noreturn(&mut self, addr: u64) {
-        self.noreturn.insert(addr);
     }
 
     /// Fixpoint: mark as noreturn every function whose CFG builds and all of
     /// whose exits are noreturn calls, traps or tail calls to noreturn
     /// functions (vacuously: also functions with no exit at all). `insns[i]`
     /// is the linear sweep of `functions[i]`. Returns how many were added.
-    pub fn infer_noreturn(&mut self, functions: &[Function], insns: &[Vec<Insn>]) -> usize {
+    pub(crate) fn infer_noreturn(&mut self, functions: &[Function], insns: &[Vec<Insn>]) -> usize {
         let mut added = 0;
         loop {
             let mut changed = Vec::new();

@@ -17,14 +17,17 @@
 //!   entry, PEP §3.1 step 1) and one dummy edge to every block that is the
 //!   target of a truncated edge ("loop start" edges). Dummy `ENTRY -> h`
 //!   edges are shared by all truncated edges into `h`.
-//! - Every exit block (listed in [`Graph::exits`], or without successors) has
-//!   one edge to `EXIT`; every truncated edge `(v, i)` gets its own dummy
-//!   `v -> EXIT` edge, so a path records *which* back edge ended it.
+//! - Every exit block (listed in
+//!   [`Graph::exits`](crate::analysis::graph::Graph::exits), or without
+//!   successors) has one edge to `EXIT`; every truncated edge `(v, i)` gets
+//!   its own dummy `v -> EXIT` edge, so a path records *which* back edge
+//!   ended it.
 //!
 //! Irreducible regions (PEP and BL96 speak of loops; Ammons et al. note the
 //! algorithm handles irreducible CFGs) are cut at the retreating edges that
-//! [`crate::analysis::graph::loops`] reports in `retreating_non_back`, exactly like back
-//! edges: cutting all retreating edges of a DFS leaves an acyclic graph.
+//! [`graph::loops`](crate::analysis::graph::loops) reports in
+//! `retreating_non_back`, exactly like back edges: cutting all retreating
+//! edges of a DFS leaves an acyclic graph.
 //!
 //! Blocks unreachable from the entry are not part of the DAG.
 //!
@@ -50,7 +53,7 @@
 //!
 //! # Smart numbering (PEP §3.4, from PPP)
 //!
-//! [`number_paths_with_profile`] implements PEP's *smart path numbering*
+//! `number_paths_with_profile` implements PEP's *smart path numbering*
 //! (PEP §3.4, Figure 4, borrowed from Bond & McKinley's Practical Path
 //! Profiling): the same algorithm, but each block's out-edges are visited "in
 //! decreasing order of execution frequency", so the hottest out-edge of every
@@ -72,8 +75,8 @@
 //! # Functions with more paths than fit in `u64`
 //!
 //! When `NumPaths` of any block (hence `N`) exceeds the limit (`u64::MAX` for
-//! [`number_paths`] and [`number_paths_with_profile`], or the `max_paths`
-//! given to [`number_paths_bounded`]), numbering fails with
+//! [`number_paths`] and `number_paths_with_profile`, or the `max_paths`
+//! given to `number_paths_bounded`), numbering fails with
 //! [`PathsError::TooManyPaths`], naming the block where the limit was crossed.
 //! The documented answer is: **the caller skips path profiling for that
 //! function** (it counts the skip in the plan's statistics) and still
@@ -111,7 +114,8 @@
 //! - `mod.rs`: the numbering's types and accessors;
 //! - `numbering.rs`: Ball-Larus numbering on the truncated DAG, and PEP's
 //!   smart (profile-guided) order ([`number_paths`],
-//!   [`number_paths_with_profile`], [`number_paths_bounded`]);
+//!   `number_paths_with_profile` (for now only the unit tests feed it a
+//!   profile), `number_paths_bounded`);
 //! - `regenerate.rs`: path number → blocks ([`PathNumbering::regenerate`]).
 
 mod numbering;
@@ -123,7 +127,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::analysis::graph::GraphError;
 
-pub use numbering::{number_paths, number_paths_bounded, number_paths_with_profile};
+pub use numbering::number_paths;
+#[cfg(test)]
+use numbering::{number_paths_bounded, number_paths_with_profile};
 
 /// Why paths could not be numbered or regenerated.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
@@ -158,30 +164,30 @@ pub enum PathsError {
 /// irreducible region): count path `r + end_increment`, then
 /// `r = restart`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BackEdgeAction {
+pub(crate) struct BackEdgeAction {
     /// Source block.
-    pub from: usize,
+    from: usize,
     /// Index of the edge in `succs[from]`.
-    pub index: usize,
+    index: usize,
     /// Target block (a loop header or irreducible-region entry).
-    pub to: usize,
+    to: usize,
     /// `Val` of the dummy edge `from -> EXIT`.
-    pub end_increment: u64,
+    pub(crate) end_increment: u64,
     /// `Val` of the dummy edge `ENTRY -> to`: the value the path register
     /// restarts with.
-    pub restart: u64,
+    pub(crate) restart: u64,
     /// True for a back edge (target dominates source), false for a
     /// retreating edge of an irreducible region.
-    pub is_back_edge: bool,
+    is_back_edge: bool,
 }
 
 /// A dummy edge `ENTRY -> header`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LoopStart {
+struct LoopStart {
     /// Target of one or more truncated edges.
-    pub header: usize,
+    header: usize,
     /// `Val(ENTRY -> header)`.
-    pub increment: u64,
+    increment: u64,
 }
 
 /// A Ball-Larus numbering of one function's acyclic paths.
@@ -231,7 +237,8 @@ impl PathNumbering {
 
     /// `NumPaths(v)`: number of DAG paths from block `v` to EXIT (0 for
     /// unreachable blocks).
-    pub fn num_paths(&self, v: usize) -> u64 {
+    #[cfg(test)]
+    fn num_paths(&self, v: usize) -> u64 {
         self.num_paths.get(v).copied().unwrap_or(0)
     }
 
@@ -250,16 +257,11 @@ impl PathNumbering {
     }
 
     /// The full record of truncated edge `(v, idx)`.
-    pub fn back_edge(&self, v: usize, idx: usize) -> Option<&BackEdgeAction> {
+    pub(crate) fn back_edge(&self, v: usize, idx: usize) -> Option<&BackEdgeAction> {
         self.back_edges
             .binary_search_by_key(&(v, idx), |b| (b.from, b.index))
             .ok()
             .map(|k| &self.back_edges[k])
-    }
-
-    /// All truncated edges, sorted by `(from, index)`.
-    pub fn back_edges(&self) -> &[BackEdgeAction] {
-        &self.back_edges
     }
 
     /// For a reachable exit block `v`: `Val(v -> EXIT)`; where `v` leaves the
@@ -276,14 +278,10 @@ impl PathNumbering {
             .map(|k| self.loop_starts[k].increment)
     }
 
-    /// `ENTRY -> header` dummy edges, sorted by header.
-    pub fn loop_starts(&self) -> &[LoopStart] {
-        &self.loop_starts
-    }
-
     /// Number of real edges with a nonzero increment, i.e. the `r += val`
     /// instrumentation points (what smart numbering reduces).
-    pub fn nonzero_increments(&self) -> usize {
+    #[cfg(test)]
+    fn nonzero_increments(&self) -> usize {
         self.increments
             .iter()
             .flatten()

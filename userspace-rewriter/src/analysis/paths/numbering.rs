@@ -29,7 +29,8 @@ pub fn number_paths(g: &Graph, loops: &Loops) -> Result<PathNumbering, PathsErro
 /// `edge_freq(v, i)` (frequency of real edge `(v, i)` in the edge profile),
 /// so the hottest out-edge of every block has increment 0. See the module
 /// doc for the frequencies of dummy and exit edges.
-pub fn number_paths_with_profile(
+#[cfg(test)]
+pub(super) fn number_paths_with_profile(
     g: &Graph,
     loops: &Loops,
     edge_freq: &dyn Fn(usize, usize) -> u64,
@@ -41,7 +42,7 @@ pub fn number_paths_with_profile(
 /// [`PathsError::TooManyPaths`] as soon as `NumPaths` of any block exceeds
 /// `max_paths` (e.g. `u32::MAX as u64` for a 32-bit path register or a
 /// bounded counter table).
-pub fn number_paths_bounded(
+pub(super) fn number_paths_bounded(
     g: &Graph,
     loops: &Loops,
     edge_freq: Option<&dyn Fn(usize, usize) -> u64>,
