@@ -30,10 +30,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use anyhow::{Context as _, bail};
 use burstyd_common::burst::*;
 use tracing::{debug, info, warn};
-use userspace_rewriter::codegen::{self, Layout};
-use userspace_rewriter::inject::{self, KernelSigaction, SA_RESTORER, Tracee};
 use userspace_rewriter::analysis::plan::{self, FunctionStatus, Plan, PlanOptions};
 use userspace_rewriter::codegen::unwind_info;
+use userspace_rewriter::codegen::{self, Layout};
+use userspace_rewriter::inject::{self, KernelSigaction, SA_RESTORER, Tracee};
 
 use crate::pprof::{LineKey, MappingKey, ProfileBuilder, encode_gzip};
 
@@ -1367,7 +1367,10 @@ fn wait_for_exec(pid: u32) {
 
 /// Per analysed function with a path numbering: the SVMA of each block's
 /// last instruction.
-fn last_insns(plan: &Plan, analysis: &userspace_rewriter::analysis::cfg::Analysis) -> HashMap<u32, Vec<u64>> {
+fn last_insns(
+    plan: &Plan,
+    analysis: &userspace_rewriter::analysis::cfg::Analysis,
+) -> HashMap<u32, Vec<u64>> {
     plan.functions
         .iter()
         .enumerate()
