@@ -764,7 +764,7 @@ fn xz_cfgs_are_sound() {
             "get_literal_price",
             "lzma_decode",
             // Its jump table's guard compares the memory the index is
-            // loaded from, through a `lea` (cfg.rs guard_step).
+            // loaded from, through a `lea` (analysis/cfg/jump_tables.rs, guard_step).
             "rc_encode",
         ],
     );
