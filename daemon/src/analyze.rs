@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context as _, bail};
-use userspace_rewriter::plan::{self, FunctionPlan, FunctionStatus, Plan, PlanOptions};
+use userspace_rewriter::analysis::plan::{self, FunctionPlan, FunctionStatus, Plan, PlanOptions};
 
 pub struct AnalyzeOptions<'a> {
     pub json: bool,
@@ -194,8 +194,8 @@ fn dot(data: &[u8], f: &FunctionPlan) -> anyhow::Result<String> {
     };
     let cfg = a.cfg.as_ref().context("plan kept no CFG")?;
     let file = object::File::parse(data)?;
-    let functions = userspace_rewriter::functions::discover(&file, data)?;
-    let ctx = userspace_rewriter::cfg::CfgContext::new(&file, &functions);
+    let functions = userspace_rewriter::analysis::functions::discover(&file, data)?;
+    let ctx = userspace_rewriter::analysis::cfg::CfgContext::new(&file, &functions);
     let func = functions
         .iter()
         .find(|x| x.start == f.start)

@@ -30,10 +30,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use anyhow::{Context as _, bail};
 use burstyd_common::burst::*;
 use tracing::{debug, info, warn};
-use userspace_rewriter::clone::{self, Layout};
+use userspace_rewriter::analysis::plan::{self, FunctionStatus, Plan, PlanOptions};
+use userspace_rewriter::codegen::unwind_info;
+use userspace_rewriter::codegen::{self, Layout};
 use userspace_rewriter::inject::{self, KernelSigaction, SA_RESTORER, Tracee};
-use userspace_rewriter::plan::{self, FunctionStatus, Plan, PlanOptions};
-use userspace_rewriter::unwind_info;
 
 use crate::pprof::{LineKey, MappingKey, ProfileBuilder, encode_gzip};
 
@@ -123,7 +123,7 @@ struct Injected {
     /// Address of the control block in the target.
     control: u64,
     shm: memmap2::MmapMut,
-    img: clone::CloneImage,
+    img: codegen::CloneImage,
     /// The clones' `.eh_frame`: address in the target and bytes.
     eh: (u64, Vec<u8>),
     signal: i32,
@@ -209,7 +209,7 @@ impl BurstTracer {
         ) else {
             bail!("pid {pid}: {exe_path} is not in /proc/{pid}/maps");
         };
-        let elf = userspace_rewriter::elf::ElfInfo::parse(&data)?;
+        let elf = userspace_rewriter::analysis::elf::ElfInfo::parse(&data)?;
         let first = own.iter().min_by_key(|m| m.offset).unwrap();
         let bias = elf
             .load_bias_for(first.start, first.offset, first.perms.contains('x'))
@@ -285,7 +285,7 @@ impl BurstTracer {
                 control: base,
                 code: base + shm_len,
             };
-            let img = clone::generate_excluding(&plan, &analysis, &layout, &exclude)?;
+            let img = codegen::generate_excluding(&plan, &analysis, &layout, &exclude)?;
             let eh = unwind_info::eh_frame(&data, &img, bias).map_err(anyhow::Error::msg)?;
             let need =
                 (((img.bytes.len() as u64 + 15) & !15) + eh.bytes.len() as u64 + 0xfff) & !0xfff;
@@ -422,7 +422,7 @@ impl BurstTracer {
         base: u64,
         mut shm: memmap2::MmapMut,
         opts: &BurstOptions,
-        analysis: &userspace_rewriter::cfg::Analysis,
+        analysis: &userspace_rewriter::analysis::cfg::Analysis,
         exclude: &std::collections::BTreeSet<u64>,
         data: &[u8],
     ) -> anyhow::Result<Self> {
@@ -431,7 +431,7 @@ impl BurstTracer {
             (cb.handler, cb.restorer, cb.signal as i32, cb.clone_lo)
         };
         // The function table is a pure function of the plan and the layout.
-        let img = clone::generate_excluding(
+        let img = codegen::generate_excluding(
             &plan,
             analysis,
             &Layout {
@@ -483,7 +483,7 @@ impl BurstTracer {
     fn new(
         inj: Injected,
         opts: &BurstOptions,
-        analysis: &userspace_rewriter::cfg::Analysis,
+        analysis: &userspace_rewriter::analysis::cfg::Analysis,
     ) -> Self {
         let Injected {
             pid,
@@ -702,7 +702,7 @@ impl BurstTracer {
         self.numbering(fid).is_some_and(|n| path < n.total_paths())
     }
 
-    fn numbering(&self, fid: u32) -> Option<&userspace_rewriter::paths::PathNumbering> {
+    fn numbering(&self, fid: u32) -> Option<&userspace_rewriter::analysis::paths::PathNumbering> {
         match &self.plan.functions.get(fid as usize)?.status {
             FunctionStatus::Analyzed(fa) => fa.numbering.as_ref(),
             _ => None,
@@ -798,7 +798,7 @@ impl BurstTracer {
     /// target block's start; call fall-throughs are not branches for BOLT
     /// and are left out.
     pub fn fdata(&self) -> String {
-        use userspace_rewriter::cfg::EdgeKind;
+        use userspace_rewriter::analysis::cfg::EdgeKind;
         let mut edges: std::collections::BTreeMap<(u32, u64, u64), u64> = Default::default();
         for ((_, fid, path), n) in &self.counts {
             let f = &self.plan.functions[*fid as usize];
@@ -1221,7 +1221,7 @@ impl Bursts {
 
 /// Whether the program throws C++ exceptions (or otherwise unwinds with
 /// libgcc): landing pads, or imports of the throwing/unwinding entry points.
-fn uses_exceptions(data: &[u8], analysis: &userspace_rewriter::cfg::Analysis) -> bool {
+fn uses_exceptions(data: &[u8], analysis: &userspace_rewriter::analysis::cfg::Analysis) -> bool {
     use object::{Object, ObjectSymbol};
     if analysis.functions.iter().any(|f| f.has_lsda) {
         return true;
@@ -1263,7 +1263,7 @@ fn register_frame_fn(pid: u32, maps: &[inject::Mapping], plan: &Plan, bias: u64)
         first.start, first.end
     ))
     .ok()?;
-    let elf = userspace_rewriter::elf::ElfInfo::parse(&data).ok()?;
+    let elf = userspace_rewriter::analysis::elf::ElfInfo::parse(&data).ok()?;
     let lbias = elf.load_bias_for(first.start, first.offset, first.perms.contains('x'))?;
     let file = object::File::parse(&*data).ok()?;
     let sym = file
@@ -1367,7 +1367,10 @@ fn wait_for_exec(pid: u32) {
 
 /// Per analysed function with a path numbering: the SVMA of each block's
 /// last instruction.
-fn last_insns(plan: &Plan, analysis: &userspace_rewriter::cfg::Analysis) -> HashMap<u32, Vec<u64>> {
+fn last_insns(
+    plan: &Plan,
+    analysis: &userspace_rewriter::analysis::cfg::Analysis,
+) -> HashMap<u32, Vec<u64>> {
     plan.functions
         .iter()
         .enumerate()

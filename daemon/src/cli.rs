@@ -107,7 +107,7 @@ pub enum Command {
         plan: Option<PathBuf>,
         /// Loops with no calls and at most K memory references are k-boring
         /// (no instrumentation, no back-edge check).
-        #[arg(short, long, default_value_t = userspace_rewriter::plan::DEFAULT_K)]
+        #[arg(short, long, default_value_t = userspace_rewriter::analysis::plan::DEFAULT_K)]
         k: u64,
     },
 }

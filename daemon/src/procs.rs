@@ -19,7 +19,7 @@
 //!   file offset.
 //!
 //! `bias = avma - svma` (wrapping) is computed once per mapping
-//! ([`userspace_rewriter::elf::ElfInfo::load_bias_for`]); it is 0 for non-PIE
+//! ([`userspace_rewriter::analysis::elf::ElfInfo::load_bias_for`]); it is 0 for non-PIE
 //! executables. To look an AVMA up in a file, subtract the bias.
 //!
 //! ## How it works
@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 use memmap2::Mmap;
 use object::{Object, ObjectSection};
 use tracing::{debug, warn};
-use userspace_rewriter::elf::{ElfInfo, is_elf_x86_64};
+use userspace_rewriter::analysis::elf::{ElfInfo, is_elf_x86_64};
 
 /// Minimum time between two reads of one process' maps when an address is not covered.
 pub const REFRESH_INTERVAL: Duration = Duration::from_millis(50);
@@ -188,7 +188,7 @@ pub enum ModuleError {
         /// The path.
         path: String,
         /// The error.
-        source: userspace_rewriter::elf::ElfError,
+        source: userspace_rewriter::analysis::elf::ElfError,
     },
 }
 
@@ -330,7 +330,7 @@ impl Module {
             file: None,
             data: ModuleData::Owned(Box::new([])),
             elf: ElfInfo {
-                kind: userspace_rewriter::elf::ElfKind::Other(0),
+                kind: userspace_rewriter::analysis::elf::ElfKind::Other(0),
                 machine: object::elf::EM_X86_64,
                 entry: 0,
                 build_id: None,

@@ -336,7 +336,7 @@ fn build_id_from_notes(notes: &[u8]) -> Option<String> {
         let desc_start = name_start + namesz.div_ceil(4) * 4;
         let next = desc_start + descsz.div_ceil(4) * 4;
         if ty == 3 && notes.get(name_start..name_start + namesz) == Some(b"GNU\0") {
-            return Some(userspace_rewriter::elf::to_hex(
+            return Some(userspace_rewriter::analysis::elf::to_hex(
                 notes.get(desc_start..desc_start + descsz)?,
             ));
         }

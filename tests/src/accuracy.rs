@@ -16,7 +16,7 @@
 //! `path`) regenerated with the rewriter's plan of the binary.
 use std::collections::{BTreeMap, HashMap};
 
-use userspace_rewriter::plan::{FunctionStatus, Plan, PlanOptions, analyze};
+use userspace_rewriter::analysis::plan::{FunctionStatus, Plan, PlanOptions, analyze};
 
 use crate::pprof::Profile;
 

@@ -8,7 +8,7 @@
 //! blocks.
 //!
 //! "Analysed" means what the plan rewrites: an Ok CFG from
-//! `userspace_rewriter::cfg::analyse`, PLT stubs excluded (the plan never
+//! `userspace_rewriter::analysis::cfg::analyse`, PLT stubs excluded (the plan never
 //! touches them; a lazily bound `.plt` stub is re-entered at its `push n` by
 //! its own `jmp [GOT]`, which its one-block CFG does not model).
 //!
@@ -47,9 +47,9 @@ use std::time::Instant;
 
 use burstyd_tests::tracer::{self, Ended, Event, Observer, Via};
 use burstyd_tests::*;
-use userspace_rewriter::cfg::{Analysis, EdgeKind, ExitKind};
-use userspace_rewriter::disasm::Flow;
-use userspace_rewriter::functions::FunctionKind;
+use userspace_rewriter::analysis::cfg::{Analysis, EdgeKind, ExitKind};
+use userspace_rewriter::analysis::disasm::Flow;
+use userspace_rewriter::analysis::functions::FunctionKind;
 
 /// One instruction of a block of an analysed function.
 #[derive(Clone, Copy)]
@@ -145,7 +145,7 @@ impl Checker {
         let data = std::fs::read(exe).unwrap();
         let file = object::File::parse(&*data).unwrap();
         let t0 = Instant::now();
-        let a = userspace_rewriter::cfg::analyse(&file, &data).unwrap();
+        let a = userspace_rewriter::analysis::cfg::analyse(&file, &data).unwrap();
         let analysis_time = t0.elapsed();
         let lo = a.functions.iter().map(|f| f.start).min().unwrap();
         let hi = a.functions.iter().map(|f| f.end()).max().unwrap();
@@ -764,7 +764,7 @@ fn xz_cfgs_are_sound() {
             "get_literal_price",
             "lzma_decode",
             // Its jump table's guard compares the memory the index is
-            // loaded from, through a `lea` (cfg.rs guard_step).
+            // loaded from, through a `lea` (analysis/cfg/jump_tables.rs, guard_step).
             "rc_encode",
         ],
     );

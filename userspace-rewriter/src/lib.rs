@@ -1,31 +1,41 @@
-//! burstyd's binary rewriter.
+//! burstyd's binary rewriter: Hirzel & Chilimbi's bursty tracing with
+//! Ball-Larus path profiling, for x86-64 ELF programs that are already
+//! running.
 //!
-//! The analysis half computes a deterministic *plan* from an ELF file alone
-//! (no process is touched): one module per stage, named for what it
-//! produces.
-//! - [`elf`]: ELF facts (build ID, PT_LOAD segments, load bias), shared with
-//!   the daemon's symbolizer and unwinder.
-//! - [`functions`]: function discovery (.symtab, .dynsym, .eh_frame FDEs, PLT,
-//!   GCC `.cold` parts).
-//! - [`disasm`]: x86-64 decoding (iced-x86) of one function.
-//! - [`cfg`]: basic blocks and edges, jump tables, skip reasons.
-//! - [`graph`]: dominators, back edges, natural loops on any CFG.
-//! - [`paths`]: Ball-Larus path numbering and regeneration.
-//! - [`callgraph`]: call graph SCCs, the entry-check set C, k-boring loops.
-//! - [`plan`]: all of the above for a whole file, as one serializable plan.
+//! One folder per pipeline stage, each module named for what it produces.
+//! In pipeline order:
 //!
-//! The apply half works on a live process:
-//! - [`inject`]: the ptrace primitive: stop a process, run syscalls and
-//!   calls in it, read/write its memory, find room near its binary and a
-//!   free signal, and let it go exactly as it was.
-pub mod callgraph;
-pub mod cfg;
-pub mod clone;
-pub mod disasm;
-pub mod elf;
-pub mod functions;
-pub mod graph;
+//! **[`analysis`]** — a deterministic *plan* from the ELF file alone (no
+//! process is touched), byte-identical for the same input:
+//! - [`analysis::elf`]: ELF facts (build ID, `PT_LOAD` segments, load
+//!   bias), shared with the daemon's symbolizer and unwinder;
+//! - [`analysis::functions`]: the functions (`.symtab`, `.dynsym`,
+//!   `.eh_frame` FDEs, PLT stubs, GCC `.cold` parts);
+//! - [`analysis::disasm`]: one function's instructions (iced-x86 linear
+//!   sweep), each with its control-flow class;
+//! - [`analysis::cfg`]: per function its CFG (blocks, typed edges, exits,
+//!   jump tables) or the reason it is skipped, register/flags liveness,
+//!   and the whole-file [`analysis::cfg::Analysis`];
+//! - [`analysis::graph`]: dominators, back edges, natural loops,
+//!   irreducible regions of a CFG;
+//! - [`analysis::paths`]: the Ball-Larus path numbering of a CFG and the
+//!   regeneration of a path from its number;
+//! - `analysis::callgraph` (crate-private): call graph SCCs, Hirzel &
+//!   Chilimbi's entry-check set C and k-boring loops;
+//! - [`analysis::plan`]: all of the above for a whole file, as one
+//!   serializable [`analysis::plan::Plan`].
+//!
+//! **[`codegen`]** — what gets injected, for a given address:
+//! - the instrumented clones and their runtime (signal handler, record
+//!   writer, lookups), encoded for the address they will live at:
+//!   [`codegen::CloneImage`] from [`codegen::generate_excluding`];
+//! - [`codegen::unwind_info`]: `.eh_frame` for the clones, so exceptions
+//!   and debuggers unwind through them.
+//!
+//! **[`inject`]** — the ptrace primitive that applies it to a live
+//! process: stop every thread ([`inject::Tracee`]), run syscalls and calls
+//! in it, read/write its memory, find room near its binary and a free
+//! signal (`/proc`), and let it go exactly as it was.
+pub mod analysis;
+pub mod codegen;
 pub mod inject;
-pub mod paths;
-pub mod plan;
-pub mod unwind_info;

@@ -2,8 +2,8 @@
 //! compressor is cloned (or skipped with a reason), the image encodes, and
 //! every translated instruction decodes at its clone address to an
 //! instruction of the same kind.
-use userspace_rewriter::clone::{Layout, generate};
-use userspace_rewriter::plan::{PlanOptions, analyze_with_insns};
+use userspace_rewriter::analysis::plan::{PlanOptions, analyze_with_insns};
+use userspace_rewriter::codegen::{Layout, generate};
 
 fn gen_for(path: &str) {
     let data = std::fs::read(path).unwrap();

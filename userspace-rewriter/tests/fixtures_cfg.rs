@@ -9,9 +9,9 @@ mod common;
 
 use std::path::PathBuf;
 
-use userspace_rewriter::cfg::{self, EdgeKind, ExitKind, JumpTableKind, flag};
-use userspace_rewriter::disasm::Flow;
-use userspace_rewriter::functions::{FunctionKind, FunctionSources};
+use userspace_rewriter::analysis::cfg::{self, EdgeKind, ExitKind, JumpTableKind, flag};
+use userspace_rewriter::analysis::disasm::Flow;
+use userspace_rewriter::analysis::functions::{FunctionKind, FunctionSources};
 
 /// The builds every test can use: (name, gcc flags, stripped).
 const VARIANTS: &[(&str, &[&str], bool)] = &[

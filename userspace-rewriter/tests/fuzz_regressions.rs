@@ -7,7 +7,7 @@
 //! - crash-442a8b50… — the fuzzer's own first input (same as :222).
 use std::path::Path;
 
-use userspace_rewriter::plan::{self, PlanOptions};
+use userspace_rewriter::analysis::plan::{self, PlanOptions};
 
 #[test]
 fn fuzzer_crashes_stay_fixed() {

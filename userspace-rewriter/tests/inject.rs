@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use userspace_rewriter::elf::ElfInfo;
+use userspace_rewriter::analysis::elf::ElfInfo;
 use userspace_rewriter::inject::{
     self, InjectError, KernelSigaction, SA_RESTORER, Tracee, find_gap_near, free_signal,
     shadow_stack_enabled,

@@ -17,10 +17,14 @@ mod common;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use userspace_rewriter::cfg::{Exit, ExitKind};
-use userspace_rewriter::graph::{self, Graph, Loops};
-use userspace_rewriter::paths::{PathNumbering, PathsError, RegeneratedPath, number_paths};
-use userspace_rewriter::plan::{self, FunctionAnalysis, FunctionStatus, Plan, PlanOptions};
+use userspace_rewriter::analysis::cfg::{Exit, ExitKind};
+use userspace_rewriter::analysis::graph::{self, Graph, Loops};
+use userspace_rewriter::analysis::paths::{
+    PathNumbering, PathsError, RegeneratedPath, number_paths,
+};
+use userspace_rewriter::analysis::plan::{
+    self, FunctionAnalysis, FunctionStatus, Plan, PlanOptions,
+};
 
 /// The builds: (name, gcc flags). Output names are prefixed with `paths-`
 /// so they cannot clash with other fixtures in the shared build directory.

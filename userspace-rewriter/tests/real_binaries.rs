@@ -3,7 +3,7 @@
 //! (analysable/total non-PLT functions) and skip reasons. Set `SHOW_SKIPS=1`
 //! to list every skipped function.
 
-use userspace_rewriter::cfg;
+use userspace_rewriter::analysis::cfg;
 
 fn run(path: &str) -> Option<(usize, usize)> {
     let data = std::fs::read(path).ok()?;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use userspace_rewriter::cfg::{EdgeKind, ExitKind, SkipReason};
+use userspace_rewriter::analysis::cfg::{EdgeKind, ExitKind, SkipReason};
 
 #[test]
 fn hand_written_functions_get_their_skip_reason() {

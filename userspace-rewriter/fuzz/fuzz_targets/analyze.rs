@@ -7,8 +7,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use userspace_rewriter::elf::ElfInfo;
-use userspace_rewriter::plan::{self, FunctionStatus, PlanOptions};
+use userspace_rewriter::analysis::elf::ElfInfo;
+use userspace_rewriter::analysis::plan::{self, FunctionStatus, PlanOptions};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(info) = ElfInfo::parse(data) {

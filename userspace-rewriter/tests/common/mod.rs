@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-use userspace_rewriter::cfg::{self, Analysis};
+use userspace_rewriter::analysis::cfg::{self, Analysis};
 
 static BUILD_LOCK: Mutex<()> = Mutex::new(());
 

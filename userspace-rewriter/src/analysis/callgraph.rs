@@ -27,11 +27,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::graph::Loops;
+use crate::analysis::graph::Loops;
 
 /// The static call graph of one binary: nodes are function indices `0..n`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CallGraph {
+pub(crate) struct CallGraph {
     /// Direct callees of each function, sorted and without duplicates.
     callees: Vec<Vec<usize>>,
     /// The function's address is taken (it may be called indirectly).
@@ -46,7 +46,7 @@ pub struct CallGraph {
 
 impl CallGraph {
     /// A graph of `n` functions and no edges.
-    pub fn new(n: usize) -> Self {
+    pub(crate) fn new(n: usize) -> Self {
         CallGraph {
             callees: vec![Vec::new(); n],
             address_taken: vec![false; n],
@@ -56,18 +56,13 @@ impl CallGraph {
     }
 
     /// Number of functions.
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.callees.len()
-    }
-
-    /// True if the graph has no functions.
-    pub fn is_empty(&self) -> bool {
-        self.callees.is_empty()
     }
 
     /// Records a direct call `caller -> callee` (idempotent). Panics if
     /// either index is out of range.
-    pub fn add_call(&mut self, caller: usize, callee: usize) {
+    pub(crate) fn add_call(&mut self, caller: usize, callee: usize) {
         assert!(callee < self.len(), "callee {callee} out of range");
         let list = &mut self.callees[caller];
         if let Err(pos) = list.binary_search(&callee) {
@@ -76,12 +71,12 @@ impl CallGraph {
     }
 
     /// Marks `f` as address-taken (may be the target of an indirect call).
-    pub fn set_address_taken(&mut self, f: usize) {
+    pub(crate) fn set_address_taken(&mut self, f: usize) {
         self.address_taken[f] = true;
     }
 
     /// Marks `f` as a root (called from the outside world).
-    pub fn set_root(&mut self, f: usize) {
+    pub(crate) fn set_root(&mut self, f: usize) {
         self.roots[f] = true;
     }
 
@@ -89,29 +84,20 @@ impl CallGraph {
     /// calls through the PLT). This makes `f` a non-leaf; cycles through
     /// such calls pass through an address-taken procedure (or leave the
     /// binary), which §4.1 already covers.
-    pub fn set_unknown_calls(&mut self, f: usize) {
+    pub(crate) fn set_unknown_calls(&mut self, f: usize) {
         self.unknown_calls[f] = true;
     }
 
     /// Direct callees of `f`, sorted.
-    pub fn callees(&self, f: usize) -> &[usize] {
+    #[cfg(test)]
+    fn callees(&self, f: usize) -> &[usize] {
         &self.callees[f]
     }
 
     /// §4.1 "a procedure that calls nothing": no direct callees and no
     /// unknown calls.
-    pub fn is_leaf(&self, f: usize) -> bool {
+    fn is_leaf(&self, f: usize) -> bool {
         self.callees[f].is_empty() && !self.unknown_calls[f]
-    }
-
-    /// Whether `f` is a root.
-    pub fn is_root(&self, f: usize) -> bool {
-        self.roots[f]
-    }
-
-    /// Whether `f`'s address is taken.
-    pub fn is_address_taken(&self, f: usize) -> bool {
-        self.address_taken[f]
     }
 }
 
@@ -122,7 +108,7 @@ impl CallGraph {
 /// Tarjan completes them, which is a reverse topological order of the
 /// condensation (a component comes before every component that calls into
 /// it: callees first). Members of each component are sorted.
-pub fn sccs(cg: &CallGraph) -> Vec<Vec<usize>> {
+fn sccs(cg: &CallGraph) -> Vec<Vec<usize>> {
     let n = cg.len();
     const UNSEEN: usize = usize::MAX;
     let mut index = vec![UNSEEN; n];
@@ -184,7 +170,7 @@ pub fn sccs(cg: &CallGraph) -> Vec<Vec<usize>> {
 /// of the shortest path from a root to f" (breadth-first search over direct
 /// calls from all roots). `None` (infinite) for functions no root reaches by
 /// direct calls.
-pub fn root_distances(cg: &CallGraph) -> Vec<Option<usize>> {
+fn root_distances(cg: &CallGraph) -> Vec<Option<usize>> {
     let mut dist = vec![None; cg.len()];
     let mut queue = std::collections::VecDeque::new();
     for (f, d) in dist.iter_mut().enumerate() {
@@ -207,23 +193,23 @@ pub fn root_distances(cg: &CallGraph) -> Vec<Option<usize>> {
 
 /// The terms of equation 3 for one function.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EntryCheckTerms {
+struct EntryCheckTerms {
     /// `is_leaf(f)`: calls nothing, so it cannot be on a recursive cycle.
-    pub leaf: bool,
+    leaf: bool,
     /// `is_root(f)`: called from the outside world; the check makes sure
     /// execution starts "off in the right version of the code".
-    pub root: bool,
+    root: bool,
     /// `addr_taken(f)`: "may be part of recursion with indirect calls",
     /// which the direct-call graph does not show.
-    pub addr_taken: bool,
+    addr_taken: bool,
     /// `recursion_from_below(f)`: called by a procedure in the same SCC that
     /// is at least as far away from the roots.
-    pub recursion_from_below: bool,
+    recursion_from_below: bool,
 }
 
 impl EntryCheckTerms {
     /// Equation 3: `¬leaf ∧ (root ∨ addr_taken ∨ recursion_from_below)`.
-    pub fn in_c(&self) -> bool {
+    fn in_c(&self) -> bool {
         !self.leaf && (self.root || self.addr_taken || self.recursion_from_below)
     }
 }
@@ -242,7 +228,7 @@ impl EntryCheckTerms {
 /// some call `g -> f` on the cycle has `dist(g) >= dist(f)`, and that `f`
 /// (not a leaf: it is on a cycle) is in `C`. Ties are broken so that checks
 /// sit "as far up in the call-stack as possible" (near the roots).
-pub fn recursion_from_below(cg: &CallGraph) -> Vec<bool> {
+fn recursion_from_below(cg: &CallGraph) -> Vec<bool> {
     let n = cg.len();
     let mut comp = vec![0usize; n];
     for (k, c) in sccs(cg).iter().enumerate() {
@@ -266,7 +252,7 @@ pub fn recursion_from_below(cg: &CallGraph) -> Vec<bool> {
 
 /// The terms of equation 3 for every function (for the plan's explanation
 /// of each entry-check decision).
-pub fn entry_check_terms(cg: &CallGraph) -> Vec<EntryCheckTerms> {
+fn entry_check_terms(cg: &CallGraph) -> Vec<EntryCheckTerms> {
     let rfb = recursion_from_below(cg);
     (0..cg.len())
         .map(|f| EntryCheckTerms {
@@ -293,19 +279,19 @@ pub fn entry_check_terms(cg: &CallGraph) -> Vec<EntryCheckTerms> {
 ///   guarantees that no cycle of direct calls is without a check.
 ///
 /// Returns membership per function.
-pub fn entry_check_set(cg: &CallGraph) -> Vec<bool> {
+pub(crate) fn entry_check_set(cg: &CallGraph) -> Vec<bool> {
     entry_check_terms(cg).iter().map(|t| t.in_c()).collect()
 }
 
 /// What §4.2 needs to know about one natural loop: counts over the whole
 /// loop body (`Loop::body`, which includes nested loops).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LoopSummary {
+pub(crate) struct LoopSummary {
     /// Some block of the body contains a call (direct, indirect or PLT).
-    pub has_call: bool,
+    pub(crate) has_call: bool,
     /// Number of profiling events of interest in the body (e.g. memory
     /// references, for hot data stream profiling), counted statically.
-    pub events: u64,
+    pub(crate) events: u64,
 }
 
 /// §4.2: "We define k-boring loops as loops with no calls and at most k
@@ -316,19 +302,19 @@ pub struct LoopSummary {
 /// enclosing loop of a loop that is not k-boring is not k-boring either.
 /// Only natural loops are candidates: the retreating edges of irreducible
 /// regions ([`Loops::retreating_non_back`]) keep their checks.
-pub fn is_k_boring(summary: &LoopSummary, k: u64) -> bool {
+fn is_k_boring(summary: &LoopSummary, k: u64) -> bool {
     !summary.has_call && summary.events <= k
 }
 
 /// [`is_k_boring`] for every loop.
-pub fn k_boring_loops(loops: &[LoopSummary], k: u64) -> Vec<bool> {
+pub(crate) fn k_boring_loops(loops: &[LoopSummary], k: u64) -> Vec<bool> {
     loops.iter().map(|s| is_k_boring(s, k)).collect()
 }
 
 /// Summaries of every loop of `loops` (same order as `loops.loops`) from
 /// per-block facts: whether block `b` contains a call, and how many events of
 /// interest it has.
-pub fn loop_summaries(
+pub(crate) fn loop_summaries(
     loops: &Loops,
     block_has_call: &dyn Fn(usize) -> bool,
     block_events: &dyn Fn(usize) -> u64,
@@ -349,8 +335,8 @@ pub fn loop_summaries(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::tests::{Rng, graph};
-    use crate::graph::{dominators, loops};
+    use crate::analysis::graph::tests::{Rng, graph};
+    use crate::analysis::graph::{dominators, loops};
 
     fn cg(n: usize, calls: &[(usize, usize)], roots: &[usize]) -> CallGraph {
         let mut g = CallGraph::new(n);

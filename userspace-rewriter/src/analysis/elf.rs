@@ -41,14 +41,9 @@ use object::read::elf::{ElfFile64, FileHeader, ProgramHeader};
 use object::{Endianness, Object};
 
 /// `p_flags` bit: segment is executable.
-pub const PF_X: u32 = object::elf::PF_X;
-/// `p_flags` bit: segment is writable.
-pub const PF_W: u32 = object::elf::PF_W;
-/// `p_flags` bit: segment is readable.
-pub const PF_R: u32 = object::elf::PF_R;
-
+const PF_X: u32 = object::elf::PF_X;
 /// The page size the kernel maps ELF segments with on x86-64.
-pub const PAGE_SIZE: u64 = 4096;
+const PAGE_SIZE: u64 = 4096;
 
 /// Errors from reading ELF facts.
 #[derive(Debug, thiserror::Error)]
@@ -88,15 +83,15 @@ pub struct LoadSegment {
     /// `p_offset`: where the segment's bytes start in the file.
     pub file_offset: u64,
     /// `p_filesz`: how many bytes come from the file.
-    pub file_size: u64,
+    file_size: u64,
     /// `p_vaddr`: the segment's stated virtual address (SVMA).
-    pub svma: u64,
+    svma: u64,
     /// `p_memsz`: the segment's size in memory (>= `file_size`, the rest is zero-filled).
-    pub mem_size: u64,
+    mem_size: u64,
     /// `p_flags` ([`PF_R`], [`PF_W`], [`PF_X`]).
-    pub flags: u32,
+    flags: u32,
     /// `p_align`.
-    pub align: u64,
+    align: u64,
 }
 
 impl LoadSegment {
@@ -113,19 +108,19 @@ impl LoadSegment {
 
     /// Whether file offset `offset` is mapped by this segment (including the
     /// part of the first page before `p_offset` that the kernel maps too).
-    pub fn contains_file_offset(&self, offset: u64) -> bool {
+    fn contains_file_offset(&self, offset: u64) -> bool {
         offset >= self.mapped_file_offset()
             && offset < self.file_offset.saturating_add(self.file_size.max(1))
     }
 
     /// Whether `svma` lies in the segment's memory image.
-    pub fn contains_svma(&self, svma: u64) -> bool {
+    fn contains_svma(&self, svma: u64) -> bool {
         svma >= self.svma && svma - self.svma < self.mem_size
     }
 
     /// The SVMA of file offset `offset`, computed with this segment's
     /// `p_vaddr - p_offset` (wrapping; the caller checks containment).
-    pub fn svma_for_file_offset(&self, offset: u64) -> u64 {
+    fn svma_for_file_offset(&self, offset: u64) -> u64 {
         self.svma
             .wrapping_sub(self.file_offset)
             .wrapping_add(offset)
@@ -169,7 +164,8 @@ pub fn is_elf_x86_64(data: &[u8]) -> bool {
 
 /// Whether the file at `path` is a 64-bit little-endian x86-64 ELF file
 /// (reads only the first 20 bytes).
-pub fn is_elf_x86_64_file(path: impl AsRef<std::path::Path>) -> Result<bool, ElfError> {
+#[cfg(test)]
+fn is_elf_x86_64_file(path: impl AsRef<std::path::Path>) -> Result<bool, ElfError> {
     use std::io::Read;
     let mut header = [0u8; 20];
     let mut file = std::fs::File::open(path)?;
@@ -244,7 +240,8 @@ impl ElfInfo {
     }
 
     /// Read and parse the file at `path`.
-    pub fn from_path(path: impl AsRef<std::path::Path>) -> Result<Self, ElfError> {
+    #[cfg(test)]
+    fn from_path(path: impl AsRef<std::path::Path>) -> Result<Self, ElfError> {
         let data = std::fs::read(path)?;
         Self::parse(&data)
     }
@@ -255,7 +252,8 @@ impl ElfInfo {
     }
 
     /// Whether this is an x86-64 file.
-    pub fn is_x86_64(&self) -> bool {
+    #[cfg(test)]
+    fn is_x86_64(&self) -> bool {
         self.machine == object::elf::EM_X86_64
     }
 
@@ -263,7 +261,7 @@ impl ElfInfo {
     /// comes from. Prefers a segment whose page-aligned start is exactly
     /// `offset` (how the loader maps segments), then any segment containing
     /// it; among equals, an executable one when `prefer_exec`.
-    pub fn segment_for_file_offset(&self, offset: u64, prefer_exec: bool) -> Option<&LoadSegment> {
+    fn segment_for_file_offset(&self, offset: u64, prefer_exec: bool) -> Option<&LoadSegment> {
         let rank = |s: &LoadSegment| {
             let exact = s.mapped_file_offset() == offset;
             (exact, s.is_executable() == prefer_exec)

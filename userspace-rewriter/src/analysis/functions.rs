@@ -11,7 +11,7 @@
 //!   executable section; several names at one address are aliases, the
 //!   preferred one (global before weak before local, then the fewest leading
 //!   underscores, then the shortest, then alphabetical) becomes
-//!   [`Function::name`], the others go to [`Function::aliases`];
+//!   [`Function::name`], the others go to `Function::aliases`;
 //! * `.eh_frame` FDEs (parsed directly with gimli, so `.eh_frame_hdr` is not
 //!   needed): in a stripped binary they are the only source; a function found
 //!   only there is called `sub_<hex start>`; an FDE starting strictly inside a
@@ -67,19 +67,9 @@ impl FunctionSources {
         (Self::PLT, "plt"),
     ];
 
-    /// The empty set.
-    pub const fn empty() -> Self {
-        FunctionSources(0)
-    }
-
     /// Whether every source of `other` is in `self`.
     pub const fn contains(self, other: FunctionSources) -> bool {
         self.0 & other.0 == other.0 && other.0 != 0
-    }
-
-    /// The raw bits.
-    pub const fn bits(self) -> u8 {
-        self.0
     }
 }
 
@@ -136,7 +126,7 @@ pub struct Function {
     /// `sub_<hex>` when only an FDE names it.
     pub name: String,
     /// Other symbol names at the same address, sorted.
-    pub aliases: Vec<String>,
+    pub(crate) aliases: Vec<String>,
     /// SVMA of the first byte.
     pub start: u64,
     /// Size in bytes (from the symbol, else the FDE, else up to the next
@@ -164,13 +154,13 @@ impl Function {
 
     /// The name without a `@plt` suffix or an ELF symbol version
     /// (`memcpy@GLIBC_2.2.5`, `memcpy@@GLIBC_2.14`).
-    pub fn base_name(&self) -> &str {
+    pub(crate) fn base_name(&self) -> &str {
         base_name(&self.name)
     }
 }
 
 /// `name` without `@plt` and without a symbol version suffix.
-pub fn base_name(name: &str) -> &str {
+pub(crate) fn base_name(name: &str) -> &str {
     match name.find('@') {
         Some(i) if i > 0 => &name[..i],
         _ => name,
@@ -203,7 +193,7 @@ struct Candidate {
 /// docs for sources and naming. Malformed `.eh_frame` data ends FDE discovery
 /// at the first bad entry (what came before is kept) rather than failing.
 pub fn discover(file: &object::File, data: &[u8]) -> Result<Vec<Function>, FunctionsError> {
-    if !crate::elf::is_elf_x86_64(data) {
+    if !crate::analysis::elf::is_elf_x86_64(data) {
         return Err(FunctionsError::NotX86_64);
     }
     let exec: Vec<ExecSection> = file
@@ -497,7 +487,7 @@ fn plt_stubs(file: &object::File) -> Vec<(u64, u64, Option<String>)> {
             let Some(start) = sec.address().checked_add((k * entry) as u64) else {
                 break;
             };
-            let insns = crate::disasm::decode(chunk, start);
+            let insns = crate::analysis::disasm::decode(chunk, start);
             let mut name = None;
             if sec_name == ".plt" && k == 0 {
                 name = Some(".plt".to_string()); // PLT0: pushes the link map, jumps to the resolver
@@ -507,7 +497,9 @@ fn plt_stubs(file: &object::File) -> Vec<(u64, u64, Option<String>)> {
                 if name.is_some() {
                     break;
                 }
-                if insn.flow == crate::disasm::Flow::IndirectJump && i.is_ip_rel_memory_operand() {
+                if insn.flow == crate::analysis::disasm::Flow::IndirectJump
+                    && i.is_ip_rel_memory_operand()
+                {
                     name = by_slot
                         .get(&i.ip_rel_memory_address())
                         .map(|n| format!("{n}@plt"));

@@ -1,18 +1,18 @@
 //! x86-64 decoding of one function's bytes.
 //!
 //! You give it the bytes of a function and the SVMA of the first byte
-//! ([`decode`]); it returns every instruction of a *linear sweep* over the
+//! (`decode`); it returns every instruction of a *linear sweep* over the
 //! bytes, each with its address, length and control-flow class ([`Flow`]),
 //! plus the decoded [`iced_x86::Instruction`] for later stages (jump-table
-//! matching and liveness in [`crate::cfg`]).
+//! matching and liveness in [`crate::analysis::cfg`]).
 //!
 //! A linear sweep is what a post-link rewriter such as the Vulcan-based
 //! implementation of Hirzel & Chilimbi ("Bursty Tracing", section 3) starts
 //! from: it decodes every byte of the function's symbol/FDE range in order.
 //! Bytes that do not decode become [`Flow::Invalid`] instructions of length 1
 //! so the sweep always covers the whole range; deciding whether invalid or
-//! overlapping code is actually reached is the job of [`crate::cfg`], which
-//! walks control flow recursively over this sweep.
+//! overlapping code is actually reached is the job of [`cfg`](super::cfg),
+//! which walks control flow recursively over this sweep.
 //!
 //! ## Non-goals
 //!
@@ -59,7 +59,7 @@ pub enum Flow {
 
 impl Flow {
     /// Whether the instruction may fall through to the next one.
-    pub fn falls_through(self) -> bool {
+    pub(crate) fn falls_through(self) -> bool {
         matches!(
             self,
             Flow::Next
@@ -72,7 +72,7 @@ impl Flow {
     }
 
     /// The direct branch/call target, if any.
-    pub fn target(self) -> Option<u64> {
+    pub(crate) fn target(self) -> Option<u64> {
         match self {
             Flow::Jump(t) | Flow::CondJump(t) | Flow::Call(t) => Some(t),
             _ => None,
@@ -86,7 +86,7 @@ pub struct Insn {
     /// SVMA of the first byte.
     pub addr: u64,
     /// Length in bytes (1 for [`Flow::Invalid`]).
-    pub len: u32,
+    len: u32,
     /// Control-flow class.
     pub flow: Flow,
     /// Whether the instruction carries the CET `notrack` (`3E`) prefix
@@ -207,7 +207,7 @@ impl Flow {
 /// every byte exactly once. An instruction that would extend past the end of
 /// `bytes`, or bytes that are not a valid instruction, produce a
 /// [`Flow::Invalid`] entry of length 1 and the sweep resumes at the next byte.
-pub fn decode(bytes: &[u8], ip: u64) -> Vec<Insn> {
+pub(crate) fn decode(bytes: &[u8], ip: u64) -> Vec<Insn> {
     let mut out = Vec::with_capacity(bytes.len() / 3 + 1);
     let mut decoder = Decoder::with_ip(64, bytes, ip, DecoderOptions::NONE);
     let mut instr = Instruction::default();
@@ -250,7 +250,7 @@ pub fn decode(bytes: &[u8], ip: u64) -> Vec<Insn> {
 
 /// Decode exactly one instruction at SVMA `ip` from `bytes` (which start at
 /// `ip`). Returns `None` if `bytes` is empty.
-pub fn decode_one(bytes: &[u8], ip: u64) -> Option<Insn> {
+pub(crate) fn decode_one(bytes: &[u8], ip: u64) -> Option<Insn> {
     if bytes.is_empty() {
         return None;
     }

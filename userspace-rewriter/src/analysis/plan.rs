@@ -1,10 +1,10 @@
 //! The deterministic *plan* of a binary: everything the clone generator
 //! needs, computed from the ELF file alone (no process is touched).
 //!
-//! Pipeline: [`crate::functions`] → [`crate::disasm`] → [`crate::cfg`] →
-//! [`crate::graph`] (dominators, loops) → [`crate::paths`] (Ball-Larus
-//! numbering) and [`crate::callgraph`] (the entry-check set C of Hirzel &
-//! Chilimbi §4.1, k-boring loops of §4.2).
+//! Pipeline: [`functions`](super::functions) → [`disasm`](super::disasm) →
+//! [`cfg`](mod@cfg) → [`graph`] (dominators, loops) → [`paths`] (Ball-Larus
+//! numbering) and `callgraph` (the entry-check set C of Hirzel & Chilimbi
+//! §4.1, k-boring loops of §4.2).
 //!
 //! Check points (Hirzel & Chilimbi §2, §4): the unreduced framework checks at
 //! every procedure entry and every loop back edge (`checks_all`); the
@@ -22,12 +22,12 @@ use iced_x86::{Mnemonic, OpKind};
 use object::{Object, ObjectSection, SectionKind};
 use serde::Serialize;
 
-use crate::callgraph::{self, CallGraph, LoopSummary};
-use crate::cfg::{self, Cfg, SkipReason};
-use crate::disasm::{Flow, Insn};
-use crate::functions::{Function, FunctionKind, FunctionSources};
-use crate::graph::{self, Loops};
-use crate::paths::{self, PathNumbering, PathsError};
+use crate::analysis::callgraph::{self, CallGraph, LoopSummary};
+use crate::analysis::cfg::{self, Cfg, SkipReason};
+use crate::analysis::disasm::{Flow, Insn};
+use crate::analysis::functions::{Function, FunctionKind, FunctionSources};
+use crate::analysis::graph::{self, Loops};
+use crate::analysis::paths::{self, PathNumbering, PathsError};
 
 /// Default `k` for k-boring loops: the paper's experiments skip 4-boring
 /// loops (§4.2).
@@ -57,7 +57,7 @@ pub enum PlanError {
     #[error("not an ELF file we can read: {0}")]
     Object(#[from] object::Error),
     #[error("{0}")]
-    Functions(#[from] crate::functions::FunctionsError),
+    Functions(#[from] crate::analysis::functions::FunctionsError),
     #[error("not an x86-64 ELF file (found {0:?})")]
     Architecture(object::Architecture),
 }
@@ -139,7 +139,7 @@ pub struct FunctionPlan {
     pub start: u64,
     pub size: u64,
     pub sources: Vec<&'static str>,
-    pub cold_part: bool,
+    pub(crate) cold_part: bool,
     #[serde(flatten)]
     pub status: FunctionStatus,
 }
@@ -174,7 +174,7 @@ fn source_names(s: FunctionSources) -> Vec<&'static str> {
 }
 
 /// Variant name of a skip reason (`UnresolvedIndirectJump`, ...).
-pub fn reason_name(r: &SkipReason) -> String {
+fn reason_name(r: &SkipReason) -> String {
     let s = format!("{r:?}");
     s.split([' ', '{', '('])
         .next()
@@ -369,7 +369,7 @@ pub fn analyze_with_insns(
     summary.checks_all = summary.entry_checks_all + summary.back_edge_checks_all;
     summary.checks_reduced = summary.entry_checks_reduced + summary.back_edge_checks_reduced;
 
-    let build_id = crate::elf::ElfInfo::parse(data)
+    let build_id = crate::analysis::elf::ElfInfo::parse(data)
         .ok()
         .and_then(|e| e.build_id_hex());
     let plan = Plan {

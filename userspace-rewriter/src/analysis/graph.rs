@@ -2,7 +2,7 @@
 //! reverse postorder, dominators, back edges, natural loops and the
 //! retreating edges of irreducible regions.
 //!
-//! These are the inputs of Ball-Larus path numbering ([`crate::paths`]):
+//! These are the inputs of Ball-Larus path numbering ([`paths`](super::paths)):
 //! Ball & Larus ("Efficient Path Profiling", MICRO 1996; summarised in
 //! Bond & McKinley, "Continuous Path and Edge Profiling" (PEP), §3.1, and in
 //! Ammons, Ball & Larus, PLDI 1997, §2) turn a CFG into a DAG by *truncating*
@@ -38,7 +38,7 @@ pub struct Graph {
     pub entry: usize,
     /// Blocks that leave the function (ret, tail call, noreturn call, ...).
     /// A block listed here may also have successors (e.g. a conditional tail
-    /// call); [`crate::paths`] gives it a virtual edge to EXIT in addition to
+    /// call); [`paths`](super::paths) gives it a virtual edge to EXIT in addition to
     /// its real edges. Blocks without successors are treated as exits whether
     /// or not they are listed.
     pub exits: Vec<usize>,
@@ -74,9 +74,9 @@ impl Graph {
     }
 
     /// Checks that `entry`, every edge target and every exit are nodes.
-    /// The algorithms in this module and in [`crate::paths`] assume a valid
-    /// graph ([`crate::paths`] calls this and reports the error).
-    pub fn validate(&self) -> Result<(), GraphError> {
+    /// The algorithms in this module and in [`paths`](super::paths) assume a
+    /// valid graph ([`paths`](super::paths) calls this and reports the error).
+    pub(crate) fn validate(&self) -> Result<(), GraphError> {
         let n = self.len();
         if n == 0 {
             return Err(GraphError::Empty);
@@ -112,7 +112,7 @@ impl Graph {
 
     /// Predecessor lists: `preds[w]` holds `(v, i)` for every edge
     /// `succs[v][i] == w`, in increasing `(v, i)` order.
-    pub fn predecessors(&self) -> Vec<Vec<(usize, usize)>> {
+    fn predecessors(&self) -> Vec<Vec<(usize, usize)>> {
         let mut preds = vec![Vec::new(); self.len()];
         for (v, ss) in self.succs.iter().enumerate() {
             for (i, &w) in ss.iter().enumerate() {
@@ -193,7 +193,8 @@ pub fn reachable(g: &Graph) -> Vec<bool> {
 
 /// Reachable nodes in reverse postorder of a DFS from the entry that visits
 /// successors in `succs` order (the entry comes first).
-pub fn reverse_postorder(g: &Graph) -> Vec<usize> {
+#[cfg(test)]
+fn reverse_postorder(g: &Graph) -> Vec<usize> {
     dfs(g).rpo
 }
 
@@ -213,18 +214,19 @@ pub struct Dominators {
 impl Dominators {
     /// Immediate dominator of `v`; `None` for the entry and for nodes not
     /// reachable from the entry.
-    pub fn idom(&self, v: usize) -> Option<usize> {
+    #[cfg(test)]
+    fn idom(&self, v: usize) -> Option<usize> {
         self.idom[v]
     }
 
     /// Whether `v` is reachable from the entry.
-    pub fn is_reachable(&self, v: usize) -> bool {
+    fn is_reachable(&self, v: usize) -> bool {
         self.rpo_index[v] != usize::MAX
     }
 
     /// Whether `a` dominates `b` (reflexive: every reachable node dominates
     /// itself). False whenever `b` is unreachable.
-    pub fn dominates(&self, a: usize, b: usize) -> bool {
+    fn dominates(&self, a: usize, b: usize) -> bool {
         if !self.is_reachable(a) || !self.is_reachable(b) {
             return false;
         }
@@ -243,20 +245,10 @@ impl Dominators {
             }
         }
     }
-
-    /// Reachable nodes in the reverse postorder used by the computation.
-    pub fn reverse_postorder(&self) -> &[usize] {
-        &self.rpo
-    }
-
-    /// The graph's entry.
-    pub fn entry(&self) -> usize {
-        self.entry
-    }
 }
 
 /// Computes dominators (Cooper–Harvey–Kennedy). Panics on an invalid graph
-/// (see [`Graph::validate`]).
+/// (see `Graph::validate`).
 pub fn dominators(g: &Graph) -> Dominators {
     let n = g.len();
     let rpo = dfs(g).rpo;
@@ -317,16 +309,16 @@ pub fn dominators(g: &Graph) -> Dominators {
 
 /// A natural loop: all back edges into one header, merged.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Loop {
+pub(crate) struct Loop {
     /// The loop header (target of the back edges; dominates the body).
-    pub header: usize,
+    pub(crate) header: usize,
     /// Blocks of the loop, header included, sorted. Includes the blocks of
     /// nested loops.
-    pub body: Vec<usize>,
+    pub(crate) body: Vec<usize>,
     /// The back edges `(v, i)` into `header`, sorted.
-    pub back_edges: Vec<(usize, usize)>,
+    pub(crate) back_edges: Vec<(usize, usize)>,
     /// Index (into [`Loops::loops`]) of the innermost enclosing loop.
-    pub parent: Option<usize>,
+    parent: Option<usize>,
 }
 
 /// Loop structure of a graph.
@@ -344,10 +336,10 @@ pub struct Loops {
     /// Natural loops, one per header, ordered by the header's position in
     /// reverse postorder (so an enclosing loop comes before the loops nested
     /// in it).
-    pub loops: Vec<Loop>,
+    pub(crate) loops: Vec<Loop>,
     /// True iff `retreating_non_back` is non-empty, i.e. the reachable part
     /// of the graph is irreducible.
-    pub irreducible: bool,
+    pub(crate) irreducible: bool,
 }
 
 impl Loops {
@@ -372,7 +364,8 @@ impl Loops {
     }
 
     /// Index of the innermost loop containing block `v`, if any.
-    pub fn innermost_loop_of(&self, v: usize) -> Option<usize> {
+    #[cfg(test)]
+    fn innermost_loop_of(&self, v: usize) -> Option<usize> {
         self.loops
             .iter()
             .enumerate()
@@ -488,7 +481,7 @@ pub(crate) mod tests {
     /// Tiny deterministic PRNG (splitmix64) for generated test graphs.
     pub(crate) struct Rng(pub u64);
     impl Rng {
-        pub(crate) fn next(&mut self) -> u64 {
+        fn next(&mut self) -> u64 {
             self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
             let mut z = self.0;
             z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -22,7 +22,7 @@ use gimli::write::{
 };
 use gimli::{CfaRule, Encoding, Format, LittleEndian, Register, RegisterRule, X86_64};
 
-use crate::clone::CloneImage;
+use crate::codegen::CloneImage;
 
 /// Row rules we can restate: CFA = register + offset; registers
 /// undefined, same value, saved at CFA+n, CFA+n, or in another register.
@@ -39,7 +39,10 @@ enum Rule {
 
 /// The rows of the FDE covering `svma`, or `Err(())` when a rule is not
 /// restatable; `Ok(None)` without an FDE.
-fn rows(eh: &crate::cfg::EhFrameInfo, svma: u64) -> Result<Option<(u64, u64, Vec<Row>)>, ()> {
+fn rows(
+    eh: &crate::analysis::cfg::EhFrameInfo,
+    svma: u64,
+) -> Result<Option<(u64, u64, Vec<Row>)>, ()> {
     let i = eh.fdes.partition_point(|f| f.initial_address() <= svma);
     if i == 0 {
         return Ok(None);
@@ -83,7 +86,7 @@ pub fn untranslatable(data: &[u8], starts: impl IntoIterator<Item = u64>) -> BTr
     let Ok(file) = object::File::parse(data) else {
         return BTreeSet::new();
     };
-    let Some(eh) = crate::cfg::parse_eh_frame(&file) else {
+    let Some(eh) = crate::analysis::cfg::parse_eh_frame(&file) else {
         return BTreeSet::new();
     };
     starts
@@ -100,14 +103,14 @@ pub struct CloneUnwind {
     pub bytes: Vec<u8>,
     pub fdes: usize,
     /// Clones whose original has no FDE (no unwinding through either).
-    pub without_cfi: usize,
+    without_cfi: usize,
 }
 
 /// `.eh_frame` for every clone of `image` (made from the file `data`
 /// loaded with `bias`).
 pub fn eh_frame(data: &[u8], image: &CloneImage, bias: u64) -> Result<CloneUnwind, String> {
     let file = object::File::parse(data).map_err(|e| e.to_string())?;
-    let Some(eh) = crate::cfg::parse_eh_frame(&file) else {
+    let Some(eh) = crate::analysis::cfg::parse_eh_frame(&file) else {
         return Ok(CloneUnwind {
             bytes: vec![0; 4],
             fdes: 0,

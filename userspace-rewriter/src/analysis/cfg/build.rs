@@ -1,0 +1,479 @@
+//! [`build_cfg`]: control flow followed recursively from the entry over the
+//! linear sweep, cut into basic blocks and typed edges (see the module docs
+//! of [`super`]). This is the CFG on which Hirzel & Chilimbi's checks are
+//! placed (procedure entries, loop back edges) and Ball-Larus paths are
+//! numbered; anything the walk cannot prove it handles is a [`SkipReason`].
+//!
+//! The [`Walker`] is shared with `jump_tables.rs` (indirect jumps resolved
+//! as switch tables) and `tail_calls.rs` (transfers out of the function),
+//! which add their own `impl Walker` blocks.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use iced_x86::{InstructionInfoFactory, OpAccess};
+
+use super::liveness::{CALLER_SAVED, gpr_index};
+use super::{
+    Block, CallSite, Cfg, CfgContext, Edge, EdgeKind, Exit, ExitKind, JumpTable, SkipReason,
+};
+use crate::analysis::disasm::{Flow, Insn};
+use crate::analysis::functions::Function;
+
+/// How a backward walk reached an instruction from its successor.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Via {
+    FallThrough,
+    Taken,
+}
+
+/// Working state of [`build_cfg`].
+pub(super) struct Walker<'a, 'data> {
+    pub(super) func: &'a Function,
+    pub(super) insns: &'a [Insn],
+    pub(super) ctx: &'a CfgContext<'data>,
+    pub(super) reached: Vec<bool>,
+    pub(super) leaders: BTreeSet<usize>,
+    /// Branch sources of each intra-function target (insn index -> sources).
+    pub(super) branch_preds: BTreeMap<usize, Vec<usize>>,
+    /// Exits keyed by instruction index.
+    pub(super) exits: BTreeMap<usize, Vec<ExitKind>>,
+    /// Instructions after which the fall-through is dead (noreturn calls).
+    pub(super) noreturn_calls: BTreeSet<usize>,
+    pub(super) tables: BTreeMap<usize, JumpTable>,
+    pub(super) pending: BTreeSet<usize>,
+    pub(super) bad_targets: Vec<(usize, u64)>,
+    pub(super) work: Vec<usize>,
+    pub(super) info: InstructionInfoFactory,
+}
+
+/// Build the CFG of `func` from its linear sweep `insns` (see the module docs).
+///
+/// Returns the [`Cfg`], or the first [`SkipReason`] found (deterministic:
+/// the walk order is fixed).
+pub(crate) fn build_cfg(
+    func: &Function,
+    insns: &[Insn],
+    ctx: &CfgContext,
+) -> Result<Cfg, SkipReason> {
+    if func.has_lsda {
+        return Err(SkipReason::HasLandingPads);
+    }
+    if insns.first().map(|i| i.addr) != Some(func.start) {
+        return Err(SkipReason::NoBytes);
+    }
+    let mut w = Walker {
+        func,
+        insns,
+        ctx,
+        reached: vec![false; insns.len()],
+        leaders: BTreeSet::from([0]),
+        branch_preds: BTreeMap::new(),
+        exits: BTreeMap::new(),
+        noreturn_calls: BTreeSet::new(),
+        tables: BTreeMap::new(),
+        pending: BTreeSet::new(),
+        bad_targets: Vec::new(),
+        work: vec![0],
+        info: InstructionInfoFactory::new(),
+    };
+    loop {
+        w.drain()?;
+        // Resolve pending indirect jumps now that the walk knows more
+        // predecessors; each resolution may reach new code.
+        let pending: Vec<usize> = w.pending.iter().copied().collect();
+        let mut progress = false;
+        for j in pending {
+            if let Some(table) = w.match_jump_table(j)? {
+                w.pending.remove(&j);
+                for &t in &table.targets {
+                    match w.intra_index(j, t) {
+                        Some(Some(ti)) => {
+                            w.leaders.insert(ti);
+                            w.branch_preds.entry(ti).or_default().push(j);
+                            w.work.push(ti);
+                        }
+                        Some(None) => {}
+                        // A case GCC moved to the `.cold` part.
+                        None => match w.external(j, t) {
+                            Ok(kind @ ExitKind::ColdJump { .. }) => w.add_exit(j, kind),
+                            _ => {
+                                return Err(SkipReason::JumpTableTargetOutside {
+                                    addr: insns[j].addr,
+                                    target: t,
+                                });
+                            }
+                        },
+                    }
+                }
+                w.tables.insert(j, table);
+                progress = true;
+            }
+        }
+        if !progress {
+            break;
+        }
+    }
+    // What is left may be an indirect tail call through a function pointer.
+    let left: Vec<usize> = w.pending.iter().copied().collect();
+    for j in left {
+        if w.is_indirect_tail_call(j) {
+            w.pending.remove(&j);
+            w.add_exit(j, ExitKind::IndirectTailCall);
+        }
+    }
+    if let Some(&j) = w.pending.iter().next() {
+        return Err(SkipReason::UnresolvedIndirectJump {
+            addr: insns[j].addr,
+        });
+    }
+    // Re-check every table with the final predecessor sets: a path found
+    // later must not bypass the guard.
+    let js: Vec<usize> = w.tables.keys().copied().collect();
+    for j in js {
+        let again = w.match_jump_table(j)?;
+        if again.as_ref() != w.tables.get(&j) {
+            return Err(SkipReason::UnresolvedIndirectJump {
+                addr: insns[j].addr,
+            });
+        }
+    }
+    if let Some(&(from, target)) = w.bad_targets.iter().min_by_key(|(f, _)| *f) {
+        let containing = insns.partition_point(|i| i.addr <= target) - 1;
+        let from = insns[from].addr;
+        return Err(if w.reached[containing] {
+            SkipReason::OverlappingInstructions { from, target }
+        } else {
+            SkipReason::JumpIntoInstruction { from, target }
+        });
+    }
+    w.check_data_in_code()?;
+    Ok(w.finish())
+}
+
+impl Walker<'_, '_> {
+    /// Index of the instruction at intra-function SVMA `t`:
+    /// `Some(Some(i))` inside the function at an instruction boundary,
+    /// `Some(None)` inside but not at a boundary (recorded as a bad target),
+    /// `None` outside the function.
+    fn intra_index(&mut self, from: usize, t: u64) -> Option<Option<usize>> {
+        if !self.func.contains(t) {
+            return None;
+        }
+        match self.insns.binary_search_by_key(&t, |i| i.addr) {
+            Ok(i) => Some(Some(i)),
+            Err(_) => {
+                self.bad_targets.push((from, t));
+                Some(None)
+            }
+        }
+    }
+
+    /// A direct branch from instruction `i` to `t`: a new leader inside the
+    /// function (queued for the walk), or an exit classified by
+    /// [`Walker::external`].
+    fn branch_to(&mut self, i: usize, t: u64) -> Result<(), SkipReason> {
+        match self.intra_index(i, t) {
+            Some(Some(ti)) => {
+                self.leaders.insert(ti);
+                self.branch_preds.entry(ti).or_default().push(i);
+                self.work.push(ti);
+            }
+            Some(None) => {}
+            None => {
+                let kind = self.external(i, t)?;
+                self.add_exit(i, kind);
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn add_exit(&mut self, i: usize, kind: ExitKind) {
+        let v = self.exits.entry(i).or_default();
+        if !v.contains(&kind) {
+            v.push(kind);
+        }
+    }
+
+    /// Follow control flow from every work item.
+    fn drain(&mut self) -> Result<(), SkipReason> {
+        while let Some(mut i) = self.work.pop() {
+            loop {
+                if self.reached[i] {
+                    break;
+                }
+                self.reached[i] = true;
+                let insn = self.insns[i];
+                let next = i + 1;
+                let next_in_range = next < self.insns.len();
+                match insn.flow {
+                    Flow::Invalid => {
+                        return Err(SkipReason::InvalidInstruction { addr: insn.addr });
+                    }
+                    Flow::Unsupported => {
+                        return Err(SkipReason::UnsupportedInstruction { addr: insn.addr });
+                    }
+                    Flow::Ret => {
+                        self.add_exit(i, ExitKind::Return);
+                        break;
+                    }
+                    Flow::Trap => {
+                        self.add_exit(i, ExitKind::Trap);
+                        break;
+                    }
+                    Flow::IndirectJump => {
+                        let instr = &insn.instr;
+                        if instr.is_ip_rel_memory_operand() {
+                            self.add_exit(i, ExitKind::IndirectTailCall);
+                        } else {
+                            self.pending.insert(i);
+                        }
+                        break;
+                    }
+                    Flow::Jump(t) => {
+                        self.branch_to(i, t)?;
+                        break;
+                    }
+                    Flow::CondJump(t) => {
+                        self.branch_to(i, t)?;
+                        if !next_in_range {
+                            self.fall_off(i)?;
+                            break;
+                        }
+                        self.leaders.insert(next);
+                        i = next;
+                    }
+                    Flow::Call(_) | Flow::IndirectCall => {
+                        let target = insn.flow.target();
+                        if target.is_some_and(|t| self.ctx.is_noreturn(t)) || !next_in_range {
+                            self.add_exit(i, ExitKind::NoReturnCall { target });
+                            self.noreturn_calls.insert(i);
+                            break;
+                        }
+                        self.leaders.insert(next);
+                        i = next;
+                    }
+                    Flow::Next | Flow::Syscall | Flow::Interrupt => {
+                        if !next_in_range {
+                            self.fall_off(i)?;
+                            break;
+                        }
+                        i = next;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The unique predecessor of instruction `i` on every known path, and
+    /// how it gets there.
+    pub(super) fn unique_pred(&self, i: usize) -> Option<(usize, Via)> {
+        let mut cands = Vec::new();
+        if i > 0
+            && self.reached[i - 1]
+            && self.insns[i - 1].flow.falls_through()
+            && !self.noreturn_calls.contains(&(i - 1))
+        {
+            cands.push((i - 1, Via::FallThrough));
+        }
+        if let Some(p) = self.branch_preds.get(&i) {
+            for &p in p {
+                if self.tables.contains_key(&p) || self.pending.contains(&p) {
+                    return None; // reached through a jump table: no single path
+                }
+                // A conditional branch to the next instruction is both.
+                if !cands.iter().any(|&(c, _)| c == p) {
+                    cands.push((p, Via::Taken));
+                }
+            }
+        }
+        (cands.len() == 1).then(|| cands[0])
+    }
+
+    /// Full 64-bit GPRs (as indices 0..16) written by instruction `i`, and
+    /// whether it is a call (which clobbers everything caller-saved).
+    pub(super) fn gprs_written(&mut self, i: usize) -> u16 {
+        let insn = &self.insns[i];
+        if matches!(insn.flow, Flow::Call(_) | Flow::IndirectCall) {
+            return CALLER_SAVED;
+        }
+        let info = self.info.info(&insn.instr);
+        let mut mask = 0;
+        for r in info.used_registers() {
+            if matches!(
+                r.access(),
+                OpAccess::Write
+                    | OpAccess::CondWrite
+                    | OpAccess::ReadWrite
+                    | OpAccess::ReadCondWrite
+            ) && let Some(n) = gpr_index(r.register())
+            {
+                mask |= 1 << n;
+            }
+        }
+        mask
+    }
+
+    /// Walk back from instruction `from` (exclusive) to the nearest writer of
+    /// GPR `reg` on the unique path. Gives up after 64 instructions, at a
+    /// merge point, or at the function entry.
+    pub(super) fn find_def(&mut self, reg: usize, from: usize) -> Option<usize> {
+        let mut i = from;
+        for _ in 0..64 {
+            let (p, _) = self.unique_pred(i)?;
+            if self.gprs_written(p) & (1 << reg) != 0 {
+                return Some(p);
+            }
+            i = p;
+        }
+        None
+    }
+
+    /// Refuse functions whose reached code refers into their own range, or
+    /// whose range has undecodable bytes between reached code.
+    fn check_data_in_code(&self) -> Result<(), SkipReason> {
+        let last_reached = self.reached.iter().rposition(|&r| r).unwrap_or(0);
+        for (i, insn) in self.insns.iter().enumerate() {
+            if self.reached[i] {
+                let ins = &insn.instr;
+                if ins.is_ip_rel_memory_operand() {
+                    let a = ins.ip_rel_memory_address();
+                    if a != self.func.start && self.func.contains(a) {
+                        return Err(SkipReason::DataInCode {
+                            insn: insn.addr,
+                            addr: a,
+                        });
+                    }
+                }
+            } else if insn.flow == Flow::Invalid && i < last_reached {
+                return Err(SkipReason::DataInCode {
+                    insn: insn.addr,
+                    addr: insn.addr,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Cut reached instructions into blocks and connect them.
+    fn finish(self) -> Cfg {
+        let insns = self.insns;
+        let ends_block =
+            |i: usize| !matches!(insns[i].flow, Flow::Next | Flow::Syscall | Flow::Interrupt);
+        let mut blocks: Vec<Block> = Vec::new();
+        let mut block_of = vec![usize::MAX; insns.len()];
+        let mut i = 0;
+        while i < insns.len() {
+            if !self.reached[i] {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            loop {
+                block_of[i] = blocks.len();
+                let stop = ends_block(i)
+                    || i + 1 >= insns.len()
+                    || !self.reached[i + 1]
+                    || self.leaders.contains(&(i + 1));
+                i += 1;
+                if stop {
+                    break;
+                }
+            }
+            blocks.push(Block {
+                start: insns[start].addr,
+                end: insns[i - 1].end(),
+                insns: start..i,
+            });
+        }
+        let mut edges = Vec::new();
+        let mut exits = Vec::new();
+        let mut calls = Vec::new();
+        for (b, block) in blocks.iter().enumerate() {
+            let last = block.insns.end - 1;
+            let insn = insns[last];
+            let mut out: Vec<(usize, EdgeKind)> = Vec::new();
+            let next_block =
+                (last + 1 < insns.len() && self.reached[last + 1]).then(|| block_of[last + 1]);
+            for k in block.insns.clone() {
+                if matches!(insns[k].flow, Flow::Call(_) | Flow::IndirectCall) {
+                    calls.push(CallSite {
+                        insn: insns[k].addr,
+                        target: insns[k].flow.target(),
+                    });
+                }
+            }
+            match insn.flow {
+                Flow::Next | Flow::Syscall | Flow::Interrupt => {
+                    if let Some(n) = next_block {
+                        out.push((n, EdgeKind::FallThrough));
+                    }
+                }
+                Flow::CondJump(t) => {
+                    if let Ok(ti) = insns.binary_search_by_key(&t, |x| x.addr)
+                        && self.func.contains(t)
+                    {
+                        out.push((block_of[ti], EdgeKind::Taken));
+                    }
+                    if let Some(n) = next_block {
+                        out.push((n, EdgeKind::NotTaken));
+                    }
+                }
+                Flow::Jump(t) => {
+                    if let Ok(ti) = insns.binary_search_by_key(&t, |x| x.addr)
+                        && self.func.contains(t)
+                    {
+                        out.push((block_of[ti], EdgeKind::Jump));
+                    }
+                }
+                Flow::IndirectJump => {
+                    if let Some(table) = self.tables.get(&last) {
+                        let targets: BTreeSet<u64> = table
+                            .targets
+                            .iter()
+                            .copied()
+                            .filter(|&t| self.func.contains(t))
+                            .collect();
+                        for t in targets {
+                            let ti = insns
+                                .binary_search_by_key(&t, |x| x.addr)
+                                .expect("table targets are instruction boundaries");
+                            out.push((block_of[ti], EdgeKind::JumpTable));
+                        }
+                    }
+                }
+                Flow::Call(_) | Flow::IndirectCall => {
+                    if !self.noreturn_calls.contains(&last)
+                        && let Some(n) = next_block
+                    {
+                        out.push((n, EdgeKind::CallFallThrough));
+                    }
+                }
+                Flow::Ret | Flow::Trap | Flow::Unsupported | Flow::Invalid => {}
+            }
+            let mut seen = BTreeSet::new();
+            for (to, kind) in out {
+                if seen.insert(to) {
+                    edges.push(Edge { from: b, to, kind });
+                }
+            }
+            if let Some(kinds) = self.exits.get(&last) {
+                for &kind in kinds {
+                    exits.push(Exit {
+                        block: b,
+                        insn: insn.addr,
+                        kind,
+                    });
+                }
+            }
+        }
+        Cfg {
+            function: self.func.start,
+            blocks,
+            edges,
+            exits,
+            jump_tables: self.tables.into_values().collect(),
+            calls,
+        }
+    }
+}

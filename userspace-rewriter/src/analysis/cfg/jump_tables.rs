@@ -1,0 +1,451 @@
+//! GCC switch jump tables: an indirect `jmp` whose target is loaded from a
+//! table indexed by a register that an unsigned `cmp idx, N; ja default`
+//! guard bounds on every known path (see [`JumpTable`], [`JumpTableKind`]).
+//! Each table target becomes a [`EdgeKind::JumpTable`](super::EdgeKind)
+//! edge, so the switch is an ordinary multi-way branch for the Ball-Larus
+//! numbering and for Hirzel & Chilimbi's cloned code.
+
+use std::collections::BTreeSet;
+
+use iced_x86::{ConditionCode, Mnemonic, OpAccess, OpKind, Register};
+
+use super::build::{Via, Walker};
+use super::liveness::gpr_index;
+use super::{JumpTable, JumpTableKind, SkipReason};
+use crate::analysis::disasm::Flow;
+
+/// What holds a jump table's index during the backward guard search.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Idx {
+    /// A GPR.
+    Reg(usize),
+    /// A variable in memory: `[base + index*scale + disp]` (base `RIP`
+    /// with `disp` the absolute address for RIP-relative operands).
+    Mem(Register, Register, u32, u64),
+}
+
+impl Walker<'_, '_> {
+    /// Try to recognise the indirect jump at `j` as a GCC switch table.
+    /// `Ok(None)` when the pattern does not (yet) match.
+    pub(super) fn match_jump_table(&mut self, j: usize) -> Result<Option<JumpTable>, SkipReason> {
+        let jmp = self.insns[j].instr;
+        let (kind, table, index, load_at) = if jmp.op0_kind() == OpKind::Memory {
+            // jmp [T + idx*8]
+            if jmp.memory_base() != Register::None || jmp.memory_index_scale() != 8 {
+                return Ok(None);
+            }
+            let Some(idx) = gpr_index(jmp.memory_index()) else {
+                return Ok(None);
+            };
+            (
+                JumpTableKind::Absolute64,
+                jmp.memory_displacement64(),
+                idx,
+                j,
+            )
+        } else {
+            let Some(r) = gpr_index(jmp.op0_register()) else {
+                return Ok(None);
+            };
+            let Some(d) = self.find_def(r, j) else {
+                return Ok(None);
+            };
+            let def = self.insns[d].instr;
+            match def.mnemonic() {
+                // mov rX, [T + idx*8]
+                Mnemonic::Mov
+                    if def.op1_kind() == OpKind::Memory
+                        && def.memory_base() == Register::None
+                        && def.memory_index_scale() == 8 =>
+                {
+                    let Some(idx) = gpr_index(def.memory_index()) else {
+                        return Ok(None);
+                    };
+                    (
+                        JumpTableKind::Absolute64,
+                        def.memory_displacement64(),
+                        idx,
+                        d,
+                    )
+                }
+                // add rX, rB  (rX = sext(table[idx]), rB = T, either way round)
+                Mnemonic::Add
+                    if def.op0_kind() == OpKind::Register
+                        && def.op1_kind() == OpKind::Register
+                        && def.op0_register().is_gpr64()
+                        && def.op1_register().is_gpr64() =>
+                {
+                    let a = gpr_index(def.op0_register()).expect("gpr64");
+                    let b = gpr_index(def.op1_register()).expect("gpr64");
+                    // One operand is sext(table[idx]), the other the table base.
+                    let Some((t, idx, load)) =
+                        self.pic_entry(a, b, d).or_else(|| self.pic_entry(b, a, d))
+                    else {
+                        return Ok(None);
+                    };
+                    (JumpTableKind::PicRelative32, t, idx, load)
+                }
+                _ => return Ok(None),
+            }
+        };
+        let Some(entries) = self.find_guard(index, load_at) else {
+            return Ok(None);
+        };
+        let entry_size = match kind {
+            JumpTableKind::PicRelative32 => 4,
+            JumpTableKind::Absolute64 => 8,
+        };
+        let Some(bytes) = self.ctx.bytes(table, entries * entry_size) else {
+            return Ok(None);
+        };
+        if self.func.contains(table) {
+            return Err(SkipReason::DataInCode {
+                insn: self.insns[j].addr,
+                addr: table,
+            });
+        }
+        let targets = bytes
+            .chunks_exact(entry_size as usize)
+            .map(|c| match kind {
+                JumpTableKind::PicRelative32 => {
+                    let off = i32::from_le_bytes(c.try_into().expect("4 bytes"));
+                    table.wrapping_add(off as i64 as u64)
+                }
+                JumpTableKind::Absolute64 => u64::from_le_bytes(c.try_into().expect("8 bytes")),
+            })
+            .collect();
+        Ok(Some(JumpTable {
+            jump: self.insns[j].addr,
+            table,
+            kind,
+            targets,
+        }))
+    }
+
+    /// The PIC table load feeding `add rX, rY` at `d`, with `x` the loaded
+    /// entry and `y` the table base: `(T, index register, where the index is
+    /// last used)`. Two shapes:
+    /// * GCC -O1 and up: `movsxd x, dword [B + idx*4]` with `B` = `T`;
+    /// * GCC -O0: `lea s, [idx*4]; mov eax, dword [B + s*1]; cdqe` (either
+    ///   of `B`, `s` may be the base).
+    fn pic_entry(&mut self, x: usize, y: usize, d: usize) -> Option<(u64, usize, usize)> {
+        let t = self.reaching_rip_lea(y, d)?;
+        let dx = self.find_def(x, d)?;
+        let ld = self.insns[dx].instr;
+        match ld.mnemonic() {
+            Mnemonic::Movsxd => {
+                if ld.op1_kind() != OpKind::Memory
+                    || ld.memory_index_scale() != 4
+                    || ld.memory_displacement64() != 0
+                    || ld.memory_size().size() != 4
+                {
+                    return None;
+                }
+                let base = gpr_index(ld.memory_base())?;
+                let idx = gpr_index(ld.memory_index())?;
+                // The load's base must hold the same table address.
+                (self.reaching_rip_lea(base, dx)? == t).then_some((t, idx, dx))
+            }
+            Mnemonic::Cdqe if x == 0 => {
+                let dm = self.find_def(0, dx)?;
+                let mv = self.insns[dm].instr;
+                if mv.mnemonic() != Mnemonic::Mov
+                    || mv.op0_register() != Register::EAX
+                    || mv.op1_kind() != OpKind::Memory
+                    || mv.memory_index_scale() != 1
+                    || mv.memory_displacement64() != 0
+                {
+                    return None;
+                }
+                let r1 = gpr_index(mv.memory_base())?;
+                let r2 = gpr_index(mv.memory_index())?;
+                for (tb, scaled) in [(r1, r2), (r2, r1)] {
+                    if self.reaching_rip_lea(tb, dm) != Some(t) {
+                        continue;
+                    }
+                    let ds = self.find_def(scaled, dm)?;
+                    let sc = self.insns[ds].instr;
+                    if sc.mnemonic() == Mnemonic::Lea
+                        && sc.memory_base() == Register::None
+                        && sc.memory_index_scale() == 4
+                        && sc.memory_displacement64() == 0
+                    {
+                        return Some((t, gpr_index(sc.memory_index())?, ds));
+                    }
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// `T` if instruction `i` is `lea rX, [rip + T]`.
+    fn rip_lea(&self, i: usize) -> Option<u64> {
+        let ins = self.insns[i].instr;
+        (ins.mnemonic() == Mnemonic::Lea && ins.is_ip_rel_memory_operand())
+            .then(|| ins.ip_rel_memory_address())
+    }
+
+    /// Walk back from `from` (exclusive), tracking the index through register
+    /// moves and zero extensions (`mov`, `movzx`) and loads from a
+    /// RIP-relative variable, to the unsigned bound check guarding it:
+    /// `cmp idx, N` followed by `ja`/`jae` not taken (or `jbe`/`jb` taken).
+    /// Every known path must be guarded with the same bound (GCC sometimes
+    /// duplicates the guard into two predecessors). Returns the number of
+    /// table entries.
+    fn find_guard(&mut self, index: usize, from: usize) -> Option<u64> {
+        let mut budget = 512usize;
+        let mut on_path = BTreeSet::new();
+        self.guard_from(from, Idx::Reg(index), None, &mut budget, &mut on_path)
+    }
+
+    fn guard_from(
+        &mut self,
+        i: usize,
+        idx: Idx,
+        bound: Option<u64>,
+        budget: &mut usize,
+        on_path: &mut BTreeSet<usize>,
+    ) -> Option<u64> {
+        let preds = self.all_preds(i);
+        if preds.is_empty() || !on_path.insert(i) {
+            return None; // entry reached unguarded, or a loop
+        }
+        let mut result = None;
+        for p in preds {
+            if self.tables.contains_key(&p) || self.pending.contains(&p) {
+                result = None;
+                break;
+            }
+            let via = if p + 1 == i && self.insns[p].flow.falls_through() {
+                if self.insns[p].flow.target() == Some(self.insns[i].addr) {
+                    result = None; // both edges of a jcc lead here
+                    break;
+                }
+                Via::FallThrough
+            } else {
+                Via::Taken
+            };
+            let r = self.guard_step(p, via, idx, bound, budget, on_path);
+            if r.is_none() || result.is_some_and(|x| Some(x) != r) {
+                result = None;
+                break;
+            }
+            result = r;
+        }
+        on_path.remove(&i);
+        result
+    }
+
+    /// One step of [`Walker::find_guard`]: instruction `p`, reached backwards
+    /// from its successor through `via`.
+    fn guard_step(
+        &mut self,
+        p: usize,
+        via: Via,
+        mut idx: Idx,
+        mut bound: Option<u64>,
+        budget: &mut usize,
+        on_path: &mut BTreeSet<usize>,
+    ) -> Option<u64> {
+        *budget = budget.checked_sub(1)?;
+        let ins = self.insns[p].instr;
+        if let Some(extra) = bound
+            && ins.rflags_modified() != 0
+        {
+            // The flags setter of the guard.
+            if ins.mnemonic() != Mnemonic::Cmp || !is_immediate(ins.op1_kind()) {
+                return None;
+            }
+            let size = match (ins.op0_kind(), idx) {
+                (OpKind::Register, Idx::Reg(n)) if gpr_index(ins.op0_register()) == Some(n) => {
+                    ins.op0_register().size()
+                }
+                (OpKind::Memory, Idx::Mem(..)) if mem_operand(&ins) == idx => {
+                    ins.memory_size().size()
+                }
+                _ => return None,
+            };
+            let n = ins.immediate(1);
+            let n = if size >= 8 {
+                n
+            } else {
+                n & ((1u64 << (8 * size)) - 1)
+            };
+            let entries = n.checked_add(extra)?;
+            return (entries > 0 && entries <= 1 << 16).then_some(entries);
+        }
+        if bound.is_none()
+            && let Flow::CondJump(_) = self.insns[p].flow
+        {
+            bound = match (ins.condition_code(), via) {
+                (ConditionCode::a, Via::FallThrough) | (ConditionCode::be, Via::Taken) => Some(1),
+                (ConditionCode::ae, Via::FallThrough) | (ConditionCode::b, Via::Taken) => Some(0),
+                _ => None,
+            };
+            return self.guard_from(p, idx, bound, budget, on_path);
+        }
+        match idx {
+            Idx::Reg(n) => {
+                if self.gprs_written(p) & (1 << n) != 0 {
+                    let dst_ok = ins.op0_kind() == OpKind::Register
+                        && gpr_index(ins.op0_register()) == Some(n)
+                        && ins.op0_register().size() >= 4;
+                    idx = match (ins.mnemonic(), ins.op1_kind()) {
+                        // mov r32, r32 / mov r64, r64 / movzx r, r8|r16
+                        (Mnemonic::Mov, OpKind::Register)
+                            if dst_ok && ins.op0_register().size() == ins.op1_register().size() =>
+                        {
+                            Idx::Reg(gpr_index(ins.op1_register())?)
+                        }
+                        (Mnemonic::Movzx, OpKind::Register) if dst_ok => {
+                            Idx::Reg(gpr_index(ins.op1_register())?)
+                        }
+                        // mov r32, [mem] / mov r64, [mem]
+                        (Mnemonic::Mov, OpKind::Memory) if dst_ok => mem_operand(&ins),
+                        _ => return None,
+                    };
+                }
+            }
+            Idx::Mem(base, index, scale, disp) => {
+                // The variable must not change between guard and load: no
+                // call, no write to its address registers, no store other
+                // than to the stack (pushes, spills).
+                if matches!(self.insns[p].flow, Flow::Call(_) | Flow::IndirectCall) {
+                    return None;
+                }
+                let written = self.gprs_written(p);
+                // `lea index, [r + c]` between guard and load (GCC: `cmp
+                // [rax+rdx*4+0x30], 4; lea rcx, [rdx+12]; ja ..; mov ecx,
+                // [rax+rcx*4]`): the load's address is then
+                // `[base + r*scale + disp + c*scale]`, the guard's operand.
+                if let Some(n) = gpr_index(index)
+                    && written == 1 << n
+                    && ins.mnemonic() == Mnemonic::Lea
+                    && ins.op0_kind() == OpKind::Register
+                    && ins.op0_register().size() == 8
+                    && ins.memory_index() == Register::None
+                    && ins.memory_base().size() == 8
+                    && gpr_index(ins.memory_base()).is_some_and(|r| r != n)
+                    && gpr_index(base) != Some(n)
+                {
+                    let c = ins.memory_displacement64();
+                    let idx = Idx::Mem(
+                        base,
+                        ins.memory_base(),
+                        scale,
+                        disp.wrapping_add(c.wrapping_mul(u64::from(scale))),
+                    );
+                    return self.guard_from(p, idx, bound, budget, on_path);
+                }
+                if [base, index]
+                    .into_iter()
+                    .filter_map(gpr_index)
+                    .any(|n| written & (1 << n) != 0)
+                {
+                    return None;
+                }
+                let info = self.info.info(&ins);
+                let writes_global = info.used_memory().iter().any(|m| {
+                    matches!(
+                        m.access(),
+                        OpAccess::Write
+                            | OpAccess::CondWrite
+                            | OpAccess::ReadWrite
+                            | OpAccess::ReadCondWrite
+                    ) && m.base() != Register::RSP
+                });
+                if writes_global {
+                    return None;
+                }
+            }
+        }
+        self.guard_from(p, idx, bound, budget, on_path)
+    }
+
+    /// All known predecessors of instruction `i`.
+    fn all_preds(&self, i: usize) -> Vec<usize> {
+        let mut v = Vec::new();
+        if i > 0
+            && self.reached[i - 1]
+            && self.insns[i - 1].flow.falls_through()
+            && !self.noreturn_calls.contains(&(i - 1))
+        {
+            v.push(i - 1);
+        }
+        if let Some(p) = self.branch_preds.get(&i) {
+            for &p in p {
+                if !v.contains(&p) {
+                    v.push(p);
+                }
+            }
+        }
+        v
+    }
+
+    /// `T` if on every known path to instruction `from` (exclusive) the last
+    /// write of GPR `reg` is `lea reg, [rip+T]` with the same `T` (a jump
+    /// table base GCC hoisted out of a loop).
+    fn reaching_rip_lea(&mut self, reg: usize, from: usize) -> Option<u64> {
+        let mut seen = BTreeSet::new();
+        let mut stack = self.all_preds(from);
+        let mut found = None;
+        while let Some(p) = stack.pop() {
+            if !seen.insert(p) {
+                continue;
+            }
+            if seen.len() > 4096 {
+                return None;
+            }
+            if self.gprs_written(p) & (1 << reg) != 0 {
+                let t = self.rip_lea(p)?;
+                if found.is_some_and(|f| f != t) {
+                    return None;
+                }
+                found = Some(t);
+                continue;
+            }
+            if p == 0 {
+                return None; // reaches the entry without a definition
+            }
+            let preds = self.all_preds(p);
+            if preds.is_empty() {
+                return None;
+            }
+            stack.extend(preds);
+        }
+        found
+    }
+}
+
+/// The memory operand of `ins` as an [`Idx::Mem`].
+fn mem_operand(ins: &iced_x86::Instruction) -> Idx {
+    if ins.is_ip_rel_memory_operand() {
+        Idx::Mem(
+            Register::RIP,
+            Register::None,
+            0,
+            ins.ip_rel_memory_address(),
+        )
+    } else {
+        Idx::Mem(
+            ins.memory_base(),
+            ins.memory_index(),
+            ins.memory_index_scale(),
+            ins.memory_displacement64(),
+        )
+    }
+}
+
+pub(super) fn is_immediate(k: OpKind) -> bool {
+    matches!(
+        k,
+        OpKind::Immediate8
+            | OpKind::Immediate8to16
+            | OpKind::Immediate16
+            | OpKind::Immediate8to32
+            | OpKind::Immediate8to64
+            | OpKind::Immediate32
+            | OpKind::Immediate32to64
+    )
+}

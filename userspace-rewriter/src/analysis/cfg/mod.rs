@@ -1,0 +1,402 @@
+//! Per-function control-flow graphs, jump tables, skip reasons and
+//! register/flags liveness.
+//!
+//! You give it a [`Function`], the linear sweep of its bytes
+//! (`disasm::decode`) and a [`CfgContext`] (every function start,
+//! the bytes of the file's sections, which functions never return);
+//! `build_cfg` returns the function's [`Cfg`] — basic blocks, typed edges,
+//! exits and recovered jump tables — or the [`SkipReason`] why the function
+//! cannot be handled safely. [`liveness`] then gives, for every instruction,
+//! the general-purpose registers and flags live before it.
+//!
+//! This is the analysis Hirzel & Chilimbi's x86 implementation of bursty
+//! tracing needs before it can duplicate a procedure into checking and
+//! instrumented versions ("Bursty Tracing", section 3): the checks go on
+//! procedure entries and loop back-edges (section 4), so a function is only
+//! usable when *every* control transfer out of every block is known. A
+//! function the analysis cannot prove it handles is skipped, with a reason,
+//! never guessed.
+//!
+//! ## How
+//!
+//! Control flow is followed recursively from the entry over the linear sweep;
+//! only reached instructions form blocks. Blocks end at branches, returns,
+//! traps and calls (a call's return point starts a new block, reached by a
+//! [`EdgeKind::CallFallThrough`] edge). Calls to functions that never return
+//! end their block with an exit instead. Indirect jumps are resolved as GCC
+//! switch tables (see [`JumpTable`]) bounded by the `cmp idx, N; ja default`
+//! guard; `jmp [rip+GOT]` is an indirect tail call.
+//!
+//! Noreturn functions: a fixed list of names (`abort`, `exit`,
+//! `__stack_chk_fail`, ...; see `KNOWN_NORETURN`), matched on symbol and PLT
+//! names, plus every function whose exits are all noreturn, found by the
+//! fixpoint `CfgContext::infer_noreturn`.
+//!
+//! ## Non-goals
+//!
+//! No C++ exception landing pads (functions with an LSDA are skipped), no
+//! computed gotos, no indirect jumps other than the GCC table shapes and GOT
+//! tail calls, no resynchronising a linear sweep that data desynchronised
+//! (those are skip reasons), no interprocedural liveness (calls are modelled
+//! by the SysV ABI).
+//!
+//! ## Files
+//!
+//! - `mod.rs`: the CFG's types ([`Cfg`], [`Block`], [`Edge`], [`Exit`],
+//!   [`SkipReason`], ...) and the whole-file driver ([`analyse`]);
+//! - `context.rs`: [`CfgContext`], what the walk needs beyond one function
+//!   (section bytes, function ranges, `.eh_frame`);
+//! - `noreturn.rs`: known and inferred noreturn functions;
+//! - `build.rs`: `build_cfg`, the recursive walk and the cut into blocks;
+//! - `jump_tables.rs`: GCC switch tables and their bound-check guards;
+//! - `tail_calls.rs`: how control leaves the function other than by `ret`
+//!   (tail calls, `.cold` jumps, indirect tail calls);
+//! - `liveness.rs`: register and flags liveness ([`liveness`]).
+
+mod build;
+mod context;
+mod jump_tables;
+mod liveness;
+mod noreturn;
+mod tail_calls;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+
+use serde::Serialize;
+
+use crate::analysis::disasm::Insn;
+use crate::analysis::functions::{Function, FunctionKind, FunctionsError};
+
+use build::build_cfg;
+pub use context::CfgContext;
+pub(crate) use context::{EhFrameInfo, parse_eh_frame};
+pub use liveness::{LiveSet, flag, liveness};
+use noreturn::is_known_noreturn;
+
+/// Why a function was left out.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, thiserror::Error)]
+pub enum SkipReason {
+    /// The function's range is not backed by bytes in the file.
+    #[error("no bytes in the file for the function's range")]
+    NoBytes,
+    /// A reached instruction does not decode.
+    #[error("invalid instruction at {addr:#x}")]
+    InvalidInstruction {
+        /// SVMA.
+        addr: u64,
+    },
+    /// A reached instruction has control flow we do not model (far
+    /// jump/call, `iret`, `xbegin`...).
+    #[error("unsupported control flow at {addr:#x}")]
+    UnsupportedInstruction {
+        /// SVMA.
+        addr: u64,
+    },
+    /// An indirect jump that is neither a recognised jump table nor a GOT
+    /// tail call.
+    #[error("unresolved indirect jump at {addr:#x}")]
+    UnresolvedIndirectJump {
+        /// SVMA of the `jmp`.
+        addr: u64,
+    },
+    /// A jump table target outside the function (and not in its `.cold` part).
+    #[error("jump table of {addr:#x} has target {target:#x} outside the function")]
+    JumpTableTargetOutside {
+        /// SVMA of the `jmp`.
+        addr: u64,
+        /// The offending target.
+        target: u64,
+    },
+    /// A branch lands inside an instruction of the linear sweep that is not
+    /// itself reached: the sweep was desynchronised (data or padding before
+    /// it), or the code is deliberately obfuscated.
+    #[error("branch at {from:#x} into the middle of an instruction at {target:#x}")]
+    JumpIntoInstruction {
+        /// SVMA of the branch.
+        from: u64,
+        /// Its target.
+        target: u64,
+    },
+    /// A branch lands inside an instruction that is also executed:
+    /// overlapping instructions.
+    #[error("branch at {from:#x} to {target:#x} makes instructions overlap")]
+    OverlappingInstructions {
+        /// SVMA of the branch.
+        from: u64,
+        /// Its target.
+        target: u64,
+    },
+    /// A reached instruction refers to an address inside the function (other
+    /// than its start): data in code (e.g. a jump table in `.text`) or a
+    /// label whose address is taken (computed goto); or undecodable bytes lie
+    /// between reached instructions.
+    #[error("data in code: {addr:#x} (referenced at {insn:#x})")]
+    DataInCode {
+        /// SVMA of the referring instruction (or of the bad bytes).
+        insn: u64,
+        /// The address inside the function.
+        addr: u64,
+    },
+    /// Execution can run past the end of the function's range into bytes
+    /// that are not another function's start.
+    #[error("execution falls off the end of the function after {addr:#x}")]
+    FallsOffEnd {
+        /// SVMA of the last instruction.
+        addr: u64,
+    },
+    /// A direct branch to an address outside the function that is neither a
+    /// function start nor a part (`.cold`) of the same function.
+    #[error("branch at {from:#x} to {target:#x} outside the function")]
+    JumpOutsideFunction {
+        /// SVMA of the branch.
+        from: u64,
+        /// Its target.
+        target: u64,
+    },
+    /// The function's FDE has an LSDA: C++ landing pads are reached by the
+    /// unwinder, not by control flow, so the CFG would miss them.
+    #[error("has exception landing pads (LSDA)")]
+    HasLandingPads,
+}
+
+/// The kind of an intra-function edge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum EdgeKind {
+    /// The block ends because the next instruction starts a block.
+    FallThrough,
+    /// The taken side of a conditional branch.
+    Taken,
+    /// The not-taken side of a conditional branch.
+    NotTaken,
+    /// An unconditional direct jump.
+    Jump,
+    /// One (distinct) target of a jump table.
+    JumpTable,
+    /// From a call to its return point.
+    CallFallThrough,
+}
+
+/// A basic block: consecutive reached instructions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Block {
+    /// SVMA of the first instruction.
+    pub start: u64,
+    /// SVMA just past the last instruction.
+    end: u64,
+    /// Indices into the function's instruction slice.
+    pub insns: Range<usize>,
+}
+
+/// An edge between two blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Edge {
+    /// Source block index.
+    pub from: usize,
+    /// Target block index.
+    pub to: usize,
+    /// Why control goes there.
+    pub kind: EdgeKind,
+}
+
+/// How control leaves the function from a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum ExitKind {
+    /// `ret`.
+    Return,
+    /// A direct jump (or conditional jump, or fall-through past the end) to
+    /// another function's start.
+    TailCall {
+        /// The callee's start.
+        target: u64,
+    },
+    /// An indirect jump through the GOT (`jmp [rip+slot]`), as in PLT stubs
+    /// and `-fno-plt` tail calls.
+    IndirectTailCall,
+    /// A call that does not return: to a known or inferred noreturn function,
+    /// or the last instruction of the function (nothing to return to).
+    NoReturnCall {
+        /// The callee, when direct.
+        target: Option<u64>,
+    },
+    /// `ud2`, `hlt`, `int3`...
+    Trap,
+    /// A jump between a function and its `.cold` part (either direction,
+    /// to any address of the other part), or, in a stripped binary, into the
+    /// middle of an unnamed FDE range (which is what cold parts look like
+    /// without symbols). Control continues in code this CFG does not cover.
+    ColdJump {
+        /// The target in the other part.
+        target: u64,
+    },
+}
+
+/// One way out of the function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Exit {
+    /// The block it leaves from.
+    pub block: usize,
+    /// SVMA of the instruction that leaves.
+    pub insn: u64,
+    /// How.
+    pub kind: ExitKind,
+}
+
+/// Entry format of a [`JumpTable`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum JumpTableKind {
+    /// `lea rB,[rip+T]; movsxd rX,[rB+idx*4]; add rX,rB; jmp rX`: entries are
+    /// signed 32-bit offsets from `T` (GCC with `-fPIC`/`-fpie`).
+    PicRelative32,
+    /// `jmp [T+idx*8]` or `mov rX,[T+idx*8]; jmp rX`: entries are absolute
+    /// 64-bit addresses (GCC without PIC).
+    Absolute64,
+}
+
+/// A recovered switch jump table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct JumpTable {
+    /// SVMA of the indirect `jmp`.
+    pub jump: u64,
+    /// SVMA of the table.
+    table: u64,
+    /// Entry format.
+    pub kind: JumpTableKind,
+    /// One target per entry (`entries = targets.len()`, bounded by the guard).
+    pub targets: Vec<u64>,
+}
+
+/// A call site.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CallSite {
+    /// SVMA of the call instruction.
+    insn: u64,
+    /// Direct target.
+    pub target: Option<u64>,
+}
+
+/// A function's control-flow graph.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Cfg {
+    /// SVMA of the function.
+    pub function: u64,
+    /// Blocks in address order; block 0 is the entry.
+    pub blocks: Vec<Block>,
+    /// Edges, grouped by source block, in a fixed order per block (taken
+    /// before not-taken; jump-table targets by address). Parallel edges are
+    /// merged (a `je` to the next instruction gives one edge).
+    pub edges: Vec<Edge>,
+    /// Exits, by block.
+    pub exits: Vec<Exit>,
+    /// Recovered jump tables, by jump address.
+    pub jump_tables: Vec<JumpTable>,
+    /// Call sites (direct and indirect), by address.
+    pub calls: Vec<CallSite>,
+}
+
+impl Cfg {
+    /// Successor block indices of `block`, in edge order.
+    pub fn succs(&self, block: usize) -> impl Iterator<Item = usize> + '_ {
+        self.edges
+            .iter()
+            .filter(move |e| e.from == block)
+            .map(|e| e.to)
+    }
+
+    /// The block containing SVMA `addr`.
+    pub fn block_at(&self, addr: u64) -> Option<usize> {
+        let i = self.blocks.partition_point(|b| b.start <= addr);
+        (i > 0 && addr < self.blocks[i - 1].end).then(|| i - 1)
+    }
+
+    /// The shape of the CFG for [`graph`](crate::analysis::graph): nodes are
+    /// block indices, `succs` in edge order, exits = blocks with an [`Exit`]
+    /// (deduplicated, ascending).
+    pub fn to_graph(&self) -> crate::analysis::graph::Graph {
+        let mut succs = vec![Vec::new(); self.blocks.len()];
+        for e in &self.edges {
+            succs[e.from].push(e.to);
+        }
+        let exits: BTreeSet<usize> = self.exits.iter().map(|e| e.block).collect();
+        crate::analysis::graph::Graph {
+            succs,
+            entry: 0,
+            exits: exits.into_iter().collect(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Whole-file driver
+
+/// The analysis of a whole file.
+pub struct Analysis {
+    /// Every function, as [`crate::analysis::functions::discover`] found them.
+    pub functions: Vec<Function>,
+    /// The linear sweep of each function.
+    pub insns: Vec<Vec<Insn>>,
+    /// The CFG of each function, or why it was skipped.
+    pub cfgs: Vec<Result<Cfg, SkipReason>>,
+    /// Starts of the functions known or inferred not to return.
+    pub noreturn: Vec<u64>,
+}
+
+impl Analysis {
+    /// `(analysable, total)` over the non-PLT functions.
+    pub fn coverage(&self) -> (usize, usize) {
+        let mut ok = 0;
+        let mut total = 0;
+        for (f, c) in self.functions.iter().zip(&self.cfgs) {
+            if f.kind == FunctionKind::Plt {
+                continue;
+            }
+            total += 1;
+            ok += usize::from(c.is_ok());
+        }
+        (ok, total)
+    }
+
+    /// How many functions were skipped for each kind of reason (the variant
+    /// name), sorted by name.
+    pub fn skip_histogram(&self) -> BTreeMap<String, usize> {
+        let mut h = BTreeMap::new();
+        for c in self.cfgs.iter().filter_map(|c| c.as_ref().err()) {
+            let name = format!("{c:?}");
+            let name = name
+                .split([' ', '{', '('])
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            *h.entry(name).or_insert(0) += 1;
+        }
+        h
+    }
+
+    /// The index of the function named `name` (or with that alias).
+    pub fn function(&self, name: &str) -> Option<usize> {
+        self.functions
+            .iter()
+            .position(|f| f.name == name || f.aliases.iter().any(|a| a == name))
+    }
+}
+
+/// Discover, decode and build the CFG of every function of the ELF file
+/// `data`, with noreturn inference.
+pub fn analyse(file: &object::File, data: &[u8]) -> Result<Analysis, FunctionsError> {
+    let functions = crate::analysis::functions::discover(file, data)?;
+    let mut ctx = CfgContext::new(file, &functions);
+    let insns: Vec<Vec<Insn>> = functions.iter().map(|f| ctx.decode(f)).collect();
+    ctx.infer_noreturn(&functions, &insns);
+    let cfgs = functions
+        .iter()
+        .zip(&insns)
+        .map(|(f, i)| build_cfg(f, i, &ctx))
+        .collect();
+    let noreturn = ctx.noreturn_functions().collect();
+    Ok(Analysis {
+        functions,
+        insns,
+        cfgs,
+        noreturn,
+    })
+}

@@ -1,0 +1,137 @@
+//! How control leaves a function other than by `ret`: direct tail calls,
+//! jumps between a function and its `.cold` part, hand-written code falling
+//! into the next function, and indirect tail calls (`jmp reg` with an empty
+//! frame). These are the [`ExitKind`]s where a Ball-Larus path ends and
+//! where the clones of Hirzel & Chilimbi's scheme hand control back.
+
+use iced_x86::{Mnemonic, OpKind, Register};
+
+use super::build::Walker;
+use super::jump_tables::is_immediate;
+use super::liveness::{RSP, gpr_index};
+use super::{ExitKind, SkipReason};
+use crate::analysis::functions::FunctionSources;
+
+impl Walker<'_, '_> {
+    /// Classify a direct transfer from instruction `from` to `t` outside the
+    /// function.
+    pub(super) fn external(&self, from: usize, t: u64) -> Result<ExitKind, SkipReason> {
+        let own_family = self.ctx.family_of(self.func.start);
+        let containing = self.ctx.containing(t);
+        if let Some((_, _, family, _)) = containing
+            && own_family == Some(family)
+        {
+            return Ok(ExitKind::ColdJump { target: t });
+        }
+        if self.ctx.is_function_start(t) {
+            return Ok(ExitKind::TailCall { target: t });
+        }
+        // Into the middle of an unnamed FDE range: what a `.cold` part looks
+        // like once the symbols are stripped.
+        if let Some((_, _, _, false)) = containing {
+            return Ok(ExitKind::ColdJump { target: t });
+        }
+        // The other direction: an unnamed FDE range jumping into the middle
+        // of a named function is a stripped `.cold` part returning to its
+        // parent (GCC -O2 splits, e.g. all over a stripped python3).
+        let unnamed = !self.func.sources.contains(FunctionSources::SYMTAB)
+            && !self.func.sources.contains(FunctionSources::DYNSYM);
+        if unnamed && containing.is_some() {
+            return Ok(ExitKind::ColdJump { target: t });
+        }
+        Err(SkipReason::JumpOutsideFunction {
+            from: self.insns[from].addr,
+            target: t,
+        })
+    }
+
+    /// Instruction `i` is the last of the range and may fall through.
+    pub(super) fn fall_off(&mut self, i: usize) -> Result<(), SkipReason> {
+        if let Some(t) = self.ctx.start_after_padding(self.insns[i].end()) {
+            // Hand-written assembly falling into the next function.
+            self.add_exit(i, ExitKind::TailCall { target: t });
+            Ok(())
+        } else {
+            Err(SkipReason::FallsOffEnd {
+                addr: self.insns[i].addr,
+            })
+        }
+    }
+
+    /// Without CFI: whether the unique path from the entry to instruction `j`
+    /// leaves `rsp` where it was at entry (only `push`/`pop` and
+    /// `add`/`sub rsp, imm` may touch it).
+    fn stack_balanced_from_entry(&mut self, j: usize) -> bool {
+        let mut height: i64 = 0;
+        let mut i = j;
+        for _ in 0..256 {
+            if i == 0 {
+                return height == 0;
+            }
+            let Some((p, _)) = self.unique_pred(i) else {
+                return false;
+            };
+            if self.gprs_written(p) & RSP != 0 {
+                let ins = self.insns[p].instr;
+                let imm_rsp = ins.op0_kind() == OpKind::Register
+                    && ins.op0_register() == Register::RSP
+                    && is_immediate(ins.op1_kind());
+                match ins.mnemonic() {
+                    Mnemonic::Push | Mnemonic::Pop => {
+                        height += i64::from(ins.stack_pointer_increment());
+                    }
+                    Mnemonic::Add if imm_rsp => height += ins.immediate(1) as i64,
+                    Mnemonic::Sub if imm_rsp => height -= ins.immediate(1) as i64,
+                    _ => return false,
+                }
+            }
+            i = p;
+        }
+        false
+    }
+
+    /// An indirect `jmp reg` is taken as an indirect tail call when the frame
+    /// is empty at the jump — per the CFI (CFA = rsp+8) or, without CFI, per
+    /// [`Walker::stack_balanced_from_entry`] — and the register does not come
+    /// from a table-shaped computation.
+    pub(super) fn is_indirect_tail_call(&mut self, j: usize) -> bool {
+        let jmp = self.insns[j].instr;
+        // `jmp reg`, or `jmp [reg+disp]` without an index register (a
+        // function pointer loaded from a struct, vtable or dispatch table,
+        // like libglvnd's `jmp *(%r11)` stubs); `jmp [T+idx*8]` is a jump
+        // table's shape and stays with the table matcher.
+        let reg = match jmp.op0_kind() {
+            OpKind::Register => jmp.op0_register(),
+            OpKind::Memory
+                if jmp.memory_index() == Register::None
+                    && jmp.memory_base() != Register::None
+                    && jmp.memory_base() != Register::RIP =>
+            {
+                jmp.memory_base()
+            }
+            _ => return false,
+        };
+        let empty = match self.ctx.frame_is_empty_at(self.insns[j].addr) {
+            Some(e) => e,
+            None => self.stack_balanced_from_entry(j),
+        };
+        if !empty {
+            return false;
+        }
+        let Some(r) = gpr_index(reg) else {
+            return false;
+        };
+        match self.find_def(r, j) {
+            None => true,
+            Some(d) => {
+                let def = self.insns[d].instr;
+                let table_like = matches!(
+                    def.mnemonic(),
+                    Mnemonic::Add | Mnemonic::Movsxd | Mnemonic::Lea
+                ) || (def.op1_kind() == OpKind::Memory
+                    && def.memory_index() != Register::None);
+                !table_like
+            }
+        }
+    }
+}

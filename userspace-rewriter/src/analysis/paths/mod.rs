@@ -1,0 +1,291 @@
+//! Ball-Larus path numbering and regeneration (Ball & Larus, "Efficient Path
+//! Profiling", MICRO 1996), as used by PEP (Bond & McKinley, "Continuous Path
+//! and Edge Profiling", MICRO 2005, §3.1–§3.4) and summarised by Ammons, Ball
+//! & Larus (PLDI 1997, §2).
+//!
+//! # The DAG
+//!
+//! Path profiling counts acyclic, intraprocedural paths. Paths begin on
+//! function entry and end on function exit; paths also begin and end on loop
+//! back edges (PEP §3.1). To enumerate them the CFG is turned into a DAG by
+//! *truncating* every back edge `v -> h`: the edge is removed and two *dummy*
+//! edges are added, `ENTRY -> h` and `v -> EXIT`. `ENTRY` and `EXIT` are two
+//! virtual nodes:
+//!
+//! - `ENTRY` has one edge to the function's entry block (always first, so its
+//!   value is 0: the path register is initialised with `r = 0` on function
+//!   entry, PEP §3.1 step 1) and one dummy edge to every block that is the
+//!   target of a truncated edge ("loop start" edges). Dummy `ENTRY -> h`
+//!   edges are shared by all truncated edges into `h`.
+//! - Every exit block (listed in
+//!   [`Graph::exits`](crate::analysis::graph::Graph::exits), or without
+//!   successors) has one edge to `EXIT`; every truncated edge `(v, i)` gets
+//!   its own dummy `v -> EXIT` edge, so a path records *which* back edge
+//!   ended it.
+//!
+//! Irreducible regions (PEP and BL96 speak of loops; Ammons et al. note the
+//! algorithm handles irreducible CFGs) are cut at the retreating edges that
+//! [`graph::loops`](crate::analysis::graph::loops) reports in
+//! `retreating_non_back`, exactly like back edges: cutting all retreating
+//! edges of a DFS leaves an acyclic graph.
+//!
+//! Blocks unreachable from the entry are not part of the DAG.
+//!
+//! # Numbering (PEP Figure 2) and instrumentation
+//!
+//! Visiting blocks in reverse topological order, `NumPaths(EXIT) = 1` and for
+//! every other block `v`, for each DAG edge `e = v -> w` in order,
+//! `Val(e) = NumPaths(v)` then `NumPaths(v) += NumPaths(w)`. The sum of the
+//! `Val`s along each of the `N = NumPaths(ENTRY)` DAG paths is a unique number
+//! in `[0, N)`. Converted back to the CFG (PEP §3.1, Figure 1(e); Ammons et al.
+//! §2: "values incorporated into the instrumentation of the backedge"), the
+//! instrumentation with path register `r` is:
+//!
+//! - on function entry: `r = 0`;
+//! - on a real DAG edge `(v, i)`: `r += increment(v, i)` (nothing if 0);
+//! - where exit block `v` leaves the function: count path
+//!   `r + exit_increment(v)`;
+//! - on a truncated edge `(v, i)` with `back_edge_actions(v, i) ==
+//!   Some((end, restart))`: count path `r + end`, then `r = restart`.
+//!
+//! PEP (§3.2) *samples* `r` at the counting points instead of always storing
+//! it; the numbering is the same.
+//!
+//! # Smart numbering (PEP §3.4, from PPP)
+//!
+//! `number_paths_with_profile` implements PEP's *smart path numbering*
+//! (PEP §3.4, Figure 4, borrowed from Bond & McKinley's Practical Path
+//! Profiling): the same algorithm, but each block's out-edges are visited "in
+//! decreasing order of execution frequency", so the hottest out-edge of every
+//! block gets `Val = 0` and needs no instrumentation. Ties keep the base
+//! order, so the result is deterministic. Since the order of a block's
+//! successors is immaterial to the correctness of the numbering (Ammons et al.
+//! §2), the path numbers are still exactly `[0, N)`. Frequencies of DAG edges
+//! are taken from the edge profile as follows: a real edge and the dummy
+//! `v -> EXIT` of a truncated edge take that edge's frequency; an exit edge
+//! `v -> EXIT` takes the estimate `max(0, inflow(v) - outflow(v))` (the
+//! profile does not count function invocations, so for the entry block this
+//! under-estimates; that only affects an entry block that is also an exit
+//! *and* has successors). `ENTRY`'s own edges keep the function-entry edge
+//! first (`r = 0` on entry, as in §3.1) and order the loop-start edges by the
+//! summed frequency of the truncated edges into each header; that order has
+//! no cost effect, because a truncated edge assigns `r = restart` whatever the
+//! value.
+//!
+//! # Functions with more paths than fit in `u64`
+//!
+//! When `NumPaths` of any block (hence `N`) exceeds the limit (`u64::MAX` for
+//! [`number_paths`] and `number_paths_with_profile`, or the `max_paths`
+//! given to `number_paths_bounded`), numbering fails with
+//! [`PathsError::TooManyPaths`], naming the block where the limit was crossed.
+//! The documented answer is: **the caller skips path profiling for that
+//! function** (it counts the skip in the plan's statistics) and still
+//! rewrites the function for its other instrumentation (edges, calls, entry
+//! and back-edge checks).
+//!
+//! Why not break the DAG at chosen nodes ("path splitting")? Splitting would
+//! be sound (a split node acts like a truncated edge: count `r + end`, then
+//! `r = restart`), but it adds a third kind of instrumentation point that the
+//! rewriter must place inside blocks, changes what a "path" means for the
+//! function (paths no longer begin and end only at entry, exit and back
+//! edges, so PEP §3.1's categories no longer hold), and needs a node-choice
+//! heuristic whose result must stay deterministic. The case is rare: `N >
+//! 2^64` needs, e.g., 64 independent two-way branches in a row inside one
+//! acyclic region, and such functions are usually generated code whose
+//! individual paths are each executed almost never, so a path profile would
+//! be useless anyway (BL96 already switches from an array to a hash table
+//! for large `N`). Failing cleanly, with the block that overflowed, keeps the
+//! numbering simple and makes the skip visible.
+//!
+//! # Regeneration (BL96; PEP §3.3)
+//!
+//! [`PathNumbering::regenerate`] maps a path number back to its blocks with
+//! the greedy walk of BL96 used by PEP §3.3: from `ENTRY`, with remainder
+//! `R`, take the unique out-edge `e = v -> w` with
+//! `Val(e) <= R < Val(e) + NumPaths(w)`, subtract `Val(e)` and continue at
+//! `w` until `EXIT`. The same walk on a partial path number identifies a
+//! partial path (PEP §3.2).
+//!
+//! Outputs are deterministic (`Vec`s in documented orders) and
+//! serde-serializable.
+//!
+//! # Files
+//!
+//! - `mod.rs`: the numbering's types and accessors;
+//! - `numbering.rs`: Ball-Larus numbering on the truncated DAG, and PEP's
+//!   smart (profile-guided) order ([`number_paths`],
+//!   `number_paths_with_profile` (for now only the unit tests feed it a
+//!   profile), `number_paths_bounded`);
+//! - `regenerate.rs`: path number → blocks ([`PathNumbering::regenerate`]).
+
+mod numbering;
+mod regenerate;
+#[cfg(test)]
+mod tests;
+
+use serde::{Deserialize, Serialize};
+
+use crate::analysis::graph::GraphError;
+
+pub use numbering::number_paths;
+#[cfg(test)]
+use numbering::{number_paths_bounded, number_paths_with_profile};
+
+/// Why paths could not be numbered or regenerated.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum PathsError {
+    /// The graph is malformed.
+    #[error("invalid graph: {0}")]
+    InvalidGraph(#[from] GraphError),
+    /// `Loops` names an edge the graph does not have (it was computed for
+    /// another graph).
+    #[error("cut edge ({from}, {index}) is not an edge of the graph")]
+    InvalidCutEdge { from: usize, index: usize },
+    /// After removing the cut edges the reachable graph still has a cycle
+    /// through `block` (`Loops` was computed for another graph).
+    #[error(
+        "graph is not acyclic after cutting back and retreating edges (cycle through block {block})"
+    )]
+    Cyclic { block: usize },
+    /// More paths than `max_paths`: `NumPaths(block)` exceeded the limit
+    /// (`block == None`: the virtual ENTRY, i.e. the total). The caller skips
+    /// path profiling for the function (see the module doc).
+    #[error("too many paths: NumPaths({}) exceeds {max_paths}", match block { Some(b) => b.to_string(), None => "ENTRY".to_string() })]
+    TooManyPaths {
+        block: Option<usize>,
+        max_paths: u64,
+    },
+    /// A path number outside `[0, total)` was given to `regenerate`.
+    #[error("path number {path} out of range (function has {total} paths)")]
+    PathOutOfRange { path: u64, total: u64 },
+}
+
+/// The actions on a truncated edge (back edge, or retreating edge of an
+/// irreducible region): count path `r + end_increment`, then
+/// `r = restart`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct BackEdgeAction {
+    /// Source block.
+    from: usize,
+    /// Index of the edge in `succs[from]`.
+    index: usize,
+    /// Target block (a loop header or irreducible-region entry).
+    to: usize,
+    /// `Val` of the dummy edge `from -> EXIT`.
+    pub(crate) end_increment: u64,
+    /// `Val` of the dummy edge `ENTRY -> to`: the value the path register
+    /// restarts with.
+    pub(crate) restart: u64,
+    /// True for a back edge (target dominates source), false for a
+    /// retreating edge of an irreducible region.
+    is_back_edge: bool,
+}
+
+/// A dummy edge `ENTRY -> header`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct LoopStart {
+    /// Target of one or more truncated edges.
+    header: usize,
+    /// `Val(ENTRY -> header)`.
+    increment: u64,
+}
+
+/// A Ball-Larus numbering of one function's acyclic paths.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathNumbering {
+    entry: usize,
+    /// The graph's successor lists (needed to regenerate paths).
+    succs: Vec<Vec<usize>>,
+    /// `N = NumPaths(ENTRY)`.
+    total: u64,
+    /// `NumPaths(v)` per block; 0 for unreachable blocks.
+    num_paths: Vec<u64>,
+    /// `Val` of each real edge `(v, i)`; `None` for truncated edges and edges
+    /// out of unreachable blocks.
+    increments: Vec<Vec<Option<u64>>>,
+    /// `Val(v -> EXIT)` for reachable exit blocks.
+    exit_increments: Vec<Option<u64>>,
+    /// Truncated edges, sorted by `(from, index)`.
+    back_edges: Vec<BackEdgeAction>,
+    /// `ENTRY -> header` dummy edges, sorted by header.
+    loop_starts: Vec<LoopStart>,
+}
+
+/// A path regenerated from its number.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RegeneratedPath {
+    /// Blocks in execution order (at least one).
+    pub blocks: Vec<usize>,
+    /// Real edges `(v, i)` taken between consecutive blocks
+    /// (`blocks.len() - 1` of them); distinguishes parallel edges.
+    pub edges: Vec<(usize, usize)>,
+    /// The path starts at a loop header (or irreducible-region entry) after
+    /// a truncated edge, rather than at the function entry.
+    pub starts_at_loop_header: bool,
+    /// The path ends by taking a truncated edge, rather than by leaving the
+    /// function from an exit block.
+    pub ends_at_back_edge: bool,
+    /// The truncated edge `(v, i)` that ends the path, if any.
+    pub end_edge: Option<(usize, usize)>,
+}
+
+impl PathNumbering {
+    /// `N`: the number of DAG paths; path numbers are exactly `[0, N)`.
+    pub fn total_paths(&self) -> u64 {
+        self.total
+    }
+
+    /// `NumPaths(v)`: number of DAG paths from block `v` to EXIT (0 for
+    /// unreachable blocks).
+    #[cfg(test)]
+    fn num_paths(&self, v: usize) -> u64 {
+        self.num_paths.get(v).copied().unwrap_or(0)
+    }
+
+    /// Increment `Val(e)` on real edge `(v, idx)`; `None` if the edge is
+    /// truncated (a back edge or irreducible retreating edge: see
+    /// [`Self::back_edge_actions`]), out of an unreachable block, or not an
+    /// edge.
+    pub fn increment(&self, v: usize, idx: usize) -> Option<u64> {
+        self.increments.get(v)?.get(idx).copied().flatten()
+    }
+
+    /// For a truncated edge `(v, idx)`: `(end_increment, restart)`; at the
+    /// edge, count path `r + end_increment`, then set `r = restart`.
+    pub fn back_edge_actions(&self, v: usize, idx: usize) -> Option<(u64, u64)> {
+        self.back_edge(v, idx).map(|b| (b.end_increment, b.restart))
+    }
+
+    /// The full record of truncated edge `(v, idx)`.
+    pub(crate) fn back_edge(&self, v: usize, idx: usize) -> Option<&BackEdgeAction> {
+        self.back_edges
+            .binary_search_by_key(&(v, idx), |b| (b.from, b.index))
+            .ok()
+            .map(|k| &self.back_edges[k])
+    }
+
+    /// For a reachable exit block `v`: `Val(v -> EXIT)`; where `v` leaves the
+    /// function, count path `r + exit_increment`.
+    pub fn exit_increment(&self, v: usize) -> Option<u64> {
+        self.exit_increments.get(v).copied().flatten()
+    }
+
+    /// `Val(ENTRY -> header)` for a target of truncated edges.
+    pub fn loop_start_increment(&self, header: usize) -> Option<u64> {
+        self.loop_starts
+            .binary_search_by_key(&header, |s| s.header)
+            .ok()
+            .map(|k| self.loop_starts[k].increment)
+    }
+
+    /// Number of real edges with a nonzero increment, i.e. the `r += val`
+    /// instrumentation points (what smart numbering reduces).
+    #[cfg(test)]
+    fn nonzero_increments(&self) -> usize {
+        self.increments
+            .iter()
+            .flatten()
+            .filter(|x| matches!(x, Some(v) if *v != 0))
+            .count()
+    }
+}

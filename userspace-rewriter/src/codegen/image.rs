@@ -1,0 +1,328 @@
+//! The clone image of a whole plan: which functions get a clone (Hirzel &
+//! Chilimbi's instrumented copies), the runtime in front of them, the
+//! encoding for the address they will live at, and the sorted `(original,
+//! clone)` tables the runtime searches.
+
+use std::collections::{BTreeMap, HashMap};
+
+use iced_x86::{BlockEncoder, BlockEncoderOptions, IcedError, InstructionBlock, OpKind, Register};
+use serde::Serialize;
+
+use super::emitter::{Emitter, LABEL_BASE};
+use super::function::{FnGen, Skip};
+use super::runtime_legacy::emit_runtime;
+use crate::analysis::cfg::{self, Cfg};
+use crate::analysis::disasm::Insn;
+use crate::analysis::plan::{FunctionStatus, Plan};
+
+/// Where the image goes in the target.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    /// `AVMA - SVMA` of the executable.
+    pub bias: u64,
+    /// AVMA of the [`BurstControl`](burstyd_common::burst::BurstControl).
+    pub control: u64,
+    /// AVMA where [`CloneImage::bytes`] is written.
+    pub code: u64,
+}
+
+/// One cloned function.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClonedFunction {
+    /// Index into the plan's `functions` (the `fid` in records).
+    fid: u32,
+    /// AVMA of the original.
+    pub(crate) orig: u64,
+    /// AVMA of the clone's entry.
+    pub(crate) clone: u64,
+    /// Whether its path records are valid Ball-Larus numbers.
+    paths: bool,
+}
+
+/// The generated code and tables.
+#[derive(Debug)]
+pub struct CloneImage {
+    /// Code, then (8-aligned) the translation table.
+    pub bytes: Vec<u8>,
+    /// AVMA of the signal handler (`SA_SIGINFO`).
+    pub handler: u64,
+    /// AVMA of the `rt_sigreturn` restorer (`SA_RESTORER`).
+    pub restorer: u64,
+    /// `[clone_lo, clone_hi)`: the code.
+    pub code_range: (u64, u64),
+    /// AVMA and length (pairs) of the sorted `(original, clone)` table.
+    pub table_addr: u64,
+    pub table_len: u64,
+    /// AVMA and length (pairs) of the sorted `(original start, clone
+    /// entry)` table of cloned functions.
+    pub fn_table_addr: u64,
+    pub fn_table_len: u64,
+    pub functions: Vec<ClonedFunction>,
+    /// Functions the plan analysed but the generator left out, by reason.
+    pub skipped: BTreeMap<String, usize>,
+    /// Instrumentation points emitted.
+    pub stats: GenStats,
+    /// `(clone address, original address, original end)` of every copied
+    /// instruction, sorted by clone address (clone frames → original).
+    pub reverse: Vec<(u64, u64, u64)>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GenStats {
+    instructions: usize,
+    pub(crate) edge_increments: usize,
+    pub(crate) checks: usize,
+    pub(crate) path_records: usize,
+}
+
+impl CloneImage {
+    /// The `(original, clone)` pairs.
+    pub fn table(&self) -> Vec<(u64, u64)> {
+        let off = (self.table_addr - self.code_range.0) as usize;
+        self.bytes[off..off + self.table_len as usize * 16]
+            .chunks_exact(16)
+            .map(|c| {
+                (
+                    u64::from_le_bytes(c[..8].try_into().unwrap()),
+                    u64::from_le_bytes(c[8..].try_into().unwrap()),
+                )
+            })
+            .collect()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GenError {
+    #[error("encoding the clones failed: {0}")]
+    Encode(String),
+    #[error("the plan has no CFGs (computed without keep_details)")]
+    NoDetails,
+}
+
+impl From<IcedError> for GenError {
+    fn from(e: IcedError) -> Self {
+        GenError::Encode(e.to_string())
+    }
+}
+
+/// Generates the clones of every analysed function in `plan` (computed with
+/// `keep_details`), whose instructions are `analysis.insns`.
+///
+/// For the tests (`tests/clone_gen.rs`): the daemon calls
+/// [`generate_excluding`] with the functions whose unwind information
+/// cannot be restated.
+pub fn generate(
+    plan: &Plan,
+    analysis: &cfg::Analysis,
+    layout: &Layout,
+) -> Result<CloneImage, GenError> {
+    generate_excluding(plan, analysis, layout, &Default::default())
+}
+
+/// [`generate`], leaving out the functions starting at `exclude` (SVMAs),
+/// e.g. those whose unwind information cannot be restated
+/// ([`crate::codegen::unwind_info::untranslatable`]).
+pub fn generate_excluding(
+    plan: &Plan,
+    analysis: &cfg::Analysis,
+    layout: &Layout,
+    exclude: &std::collections::BTreeSet<u64>,
+) -> Result<CloneImage, GenError> {
+    let mut em = Emitter::new();
+    let rt = emit_runtime(&mut em, layout)?;
+
+    // Which functions get a clone, and their entry labels.
+    let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
+    let mut entry_label: HashMap<u64, u64> = HashMap::new(); // SVMA -> label
+    let mut chosen = Vec::new();
+    let mut have_details = false;
+    for (i, f) in plan.functions.iter().enumerate() {
+        let FunctionStatus::Analyzed(fa) = &f.status else {
+            continue;
+        };
+        let Some(cfg) = fa.cfg.as_ref() else {
+            continue;
+        };
+        have_details = true;
+        if f.cold_part {
+            *skipped.entry("cold part".into()).or_default() += 1;
+            continue;
+        }
+        if exclude.contains(&f.start) {
+            *skipped
+                .entry("unwind info not restatable".into())
+                .or_default() += 1;
+            continue;
+        }
+        if let Err(Skip(why)) = precheck(cfg, &analysis.insns[i]) {
+            *skipped.entry(why.into()).or_default() += 1;
+            continue;
+        }
+        entry_label.insert(f.start, em.label());
+        chosen.push(i);
+    }
+    if !have_details && plan.summary.functions_analyzable > 0 {
+        return Err(GenError::NoDetails);
+    }
+
+    let mut stats = GenStats::default();
+    // (original AVMA, instruction index of its clone code, original end)
+    let mut table_idx: Vec<(u64, usize, u64)> = Vec::new();
+    let mut funcs: Vec<(u32, u64, u64, bool)> = Vec::new(); // fid, orig, label, paths
+    let mut removed: Vec<(u64, u64)> = Vec::new();
+    for &i in &chosen {
+        let f = &plan.functions[i];
+        let FunctionStatus::Analyzed(fa) = &f.status else {
+            unreachable!()
+        };
+        let cfg = fa.cfg.as_ref().unwrap();
+        let numbering = fa
+            .numbering
+            .as_ref()
+            .filter(|n| n.total_paths() < (1 << 62));
+        let mark = em.out.len();
+        let tmark = table_idx.len();
+        let label = entry_label[&f.start];
+        let g = cfg.to_graph();
+        let dom = crate::analysis::graph::dominators(&g);
+        let loops = crate::analysis::graph::loops(&g, &dom);
+        let mut fg = FnGen {
+            em: &mut em,
+            rt: &rt,
+            layout,
+            fid: i as u32,
+            cfg,
+            insns: &analysis.insns[i],
+            live: cfg::liveness(cfg, &analysis.insns[i]),
+            numbering,
+            loops: &loops,
+            edges_of: {
+                let mut v = vec![Vec::new(); cfg.blocks.len()];
+                for e in &cfg.edges {
+                    v[e.from].push(*e);
+                }
+                v
+            },
+            entry_label: &entry_label,
+            table: &mut table_idx,
+            stats: GenStats::default(),
+            out_of_line: Vec::new(),
+        };
+        let result = fg.function(label);
+        let s = fg.stats;
+        match result {
+            Ok(()) => {
+                stats.edge_increments += s.edge_increments;
+                stats.checks += s.checks;
+                stats.path_records += s.path_records;
+                stats.instructions += analysis.insns[i].len();
+                funcs.push((i as u32, f.start + layout.bias, label, numbering.is_some()));
+            }
+            Err(Skip(why)) => {
+                em.truncate(mark);
+                table_idx.truncate(tmark);
+                *skipped.entry(why.into()).or_default() += 1;
+                // Calls to it now go to the original.
+                if let Some(l) = entry_label.remove(&f.start) {
+                    removed.push((f.start, l));
+                }
+            }
+        }
+    }
+    // Calls to functions skipped after others referenced their labels go
+    // to the original.
+    for (start, label) in removed {
+        em.bind(label);
+        em.jmp(start + layout.bias)?;
+    }
+
+    let insns = em.finish();
+    let block = InstructionBlock::new(&insns, layout.code);
+    let enc = BlockEncoder::encode(
+        64,
+        block,
+        BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
+    )?;
+    let offsets = enc.new_instruction_offsets;
+    let mut bytes = enc.code_buffer;
+    let code_len = bytes.len() as u64;
+    let addr_of_index = |idx: usize| layout.code + u64::from(offsets[idx]);
+    // Label -> address.
+    let mut label_addr: HashMap<u64, u64> = HashMap::new();
+    for (idx, ins) in insns.iter().enumerate() {
+        if ins.ip() >= LABEL_BASE {
+            label_addr.insert(ins.ip(), addr_of_index(idx));
+        }
+    }
+    let mut table: Vec<(u64, u64)> = table_idx
+        .iter()
+        .map(|&(o, idx, _)| (o, addr_of_index(idx)))
+        .collect();
+    let mut reverse: Vec<(u64, u64, u64)> = table_idx
+        .iter()
+        .map(|&(o, idx, end)| (addr_of_index(idx), o, end))
+        .collect();
+    reverse.sort_unstable();
+    table.sort_unstable();
+    table.dedup_by_key(|e| e.0);
+    while bytes.len() % 16 != 0 {
+        bytes.push(0xcc);
+    }
+    let table_addr = layout.code + bytes.len() as u64;
+    for &(o, c) in &table {
+        bytes.extend_from_slice(&o.to_le_bytes());
+        bytes.extend_from_slice(&c.to_le_bytes());
+    }
+    // Function entries: original start -> clone entry (indirect calls).
+    let mut fn_table: Vec<(u64, u64)> = funcs
+        .iter()
+        .map(|&(_, orig, label, _)| (orig, label_addr[&label]))
+        .collect();
+    fn_table.sort_unstable();
+    fn_table.dedup_by_key(|e| e.0);
+    let fn_table_addr = layout.code + bytes.len() as u64;
+    for &(o, c) in &fn_table {
+        bytes.extend_from_slice(&o.to_le_bytes());
+        bytes.extend_from_slice(&c.to_le_bytes());
+    }
+    let functions = funcs
+        .into_iter()
+        .map(|(fid, orig, label, paths)| ClonedFunction {
+            fid,
+            orig,
+            clone: label_addr[&label],
+            paths,
+        })
+        .collect();
+    Ok(CloneImage {
+        bytes,
+        handler: label_addr[&rt.handler],
+        restorer: label_addr[&rt.restorer],
+        code_range: (layout.code, layout.code + code_len),
+        table_addr,
+        table_len: table.len() as u64,
+        fn_table_addr,
+        fn_table_len: fn_table.len() as u64,
+        functions,
+        skipped,
+        stats,
+        reverse,
+    })
+}
+
+/// Shapes the generator does not handle (checked before emitting).
+fn precheck(cfg: &Cfg, insns: &[Insn]) -> Result<(), Skip> {
+    for jt in &cfg.jump_tables {
+        let Some(i) = insns.iter().find(|i| i.addr == jt.jump) else {
+            return Err(Skip("jump table jump not found"));
+        };
+        let ins = &i.instr;
+        match ins.op0_kind() {
+            OpKind::Register if ins.op0_register() != Register::RSP => {}
+            OpKind::Memory
+                if ins.memory_base() != Register::RSP && ins.memory_index() != Register::RSP => {}
+            _ => return Err(Skip("unusual jump-table jump")),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,173 @@
+//! The instrumentation proper: Ball-Larus path-register increments on DAG
+//! edges, path records and restarts on truncated (back) edges (PEP
+//! §3.1-3.3), the burst-budget checks of Hirzel & Chilimbi (entries, back
+//! edges, return sites), and the standard frame around runtime calls.
+
+use burstyd_common::burst::*;
+use iced_x86::{Code, IcedError, Instruction, MemoryOperand, Register};
+
+use super::emitter::{Emitter, rip};
+use super::function::{FnGen, OutOfLine, Skip};
+use super::runtime_legacy::add_path;
+
+impl FnGen<'_> {
+    /// Whether edge `(b, idx)` needs code (an increment or a truncation).
+    pub(super) fn edge_needs_code(&self, b: usize, idx: usize) -> bool {
+        if self.is_checked_back_edge(b, idx) {
+            return true;
+        }
+        let Some(n) = self.numbering else {
+            return false;
+        };
+        n.back_edge(b, idx).is_some() || n.increment(b, idx).is_some_and(|v| v != 0)
+    }
+
+    /// A truncated edge: a back edge, or a retreating edge of an
+    /// irreducible region. Every one has a check in the clones.
+    ///
+    /// The paper's reductions (no checks on back edges of k-boring loops,
+    /// entry checks only on the set C) lower the cost of its *checking
+    /// code*, which runs all the time. Here the checking code is the
+    /// original code and has no checks at all; checks exist only in the
+    /// clones, which run only during bursts, so every back edge and entry
+    /// gets one and a burst is bounded by `--burst` checks even inside a
+    /// long loop without calls.
+    fn is_checked_back_edge(&self, b: usize, idx: usize) -> bool {
+        self.loops.retreating_non_back.contains(&(b, idx))
+            || self.loops.back_edges.contains(&(b, idx))
+    }
+
+    /// The code on edge `(b, idx)`: increment, or path end + restart + check
+    /// for a truncated edge.
+    pub(super) fn edge_code(&mut self, b: usize, idx: usize) -> Result<(), Skip> {
+        let e = self.out_edges(b).nth(idx).unwrap().1;
+        let first = self.block_first(e.to);
+        let flags = self.flags_live(first);
+        let orig = self.avma(self.cfg.blocks[e.to].start);
+        if let Some(n) = self.numbering {
+            if let Some(a) = n.back_edge(b, idx) {
+                let (end_inc, restart) = (a.end_increment, a.restart);
+                self.stats.path_records += 1;
+                let l = *self.layout;
+                self.rt_call(self.rt.back, self.fid, None, |em| add_path(em, &l, end_inc))?;
+                self.set_path(restart, flags)?;
+            } else if let Some(inc) = n.increment(b, idx).filter(|&v| v != 0) {
+                self.stats.edge_increments += 1;
+                self.increment(inc, flags)?;
+            }
+        }
+        if self.is_checked_back_edge(b, idx) {
+            self.check(flags, orig)?;
+        }
+        Ok(())
+    }
+
+    /// `path += inc`, preserving flags when live.
+    fn increment(&mut self, inc: u64, flags: bool) -> Result<(), Skip> {
+        let em = &mut *self.em;
+        if !flags && inc <= i32::MAX as u64 {
+            em.e(Instruction::with2(
+                Code::Add_rm64_imm32,
+                rip(field!(self.layout, path)),
+                inc as u32 as i32,
+            ))?;
+            return Ok(());
+        }
+        em.lea_rsp(-128)?;
+        if flags {
+            em.pushf();
+        }
+        add_path(em, self.layout, inc)?;
+        if flags {
+            em.popf();
+        }
+        em.lea_rsp(128)?;
+        Ok(())
+    }
+
+    /// `path = v` (a `mov`, flags untouched).
+    fn set_path(&mut self, v: u64, _flags: bool) -> Result<(), Skip> {
+        let em = &mut *self.em;
+        if v <= i32::MAX as u64 {
+            em.e(Instruction::with2(
+                Code::Mov_rm64_imm32,
+                rip(field!(self.layout, path)),
+                v as u32 as i32,
+            ))?;
+        } else {
+            em.lea_rsp(-128)?;
+            em.push(Register::RAX)?;
+            em.mov_imm(Register::RAX, v)?;
+            em.mr(Code::Mov_rm64_r64, field!(self.layout, path), Register::RAX)?;
+            em.pop(Register::RAX)?;
+            em.lea_rsp(128)?;
+        }
+        Ok(())
+    }
+
+    /// A budget check; failing it continues at `orig` in the original code.
+    pub(super) fn check(&mut self, flags: bool, orig: u64) -> Result<(), Skip> {
+        self.stats.checks += 1;
+        let exit = self.em.label();
+        let expire = self.em.label();
+        let l = self.layout;
+        let em = &mut *self.em;
+        em.lea_rsp(-128)?;
+        if flags {
+            em.pushf();
+        }
+        em.push(Register::RAX)?;
+        em.e(Instruction::with2(
+            Code::Mov_r64_rm64,
+            Register::RAX,
+            MemoryOperand::new(Register::None, Register::None, 1, 0, 4, false, Register::FS),
+        ))?;
+        em.rm(Code::Cmp_r64_rm64, Register::RAX, field!(l, owner))?;
+        em.jcc(Code::Jne_rel32_64, exit)?;
+        em.e(Instruction::with2(
+            Code::Sub_rm64_imm8,
+            rip(field!(l, budget)),
+            1,
+        ))?;
+        em.jcc(Code::Je_rel32_64, expire)?;
+        em.pop(Register::RAX)?;
+        if flags {
+            em.popf();
+        }
+        em.lea_rsp(128)?;
+        self.out_of_line
+            .push((exit, OutOfLine::CheckExit { flags, orig }));
+        self.out_of_line
+            .push((expire, OutOfLine::CheckExpire { exit }));
+        Ok(())
+    }
+
+    /// A runtime call in the standard frame: `eax = arg`, `ecx = arg2`;
+    /// `pre` runs inside the frame (flags and rax, rcx, rdx saved).
+    pub(super) fn rt_call(
+        &mut self,
+        routine: u64,
+        arg: u32,
+        arg2: Option<u32>,
+        pre: impl FnOnce(&mut Emitter) -> Result<(), IcedError>,
+    ) -> Result<(), Skip> {
+        let em = &mut *self.em;
+        em.lea_rsp(-128)?;
+        em.pushf();
+        em.push(Register::RAX)?;
+        em.push(Register::RCX)?;
+        em.push(Register::RDX)?;
+        pre(em)?;
+        em.mov_imm(Register::RAX, u64::from(arg))?;
+        if let Some(a2) = arg2 {
+            em.mov_imm(Register::RCX, u64::from(a2))?;
+        }
+        em.call(routine)?;
+        em.pop(Register::RDX)?;
+        em.pop(Register::RCX)?;
+        em.pop(Register::RAX)?;
+        em.popf();
+        em.lea_rsp(128)?;
+        Ok(())
+    }
+}

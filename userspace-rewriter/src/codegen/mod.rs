@@ -1,0 +1,77 @@
+//! Instrumented clones: the *apply* side's code generator.
+//!
+//! For every function the plan could analyse, this module emits a copy of
+//! its instructions, relocated to a region near the binary (iced-x86's
+//! block encoder re-encodes branches and RIP-relative operands for the new
+//! addresses), with the instrumentation of Hirzel & Chilimbi's *instrumented
+//! code* woven in:
+//!
+//! - **Ball-Larus path register** updates on DAG edges (edge stubs out of
+//!   line, so a taken branch and a fall-through each get their own
+//!   increment), path records at exits and truncated (back) edges, the
+//!   register restarted after a back edge (PEP §3.1-3.3);
+//! - **calls and returns**: an `ENTER` record and a shadow-stack push at
+//!   every clone entry, the caller's path register restored at the return;
+//! - **checks** (the burst budget) at entries of the set C, at back edges
+//!   of loops that are not k-boring, and at every return site. A check
+//!   that fails jumps to the *same* instruction in the original code: the
+//!   burst ends there and the thread runs on at full speed.
+//!
+//! Direct calls and jumps between cloned functions stay in the clones;
+//! calls to anything else (PLT, libraries, indirect) go to the original and
+//! come back to the clone's return site. A `ret` (or tail call) whose return
+//! address is in original code is an activation older than the burst: the
+//! runtime looks the address up and, when it was rewritten, sends the return
+//! to the caller's clone, so the burst climbs up the stack instead of
+//! escaping into original code; when not, the burst ends.
+//!
+//! Every snippet preserves all registers and, unless liveness proves them
+//! dead, the flags, and skips the 128-byte red zone before pushing. The
+//! shared state lives in [`burstyd_common::burst::BurstControl`], reached
+//! RIP-relatively; only the thread that owns the burst gets past a check,
+//! so the single set of registers there is never shared.
+//!
+//! The runtime (signal handler, restorer, record writer, table lookup) is
+//! emitted at the start of the region. The handler maps the interrupted PC
+//! through a sorted `(original, clone)` table of every rewritten
+//! instruction, so a burst can start at any instruction of a cloned
+//! function; the path register starts as
+//! [`PATH_INVALID`](burstyd_common::burst::PATH_INVALID) (the path's prefix
+//! was not seen) and becomes valid at the next path start.
+//!
+//! ## Files
+//!
+//! - `emitter.rs`: `Emitter`, an instruction list with
+//!   labels for iced's block encoder, and small instruction helpers;
+//! - `image.rs`: [`generate_excluding`] — which functions get a clone, the
+//!   encoding at the target address, the `(original, clone)` tables —
+//!   and its results ([`CloneImage`], [`Layout`], [`GenStats`], ...);
+//! - `function.rs`: `FnGen`, one function copied block by block and
+//!   relocated, with its out-of-line code;
+//! - `transfers.rs`: control transfers in a clone (calls, indirect calls,
+//!   returns and other exits, tail calls, switch jumps);
+//! - `instrument.rs`: the instrumentation proper (Ball-Larus increments,
+//!   path records on truncated edges, Hirzel & Chilimbi's checks);
+//! - `runtime_legacy.rs`: the runtime emitted at the start of the region
+//!   (record writer, table lookups, enter/exit/back/end routines, signal
+//!   handler and restorer), written instruction by instruction;
+//! - [`unwind_info`]: `.eh_frame` for the clones.
+
+/// Offsets of [`BurstControl`](burstyd_common::burst::BurstControl) fields.
+macro_rules! field {
+    ($l:expr, $f:ident) => {
+        $l.control + core::mem::offset_of!(BurstControl, $f) as u64
+    };
+}
+
+mod emitter;
+mod function;
+mod image;
+mod instrument;
+mod runtime_legacy;
+mod transfers;
+pub mod unwind_info;
+
+pub use image::{
+    CloneImage, ClonedFunction, GenError, GenStats, Layout, generate, generate_excluding,
+};

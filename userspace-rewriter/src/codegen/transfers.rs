@@ -1,0 +1,394 @@
+//! Control transfers in a clone: each block's terminator, direct calls
+//! (to the callee's clone when there is one), indirect calls (looked up in
+//! the function-entry table at run time), exits (Ball-Larus path record,
+//! shadow-stack pop, then `ret`, tail call or noreturn call) and switch
+//! jumps (one comparison per case). Every call is followed by a Hirzel &
+//! Chilimbi check at the return site.
+
+use std::collections::HashMap;
+
+use burstyd_common::burst::*;
+use iced_x86::{Code, Instruction, MemoryOperand, OpKind, Register};
+
+use super::emitter::rip;
+use super::function::{FnGen, OutOfLine, Skip};
+use super::runtime_legacy::add_path;
+use crate::analysis::cfg::{EdgeKind, ExitKind};
+use crate::analysis::disasm::Flow;
+
+impl FnGen<'_> {
+    /// Where a direct call/jump to SVMA `t` goes: the clone's entry when
+    /// `t` starts a cloned function, else the original.
+    fn call_target(&self, t: u64) -> u64 {
+        self.entry_label
+            .get(&t)
+            .copied()
+            .unwrap_or_else(|| self.avma(t))
+    }
+
+    fn exit_at(&self, k: usize) -> Option<ExitKind> {
+        let a = self.insns[k].addr;
+        self.cfg.exits.iter().find(|e| e.insn == a).map(|e| e.kind)
+    }
+
+    pub(super) fn terminator(
+        &mut self,
+        b: usize,
+        last: usize,
+        blk: &[u64],
+        stubs: &mut HashMap<(usize, usize), u64>,
+    ) -> Result<(), Skip> {
+        let insn = &self.insns[last];
+        let exit = self.exit_at(last);
+        match insn.flow {
+            Flow::CondJump(t) => {
+                self.record(last);
+                let internal = self
+                    .cfg
+                    .block_at(t)
+                    .filter(|&tb| self.cfg.blocks[tb].start == t)
+                    .and_then(|tb| self.edge_to(b, tb));
+                let target = match internal {
+                    Some(idx) => self.edge_stub(stubs, blk, b, idx),
+                    None => {
+                        let kind = exit.ok_or(Skip("branch out of the function without exit"))?;
+                        let l = self.em.label();
+                        self.out_of_line
+                            .push((l, OutOfLine::Exit { insn: last, kind }));
+                        l
+                    }
+                };
+                let mut j = insn.instr;
+                j.set_near_branch64(target);
+                let code = j.code().as_near_branch();
+                j.set_code(code);
+                self.em.emit(j);
+                self.continuation(b, last, blk, stubs)
+            }
+            Flow::Jump(t) => {
+                let internal = self
+                    .cfg
+                    .block_at(t)
+                    .filter(|&tb| self.cfg.blocks[tb].start == t)
+                    .and_then(|tb| self.edge_to(b, tb));
+                match (internal, exit) {
+                    (Some(idx), _) => {
+                        self.record(last);
+                        let l = self.edge_stub(stubs, blk, b, idx);
+                        self.em.jmp(l)?;
+                        Ok(())
+                    }
+                    (None, Some(kind)) => {
+                        self.record(last);
+                        self.exit_code(b, last, kind, blk)
+                    }
+                    (None, None) => Err(Skip("jump without edge or exit")),
+                }
+            }
+            Flow::IndirectJump => {
+                if let Some(jt) = self.cfg.jump_tables.iter().find(|j| j.jump == insn.addr) {
+                    self.record(last);
+                    let targets = jt.targets.clone();
+                    self.dispatch(b, last, &targets, blk, stubs)
+                } else if let Some(kind) = exit {
+                    self.record(last);
+                    self.exit_code(b, last, kind, blk)
+                } else {
+                    Err(Skip("indirect jump without table or exit"))
+                }
+            }
+            Flow::Ret => {
+                self.record(last);
+                self.exit_code(b, last, exit.unwrap_or(ExitKind::Return), blk)
+            }
+            Flow::Trap => self.copy(last),
+            Flow::Call(_) | Flow::IndirectCall => {
+                if let Some(kind @ ExitKind::NoReturnCall { .. }) = exit {
+                    self.record(last);
+                    self.exit_code(b, last, kind, blk)?;
+                    // Should the callee return after all, do what the
+                    // original would: run the next original instruction.
+                    self.em.jmp(self.avma(insn.end()))?;
+                    return Ok(());
+                }
+                self.record(last);
+                self.emit_call(last)?;
+                // Return site: the burst may have ended in the callee.
+                let next = last + 1;
+                let flags = self.flags_live(next.min(self.insns.len() - 1));
+                let orig = self.avma(insn.end());
+                self.check(flags, orig)?;
+                self.continuation(b, last, blk, stubs)
+            }
+            Flow::Next | Flow::Syscall | Flow::Interrupt => {
+                self.copy(last)?;
+                self.continuation(b, last, blk, stubs)
+            }
+            Flow::Unsupported | Flow::Invalid => Err(Skip("unsupported instruction in a block")),
+        }
+    }
+
+    /// After a block that may fall through: its fall-through edge, or a
+    /// tail call by falling off the end.
+    fn continuation(
+        &mut self,
+        b: usize,
+        last: usize,
+        blk: &[u64],
+        stubs: &mut HashMap<(usize, usize), u64>,
+    ) -> Result<(), Skip> {
+        if let Some((idx, _)) = self.edge_kind(
+            b,
+            &[
+                EdgeKind::FallThrough,
+                EdgeKind::NotTaken,
+                EdgeKind::CallFallThrough,
+            ],
+        ) {
+            let l = self.edge_stub(stubs, blk, b, idx);
+            // Fall into the next block when that is where it goes.
+            if b + 1 < blk.len() && l == blk[b + 1] {
+                return Ok(());
+            }
+            self.em.jmp(l)?;
+            return Ok(());
+        }
+        // A conditional jump whose taken and not-taken sides are one edge.
+        if let Flow::CondJump(t) = self.insns[last].flow
+            && t == self.insns[last].end()
+            && let Some(tb) = self.cfg.block_at(t)
+            && let Some(idx) = self.edge_to(b, tb)
+        {
+            let l = self.edge_stub(stubs, blk, b, idx);
+            self.em.jmp(l)?;
+            return Ok(());
+        }
+        match self.exit_at(last) {
+            Some(kind @ ExitKind::TailCall { .. }) if self.insns[last].flow.falls_through() => {
+                self.exit_code(b, last, kind, blk)
+            }
+            _ => {
+                // Nothing modelled follows (e.g. a trap or noreturn call
+                // before): behave like the original.
+                self.em.jmp(self.avma(self.insns[last].end()))?;
+                Ok(())
+            }
+        }
+    }
+
+    fn emit_call(&mut self, k: usize) -> Result<(), Skip> {
+        match self.insns[k].flow {
+            Flow::Call(t) => {
+                let target = self.call_target(t);
+                self.em.call(target)?;
+            }
+            _ => self.indirect_call(k)?,
+        }
+        Ok(())
+    }
+
+    /// `call reg` / `call [mem]`: the target is looked up among the cloned
+    /// functions at run time, so a burst follows calls through function
+    /// pointers (and vtables) into clones; anything else is called in the
+    /// original. The target goes through a control-block slot: only the
+    /// burst's thread runs here, between two checks. The stack pointer is
+    /// back in place at the call (stack-passed arguments stay where the
+    /// callee expects them).
+    fn indirect_call(&mut self, k: usize) -> Result<(), Skip> {
+        let ins = self.reloc(k);
+        // Bytes pushed below the program's rsp before the operand is read.
+        const DEPTH: i64 = 128 + 8 * 4;
+        let l = *self.layout;
+        let em = &mut *self.em;
+        let operand = match ins.op0_kind() {
+            OpKind::Register => {
+                let r = ins.op0_register();
+                if r == Register::RSP {
+                    return Err(Skip("call through rsp"));
+                }
+                Instruction::with2(Code::Mov_r64_rm64, Register::RAX, r)?
+            }
+            OpKind::Memory => {
+                if ins.memory_index() == Register::RSP {
+                    return Err(Skip("unusual indirect call"));
+                }
+                let mut d = ins.memory_displacement64() as i64;
+                if ins.memory_base() == Register::RSP {
+                    d += DEPTH;
+                }
+                let op = MemoryOperand::new(
+                    ins.memory_base(),
+                    ins.memory_index(),
+                    ins.memory_index_scale(),
+                    d,
+                    // 1: the encoder picks disp8 or disp32 as needed.
+                    if ins.memory_base() == Register::RIP {
+                        8
+                    } else if d == 0 {
+                        0
+                    } else {
+                        1
+                    },
+                    false,
+                    ins.segment_prefix(),
+                );
+                Instruction::with2(Code::Mov_r64_rm64, Register::RAX, op)?
+            }
+            _ => return Err(Skip("unusual indirect call")),
+        };
+        em.lea_rsp(-128)?;
+        em.pushf();
+        em.push(Register::RAX)?;
+        em.push(Register::RCX)?;
+        em.push(Register::RDX)?;
+        em.emit(operand);
+        em.call(self.rt.lookup_fn)?;
+        em.mr(Code::Mov_rm64_r64, field!(l, call_target), Register::RAX)?;
+        em.pop(Register::RDX)?;
+        em.pop(Register::RCX)?;
+        em.pop(Register::RAX)?;
+        em.popf();
+        em.lea_rsp(128)?;
+        em.e(Instruction::with1(
+            Code::Call_rm64,
+            rip(field!(l, call_target)),
+        ))?;
+        Ok(())
+    }
+
+    /// Leaving the function at instruction `k` (already recorded).
+    pub(super) fn exit_code(
+        &mut self,
+        b: usize,
+        k: usize,
+        kind: ExitKind,
+        _blk: &[u64],
+    ) -> Result<(), Skip> {
+        let exit_inc = self
+            .numbering
+            .and_then(|n| n.exit_increment(b))
+            .unwrap_or(0);
+        let path_kind = match kind {
+            ExitKind::Return => PATH_END_RETURN,
+            ExitKind::TailCall { .. } | ExitKind::IndirectTailCall => PATH_END_TAIL,
+            ExitKind::NoReturnCall { .. } | ExitKind::ColdJump { .. } => PATH_END_NORETURN,
+            ExitKind::Trap => {
+                return self.copy_unrecorded(k);
+            }
+        };
+        let arg = self.fid | self.no_path_flag();
+        self.stats.path_records += 1;
+        let l = *self.layout;
+        self.rt_call(self.rt.exit, arg, Some(path_kind as u32), |em| {
+            if exit_inc != 0 {
+                add_path(em, &l, exit_inc)?;
+            }
+            Ok(())
+        })?;
+        match kind {
+            ExitKind::Return | ExitKind::IndirectTailCall => {
+                let ins = self.reloc(k);
+                self.em.emit(ins);
+            }
+            ExitKind::TailCall { target } => {
+                let t = self.call_target(target);
+                self.em.jmp(t)?;
+            }
+            ExitKind::NoReturnCall { .. } => self.emit_call(k)?,
+            ExitKind::ColdJump { target } => {
+                // Leaving the clones: end the burst, continue in the original.
+                self.rt_call(self.rt.end, END_LEFT_CLONES as u32, None, |_| Ok(()))?;
+                self.em.jmp(self.avma(target))?;
+            }
+            ExitKind::Trap => unreachable!(),
+        }
+        Ok(())
+    }
+
+    /// A switch jump: compare the target against each known case (one
+    /// comparison per distinct target), take that case's edge; an unknown
+    /// target ends the burst and jumps there in the original code.
+    fn dispatch(
+        &mut self,
+        b: usize,
+        k: usize,
+        targets: &[u64],
+        blk: &[u64],
+        stubs: &mut HashMap<(usize, usize), u64>,
+    ) -> Result<(), Skip> {
+        let mut distinct: Vec<u64> = targets.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let flags = self.flags_live(k);
+        let ins = self.insns[k].instr;
+        let mut cases = Vec::new();
+        for &t in &distinct {
+            let tb = self
+                .cfg
+                .block_at(t)
+                .filter(|&tb| self.cfg.blocks[tb].start == t)
+                .ok_or(Skip("jump-table target is not a block"))?;
+            let idx = self
+                .edge_to(b, tb)
+                .ok_or(Skip("jump-table target without edge"))?;
+            let edge = self.edge_stub(stubs, blk, b, idx);
+            let slot = self.em.label();
+            let case = self.em.label();
+            self.out_of_line.push((slot, OutOfLine::Slot(self.avma(t))));
+            self.out_of_line
+                .push((case, OutOfLine::Case { flags, edge }));
+            cases.push((slot, case));
+        }
+        let em = &mut *self.em;
+        em.lea_rsp(-128)?;
+        em.push(Register::RAX)?;
+        if flags {
+            em.pushf();
+        }
+        match ins.op0_kind() {
+            OpKind::Register => {
+                let r = ins.op0_register();
+                if r != Register::RAX {
+                    em.e(Instruction::with2(Code::Mov_r64_rm64, Register::RAX, r))?;
+                }
+            }
+            OpKind::Memory => {
+                let mut m = ins;
+                if m.is_ip_rel_memory_operand() {
+                    m.set_memory_displacement64(
+                        m.memory_displacement64().wrapping_add(self.layout.bias),
+                    );
+                }
+                let op = MemoryOperand::new(
+                    m.memory_base(),
+                    m.memory_index(),
+                    m.memory_index_scale(),
+                    m.memory_displacement64() as i64,
+                    if m.memory_displacement64() == 0 { 0 } else { 1 },
+                    false,
+                    m.segment_prefix(),
+                );
+                em.e(Instruction::with2(Code::Mov_r64_rm64, Register::RAX, op))?;
+            }
+            _ => return Err(Skip("unusual jump-table jump")),
+        }
+        for (slot, case) in cases {
+            em.e(Instruction::with2(
+                Code::Cmp_r64_rm64,
+                Register::RAX,
+                rip(slot),
+            ))?;
+            em.jcc(Code::Je_rel32_64, case)?;
+        }
+        // Unknown target: leave the clones.
+        if flags {
+            em.popf();
+        }
+        em.pop(Register::RAX)?;
+        em.lea_rsp(128)?;
+        self.rt_call(self.rt.end, END_LEFT_CLONES as u32, None, |_| Ok(()))?;
+        let ins = self.reloc(k);
+        self.em.emit(ins);
+        Ok(())
+    }
+}

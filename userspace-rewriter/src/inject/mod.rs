@@ -1,0 +1,239 @@
+//! Injecting into a live process with ptrace: the *apply* side's
+//! primitive. It runs syscalls and calls functions in the target, reads
+//! and writes its memory, and leaves the program exactly as it found it.
+//! The program's own code is never modified.
+//!
+//! A typical injection (the caller's job, built on this module):
+//! [`shadow_stack_enabled`] (refuse if so) → [`Tracee::attach`] →
+//! [`find_gap_near`] the binary → [`Tracee::mmap`] a region there →
+//! [`Tracee::write_memory`] the instrumented code → [`Tracee::mprotect`] it
+//! to RX → [`free_signal`] + [`Tracee::rt_sigaction`] a handler →
+//! [`Tracee::call`] libgcc's `__register_frame` → [`Tracee::detach`].
+//!
+//! ## Threads and the tracer
+//!
+//! ptrace ties a tracee to the *thread* that attached: every method must be
+//! called from the thread that called [`Tracee::attach`] (calls from another
+//! thread fail with `ESRCH`). [`Tracee`] is therefore neither `Send` nor
+//! `Sync`. While a [`Tracee`] exists, every thread of the target is stopped;
+//! syscalls and calls run on the *first thread* (the main thread unless it
+//! has exited) while the others stay stopped.
+//!
+//! ## How a syscall is injected
+//!
+//! After attach each thread sits in a ptrace stop inside the kernel's signal
+//! delivery path (`get_signal`), even when it was blocked in a syscall:
+//! `PTRACE_INTERRUPT` made the syscall return `-ERESTARTSYS`,
+//! `-ERESTART_RESTARTBLOCK`, ... and the saved `rax`/`orig_rax` still say
+//! so. When the thread leaves that stop with those registers, the kernel
+//! restarts the syscall (or returns `EINTR`) exactly as after any ptrace
+//! interrupt. An injection therefore:
+//!
+//! 1. blocks every asynchronous signal (`PTRACE_SETSIGMASK`, restored after)
+//!    so no signal is taken from the program meanwhile;
+//! 2. sets the syscall's registers, `rip` at a `syscall` instruction (bytes
+//!    `0f 05`) found in an executable mapping (the vDSO first, then any
+//!    file mapping; cached) and `orig_rax = -1`, so the kernel does not
+//!    "restart" the interrupted syscall into ours;
+//! 3. resumes with `PTRACE_SYSCALL` to the syscall-entry stop, then to the
+//!    syscall-exit stop, where `rax` is the result;
+//! 4. `PTRACE_INTERRUPT` + `PTRACE_CONT`: the thread stops again inside
+//!    `get_signal` (a `PTRACE_EVENT_STOP`), and
+//! 5. gets its registers back there, so that the restart logic that runs
+//!    after `get_signal` sees the program's own `rax`/`orig_rax`/`rip`.
+//!
+//! No single step is used: a single-step `SIGTRAP` is a forced signal, and
+//! forcing a signal the program ignores or blocks resets its handler to
+//! `SIG_DFL` (kernel `force_sig_info_to_task`).
+//!
+//! Step 5 is what makes an interrupted `nanosleep`, `read` or `futex` behave
+//! exactly as before: the restart logic runs only after `get_signal`, and a
+//! thread leaving a syscall-exit stop goes through `get_signal` only if a
+//! signal wake-up is pending (`PTRACE_DETACH` happens to send one on 6.x;
+//! settling into `get_signal` first does not depend on that). `orig_rax =
+//! -1` in step 2 keeps the restart logic from touching our registers when the
+//! thread leaves its attach stop.
+//!
+//! ## Signals
+//!
+//! Signals that arrive while the process is held stay pending (stopped
+//! threads do not dequeue them; injections block them). A thread that was
+//! already in a signal-delivery stop at attach keeps that signal and gets it
+//! at detach (`PTRACE_DETACH` with the signal), unless we ran code on it: then
+//! the signal (with its `siginfo`) is re-queued to that thread at detach with
+//! `rt_tgsigqueueinfo` run *by that thread* (the kernel lets a thread queue
+//! any `siginfo` to itself). The same happens to an asynchronous signal taken
+//! during [`Tracee::call`] (e.g. a `kill -SEGV`) and a `SIGSTOP` (which cannot
+//! be blocked) makes us stop the process again after detach.
+//!
+//! ## Caveats
+//!
+//! - [`Tracee::call`] runs the function with the other threads stopped: if
+//!   it needs a lock another thread holds (malloc's arena lock, libgcc's
+//!   object mutex, the dynamic loader's lock) it waits until the timeout
+//!   (default 5 s, [`Tracee::set_call_timeout`]), and then the thread is put
+//!   back but the function's partial effects remain.
+//! - [`Tracee::call`] saves and restores the thread's general, FPU/SSE/AVX
+//!   (`NT_X86_XSTATE`) registers and signal mask, but not memory: a function
+//!   that changes `errno` (TLS) changes the interrupted code's `errno`.
+//!   `__register_frame`/`__deregister_frame` do not set `errno`.
+//! - A seccomp filter in the target applies to injected syscalls (a filter
+//!   that kills on `mmap` would kill the program).
+//! - If burstyd dies between two steps of an injection, the kernel detaches
+//!   the target with the registers of that moment. [`Tracee`]'s `Drop`
+//!   covers errors and panics, not `SIGKILL`.
+//!
+//! ## Files
+//!
+//! - `ptrace.rs`: the raw ptrace and `waitpid` calls (registers, FPU/vector
+//!   state, signal masks, siginfo, stops);
+//! - `tracee.rs`: [`Tracee`] — seize and interrupt every thread, saved
+//!   registers, memory through `/proc/PID/mem`, detach;
+//! - `remote.rs`: syscalls and function calls run in the target
+//!   ([`Tracee::syscall`], [`Tracee::mmap`], [`Tracee::call`], ...);
+//! - `procfs.rs`: `/proc` queries ([`maps`], [`find_gap_near`],
+//!   [`free_signal`], [`shadow_stack_enabled`], live threads, EPERM
+//!   diagnosis).
+
+mod procfs;
+mod ptrace;
+mod remote;
+mod tracee;
+
+use std::time::Duration;
+
+pub use procfs::{Mapping, find_gap_near, free_signal, maps, shadow_stack_enabled};
+pub use tracee::Tracee;
+
+/// Errors of attaching to and injecting into a process.
+#[derive(Debug, thiserror::Error)]
+pub enum InjectError {
+    #[error("no such process: {0}")]
+    NoSuchProcess(i32),
+    #[error("{pid} is a thread of process {tgid}, not a process id")]
+    NotAProcess { pid: i32, tgid: i32 },
+    #[error("process {0} is a zombie (it has exited and waits to be reaped)")]
+    Zombie(i32),
+    #[error(
+        "process {pid} is already traced by process {tracer} (a debugger, strace, or another \
+         burstyd); a process can have only one tracer"
+    )]
+    AlreadyTraced { pid: i32, tracer: i32 },
+    #[error("not permitted to ptrace process {pid} (EPERM): {hint}")]
+    NotPermitted { pid: i32, hint: String },
+    #[error("cannot attach to our own process ({0})")]
+    OwnProcess(i32),
+    #[error("process {pid} ended while attached: {how}")]
+    Exited { pid: i32, how: String },
+    #[error("{call} on thread {tid}: {source}")]
+    Ptrace {
+        call: &'static str,
+        tid: i32,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("syscall {nr} in process {pid} failed: {}", std::io::Error::from_raw_os_error(*.errno))]
+    Syscall { pid: i32, nr: i64, errno: i32 },
+    #[error("no `syscall` instruction (0f 05) in any executable mapping of process {0}")]
+    NoSyscallInstruction(i32),
+    #[error(
+        "call of {func:#x} in process {pid} did not return within {timeout:?} (waiting for a \
+         lock another, stopped, thread holds?); the thread was put back, but whatever the \
+         function did so far stays done"
+    )]
+    CallTimeout {
+        pid: i32,
+        func: u64,
+        timeout: Duration,
+    },
+    #[error(
+        "call of {func:#x} in process {pid} faulted: signal {signal} at rip {rip:#x} (fault \
+         address {addr:#x}); the thread was put back"
+    )]
+    CallFaulted {
+        pid: i32,
+        func: u64,
+        signal: i32,
+        rip: u64,
+        addr: u64,
+    },
+    #[error("{0} arguments given; at most 6 are supported")]
+    TooManyArguments(usize),
+    #[error("mmap in process {pid} asked for {wanted:#x} and got {got:#x}")]
+    MmapMoved { pid: i32, wanted: u64, got: u64 },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error(
+        "no free gap of {len:#x} bytes within ±2 GiB of every byte of [{lo:#x}, {hi:#x}) in \
+         process {pid}"
+    )]
+    NoGap {
+        pid: i32,
+        lo: u64,
+        hi: u64,
+        len: u64,
+    },
+    #[error(
+        "process {0} catches, ignores, blocks or has pending every signal from SIGRTMIN+2 (34) \
+         to SIGRTMAX (64)"
+    )]
+    NoFreeSignal(i32),
+    #[error("thread {tid}: unexpected {what}")]
+    Unexpected { tid: i32, what: String },
+    #[error("cannot parse {what}: {text:?}")]
+    Parse { what: String, text: String },
+}
+
+type Result<T, E = InjectError> = std::result::Result<T, E>;
+
+/// The kernel's `struct sigaction` on x86-64 (`rt_sigaction(2)`'s view,
+/// not glibc's): handler, flags, restorer, a 64-bit mask.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelSigaction {
+    /// Handler address, or `SIG_DFL` (0) / `SIG_IGN` (1).
+    pub handler: u64,
+    /// `SA_*` flags; [`SA_RESTORER`] is required on x86-64 with a handler.
+    pub flags: u64,
+    /// Where the handler returns to: code doing `rt_sigreturn` (`mov eax,
+    /// 15; syscall`).
+    pub restorer: u64,
+    /// Signals blocked while the handler runs (bit `n - 1` is signal `n`).
+    pub mask: u64,
+}
+
+/// `SA_RESTORER` (not exported by libc for glibc targets).
+pub const SA_RESTORER: u64 = 0x0400_0000;
+
+const PAGE: u64 = 4096;
+
+/// Signals whose delivery is asynchronous: all but SIGKILL/SIGSTOP (not
+/// blockable) and the synchronous fault signals (blocking those and then
+/// faulting resets the program's handler).
+const ASYNC_SIGNALS: u64 = !(bit(libc::SIGKILL)
+    | bit(libc::SIGSTOP)
+    | bit(libc::SIGSEGV)
+    | bit(libc::SIGBUS)
+    | bit(libc::SIGILL)
+    | bit(libc::SIGFPE)
+    | bit(libc::SIGTRAP)
+    | bit(libc::SIGSYS));
+const ALL_SIGNALS: u64 = !(bit(libc::SIGKILL) | bit(libc::SIGSTOP));
+
+const fn bit(sig: i32) -> u64 {
+    1 << (sig - 1)
+}
+
+/// Offsets in the scratch page.
+const SCRATCH_LEN: u64 = PAGE;
+const SCR_SIGACTION_NEW: u64 = 0;
+const SCR_SIGACTION_OLD: u64 = 64;
+const SCR_SIGINFO: u64 = 128;
+const SCR_NAME: u64 = 512;
+const MAX_NAME: usize = 249; // memfd_create's limit, without the NUL

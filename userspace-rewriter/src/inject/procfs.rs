@@ -1,0 +1,385 @@
+//! `/proc` queries about the target: its mappings, a gap within ±2 GiB of
+//! the binary for the clones (rel32 reach), a real-time signal it does not
+//! use for the bursts, whether CET shadow stacks are on, its live threads,
+//! and why ptrace said EPERM.
+
+use super::{InjectError, PAGE, Result, bit};
+
+const TWO_GIB: u64 = 1 << 31;
+/// User address space top on x86-64 with 4-level paging (and the default
+/// for mmap with 5-level paging).
+const USER_TOP: u64 = 0x7fff_ffff_f000;
+
+/// Thread ids in /proc/PID/task whose state is not zombie/dead.
+pub(super) fn live_tasks(pid: i32) -> Result<Vec<i32>> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            InjectError::NoSuchProcess(pid)
+        } else {
+            InjectError::Io {
+                what: format!("reading /proc/{pid}/task"),
+                source: e,
+            }
+        }
+    })?;
+    let mut tids = Vec::new();
+    for entry in dir.flatten() {
+        let Some(tid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) else {
+            continue; // exited meanwhile
+        };
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        if matches!(state, Some('Z' | 'X' | 'x') | None) {
+            continue;
+        }
+        tids.push(tid);
+    }
+    tids.sort_unstable();
+    Ok(tids)
+}
+
+pub(super) fn read_proc(pid: i32, file: &str) -> Result<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}")).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) {
+            InjectError::NoSuchProcess(pid)
+        } else {
+            InjectError::Io {
+                what: format!("reading /proc/{pid}/{file}"),
+                source: e,
+            }
+        }
+    })
+}
+
+/// The value of `Key:` in a /proc status file.
+pub(super) fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
+    status.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k == key).then(|| v.trim())
+    })
+}
+
+pub(super) fn diagnose_eperm(pid: i32, tid: i32) -> InjectError {
+    let Ok(status) = read_proc(pid, "status") else {
+        return InjectError::NoSuchProcess(pid);
+    };
+    let tstatus = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+        .unwrap_or_else(|_| status.clone());
+    if let Some(tracer) = status_field(&tstatus, "TracerPid").and_then(|v| v.parse::<i32>().ok())
+        && tracer != 0
+    {
+        return InjectError::AlreadyTraced { pid, tracer };
+    }
+    let state = status_field(&status, "State").unwrap_or_default();
+    if state.starts_with('Z') || state.starts_with('X') {
+        return InjectError::Zombie(pid);
+    }
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "absent (no Yama)".into());
+    let uid = status_field(&status, "Uid").unwrap_or_default();
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    InjectError::NotPermitted {
+        pid,
+        hint: format!(
+            "ptrace needs CAP_SYS_PTRACE, or the same user as the target (we run as euid \
+             {euid}; the target's uids are {uid}) and a dumpable target; \
+             kernel.yama.ptrace_scope is {scope} (0: same user may attach, 1: only \
+             descendants unless CAP_SYS_PTRACE, 2: only CAP_SYS_PTRACE, 3: nobody)"
+        ),
+    }
+}
+
+/// One line of /proc/PID/maps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// `rwxp` / `r-xs` ...
+    pub perms: String,
+    pub offset: u64,
+    /// The file path, `[heap]`, `[stack]`, `[vdso]`, ... or empty.
+    pub path: String,
+}
+
+/// The mappings of process `pid`, in address order.
+pub fn maps(pid: i32) -> Result<Vec<Mapping>> {
+    parse_maps(&read_proc(pid, "maps")?)
+}
+
+fn parse_maps(text: &str) -> Result<Vec<Mapping>> {
+    let bad = |l: &str| InjectError::Parse {
+        what: "a /proc/PID/maps line".into(),
+        text: l.into(),
+    };
+    let mut out = Vec::new();
+    for l in text.lines() {
+        let mut f = l.splitn(6, ' ');
+        let range = f.next().ok_or_else(|| bad(l))?;
+        let perms = f.next().ok_or_else(|| bad(l))?;
+        let offset = f.next().ok_or_else(|| bad(l))?;
+        let _dev = f.next();
+        let _inode = f.next();
+        let path = f.next().unwrap_or("").trim_start();
+        let (s, e) = range.split_once('-').ok_or_else(|| bad(l))?;
+        let hex = |s: &str| u64::from_str_radix(s, 16).map_err(|_| bad(l));
+        out.push(Mapping {
+            start: hex(s)?,
+            end: hex(e)?,
+            perms: perms.to_string(),
+            offset: hex(offset)?,
+            path: path.to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// A page-aligned address where `len` bytes (rounded up to pages) fit in
+/// a free gap of process `pid`'s address space such that every byte of the
+/// gap is within ±2 GiB (rel32 reach) of every byte of `[lo, hi)` (e.g. the
+/// target binary's mapped range), from `/proc/PID/maps`.
+///
+/// Preference: the closest gap *below* `lo`, then the closest gap above
+/// `hi` that leaves the brk heap room to grow. The area right after a
+/// binary is where its brk heap lives (`start_brk`, from /proc/PID/stat,
+/// randomised up to 32 MiB after the bss): a mapping there would make
+/// `brk` fail and malloc fall back to mmap. So above, the gap must start
+/// 1 GiB past the heap's current end (then 64 MiB, then right after it, if
+/// nothing else fits); below the binary nothing grows. 256 MiB below
+/// `[stack]` are kept free for stack growth too.
+pub fn find_gap_near(pid: i32, lo: u64, hi: u64, len: u64) -> Result<u64> {
+    let maps = maps(pid)?;
+    let stat = read_proc(pid, "stat").unwrap_or_default();
+    // Fields after "(comm)": state is field 3; start_brk is field 47.
+    let start_brk = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(47 - 3))
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&b| b != 0);
+    let min_addr = std::fs::read_to_string("/proc/sys/vm/mmap_min_addr")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(65536)
+        .max(PAGE);
+    gap_near(&maps, start_brk, min_addr, lo, hi, len).ok_or(InjectError::NoGap { pid, lo, hi, len })
+}
+
+fn gap_near(
+    maps: &[Mapping],
+    start_brk: Option<u64>,
+    min_addr: u64,
+    lo: u64,
+    hi: u64,
+    len: u64,
+) -> Option<u64> {
+    if len == 0 || hi <= lo {
+        return None;
+    }
+    let len = len.checked_add(PAGE - 1)? & !(PAGE - 1);
+    // Every start g must satisfy max(hi, g+len) - min(lo, g) <= 2 GiB.
+    let g_min = hi.saturating_sub(TWO_GIB);
+    let g_max = lo.checked_add(TWO_GIB)?.checked_sub(len)?;
+    let heap_end = maps
+        .iter()
+        .filter(|m| m.path == "[heap]")
+        .map(|m| m.end)
+        .max()
+        .into_iter()
+        .chain(start_brk)
+        .max();
+    let mut busy: Vec<(u64, u64)> = maps
+        .iter()
+        .filter(|m| m.start < USER_TOP)
+        .map(|m| {
+            if m.path == "[stack]" {
+                (m.start.saturating_sub(256 << 20), m.end)
+            } else {
+                (m.start, m.end)
+            }
+        })
+        .collect();
+    let free = |busy: &[(u64, u64)]| -> Vec<(u64, u64)> {
+        let mut b = busy.to_vec();
+        b.sort_unstable();
+        let mut out = Vec::new();
+        let mut cur = min_addr;
+        for (s, e) in b {
+            if s > cur {
+                out.push((cur, s));
+            }
+            cur = cur.max(e);
+        }
+        if cur < USER_TOP {
+            out.push((cur, USER_TOP));
+        }
+        out
+    };
+    // Below the binary: the highest fit.
+    let below = free(&busy)
+        .into_iter()
+        .filter_map(|(a, b)| {
+            let b = b.min(lo);
+            let g = b.checked_sub(len)? & !(PAGE - 1);
+            (g >= a.max(g_min) && g <= g_max && g + len <= lo).then_some(g)
+        })
+        .max();
+    if below.is_some() {
+        return below;
+    }
+    for reserve in [1u64 << 30, 64 << 20, 0] {
+        if let Some(h) = heap_end {
+            busy.push((h, h.saturating_add(reserve)));
+        }
+        let above = free(&busy)
+            .into_iter()
+            .filter_map(|(a, b)| {
+                let g = (a.max(hi).max(g_min) + PAGE - 1) & !(PAGE - 1);
+                (g + len <= b && g <= g_max).then_some(g)
+            })
+            .min();
+        if heap_end.is_some() {
+            busy.pop();
+        }
+        if above.is_some() {
+            return above;
+        }
+    }
+    None
+}
+
+/// A signal process `pid` does not use: not caught, not ignored, not
+/// pending, and not blocked by any thread (`SigCgt`, `SigIgn`, `ShdPnd` of
+/// /proc/PID/status; `SigBlk`, `SigPnd` of each /proc/PID/task/*/status),
+/// chosen from SIGRTMAX (64) down to SIGRTMIN+2 (34): glibc reserves 32 and
+/// 33 for itself.
+pub fn free_signal(pid: i32) -> Result<i32> {
+    let status = read_proc(pid, "status")?;
+    let mut threads = Vec::new();
+    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for e in dir.flatten() {
+            if let Ok(s) = std::fs::read_to_string(e.path().join("status")) {
+                threads.push(s);
+            }
+        }
+    }
+    pick_free_signal(&status, &threads)?.ok_or(InjectError::NoFreeSignal(pid))
+}
+
+fn pick_free_signal(process: &str, threads: &[String]) -> Result<Option<i32>> {
+    let mask = |s: &str, key: &str| -> Result<u64> {
+        match status_field(s, key) {
+            Some(v) => u64::from_str_radix(v, 16).map_err(|_| InjectError::Parse {
+                what: format!("{key} in a /proc status file"),
+                text: v.into(),
+            }),
+            None => Ok(0),
+        }
+    };
+    let mut used = mask(process, "SigCgt")? | mask(process, "SigIgn")? | mask(process, "ShdPnd")?;
+    for t in threads {
+        used |= mask(t, "SigBlk")? | mask(t, "SigPnd")?;
+    }
+    Ok((34..=64).rev().find(|&s| used & bit(s) == 0))
+}
+
+/// Whether user-space CET shadow stacks are enabled in any thread of `pid`
+/// (`x86_Thread_features:` of /proc/PID/status and the threads' status
+/// lists `shstk`). A call or signal frame we set up would not match the
+/// shadow stack, so the caller must refuse to inject. False when the kernel
+/// has no shadow stack support or the process is gone.
+pub fn shadow_stack_enabled(pid: i32) -> bool {
+    let mut texts = vec![read_proc(pid, "status").unwrap_or_default()];
+    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for e in dir.flatten() {
+            texts.extend(std::fs::read_to_string(e.path().join("status")));
+        }
+    }
+    texts.iter().any(|t| status_has_shstk(t))
+}
+
+fn status_has_shstk(status: &str) -> bool {
+    status_field(status, "x86_Thread_features")
+        .is_some_and(|v| v.split_whitespace().any(|f| f == "shstk"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(start: u64, end: u64, path: &str) -> Mapping {
+        Mapping {
+            start,
+            end,
+            perms: "r--p".into(),
+            offset: 0,
+            path: path.into(),
+        }
+    }
+
+    #[test]
+    fn gap_prefers_below_then_above_past_the_heap() {
+        let bin = [
+            m(0x5555_0000_0000, 0x5555_0000_4000, "/bin/x"),
+            m(0x5555_0000_4000, 0x5555_0000_8000, "/bin/x"),
+        ];
+        let g = gap_near(&bin, None, 65536, 0x5555_0000_0000, 0x5555_0000_8000, 100).unwrap();
+        assert_eq!(g, 0x5555_0000_0000 - PAGE);
+        // Non-PIE at 0x400000 with a mapping filling the space below.
+        let maps = [
+            m(0x10000, 0x400000, "/low"),
+            m(0x400000, 0x500000, "/bin/x"),
+            m(0x600000, 0x700000, "[heap]"),
+        ];
+        // The space between the bss and start_brk is free for us.
+        let g = gap_near(&maps, Some(0x600000), 65536, 0x400000, 0x500000, 0x3000).unwrap();
+        assert_eq!(g, 0x500000);
+        let mut maps = maps.to_vec();
+        maps.insert(2, m(0x500000, 0x600000, "/bin/x"));
+        let g = gap_near(&maps, Some(0x600000), 65536, 0x400000, 0x600000, 0x3000).unwrap();
+        assert_eq!(g, 0x700000 + (1 << 30));
+        // Too big for the 1 GiB reserve: 64 MiB.
+        let g = gap_near(&maps, Some(0x600000), 65536, 0x400000, 0x600000, 1 << 30).unwrap();
+        assert_eq!(g, 0x700000 + (64 << 20));
+        // Every byte within 2 GiB: the gap's end bounds it.
+        assert!(gap_near(&maps, None, 65536, 0x400000, 0x600000, (2 << 30) - 0x200000).is_none());
+        let g = gap_near(&maps, None, 65536, 0x400000, 0x600000, (2 << 30) - 0x600000).unwrap();
+        assert!(g + ((2 << 30) - 0x600000) - 0x400000 <= TWO_GIB);
+    }
+
+    #[test]
+    fn maps_parse() {
+        let t = "55d0c0000000-55d0c0001000 r-xp 00001000 fe:00 1234    /usr/bin/x y\n\
+                 7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]\n\
+                 7f0000000000-7f0000001000 rw-p 00000000 00:00 0 \n";
+        let v = parse_maps(t).unwrap();
+        assert_eq!(v[0].path, "/usr/bin/x y");
+        assert_eq!(v[0].offset, 0x1000);
+        assert_eq!(v[1].path, "[stack]");
+        assert_eq!(v[2].path, "");
+    }
+
+    #[test]
+    fn free_signal_and_shstk_parse() {
+        let p = "SigQ:\t0/1\nShdPnd:\t0000000000000000\nSigIgn:\t0000000000001000\n\
+                 SigCgt:\t8000000000000000\n";
+        let t = vec!["SigPnd:\t0000000000000000\nSigBlk:\t4000000000000000\n".to_string()];
+        assert_eq!(pick_free_signal(p, &t).unwrap(), Some(62));
+        let all = vec!["SigBlk:\tfffffffe00000000\n".to_string()];
+        assert_eq!(pick_free_signal(p, &all).unwrap(), None);
+        assert!(status_has_shstk(
+            "x86_Thread_features:\tshstk wrss\nx86_Thread_features_locked:\t\n"
+        ));
+        assert!(!status_has_shstk(
+            "x86_Thread_features:\t\nx86_Thread_features_locked:\tshstk\n"
+        ));
+    }
+}

@@ -1,0 +1,416 @@
+//! [`Tracee`]: a process held stopped — every thread seized and
+//! interrupted, its registers saved — until [`Tracee::detach`] puts them
+//! back and re-delivers the signals taken meanwhile. Running syscalls and
+//! calls in it is in `remote.rs`.
+
+use std::ffi::c_void;
+use std::fs::File;
+use std::marker::PhantomData;
+use std::os::unix::fs::FileExt;
+use std::time::Duration;
+
+use super::procfs::{diagnose_eperm, live_tasks, read_proc, status_field};
+use super::ptrace::{
+    Wait, get_regs, get_siginfo, get_sigmask, ptrace, set_regs, set_sigmask, wait_tid,
+};
+use super::{ALL_SIGNALS, InjectError, Result, SCR_SIGINFO, SCRATCH_LEN};
+
+/// A signal taken from a thread that must be given back at detach.
+pub(super) struct Pending {
+    pub(super) tid: i32,
+    pub(super) signo: i32,
+    /// The kernel's `siginfo_t` as PTRACE_GETSIGINFO returned it.
+    pub(super) info: [u8; 128],
+}
+
+pub(super) struct Thread {
+    pub(super) tid: i32,
+    /// Registers restored at detach.
+    pub(super) saved: libc::user_regs_struct,
+    /// The thread was in a signal-delivery stop for this signal at attach
+    /// and has not been resumed since: `PTRACE_DETACH` passes it on.
+    pub(super) attach_signal: Option<Pending>,
+}
+
+/// A stopped process: every thread held in a ptrace stop, registers saved.
+///
+/// Created by [`Tracee::attach`]; [`Tracee::detach`] (or `Drop`, best
+/// effort) restores every thread's registers and lets the process go. Use
+/// it only from the thread that attached (see the module docs).
+pub struct Tracee {
+    pub(super) pid: i32,
+    /// Thread ids, the first thread first.
+    pub(super) tids: Vec<i32>,
+    pub(super) threads: Vec<Thread>,
+    pub(super) mem: File,
+    /// Address of a `syscall` instruction.
+    pub(super) gadget: Option<u64>,
+    /// A page of ours in the target for syscall arguments.
+    pub(super) scratch: Option<u64>,
+    pub(super) requeue: Vec<Pending>,
+    /// A SIGSTOP was taken from the program: stop it again after detach.
+    pub(super) stop_after: bool,
+    pub(super) call_timeout: Duration,
+    pub(super) detached: bool,
+    /// ptrace is per tracer thread: not Send, not Sync.
+    pub(super) _not_send: PhantomData<*const ()>,
+}
+
+impl Tracee {
+    /// Attach to every thread of process `pid` and stop them.
+    ///
+    /// `PTRACE_SEIZE` + `PTRACE_INTERRUPT` each thread listed in
+    /// `/proc/PID/task` and wait (`waitpid(__WALL)`) for its stop; the list
+    /// is re-read until no new thread appears (a thread created meanwhile by
+    /// a not yet stopped thread is caught too; once all are stopped none can
+    /// be created). Exited (zombie) threads are skipped. Each thread's
+    /// registers are saved. On error, the threads already stopped are let
+    /// go.
+    ///
+    /// Errors: [`InjectError::NoSuchProcess`], [`InjectError::Zombie`],
+    /// [`InjectError::AlreadyTraced`] (another debugger),
+    /// [`InjectError::NotPermitted`] (EPERM: needs `CAP_SYS_PTRACE` or the
+    /// same user, and `kernel.yama.ptrace_scope` must allow it),
+    /// [`InjectError::OwnProcess`], [`InjectError::NotAProcess`].
+    pub fn attach(pid: i32) -> Result<Tracee> {
+        if pid <= 0 {
+            return Err(InjectError::NoSuchProcess(pid));
+        }
+        // SAFETY: getpid has no preconditions.
+        if pid == unsafe { libc::getpid() } {
+            return Err(InjectError::OwnProcess(pid));
+        }
+        let status = read_proc(pid, "status")?;
+        let tgid = status_field(&status, "Tgid").and_then(|v| v.parse::<i32>().ok());
+        if let Some(tgid) = tgid
+            && tgid != pid
+        {
+            return Err(InjectError::NotAProcess { pid, tgid });
+        }
+        if let Some(tracer) = status_field(&status, "TracerPid").and_then(|v| v.parse().ok())
+            && tracer != 0
+        {
+            return Err(InjectError::AlreadyTraced { pid, tracer });
+        }
+
+        let mut threads: Vec<Thread> = Vec::new();
+        let result = seize_all(pid, &mut threads);
+        if let Err(e) = result {
+            release(&threads);
+            return Err(e);
+        }
+        if threads.is_empty() {
+            return Err(if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                InjectError::Zombie(pid)
+            } else {
+                InjectError::NoSuchProcess(pid)
+            });
+        }
+        // The main thread first, then by tid.
+        threads.sort_by_key(|t| (t.tid != pid, t.tid));
+        let mem = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))
+        {
+            Ok(f) => f,
+            Err(e) => {
+                release(&threads);
+                return Err(InjectError::Io {
+                    what: format!("opening /proc/{pid}/mem"),
+                    source: e,
+                });
+            }
+        };
+        Ok(Tracee {
+            pid,
+            tids: threads.iter().map(|t| t.tid).collect(),
+            threads,
+            mem,
+            gadget: None,
+            scratch: None,
+            requeue: Vec::new(),
+            stop_after: false,
+            call_timeout: Duration::from_secs(5),
+            detached: false,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The stopped threads, the first thread (where syscalls and calls run:
+    /// the main thread unless it has exited) first.
+    pub fn threads(&self) -> &[i32] {
+        &self.tids
+    }
+
+    /// The saved registers of thread `tid`, as the thread stopped. These are
+    /// restored at detach.
+    ///
+    /// For a thread stopped inside a blocking syscall, `orig_rax` is the
+    /// syscall number and `rax` a negative `-ERESTART*` code (e.g. -516 for
+    /// `nanosleep`, -512 for `read`).
+    ///
+    /// # Panics
+    /// If `tid` is not one of [`Tracee::threads`].
+    pub fn regs(&self, tid: i32) -> &libc::user_regs_struct {
+        &self.threads[self.index(tid)].saved
+    }
+
+    /// How long [`Tracee::call`] waits for the function to return (5 s by
+    /// default).
+    pub fn set_call_timeout(&mut self, timeout: Duration) {
+        self.call_timeout = timeout;
+    }
+
+    /// Read `len` bytes of target memory at `addr` (`/proc/PID/mem`: works
+    /// on any mapped page, whatever its protection).
+    pub fn read_memory(&self, addr: u64, len: usize) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        self.mem
+            .read_exact_at(&mut buf, addr)
+            .map_err(|e| InjectError::Io {
+                what: format!("reading {len} bytes at {addr:#x} in process {}", self.pid),
+                source: e,
+            })?;
+        Ok(buf)
+    }
+
+    /// Write `data` to target memory at `addr` (`/proc/PID/mem`: works on
+    /// read-only and executable private pages too, like a debugger's
+    /// breakpoint write).
+    pub fn write_memory(&self, addr: u64, data: &[u8]) -> Result<()> {
+        self.mem
+            .write_all_at(data, addr)
+            .map_err(|e| InjectError::Io {
+                what: format!(
+                    "writing {} bytes at {addr:#x} in process {}",
+                    data.len(),
+                    self.pid
+                ),
+                source: e,
+            })
+    }
+
+    /// Give back any signal taken from the program, unmap our scratch page,
+    /// restore every thread's saved registers and `PTRACE_DETACH` every
+    /// thread. A thread
+    /// that was in a signal-delivery stop at attach (and was not used since)
+    /// gets that signal with the detach. Also done, best effort, on `Drop`.
+    pub fn detach(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        if self.detached {
+            return Ok(());
+        }
+        self.detached = true;
+        let mut first_err: Option<InjectError> = None;
+        let note = |r: Result<()>, first_err: &mut Option<InjectError>| {
+            if let Err(e) = r
+                && first_err.is_none()
+            {
+                *first_err = Some(e);
+            }
+        };
+        // 1. Re-queue taken signals, each thread with every signal blocked
+        //    so that none is taken again; the masks go back after the
+        //    scratch page is gone (the last injection).
+        let mut masks: Vec<(i32, u64)> = Vec::new();
+        if !self.requeue.is_empty() {
+            let r = self.requeue_signals(&mut masks);
+            note(r, &mut first_err);
+        }
+        // 2. Our scratch page.
+        if let Some(s) = self.scratch.take() {
+            let r = self
+                .inject(0, libc::SYS_munmap, &[s, SCRATCH_LEN])
+                .map(drop);
+            note(r, &mut first_err);
+        }
+        for (tid, mask) in masks {
+            note(set_sigmask(tid, mask), &mut first_err);
+        }
+        // 3. Registers back, detach.
+        for t in &self.threads {
+            note(set_regs(t.tid, &t.saved), &mut first_err);
+            let sig = t.attach_signal.as_ref().map_or(0, |p| p.signo);
+            note(
+                ptrace(libc::PTRACE_DETACH, t.tid, 0, sig as usize, "PTRACE_DETACH").map(drop),
+                &mut first_err,
+            );
+        }
+        if self.stop_after {
+            // SAFETY: kill has no memory preconditions.
+            unsafe { libc::kill(self.pid, libc::SIGSTOP) };
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn requeue_signals(&mut self, masks: &mut Vec<(i32, u64)>) -> Result<()> {
+        let scratch = self.scratch()?;
+        let mut first_err = None;
+        while let Some(p) = self.requeue.first() {
+            let tid = p.tid;
+            let Some(i) = self.tids.iter().position(|&t| t == tid) else {
+                self.requeue.remove(0);
+                continue;
+            };
+            if !masks.iter().any(|m| m.0 == tid) {
+                masks.push((tid, get_sigmask(tid)?));
+                set_sigmask(tid, ALL_SIGNALS)?;
+            }
+            let mine: Vec<Pending> = {
+                let (mine, rest) = std::mem::take(&mut self.requeue)
+                    .into_iter()
+                    .partition(|p| p.tid == tid);
+                self.requeue = rest;
+                mine
+            };
+            for p in mine {
+                let r = self
+                    .write_memory(scratch + SCR_SIGINFO, &p.info)
+                    .and_then(|()| {
+                        self.inject(
+                            i,
+                            libc::SYS_rt_tgsigqueueinfo,
+                            &[
+                                self.pid as u64,
+                                tid as u64,
+                                p.signo as u64,
+                                scratch + SCR_SIGINFO,
+                            ],
+                        )
+                    });
+                if let Err(e) = r {
+                    // Fall back to a plain signal (its siginfo then says
+                    // it came from us).
+                    // SAFETY: tgkill has no memory preconditions.
+                    unsafe { libc::tgkill(self.pid, tid, p.signo) };
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn index(&self, tid: i32) -> usize {
+        self.tids
+            .iter()
+            .position(|&t| t == tid)
+            .unwrap_or_else(|| panic!("thread {tid} is not a stopped thread of {}", self.pid))
+    }
+
+    pub(super) fn exited(&self, how: String) -> InjectError {
+        InjectError::Exited { pid: self.pid, how }
+    }
+
+    /// A thread that is resumed loses the signal of its attach stop: keep it
+    /// for re-queueing.
+    pub(super) fn take_attach_signal(&mut self, i: usize) {
+        if let Some(p) = self.threads[i].attach_signal.take() {
+            self.requeue.push(p);
+        }
+    }
+
+    pub(super) fn take_signal(&mut self, tid: i32, signo: i32, info: [u8; 128]) {
+        if signo == libc::SIGSTOP {
+            self.stop_after = true;
+        } else {
+            self.requeue.push(Pending { tid, signo, info });
+        }
+    }
+}
+
+impl Drop for Tracee {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
+
+/// Seize, interrupt and wait for every live thread of `pid`, re-reading the
+/// task list until it is stable.
+fn seize_all(pid: i32, threads: &mut Vec<Thread>) -> Result<()> {
+    let mut gone: Vec<i32> = Vec::new();
+    loop {
+        let tids = live_tasks(pid)?;
+        let new: Vec<i32> = tids
+            .into_iter()
+            .filter(|t| !gone.contains(t) && !threads.iter().any(|x| x.tid == *t))
+            .collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        for tid in new {
+            // SAFETY: PTRACE_SEIZE takes plain values.
+            let r = unsafe {
+                libc::ptrace(
+                    libc::PTRACE_SEIZE,
+                    tid,
+                    std::ptr::null_mut::<c_void>(),
+                    libc::PTRACE_O_TRACESYSGOOD as usize as *mut c_void,
+                )
+            };
+            if r == -1 {
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::ESRCH) => {
+                        gone.push(tid);
+                        continue;
+                    }
+                    Some(libc::EPERM) => return Err(diagnose_eperm(pid, tid)),
+                    _ => {
+                        return Err(InjectError::Ptrace {
+                            call: "PTRACE_SEIZE",
+                            tid,
+                            source: e,
+                        });
+                    }
+                }
+            }
+            if let Err(e) = ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0, "PTRACE_INTERRUPT") {
+                // Seized but not stopped: it cannot be detached; it dies or
+                // stops soon. Wait for it so that release() can detach it.
+                let _ = wait_tid(tid, false);
+                threads.push(Thread {
+                    tid,
+                    saved: get_regs(tid).unwrap_or(unsafe { std::mem::zeroed() }),
+                    attach_signal: None,
+                });
+                return Err(e);
+            }
+            // The first trap of any kind after PTRACE_INTERRUPT is the stop
+            // (the kernel clears the pending interrupt on any trap).
+            let attach_signal = match wait_tid(tid, false)?.expect("blocking wait") {
+                Wait::EventStop | Wait::Event | Wait::Syscall => None,
+                Wait::Signal(sig) => Some(Pending {
+                    tid,
+                    signo: sig,
+                    info: get_siginfo(tid)?,
+                }),
+                Wait::Exited(_) => {
+                    gone.push(tid);
+                    continue;
+                }
+            };
+            threads.push(Thread {
+                tid,
+                saved: get_regs(tid)?,
+                attach_signal,
+            });
+        }
+    }
+}
+
+/// Let stopped threads go after a failed attach.
+fn release(threads: &[Thread]) {
+    for t in threads {
+        let sig = t.attach_signal.as_ref().map_or(0, |p| p.signo);
+        let _ = ptrace(libc::PTRACE_DETACH, t.tid, 0, sig as usize, "PTRACE_DETACH");
+    }
+}
