@@ -28,4 +28,5 @@ pub mod graph;
 pub mod inject;
 pub mod paths;
 pub mod plan;
+pub mod runtime;
 pub mod unwind_info;
