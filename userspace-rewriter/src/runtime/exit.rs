@@ -108,3 +108,171 @@ pub(super) fn exit(
     a.ret()?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use burstyd_common::burst::{
+        END_LEFT_CLONES, PATH_END_NORETURN, PATH_END_RETURN, PATH_END_TAIL, PATH_INVALID, REC_END,
+        REC_PATH, ShadowEntry,
+    };
+
+    use super::super::NO_PATH;
+    use super::super::asm::tag;
+    use super::super::testing::{CLONE_HI, CLONE_LO, FRAME_CLOBBERS, Harness, Regs};
+
+    /// An original return address the table translates, and its clone.
+    const ORIG: u64 = 0x40_2000;
+    const CLONE: u64 = CLONE_LO + 0x800;
+
+    fn exit(h: &mut Harness, fid: u64, kind: u64) {
+        let before = Regs {
+            rax: fid,
+            rcx: kind,
+            ..Regs::sentinel()
+        };
+        let after = h.call(h.rt.exit, before);
+        before.assert_preserved(&after, FRAME_CLOBBERS);
+    }
+
+    /// A burst with the shadow stack `entries`, path 5, a clone return
+    /// address, and a table with `ORIG` → `CLONE`.
+    fn setup(entries: impl FnOnce(u64) -> Vec<(u64, u64)>) -> Harness {
+        let mut h = Harness::new();
+        let entries = entries(h.prog_rsp());
+        for (i, &(rsp, path)) in entries.iter().enumerate() {
+            h.ctl_mut().shadow[i] = ShadowEntry { rsp, path };
+        }
+        let c = h.ctl_mut();
+        c.depth = entries.len() as u64;
+        c.path = 5;
+        c.active = 1;
+        c.owner = 0x7f00_0000_1000;
+        c.budget = 50;
+        h.set_ret_slot(CLONE_LO + 0x40);
+        h.set_table(&[
+            (ORIG - 0x10, CLONE - 0x10),
+            (ORIG, CLONE),
+            (ORIG + 4, CLONE + 8),
+        ]);
+        h
+    }
+
+    fn state(h: &Harness) -> (u64, u64, u64) {
+        (h.ctl().depth, h.ctl().path, h.ret_slot())
+    }
+
+    /// Return and tail call: PATH record `(tag | kind << 32 | fid, path)`,
+    /// the matching entry popped (the caller's path restored), a clone
+    /// return address left alone.
+    #[test]
+    fn return_pops_the_matching_frame() {
+        for kind in [PATH_END_RETURN, PATH_END_TAIL] {
+            let mut h = setup(|p| vec![(p + 0x100, 11), (p, 22)]);
+            exit(&mut h, 7, kind);
+            assert_eq!(h.ring()[..2], [tag(REC_PATH) | (kind << 32) | 7, 5]);
+            assert_eq!(state(&h), (1, 22, CLONE_LO + 0x40));
+            assert_eq!((h.ctl().head, h.ctl().active, h.ctl().ended), (2, 1, 0));
+        }
+    }
+
+    #[test]
+    fn drops_dead_deeper_entries() {
+        let mut h = setup(|p| vec![(p + 0x100, 11), (p, 22), (p - 0x40, 33), (p - 0x80, 44)]);
+        exit(&mut h, 7, PATH_END_RETURN);
+        assert_eq!(state(&h), (1, 22, CLONE_LO + 0x40));
+    }
+
+    /// No entry for this frame: the dead ones are dropped, live outer ones
+    /// kept, and the caller's path is unknown.
+    #[test]
+    fn no_match_invalidates_the_path() {
+        let mut h = setup(|p| vec![(p + 0x100, 11), (p + 8, 22)]);
+        exit(&mut h, 7, PATH_END_RETURN);
+        assert_eq!(state(&h), (2, PATH_INVALID, CLONE_LO + 0x40));
+
+        let mut h = setup(|p| vec![(p + 0x100, 11), (p - 8, 22)]);
+        exit(&mut h, 7, PATH_END_RETURN);
+        assert_eq!(state(&h), (1, PATH_INVALID, CLONE_LO + 0x40));
+
+        let mut h = setup(|_| vec![]);
+        exit(&mut h, 7, PATH_END_RETURN);
+        assert_eq!(state(&h), (0, PATH_INVALID, CLONE_LO + 0x40));
+        assert_eq!(h.ring()[..2], [tag(REC_PATH) | 7, 5]);
+    }
+
+    /// NO_PATH: no record, the frame is still popped.
+    #[test]
+    fn no_path_writes_no_record() {
+        let mut h = setup(|p| vec![(p, 22)]);
+        exit(&mut h, u64::from(NO_PATH) | 7, PATH_END_RETURN);
+        assert_eq!(h.ctl().head, 0);
+        assert_eq!(state(&h), (0, 22, CLONE_LO + 0x40));
+    }
+
+    /// A call that does not return: the record only; the shadow stack, the
+    /// path and even an original return address are left alone.
+    #[test]
+    fn noreturn_only_records() {
+        let mut h = setup(|p| vec![(p, 22)]);
+        h.set_ret_slot(ORIG);
+        exit(&mut h, 7, PATH_END_NORETURN);
+        assert_eq!(
+            h.ring()[..2],
+            [tag(REC_PATH) | (PATH_END_NORETURN << 32) | 7, 5]
+        );
+        assert_eq!(state(&h), (1, 5, ORIG));
+        assert_eq!((h.ctl().head, h.ctl().active), (2, 1));
+    }
+
+    /// An original return address that was rewritten is replaced by its
+    /// clone, so the return stays in the clones.
+    #[test]
+    fn translates_an_original_return_address() {
+        let mut h = setup(|p| vec![(p, 22)]);
+        h.set_ret_slot(ORIG);
+        exit(&mut h, 7, PATH_END_RETURN);
+        assert_eq!(state(&h), (0, 22, CLONE));
+        assert_eq!((h.ctl().head, h.ctl().active, h.ctl().ended), (2, 1, 0));
+    }
+
+    /// An original return address that was not rewritten ends the burst
+    /// (END_LEFT_CLONES after the PATH record); the address is left alone.
+    #[test]
+    fn untranslatable_return_ends_the_burst() {
+        let mut h = setup(|p| vec![(p, 22)]);
+        h.set_ret_slot(ORIG + 1);
+        exit(&mut h, 7, PATH_END_RETURN);
+        assert_eq!(
+            h.ring()[..4],
+            [tag(REC_PATH) | 7, 5, tag(REC_END) | END_LEFT_CLONES, 0]
+        );
+        assert_eq!(state(&h), (0, 22, ORIG + 1));
+        let c = h.ctl();
+        assert_eq!((c.active, c.owner, c.ended, c.head), (0, 0, 1, 4));
+    }
+
+    /// `[clone_lo, clone_hi)` is the clone range: its bounds, whatever the
+    /// table says about them.
+    #[test]
+    fn clone_range_is_half_open() {
+        let cases = [
+            (CLONE_LO, CLONE_LO),
+            (CLONE_HI - 1, CLONE_HI - 1),
+            (CLONE_HI, 0xc1),
+            (CLONE_LO - 1, 0xc2),
+        ];
+        for (ret, want) in cases {
+            let mut h = setup(|p| vec![(p, 22)]);
+            h.set_table(&[
+                (CLONE_LO - 1, 0xc2),
+                (CLONE_LO, 0xc3),
+                (CLONE_HI - 1, 0xc4),
+                (CLONE_HI, 0xc1),
+            ]);
+            h.set_ret_slot(ret);
+            exit(&mut h, 7, PATH_END_RETURN);
+            assert_eq!(h.ret_slot(), want, "return address {ret:#x}");
+            assert_eq!(h.ctl().ended, 0);
+        }
+    }
+}
