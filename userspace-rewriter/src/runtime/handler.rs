@@ -115,3 +115,186 @@ pub(super) fn restorer(a: &mut CodeAssembler, entry: &mut CodeLabel) -> Result<(
     a.int3()?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use burstyd_common::burst::{PATH_INVALID, REC_START};
+
+    use super::super::asm::tag;
+    use super::super::testing::{CLONE_LO, Harness, Regs, fs0};
+    use super::UC_RIP;
+
+    /// The interrupted PC and its clone.
+    const PC: u64 = 0x40_3000;
+    const CLONE: u64 = CLONE_LO + 0x300;
+    const RIP: usize = UC_RIP as usize;
+    /// Words of the fake ucontext that are checked for stray writes.
+    const UC_WORDS: usize = 64;
+
+    /// What the handler may clobber (rt_sigreturn restores it all), for
+    /// the record: caller-saved registers except r8.
+    const CLOBBERS: &[&str] = &["rax", "rcx", "rdx", "rsi", "rdi", "r9", "r10", "r11"];
+
+    /// Armed, idle, `PC` rewritten, a ucontext interrupted at `PC`.
+    fn armed() -> Harness {
+        let mut h = Harness::new();
+        let c = h.ctl_mut();
+        c.armed = 1;
+        c.burst_len = 50;
+        c.path = 3;
+        c.depth = 2;
+        h.set_table(&[(PC - 4, CLONE - 8), (PC, CLONE), (PC + 3, CLONE + 6)]);
+        for i in 0..UC_WORDS {
+            h.set_uc_word(8 * i, 0xcc00 + i as u64);
+        }
+        h.set_uc_word(RIP, PC);
+        h
+    }
+
+    /// handler(sig, info, ucontext), optionally with another fs base.
+    fn handle(h: &mut Harness, fs: Option<u64>) {
+        let before = Regs {
+            rdi: 40,
+            rsi: 0x1234_5678,
+            rdx: h.ucontext(),
+            ..Regs::sentinel()
+        };
+        let target = h.rt.handler;
+        let after = match fs {
+            None => h.call(target, before),
+            Some(fs) => h.call_fs(target, before, fs),
+        };
+        before.assert_preserved(&after, CLOBBERS);
+    }
+
+    /// bursts, declined: disarmed, budget, busy, pc.
+    fn counters(h: &Harness) -> [u64; 5] {
+        let c = h.ctl();
+        [
+            c.bursts,
+            c.declined_disarmed,
+            c.declined_budget,
+            c.declined_busy,
+            c.declined_pc,
+        ]
+    }
+
+    /// Nothing but the counters changed: no burst, RIP and ucontext intact.
+    fn assert_declined(h: &Harness, active: u32, counters_want: [u64; 5]) {
+        assert_eq!(counters(h), counters_want);
+        let c = h.ctl();
+        assert_eq!(c.active, active);
+        assert_eq!(
+            (c.owner, c.budget, c.path, c.depth, c.head),
+            (0, 0, 3, 2, 0)
+        );
+        for i in 0..UC_WORDS {
+            let want = if 8 * i == RIP { PC } else { 0xcc00 + i as u64 };
+            assert_eq!(h.uc_word(8 * i), want, "ucontext word {i}");
+        }
+    }
+
+    /// The interrupted PC was rewritten: the ucontext resumes at its clone,
+    /// the thread owns a fresh burst, START record (gettid, PC).
+    #[test]
+    fn starts_a_burst_at_a_rewritten_pc() {
+        let mut h = armed();
+        handle(&mut h, None);
+        assert_eq!(h.uc_word(RIP), CLONE);
+        for i in (0..UC_WORDS).filter(|&i| 8 * i != RIP) {
+            assert_eq!(h.uc_word(8 * i), 0xcc00 + i as u64, "ucontext word {i}");
+        }
+        assert_eq!(counters(&h), [1, 0, 0, 0, 0]);
+        let c = h.ctl();
+        assert_eq!((c.active, c.owner, c.budget), (1, fs0(), 50));
+        assert_eq!((c.path, c.depth, c.head), (PATH_INVALID, 0, 2));
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() } as u64;
+        assert_eq!(h.ring()[..2], [tag(REC_START) | tid, PC]);
+    }
+
+    #[test]
+    fn disarmed_declines() {
+        let mut h = armed();
+        h.ctl_mut().armed = 0;
+        handle(&mut h, None);
+        assert_declined(&h, 0, [0, 1, 0, 0, 0]);
+    }
+
+    /// `--burst 0`: back to the original code, without taking `active`.
+    #[test]
+    fn zero_burst_len_declines() {
+        let mut h = armed();
+        h.ctl_mut().burst_len = 0;
+        handle(&mut h, None);
+        assert_declined(&h, 0, [0, 0, 1, 0, 0]);
+    }
+
+    /// Another burst is running (`active` set): declined, `active` kept.
+    #[test]
+    fn busy_declines() {
+        let mut h = armed();
+        h.ctl_mut().active = 1;
+        handle(&mut h, None);
+        assert_declined(&h, 1, [0, 0, 0, 1, 0]);
+    }
+
+    /// A second signal during a burst (the thread's own or another's) leaves
+    /// the running burst alone.
+    #[test]
+    fn nested_signal_is_declined() {
+        let mut h = armed();
+        handle(&mut h, None);
+        h.ctl_mut().budget = 17;
+        h.set_uc_word(RIP, PC + 3);
+        handle(&mut h, None);
+        assert_eq!(h.uc_word(RIP), PC + 3);
+        assert_eq!(counters(&h), [1, 0, 0, 1, 0]);
+        let c = h.ctl();
+        assert_eq!((c.active, c.owner, c.budget, c.head), (1, fs0(), 17, 2));
+    }
+
+    /// The PC is not rewritten: declined, `active` released.
+    #[test]
+    fn unknown_pc_declines_and_releases() {
+        let mut h = armed();
+        h.set_uc_word(RIP, PC + 1);
+        handle(&mut h, None);
+        h.set_uc_word(RIP, PC);
+        assert_declined(&h, 0, [0, 0, 0, 0, 1]);
+    }
+
+    /// No TLS yet: fs base 0 (fs:[0] must not even be read), or fs:[0] not
+    /// the TCB's own address. A self-pointing TCB is fine and is the owner.
+    #[test]
+    fn tls_must_be_set_up() {
+        let mut h = armed();
+        handle(&mut h, Some(0));
+        assert_declined(&h, 0, [0, 0, 0, 0, 1]);
+
+        let mut tcb = Box::new([0u64; 8]);
+        tcb[0] = 0x1000;
+        let at = tcb.as_ptr() as u64;
+        handle(&mut h, Some(at));
+        assert_declined(&h, 0, [0, 0, 0, 0, 2]);
+
+        tcb[0] = at;
+        handle(&mut h, Some(at));
+        assert_eq!(h.uc_word(RIP), CLONE);
+        assert_eq!((h.ctl().active, h.ctl().owner), (1, at));
+        assert_eq!(counters(&h), [1, 0, 0, 0, 2]);
+    }
+
+    /// A full ring loses the START record and truncates the new burst to
+    /// one check, but the burst starts.
+    #[test]
+    fn full_ring_loses_the_start_record() {
+        let mut h = armed();
+        h.ctl_mut().head = 16;
+        handle(&mut h, None);
+        assert_eq!(h.uc_word(RIP), CLONE);
+        let c = h.ctl();
+        assert_eq!((c.active, c.bursts, c.head), (1, 1, 16));
+        assert_eq!((c.lost_records, c.budget, c.truncated), (1, 1, 1));
+    }
+}

@@ -85,6 +85,8 @@ mod ring;
 #[cfg(test)]
 mod equivalence;
 #[cfg(test)]
+mod signal;
+#[cfg(test)]
 mod testing;
 
 use asm::field;
