@@ -353,6 +353,23 @@ impl Harness {
         unsafe { (self.base.add(UCONTEXT + off) as *mut u64).write_unaligned(v) }
     }
 
+    /// Everything a routine may write but the stack: the control block,
+    /// the ring, the tables, the ucontext, and the return address slot.
+    pub(super) fn data(&self) -> (Vec<u8>, u64) {
+        // SAFETY: [0, STACK) lies inside the mapping; no routine runs while
+        // the slice lives.
+        let bytes = unsafe { std::slice::from_raw_parts(self.base, STACK) };
+        (bytes.to_vec(), self.ret_slot())
+    }
+
+    /// Puts back what [`Harness::data`] returned.
+    pub(super) fn set_data(&mut self, data: &(Vec<u8>, u64)) {
+        assert_eq!(data.0.len(), STACK);
+        // SAFETY: as in `data`; `&mut self` makes the access unique.
+        unsafe { std::ptr::copy_nonoverlapping(data.0.as_ptr(), self.base, STACK) };
+        self.set_ret_slot(data.1);
+    }
+
     /// The address of code page `page`.
     pub(super) fn code_page(&self, page: usize) -> u64 {
         self.at(CODE + page * PAGE)
