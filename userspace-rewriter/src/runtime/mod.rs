@@ -27,32 +27,32 @@
 //! every other register. [`FRAME`] is the distance from `rsp` at a
 //! routine's entry to the program's `rsp` at the snippet; `rt_enter` and
 //! `rt_exit` read the program's `rsp` (the activation's return address)
-//! there. The contract, routine by routine (file in brackets):
+//! there. The contract, routine by routine (and its file):
 //!
-//! - `rt_emit(rax = w0, rdx = w1)` [`ring`]: writes the two-word record at
+//! - `rt_emit(rax = w0, rdx = w1)` (`ring.rs`): writes the two-word record at
 //!   `head & ring_mask` and advances `head` by 2; clobbers rcx (and the
 //!   flags; rax and rdx are preserved). A full ring truncates the burst (its
 //!   budget drops to 1, `truncated` counts it once) and counts the record
 //!   in `lost_records`, unless `wait_when_full` (full trace), which yields
 //!   (`sched_yield`, at most 2^22 times) for the daemon to consume.
 //! - `rt_lookup(rax = original address) -> rax = clone address or 0`
-//!   [`lookup`]: binary search over every rewritten instruction (the
+//!   (`lookup.rs`): binary search over every rewritten instruction (the
 //!   sorted `table_addr`/`table_len` pairs). Clobbers rcx, rdx.
-//! - `rt_lookup_fn(rax)` [`lookup`]: the same over function entries
+//! - `rt_lookup_fn(rax)` (`lookup.rs`): the same over function entries
 //!   (`fn_table_addr`/`fn_table_len`, original start → clone entry),
 //!   returning rax unchanged when not found (an indirect call to code that
 //!   was not cloned). Clobbers rcx, rdx.
-//! - `rt_end(eax = reason)` [`end`]: END record, the burst is over
+//! - `rt_end(eax = reason)` (`end.rs`): END record, the burst is over
 //!   (`owner` = 0, `ended` + 1, `active` = 0). Clobbers rax, rcx, rdx.
-//! - `rt_enter(eax = fid | flags)` [`enter`]: push (rsp, caller's path) on
+//! - `rt_enter(eax = fid | flags)` (`enter.rs`): push (rsp, caller's path) on
 //!   the shadow stack, path = 0, ENTER record. Shadow entries at or below
 //!   the new frame are dead (frames left by longjmp or unwinding) and are
 //!   dropped first; a full shadow stack counts `shadow_overflow`. Clobbers
 //!   rax, rcx, rdx.
-//! - `rt_back(eax = fid)` [`back`]: PATH record (back edge) with the path
+//! - `rt_back(eax = fid)` (`back.rs`): PATH record (back edge) with the path
 //!   register. The caller then sets the restart value. Clobbers rax, rcx,
 //!   rdx.
-//! - `rt_exit(eax = fid | NO_PATH, ecx = kind)` [`exit`]: PATH record
+//! - `rt_exit(eax = fid | NO_PATH, ecx = kind)` (`exit.rs`): PATH record
 //!   (none with [`NO_PATH`]); for returns and tail calls, pop the shadow
 //!   entry of this frame (restoring the caller's path register; dead
 //!   deeper entries are dropped, no match leaves the path
@@ -60,7 +60,7 @@
 //!   address in `[clone_lo, clone_hi)` needs nothing, an original one is
 //!   translated in place with `rt_lookup`, or the burst ends
 //!   (`END_LEFT_CLONES`). Clobbers rax, rcx, rdx.
-//! - `handler(sig, info, ucontext)` [`handler`]: the `SA_SIGINFO` handler.
+//! - `handler(sig, info, ucontext)` (`handler.rs`): the `SA_SIGINFO` handler.
 //!   Starts a burst when armed, `burst_len` is not 0, no burst is active
 //!   (`lock cmpxchg` on `active`), `fs:[0]` is the thread's TCB, and the
 //!   interrupted PC was rewritten: the PC in the ucontext becomes the
@@ -68,7 +68,20 @@
 //!   `PATH_INVALID`, `depth` = 0, `bursts` + 1, START record (`gettid()`,
 //!   interrupted PC). Otherwise it counts why it declined. Everything it
 //!   clobbers is restored by `rt_sigreturn` from the ucontext.
-//! - `restorer` [`handler`]: `rt_sigreturn` (`SA_RESTORER`), then `int3`.
+//! - `restorer` (`handler.rs`): `rt_sigreturn` (`SA_RESTORER`), then `int3`.
+//!
+//! The handler clobbers rax, rcx, rdx, rsi, rdi, r9, r10 and r11; the
+//! kernel's signal frame restores them.
+//!
+//! # Tests
+//!
+//! Every routine runs in the test process, as a normal user: `testing.rs`
+//! maps a control block, a 16-word ring, the tables, a stack and the code;
+//! `regs.rs` calls a routine with every general register set and reads them
+//! all back (the contract above is checked, not assumed); `signal.rs`
+//! installs the handler and restorer for a real signal; `equivalence.rs`
+//! runs the runtime `clone.rs` emits from the same random states and
+//! compares the effects.
 use burstyd_common::burst::BurstControl;
 use iced_x86::code_asm::{CodeAssembler, CodeLabel};
 use iced_x86::{BlockEncoderOptions, IcedError};
@@ -84,6 +97,8 @@ mod ring;
 
 #[cfg(test)]
 mod equivalence;
+#[cfg(test)]
+mod regs;
 #[cfg(test)]
 mod signal;
 #[cfg(test)]
@@ -205,4 +220,115 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
         restorer: r.label_ip(&e.restorer)?,
         bytes: r.inner.code_buffer,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Mnemonic, Register};
+
+    use super::*;
+
+    const CONTROL: u64 = 0x7f12_3456_0000;
+
+    fn decode(rt: &Runtime, at: u64) -> Vec<Instruction> {
+        Decoder::with_ip(64, &rt.bytes, at, DecoderOptions::NONE)
+            .into_iter()
+            .collect()
+    }
+
+    #[test]
+    fn rejects_impossible_control_addresses() {
+        for control in [0, 0x8000, CONTROL + 8] {
+            assert!(matches!(
+                assemble(control, CONTROL + 0x10_0000),
+                Err(RuntimeError::Control(c)) if c == control
+            ));
+        }
+    }
+
+    /// The code must be within ±2 GiB of every control field.
+    #[test]
+    fn fails_out_of_rip_relative_range() {
+        for at in [CONTROL + (3 << 30), CONTROL - (3 << 30)] {
+            assert!(matches!(
+                assemble(CONTROL, at),
+                Err(RuntimeError::Encode(_))
+            ));
+        }
+        assert!(assemble(CONTROL, CONTROL + (1 << 30)).is_ok());
+        assert!(assemble(CONTROL, CONTROL - (1 << 30)).is_ok());
+    }
+
+    /// Entries in emission order inside the code; the code ends with the
+    /// restorer: `mov eax, 15; syscall; int3`.
+    #[test]
+    fn entries_and_restorer() {
+        let at = CONTROL + 0x1_0000;
+        let rt = assemble(CONTROL, at).unwrap();
+        let entries = [
+            rt.emit,
+            rt.lookup,
+            rt.lookup_fn,
+            rt.end,
+            rt.enter,
+            rt.back,
+            rt.exit,
+            rt.handler,
+            rt.restorer,
+        ];
+        assert_eq!(rt.emit, at);
+        assert!(entries.windows(2).all(|w| w[0] < w[1]), "{entries:x?}");
+        let end = at + rt.bytes.len() as u64;
+        assert_eq!(rt.restorer + 8, end);
+        assert_eq!(
+            &rt.bytes[rt.bytes.len() - 8..],
+            b"\xb8\x0f\x00\x00\x00\x0f\x05\xcc"
+        );
+        let starts: Vec<u64> = decode(&rt, at).iter().map(|i| i.ip()).collect();
+        assert!(entries.iter().all(|e| starts.contains(e)));
+    }
+
+    /// What no single-threaded behaviour test sees: every RIP-relative
+    /// operand is a control-block field, the claim of `active` is one
+    /// `lock cmpxchg`, and `fs:[0]` is read as such, at two placements.
+    #[test]
+    fn memory_operands() {
+        let size = size_of::<BurstControl>() as u64;
+        for at in [CONTROL + 0x1_0000, CONTROL - 0x7000_0000] {
+            let rt = assemble(CONTROL, at).unwrap();
+            let insns = decode(&rt, at);
+            let rip: Vec<&Instruction> = insns
+                .iter()
+                .filter(|i| i.is_ip_rel_memory_operand())
+                .collect();
+            assert!(rip.len() > 40, "{} RIP-relative operands", rip.len());
+            for i in rip {
+                let t = i.ip_rel_memory_address();
+                assert!(
+                    (CONTROL..CONTROL + size).contains(&t),
+                    "{i} at {:#x}",
+                    i.ip()
+                );
+            }
+            let cmpxchg: Vec<&Instruction> = insns
+                .iter()
+                .filter(|i| i.mnemonic() == Mnemonic::Cmpxchg)
+                .collect();
+            assert_eq!(cmpxchg.len(), 1);
+            assert!(cmpxchg[0].has_lock_prefix());
+            assert_eq!(cmpxchg[0].code(), Code::Cmpxchg_rm32_r32);
+            assert_eq!(cmpxchg[0].ip_rel_memory_address(), field!(CONTROL, active));
+            let fs: Vec<&Instruction> = insns
+                .iter()
+                .filter(|i| i.segment_prefix() == Register::FS)
+                .collect();
+            assert_eq!(fs.len(), 2);
+            for i in fs {
+                assert_eq!(i.memory_base(), Register::None);
+                assert_eq!(i.memory_index(), Register::None);
+                assert_eq!(i.memory_displacement64(), 0);
+                assert_eq!(i.op0_register(), Register::RAX);
+            }
+        }
+    }
 }
