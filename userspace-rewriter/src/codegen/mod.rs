@@ -57,6 +57,10 @@
 //!   handler and restorer), written instruction by instruction;
 //! - [`unwind_info`]: `.eh_frame` for the clones.
 
+// Declared before `field!` below: the runtime has its own `field!`, which
+// takes the control block's address rather than a `Layout`.
+mod runtime;
+
 /// Offsets of [`BurstControl`](burstyd_common::burst::BurstControl) fields.
 macro_rules! field {
     ($l:expr, $f:ident) => {

@@ -1,0 +1,71 @@
+//! What every routine needs besides [`CodeAssembler`]'s own methods:
+//! control-block fields reached RIP-relatively at absolute addresses, and
+//! the thread pointer `fs:[0]`.
+//!
+//! `CodeAssembler` builds RIP-relative operands only to its own labels, so
+//! these helpers add raw [`Instruction`]s whose memory operand has base RIP
+//! and `memory_displacement64` = the absolute target (iced-x86's
+//! convention; the block encoder turns it into a rel32 displacement from
+//! wherever the instruction lands and fails when that is out of ±2 GiB).
+//! A pending label and a pending `lock()` prefix apply to them as to any
+//! other instruction.
+use iced_x86::code_asm::CodeAssembler;
+use iced_x86::{Code, IcedError, Instruction, MemoryOperand, Register};
+
+/// The absolute address of a [`burstyd_common::burst::BurstControl`] field,
+/// given the control block's address.
+macro_rules! field {
+    ($control:expr, $f:ident) => {
+        $control + core::mem::offset_of!(burstyd_common::burst::BurstControl, $f) as u64
+    };
+}
+pub(super) use field;
+
+/// `[rip + (addr - next_ip)]`.
+fn rip(addr: u64) -> MemoryOperand {
+    MemoryOperand::with_base_displ(Register::RIP, addr as i64)
+}
+
+/// `fs:[0]` with a 32-bit zero displacement: the thread's TCB self-pointer
+/// (x86-64 TLS ABI). Spelled out because `CodeAssembler::mov(rax, ..)`
+/// would pick the 64-bit `moffs` form for a displacement-only operand.
+fn fs0() -> MemoryOperand {
+    MemoryOperand::new(Register::None, Register::None, 1, 0, 4, false, Register::FS)
+}
+
+/// Instructions with a RIP-relative operand to an absolute address.
+pub(super) trait RipRel {
+    /// `code reg, [addr]` (also `lea reg, [addr]`).
+    fn rip_rm(&mut self, code: Code, reg: impl Into<Register>, addr: u64) -> Result<(), IcedError>;
+    /// `code [addr], reg`.
+    fn rip_mr(&mut self, code: Code, addr: u64, reg: impl Into<Register>) -> Result<(), IcedError>;
+    /// `code [addr], imm` (imm8/imm32 forms, sign-extended as the code says).
+    fn rip_mi(&mut self, code: Code, addr: u64, imm: i32) -> Result<(), IcedError>;
+    /// `code [addr]` (`inc`, `dec`).
+    fn rip_m(&mut self, code: Code, addr: u64) -> Result<(), IcedError>;
+    /// `code reg, fs:[0]`.
+    fn fs0_rm(&mut self, code: Code, reg: impl Into<Register>) -> Result<(), IcedError>;
+}
+
+impl RipRel for CodeAssembler {
+    fn rip_rm(&mut self, code: Code, reg: impl Into<Register>, addr: u64) -> Result<(), IcedError> {
+        self.add_instruction(Instruction::with2(code, reg.into(), rip(addr))?)
+    }
+    fn rip_mr(&mut self, code: Code, addr: u64, reg: impl Into<Register>) -> Result<(), IcedError> {
+        self.add_instruction(Instruction::with2(code, rip(addr), reg.into())?)
+    }
+    fn rip_mi(&mut self, code: Code, addr: u64, imm: i32) -> Result<(), IcedError> {
+        self.add_instruction(Instruction::with2(code, rip(addr), imm)?)
+    }
+    fn rip_m(&mut self, code: Code, addr: u64) -> Result<(), IcedError> {
+        self.add_instruction(Instruction::with1(code, rip(addr))?)
+    }
+    fn fs0_rm(&mut self, code: Code, reg: impl Into<Register>) -> Result<(), IcedError> {
+        self.add_instruction(Instruction::with2(code, reg.into(), fs0())?)
+    }
+}
+
+/// A record's first word's tag bits.
+pub(super) const fn tag(t: u64) -> u64 {
+    t << burstyd_common::burst::TAG_SHIFT
+}

@@ -1,0 +1,84 @@
+//! `rt_end`: the burst is over.
+use burstyd_common::burst::REC_END;
+use iced_x86::Code;
+use iced_x86::IcedError;
+use iced_x86::code_asm::{CodeAssembler, CodeLabel, eax, edx, rax, rdx};
+
+use super::asm::{RipRel, field, tag};
+
+/// `rt_end(eax = reason)`: END record (`w0 = tag | reason`, `w1 = 0`),
+/// `owner` = 0, `ended` + 1, `active` = 0 (in that order: `active` frees
+/// the process for the next burst last). Clobbers rax, rcx, rdx.
+pub(super) fn end(
+    a: &mut CodeAssembler,
+    control: u64,
+    entry: &mut CodeLabel,
+    emit: CodeLabel,
+) -> Result<(), IcedError> {
+    a.set_label(entry)?;
+    a.mov(eax, eax)?;
+    a.mov(rdx, tag(REC_END))?;
+    a.or(rax, rdx)?;
+    a.xor(edx, edx)?;
+    a.call(emit)?;
+    a.rip_mi(Code::Mov_rm64_imm32, field!(control, owner), 0)?;
+    a.rip_m(Code::Inc_rm64, field!(control, ended))?;
+    a.rip_mi(Code::Mov_rm32_imm32, field!(control, active), 0)?;
+    a.ret()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use burstyd_common::burst::{END_BUDGET, END_LEFT_CLONES, REC_END};
+
+    use super::super::asm::tag;
+    use super::super::testing::{FRAME_CLOBBERS, Harness, Regs};
+
+    fn end(h: &mut Harness, rax: u64) {
+        let before = Regs {
+            rax,
+            ..Regs::sentinel()
+        };
+        let after = h.call(h.rt.end, before);
+        before.assert_preserved(&after, FRAME_CLOBBERS);
+    }
+
+    fn in_burst(h: &mut Harness) {
+        let c = h.ctl_mut();
+        c.active = 1;
+        c.armed = 1;
+        c.owner = 0x7f00_dead_0000;
+        c.budget = 7;
+        c.ended = 5;
+        c.head = 4;
+    }
+
+    /// END record with the reason (eax only: the upper half of rax is
+    /// ignored), then the burst is over: owner 0, active 0, ended + 1.
+    #[test]
+    fn writes_end_record_and_frees_the_process() {
+        for reason in [END_BUDGET, END_LEFT_CLONES] {
+            let mut h = Harness::new();
+            in_burst(&mut h);
+            end(&mut h, 0xffff_ffff_0000_0000 | reason);
+            assert_eq!(h.ring()[4..6], [tag(REC_END) | reason, 0]);
+            let c = h.ctl();
+            assert_eq!((c.owner, c.active, c.ended, c.head), (0, 0, 6, 6));
+            assert_eq!((c.armed, c.budget, c.lost_records), (1, 7, 0));
+        }
+    }
+
+    /// A full ring loses the END record (and, like any lost record,
+    /// truncates the budget), but the burst still ends.
+    #[test]
+    fn ends_even_when_the_ring_is_full() {
+        let mut h = Harness::new();
+        in_burst(&mut h);
+        h.ctl_mut().head = 16;
+        end(&mut h, END_LEFT_CLONES);
+        let c = h.ctl();
+        assert_eq!((c.owner, c.active, c.ended, c.head), (0, 0, 6, 16));
+        assert_eq!((c.lost_records, c.budget, c.truncated), (1, 1, 1));
+    }
+}

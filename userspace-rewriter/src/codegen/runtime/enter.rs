@@ -1,0 +1,175 @@
+//! `rt_enter`: an instrumented function was entered.
+use burstyd_common::burst::{REC_ENTER, SHADOW_DEPTH};
+use iced_x86::Code;
+use iced_x86::IcedError;
+use iced_x86::code_asm::{
+    CodeAssembler, CodeLabel, eax, edx, qword_ptr, r8, rax, rcx, rdi, rdx, rsi, rsp,
+};
+
+use super::FRAME;
+use super::asm::{RipRel, field, tag};
+
+/// `rt_enter(eax = fid | flags)`: push (rsp, caller's path), path = 0,
+/// ENTER record (`w0 = tag | fid`, the flags stripped; `w1 = 0`). Shadow
+/// entries at or below the new frame are dead (frames left by longjmp or
+/// unwinding) and are dropped first. With the shadow stack full nothing is
+/// pushed and `shadow_overflow` counts it. Clobbers rax, rcx, rdx.
+///
+/// "rsp" is the program's at the snippet, `[rsp + FRAME]` at entry: the
+/// address of the activation's return address.
+pub(super) fn enter(
+    a: &mut CodeAssembler,
+    control: u64,
+    entry: &mut CodeLabel,
+    emit: CodeLabel,
+) -> Result<(), IcedError> {
+    let mut lp = a.create_label();
+    let mut push = a.create_label();
+    let mut store = a.create_label();
+    let mut overflow = a.create_label();
+
+    a.set_label(entry)?;
+    a.push(rsi)?;
+    a.push(rdi)?;
+    a.push(r8)?;
+    a.lea(r8, qword_ptr(rsp + (FRAME + 24)))?; // the program's rsp
+    a.rip_rm(Code::Lea_r64_m, rdx, field!(control, shadow))?;
+    a.rip_rm(Code::Mov_r64_rm64, rsi, field!(control, depth))?;
+    // Drop entries whose rsp is at or below ours.
+    a.set_label(&mut lp)?;
+    a.test(rsi, rsi)?;
+    a.je(push)?;
+    a.mov(rdi, rsi)?;
+    a.shl(rdi, 4)?;
+    a.cmp(qword_ptr(rdx + rdi - 16), r8)?;
+    a.ja(push)?;
+    a.dec(rsi)?;
+    a.jmp(lp)?;
+    a.set_label(&mut push)?;
+    a.cmp(rsi, SHADOW_DEPTH as i32)?;
+    a.jae(overflow)?;
+    a.mov(rdi, rsi)?;
+    a.shl(rdi, 4)?;
+    a.mov(qword_ptr(rdx + rdi), r8)?;
+    a.rip_rm(Code::Mov_r64_rm64, rcx, field!(control, path))?;
+    a.mov(qword_ptr(rdx + rdi + 8), rcx)?;
+    a.inc(rsi)?;
+    a.set_label(&mut store)?;
+    a.rip_mr(Code::Mov_rm64_r64, field!(control, depth), rsi)?;
+    a.rip_mi(Code::Mov_rm64_imm32, field!(control, path), 0)?;
+    a.and(eax, 0x7fff_ffff)?;
+    a.mov(rdx, tag(REC_ENTER))?;
+    a.or(rax, rdx)?;
+    a.xor(edx, edx)?;
+    a.call(emit)?;
+    a.pop(r8)?;
+    a.pop(rdi)?;
+    a.pop(rsi)?;
+    a.ret()?;
+    a.set_label(&mut overflow)?;
+    a.rip_m(Code::Inc_rm64, field!(control, shadow_overflow))?;
+    a.jmp(store)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use burstyd_common::burst::{REC_ENTER, SHADOW_DEPTH, ShadowEntry};
+
+    use super::super::NO_PATH;
+    use super::super::asm::tag;
+    use super::super::testing::{FRAME_CLOBBERS, Harness, Regs};
+
+    fn enter(h: &mut Harness, rax: u64) {
+        let before = Regs {
+            rax,
+            ..Regs::sentinel()
+        };
+        let after = h.call(h.rt.enter, before);
+        before.assert_preserved(&after, FRAME_CLOBBERS);
+    }
+
+    fn shadow(h: &mut Harness, entries: &[(u64, u64)]) {
+        for (i, &(rsp, path)) in entries.iter().enumerate() {
+            h.ctl_mut().shadow[i] = ShadowEntry { rsp, path };
+        }
+        h.ctl_mut().depth = entries.len() as u64;
+    }
+
+    fn entries(h: &Harness) -> Vec<(u64, u64)> {
+        let c = h.ctl();
+        c.shadow[..c.depth as usize]
+            .iter()
+            .map(|e| (e.rsp, e.path))
+            .collect()
+    }
+
+    /// Pushes (program rsp, caller's path), path = 0, ENTER record with
+    /// the fid (NO_PATH and the upper half of rax stripped).
+    #[test]
+    fn pushes_the_frame_and_writes_enter_record() {
+        let mut h = Harness::new();
+        let p = h.prog_rsp();
+        shadow(&mut h, &[(p + 0x100, 5)]);
+        h.ctl_mut().path = 77;
+        enter(&mut h, 0xffff_ffff_0000_0000 | u64::from(NO_PATH) | 9);
+        assert_eq!(entries(&h), [(p + 0x100, 5), (p, 77)]);
+        assert_eq!(h.ctl().path, 0);
+        assert_eq!(h.ring()[..2], [tag(REC_ENTER) | 9, 0]);
+        assert_eq!((h.ctl().head, h.ctl().shadow_overflow), (2, 0));
+    }
+
+    /// Entries at or below the new frame's rsp (frames that were left
+    /// without rt_exit: longjmp, unwinding) are dropped before the push.
+    #[test]
+    fn drops_dead_deeper_entries() {
+        let mut h = Harness::new();
+        let p = h.prog_rsp();
+        shadow(
+            &mut h,
+            &[
+                (p + 0x200, 1),
+                (p + 8, 2),
+                (p, 3),
+                (p - 0x40, 4),
+                (p - 0x80, 5),
+            ],
+        );
+        h.ctl_mut().path = 6;
+        enter(&mut h, 1);
+        assert_eq!(entries(&h), [(p + 0x200, 1), (p + 8, 2), (p, 6)]);
+
+        // Every entry dead.
+        shadow(&mut h, &[(p, 1), (p - 8, 2)]);
+        h.ctl_mut().path = 7;
+        enter(&mut h, 1);
+        assert_eq!(entries(&h), [(p, 7)]);
+    }
+
+    /// A full shadow stack pushes nothing and counts `shadow_overflow`;
+    /// the path still restarts and the ENTER record is still written.
+    #[test]
+    fn full_shadow_stack_overflows() {
+        let mut h = Harness::new();
+        let p = h.prog_rsp();
+        let live: Vec<(u64, u64)> = (0..SHADOW_DEPTH as u64)
+            .map(|i| (p + 8 * (SHADOW_DEPTH as u64 - i), i))
+            .collect();
+        shadow(&mut h, &live);
+        h.ctl_mut().path = 99;
+        enter(&mut h, 3);
+        assert_eq!(h.ctl().depth, SHADOW_DEPTH as u64);
+        assert_eq!(entries(&h), live);
+        assert_eq!((h.ctl().shadow_overflow, h.ctl().path), (1, 0));
+        assert_eq!(h.ring()[..2], [tag(REC_ENTER) | 3, 0]);
+
+        // One dead entry on top makes room again.
+        h.ctl_mut().shadow[SHADOW_DEPTH - 1].rsp = p;
+        h.ctl_mut().path = 100;
+        enter(&mut h, 3);
+        assert_eq!(h.ctl().depth, SHADOW_DEPTH as u64);
+        let top = h.ctl().shadow[SHADOW_DEPTH - 1];
+        assert_eq!((top.rsp, top.path), (p, 100));
+        assert_eq!(h.ctl().shadow_overflow, 1);
+    }
+}

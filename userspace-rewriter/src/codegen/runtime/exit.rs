@@ -1,0 +1,278 @@
+//! `rt_exit`: an instrumented function is left (return, tail call, call
+//! that does not return).
+use burstyd_common::burst::{END_LEFT_CLONES, PATH_END_NORETURN, PATH_INVALID, REC_PATH};
+use iced_x86::Code;
+use iced_x86::IcedError;
+use iced_x86::code_asm::{
+    CodeAssembler, CodeLabel, eax, ecx, qword_ptr, r8, rax, rcx, rdi, rdx, rsi, rsp,
+};
+
+use super::asm::{RipRel, field, tag};
+use super::{FRAME, NO_PATH};
+
+/// `rt_exit(eax = fid | NO_PATH, ecx = kind)`: PATH record (`w0 = tag |
+/// kind << 32 | fid`, `w1 = path`; none with `NO_PATH`); for returns and
+/// tail calls (not `PATH_END_NORETURN`), pop the shadow entry of this
+/// frame (restoring the caller's path register) and make sure the return
+/// goes to a clone. Clobbers rax, rcx, rdx.
+///
+/// The pop drops the entries of dead deeper frames (rsp below ours) and
+/// matches this frame by rsp; without a match the path becomes
+/// `PATH_INVALID`. The return address at the program's rsp (`[rsp +
+/// FRAME]` at entry): one in `[clone_lo, clone_hi)` needs nothing; an
+/// original one is translated in place (`rt_lookup`), or, when it was not
+/// rewritten, the burst ends (`rt_end(END_LEFT_CLONES)`).
+pub(super) fn exit(
+    a: &mut CodeAssembler,
+    control: u64,
+    entry: &mut CodeLabel,
+    emit: CodeLabel,
+    lookup: CodeLabel,
+    end: CodeLabel,
+) -> Result<(), IcedError> {
+    let mut nopath = a.create_label();
+    let mut lp = a.create_label();
+    let mut pop_dead = a.create_label();
+    let mut nomatch = a.create_label();
+    let mut fix = a.create_label();
+    let mut translate = a.create_label();
+    let mut leave = a.create_label();
+    let mut done = a.create_label();
+
+    a.set_label(entry)?;
+    a.push(rsi)?;
+    a.push(rdi)?;
+    a.push(r8)?;
+    a.lea(r8, qword_ptr(rsp + (FRAME + 24)))?; // the program's rsp
+    a.test(eax, NO_PATH)?;
+    a.jne(nopath)?;
+    a.push(rcx)?;
+    a.mov(eax, eax)?;
+    a.shl(rcx, 32)?;
+    a.or(rax, rcx)?;
+    a.mov(rdx, tag(REC_PATH))?;
+    a.or(rax, rdx)?;
+    a.rip_rm(Code::Mov_r64_rm64, rdx, field!(control, path))?;
+    a.call(emit)?;
+    a.pop(rcx)?;
+    a.set_label(&mut nopath)?;
+    a.cmp(ecx, PATH_END_NORETURN as i32)?;
+    a.je(done)?;
+
+    // Pop: drop entries of dead deeper frames, match this one by rsp.
+    a.rip_rm(Code::Lea_r64_m, rdx, field!(control, shadow))?;
+    a.rip_rm(Code::Mov_r64_rm64, rsi, field!(control, depth))?;
+    a.set_label(&mut lp)?;
+    a.test(rsi, rsi)?;
+    a.je(nomatch)?;
+    a.mov(rdi, rsi)?;
+    a.shl(rdi, 4)?;
+    a.mov(rax, qword_ptr(rdx + rdi - 16))?;
+    a.cmp(rax, r8)?;
+    a.jb(pop_dead)?;
+    a.ja(nomatch)?;
+    a.mov(rax, qword_ptr(rdx + rdi - 8))?;
+    a.rip_mr(Code::Mov_rm64_r64, field!(control, path), rax)?;
+    a.dec(rsi)?;
+    a.rip_mr(Code::Mov_rm64_r64, field!(control, depth), rsi)?;
+    a.jmp(fix)?;
+    a.set_label(&mut pop_dead)?;
+    a.dec(rsi)?;
+    a.jmp(lp)?;
+    a.set_label(&mut nomatch)?;
+    a.rip_mr(Code::Mov_rm64_r64, field!(control, depth), rsi)?;
+    a.mov(rax, PATH_INVALID)?;
+    a.rip_mr(Code::Mov_rm64_r64, field!(control, path), rax)?;
+
+    // The return address: a clone address needs nothing; an original one
+    // is translated, or the burst ends.
+    a.set_label(&mut fix)?;
+    a.mov(rax, qword_ptr(r8))?;
+    a.rip_rm(Code::Cmp_r64_rm64, rax, field!(control, clone_lo))?;
+    a.jb(translate)?;
+    a.rip_rm(Code::Cmp_r64_rm64, rax, field!(control, clone_hi))?;
+    a.jb(done)?;
+    a.set_label(&mut translate)?;
+    a.call(lookup)?;
+    a.test(rax, rax)?;
+    a.je(leave)?;
+    a.mov(qword_ptr(r8), rax)?;
+    a.jmp(done)?;
+    a.set_label(&mut leave)?;
+    a.mov(eax, END_LEFT_CLONES as u32)?;
+    a.call(end)?;
+    a.set_label(&mut done)?;
+    a.pop(r8)?;
+    a.pop(rdi)?;
+    a.pop(rsi)?;
+    a.ret()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use burstyd_common::burst::{
+        END_LEFT_CLONES, PATH_END_NORETURN, PATH_END_RETURN, PATH_END_TAIL, PATH_INVALID, REC_END,
+        REC_PATH, ShadowEntry,
+    };
+
+    use super::super::NO_PATH;
+    use super::super::asm::tag;
+    use super::super::testing::{CLONE_HI, CLONE_LO, FRAME_CLOBBERS, Harness, Regs};
+
+    /// An original return address the table translates, and its clone.
+    const ORIG: u64 = 0x40_2000;
+    const CLONE: u64 = CLONE_LO + 0x800;
+
+    fn exit(h: &mut Harness, fid: u64, kind: u64) {
+        let before = Regs {
+            rax: fid,
+            rcx: kind,
+            ..Regs::sentinel()
+        };
+        let after = h.call(h.rt.exit, before);
+        before.assert_preserved(&after, FRAME_CLOBBERS);
+    }
+
+    /// A burst with the shadow stack `entries`, path 5, a clone return
+    /// address, and a table with `ORIG` → `CLONE`.
+    fn setup(entries: impl FnOnce(u64) -> Vec<(u64, u64)>) -> Harness {
+        let mut h = Harness::new();
+        let entries = entries(h.prog_rsp());
+        for (i, &(rsp, path)) in entries.iter().enumerate() {
+            h.ctl_mut().shadow[i] = ShadowEntry { rsp, path };
+        }
+        let c = h.ctl_mut();
+        c.depth = entries.len() as u64;
+        c.path = 5;
+        c.active = 1;
+        c.owner = 0x7f00_0000_1000;
+        c.budget = 50;
+        h.set_ret_slot(CLONE_LO + 0x40);
+        h.set_table(&[
+            (ORIG - 0x10, CLONE - 0x10),
+            (ORIG, CLONE),
+            (ORIG + 4, CLONE + 8),
+        ]);
+        h
+    }
+
+    fn state(h: &Harness) -> (u64, u64, u64) {
+        (h.ctl().depth, h.ctl().path, h.ret_slot())
+    }
+
+    /// Return and tail call: PATH record `(tag | kind << 32 | fid, path)`,
+    /// the matching entry popped (the caller's path restored), a clone
+    /// return address left alone.
+    #[test]
+    fn return_pops_the_matching_frame() {
+        for kind in [PATH_END_RETURN, PATH_END_TAIL] {
+            let mut h = setup(|p| vec![(p + 0x100, 11), (p, 22)]);
+            exit(&mut h, 7, kind);
+            assert_eq!(h.ring()[..2], [tag(REC_PATH) | (kind << 32) | 7, 5]);
+            assert_eq!(state(&h), (1, 22, CLONE_LO + 0x40));
+            assert_eq!((h.ctl().head, h.ctl().active, h.ctl().ended), (2, 1, 0));
+        }
+    }
+
+    #[test]
+    fn drops_dead_deeper_entries() {
+        let mut h = setup(|p| vec![(p + 0x100, 11), (p, 22), (p - 0x40, 33), (p - 0x80, 44)]);
+        exit(&mut h, 7, PATH_END_RETURN);
+        assert_eq!(state(&h), (1, 22, CLONE_LO + 0x40));
+    }
+
+    /// No entry for this frame: the dead ones are dropped, live outer ones
+    /// kept, and the caller's path is unknown.
+    #[test]
+    fn no_match_invalidates_the_path() {
+        let mut h = setup(|p| vec![(p + 0x100, 11), (p + 8, 22)]);
+        exit(&mut h, 7, PATH_END_RETURN);
+        assert_eq!(state(&h), (2, PATH_INVALID, CLONE_LO + 0x40));
+
+        let mut h = setup(|p| vec![(p + 0x100, 11), (p - 8, 22)]);
+        exit(&mut h, 7, PATH_END_RETURN);
+        assert_eq!(state(&h), (1, PATH_INVALID, CLONE_LO + 0x40));
+
+        let mut h = setup(|_| vec![]);
+        exit(&mut h, 7, PATH_END_RETURN);
+        assert_eq!(state(&h), (0, PATH_INVALID, CLONE_LO + 0x40));
+        assert_eq!(h.ring()[..2], [tag(REC_PATH) | 7, 5]);
+    }
+
+    /// NO_PATH: no record, the frame is still popped.
+    #[test]
+    fn no_path_writes_no_record() {
+        let mut h = setup(|p| vec![(p, 22)]);
+        exit(&mut h, u64::from(NO_PATH) | 7, PATH_END_RETURN);
+        assert_eq!(h.ctl().head, 0);
+        assert_eq!(state(&h), (0, 22, CLONE_LO + 0x40));
+    }
+
+    /// A call that does not return: the record only; the shadow stack, the
+    /// path and even an original return address are left alone.
+    #[test]
+    fn noreturn_only_records() {
+        let mut h = setup(|p| vec![(p, 22)]);
+        h.set_ret_slot(ORIG);
+        exit(&mut h, 7, PATH_END_NORETURN);
+        assert_eq!(
+            h.ring()[..2],
+            [tag(REC_PATH) | (PATH_END_NORETURN << 32) | 7, 5]
+        );
+        assert_eq!(state(&h), (1, 5, ORIG));
+        assert_eq!((h.ctl().head, h.ctl().active), (2, 1));
+    }
+
+    /// An original return address that was rewritten is replaced by its
+    /// clone, so the return stays in the clones.
+    #[test]
+    fn translates_an_original_return_address() {
+        let mut h = setup(|p| vec![(p, 22)]);
+        h.set_ret_slot(ORIG);
+        exit(&mut h, 7, PATH_END_RETURN);
+        assert_eq!(state(&h), (0, 22, CLONE));
+        assert_eq!((h.ctl().head, h.ctl().active, h.ctl().ended), (2, 1, 0));
+    }
+
+    /// An original return address that was not rewritten ends the burst
+    /// (END_LEFT_CLONES after the PATH record); the address is left alone.
+    #[test]
+    fn untranslatable_return_ends_the_burst() {
+        let mut h = setup(|p| vec![(p, 22)]);
+        h.set_ret_slot(ORIG + 1);
+        exit(&mut h, 7, PATH_END_RETURN);
+        assert_eq!(
+            h.ring()[..4],
+            [tag(REC_PATH) | 7, 5, tag(REC_END) | END_LEFT_CLONES, 0]
+        );
+        assert_eq!(state(&h), (0, 22, ORIG + 1));
+        let c = h.ctl();
+        assert_eq!((c.active, c.owner, c.ended, c.head), (0, 0, 1, 4));
+    }
+
+    /// `[clone_lo, clone_hi)` is the clone range: its bounds, whatever the
+    /// table says about them.
+    #[test]
+    fn clone_range_is_half_open() {
+        let cases = [
+            (CLONE_LO, CLONE_LO),
+            (CLONE_HI - 1, CLONE_HI - 1),
+            (CLONE_HI, 0xc1),
+            (CLONE_LO - 1, 0xc2),
+        ];
+        for (ret, want) in cases {
+            let mut h = setup(|p| vec![(p, 22)]);
+            h.set_table(&[
+                (CLONE_LO - 1, 0xc2),
+                (CLONE_LO, 0xc3),
+                (CLONE_HI - 1, 0xc4),
+                (CLONE_HI, 0xc1),
+            ]);
+            h.set_ret_slot(ret);
+            exit(&mut h, 7, PATH_END_RETURN);
+            assert_eq!(h.ret_slot(), want, "return address {ret:#x}");
+            assert_eq!(h.ctl().ended, 0);
+        }
+    }
+}

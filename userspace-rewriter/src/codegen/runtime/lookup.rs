@@ -1,0 +1,183 @@
+//! `rt_lookup` and `rt_lookup_fn`: binary search over a sorted table of
+//! `(original, clone)` pairs (16 bytes each).
+use iced_x86::Code;
+use iced_x86::IcedError;
+use iced_x86::code_asm::{
+    CodeAssembler, CodeLabel, eax, ecx, qword_ptr, r8, rax, rcx, rdi, rdx, rsi,
+};
+
+use super::asm::RipRel;
+
+/// What a lookup returns when the original is not in the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Miss {
+    /// 0 (`rt_lookup`: the instruction was not rewritten).
+    Zero,
+    /// The original, unchanged (`rt_lookup_fn`: call the original).
+    Keep,
+}
+
+/// A binary search over the sorted `(original, clone)` table whose address
+/// and length (in pairs) are the control-block words at
+/// `addr_field`/`len_field`: `rax` = original → `rax` = clone, or what
+/// `miss` says. Clobbers rcx, rdx.
+pub(super) fn lookup(
+    a: &mut CodeAssembler,
+    entry: &mut CodeLabel,
+    addr_field: u64,
+    len_field: u64,
+    miss: Miss,
+) -> Result<(), IcedError> {
+    let mut lp = a.create_label();
+    let mut right = a.create_label();
+    let mut found = a.create_label();
+    let mut none = a.create_label();
+    let mut out = a.create_label();
+
+    a.set_label(entry)?;
+    a.push(rsi)?;
+    a.push(rdi)?;
+    a.push(r8)?;
+    a.mov(r8, rax)?; // the key
+    a.rip_rm(Code::Mov_r64_rm64, rsi, addr_field)?;
+    a.xor(ecx, ecx)?; // lo
+    a.rip_rm(Code::Mov_r64_rm64, rdx, len_field)?; // hi
+    a.set_label(&mut lp)?;
+    a.cmp(rcx, rdx)?;
+    a.jae(none)?;
+    a.lea(rax, qword_ptr(rcx + rdx))?;
+    a.shr(rax, 1)?; // mid
+    a.mov(rdi, rax)?;
+    a.shl(rdi, 4)?;
+    a.cmp(qword_ptr(rsi + rdi), r8)?;
+    a.je(found)?;
+    a.jb(right)?;
+    a.mov(rdx, rax)?; // hi = mid
+    a.jmp(lp)?;
+    a.set_label(&mut right)?;
+    a.lea(rcx, qword_ptr(rax + 1))?; // lo = mid + 1
+    a.jmp(lp)?;
+    a.set_label(&mut found)?;
+    a.mov(rax, qword_ptr(rsi + rdi + 8))?;
+    a.jmp(out)?;
+    a.set_label(&mut none)?;
+    match miss {
+        Miss::Keep => a.mov(rax, r8)?,
+        Miss::Zero => a.xor(eax, eax)?,
+    }
+    a.set_label(&mut out)?;
+    a.pop(r8)?;
+    a.pop(rdi)?;
+    a.pop(rsi)?;
+    a.ret()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{CLONE_LO, Harness, Regs};
+
+    /// Calls a lookup routine, checking that only rax, rcx, rdx change.
+    fn call(h: &mut Harness, routine: u64, key: u64) -> u64 {
+        let before = Regs {
+            rax: key,
+            ..Regs::sentinel()
+        };
+        let after = h.call(routine, before);
+        before.assert_preserved(&after, &["rax", "rcx", "rdx"]);
+        after.rax
+    }
+
+    fn lookup(h: &mut Harness, key: u64) -> u64 {
+        let r = h.rt.lookup;
+        call(h, r, key)
+    }
+
+    fn lookup_fn(h: &mut Harness, key: u64) -> u64 {
+        let r = h.rt.lookup_fn;
+        call(h, r, key)
+    }
+
+    fn table(n: u64) -> Vec<(u64, u64)> {
+        (0..n)
+            .map(|i| (0x40_1000 + 0x10 * i, CLONE_LO + 0x100 * i + 7))
+            .collect()
+    }
+
+    /// Keys that are in no table built by [`table`].
+    fn misses(n: u64) -> Vec<u64> {
+        let mut v = vec![0, 1, 0x40_0fff, 0x40_1000 + 0x10 * n, u64::MAX];
+        v.extend((0..n).map(|i| 0x40_1001 + 0x10 * i));
+        v.extend((0..n).map(|i| 0x40_0fff + 0x10 * i));
+        v
+    }
+
+    /// Every entry of tables of 0..=33 pairs is found (first, last and every
+    /// probe path of the search); every key between, below or above them
+    /// is a miss (0).
+    #[test]
+    fn instruction_table_hits_and_misses() {
+        let mut h = Harness::new();
+        for n in 0..=33 {
+            let t = table(n);
+            h.set_table(&t);
+            for &(o, c) in &t {
+                assert_eq!(lookup(&mut h, o), c, "n = {n}, key {o:#x}");
+            }
+            for k in misses(n) {
+                assert_eq!(lookup(&mut h, k), 0, "n = {n}, key {k:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn empty_table_misses() {
+        let mut h = Harness::new();
+        h.set_table(&[]);
+        for k in [0, 0x40_1000, u64::MAX] {
+            assert_eq!(lookup(&mut h, k), 0);
+        }
+        h.set_fn_table(&[]);
+        assert_eq!(lookup_fn(&mut h, 0x40_1000), 0x40_1000);
+    }
+
+    /// Addresses compare unsigned (a signed `jl` would misorder these).
+    #[test]
+    fn keys_compare_unsigned() {
+        let mut h = Harness::new();
+        let t = [
+            (1, 11),
+            (0x7fff_ffff_ffff_ffff, 12),
+            (0x8000_0000_0000_0000, 13),
+            (0xffff_ffff_ffff_fffe, 14),
+        ];
+        h.set_table(&t);
+        for (o, c) in t {
+            assert_eq!(lookup(&mut h, o), c);
+        }
+        assert_eq!(lookup(&mut h, u64::MAX), 0);
+        assert_eq!(lookup(&mut h, 0x8000_0000_0000_0001), 0);
+    }
+
+    /// `rt_lookup_fn` searches the function-entry table and returns the
+    /// original on a miss; the two routines never read each other's table.
+    #[test]
+    fn function_table_keeps_the_original_on_a_miss() {
+        let mut h = Harness::new();
+        for n in [1, 2, 7, 16] {
+            let t = table(n);
+            h.set_fn_table(&t);
+            h.set_table(&[]);
+            for &(o, c) in &t {
+                assert_eq!(lookup_fn(&mut h, o), c);
+                assert_eq!(lookup(&mut h, o), 0);
+            }
+            for k in misses(n) {
+                assert_eq!(lookup_fn(&mut h, k), k);
+            }
+        }
+        h.set_fn_table(&[]);
+        h.set_table(&table(4));
+        assert_eq!(lookup_fn(&mut h, 0x40_1010), 0x40_1010);
+    }
+}

@@ -1,0 +1,334 @@
+//! The injected runtime: the small routines the instrumented clones call,
+//! and the burst signal handler, assembled with iced-x86's
+//! [`CodeAssembler`] for one placement (`at`) and one control block
+//! (`control`).
+//!
+//! Every routine reaches the [`BurstControl`] RIP-relatively, so the code
+//! must lie within ±2 GiB of it ([`assemble`] fails otherwise). All state
+//! is in the control block: the code itself is position-dependent only
+//! through those displacements.
+//!
+//! # Calling convention
+//!
+//! A clone calls a routine with `call` from its *standard frame*:
+//!
+//! ```text
+//! lea rsp, [rsp - 128]      ; skip the red zone
+//! pushfq
+//! push rax
+//! push rcx
+//! push rdx
+//! mov eax, arg              ; mov ecx, arg2 (rt_exit)
+//! call routine
+//! pop rdx / pop rcx / pop rax / popfq / lea rsp, [rsp + 128]
+//! ```
+//!
+//! so a routine may clobber rax, rcx, rdx and the flags and must preserve
+//! every other register. [`FRAME`] is the distance from `rsp` at a
+//! routine's entry to the program's `rsp` at the snippet; `rt_enter` and
+//! `rt_exit` read the program's `rsp` (the activation's return address)
+//! there. The contract, routine by routine (and its file):
+//!
+//! - `rt_emit(rax = w0, rdx = w1)` (`ring.rs`): writes the two-word record at
+//!   `head & ring_mask` and advances `head` by 2; clobbers rcx (and the
+//!   flags; rax and rdx are preserved). A full ring truncates the burst (its
+//!   budget drops to 1, `truncated` counts it once) and counts the record
+//!   in `lost_records`, unless `wait_when_full` (full trace), which yields
+//!   (`sched_yield`, at most 2^22 times) for the daemon to consume.
+//! - `rt_lookup(rax = original address) -> rax = clone address or 0`
+//!   (`lookup.rs`): binary search over every rewritten instruction (the
+//!   sorted `table_addr`/`table_len` pairs). Clobbers rcx, rdx.
+//! - `rt_lookup_fn(rax)` (`lookup.rs`): the same over function entries
+//!   (`fn_table_addr`/`fn_table_len`, original start → clone entry),
+//!   returning rax unchanged when not found (an indirect call to code that
+//!   was not cloned). Clobbers rcx, rdx.
+//! - `rt_end(eax = reason)` (`end.rs`): END record, the burst is over
+//!   (`owner` = 0, `ended` + 1, `active` = 0). Clobbers rax, rcx, rdx.
+//! - `rt_enter(eax = fid | flags)` (`enter.rs`): push (rsp, caller's path) on
+//!   the shadow stack, path = 0, ENTER record. Shadow entries at or below
+//!   the new frame are dead (frames left by longjmp or unwinding) and are
+//!   dropped first; a full shadow stack counts `shadow_overflow`. Clobbers
+//!   rax, rcx, rdx.
+//! - `rt_back(eax = fid)` (`back.rs`): PATH record (back edge) with the path
+//!   register. The caller then sets the restart value. Clobbers rax, rcx,
+//!   rdx.
+//! - `rt_exit(eax = fid | NO_PATH, ecx = kind)` (`exit.rs`): PATH record
+//!   (none with [`NO_PATH`]); for returns and tail calls, pop the shadow
+//!   entry of this frame (restoring the caller's path register; dead
+//!   deeper entries are dropped, no match leaves the path
+//!   `PATH_INVALID`) and make sure the return goes to a clone: a return
+//!   address in `[clone_lo, clone_hi)` needs nothing, an original one is
+//!   translated in place with `rt_lookup`, or the burst ends
+//!   (`END_LEFT_CLONES`). Clobbers rax, rcx, rdx.
+//! - `handler(sig, info, ucontext)` (`handler.rs`): the `SA_SIGINFO` handler.
+//!   Starts a burst when armed, `burst_len` is not 0, no burst is active
+//!   (`lock cmpxchg` on `active`), `fs:[0]` is the thread's TCB, and the
+//!   interrupted PC was rewritten: the PC in the ucontext becomes the
+//!   clone's, `owner` = `fs:[0]`, `budget` = `burst_len`, path =
+//!   `PATH_INVALID`, `depth` = 0, `bursts` + 1, START record (`gettid()`,
+//!   interrupted PC). Otherwise it counts why it declined. Everything it
+//!   clobbers is restored by `rt_sigreturn` from the ucontext.
+//! - `restorer` (`handler.rs`): `rt_sigreturn` (`SA_RESTORER`), then `int3`.
+//!
+//! The handler clobbers rax, rcx, rdx, rsi, rdi, r9, r10 and r11; the
+//! kernel's signal frame restores them.
+//!
+//! # Tests
+//!
+//! Every routine runs in the test process, as a normal user: `testing.rs`
+//! maps a control block, a 16-word ring, the tables, a stack and the code;
+//! `regs.rs` calls a routine with every general register set and reads them
+//! all back (the contract above is checked, not assumed); `signal.rs`
+//! installs the handler and restorer for a real signal; `equivalence.rs`
+//! runs the runtime `clone.rs` emits from the same random states and
+//! compares the effects.
+use burstyd_common::burst::BurstControl;
+use iced_x86::code_asm::{CodeAssembler, CodeLabel};
+use iced_x86::{BlockEncoderOptions, IcedError};
+
+mod asm;
+mod back;
+mod end;
+mod enter;
+mod exit;
+mod handler;
+mod lookup;
+mod ring;
+
+#[cfg(test)]
+mod equivalence;
+#[cfg(test)]
+mod regs;
+#[cfg(test)]
+mod signal;
+#[cfg(test)]
+mod testing;
+
+use asm::field;
+
+/// Bytes between `rsp` inside a runtime routine (before it pushes anything)
+/// and the program's `rsp` at the snippet: return address, rdx, rcx, rax,
+/// flags, red zone.
+pub const FRAME: i64 = 8 + 24 + 8 + 128;
+
+/// `rt_exit` argument flag: the function has no valid path numbering.
+pub const NO_PATH: u32 = 0x8000_0000;
+
+/// The assembled runtime: its bytes and the absolute address (AVMA) of
+/// each routine.
+#[derive(Clone, Debug)]
+pub struct Runtime {
+    /// The code, to be placed at the `at` given to [`assemble`].
+    pub bytes: Vec<u8>,
+    pub emit: u64,
+    pub lookup: u64,
+    pub lookup_fn: u64,
+    pub enter: u64,
+    pub exit: u64,
+    pub back: u64,
+    pub end: u64,
+    /// The signal handler (`SA_SIGINFO`).
+    pub handler: u64,
+    /// The `rt_sigreturn` restorer (`SA_RESTORER`).
+    pub restorer: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The block encoder failed, e.g. the code is not within ±2 GiB of the
+    /// control block.
+    #[error("assembling the runtime failed: {0}")]
+    Encode(String),
+    /// Not a possible address of a [`BurstControl`] (below 64 KiB, or not
+    /// aligned to its 64 bytes).
+    #[error("bad control block address {0:#x}")]
+    Control(u64),
+}
+
+impl From<IcedError> for RuntimeError {
+    fn from(e: IcedError) -> Self {
+        RuntimeError::Encode(e.to_string())
+    }
+}
+
+/// The routines' entry labels.
+struct Entries {
+    emit: CodeLabel,
+    lookup: CodeLabel,
+    lookup_fn: CodeLabel,
+    end: CodeLabel,
+    enter: CodeLabel,
+    back: CodeLabel,
+    exit: CodeLabel,
+    handler: CodeLabel,
+    restorer: CodeLabel,
+}
+
+/// Assembles the runtime for the [`BurstControl`] at `control`, to be
+/// placed at `at` (both AVMAs in the target).
+pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
+    // Labels are small integers inside the assembler; a RIP-relative
+    // target equal to one would be taken for it. Real control blocks are
+    // page-aligned mappings far above that.
+    if control < 0x1_0000 || !control.is_multiple_of(align_of::<BurstControl>() as u64) {
+        return Err(RuntimeError::Control(control));
+    }
+    let mut a = CodeAssembler::new(64)?;
+    let mut e = Entries {
+        emit: a.create_label(),
+        lookup: a.create_label(),
+        lookup_fn: a.create_label(),
+        end: a.create_label(),
+        enter: a.create_label(),
+        back: a.create_label(),
+        exit: a.create_label(),
+        handler: a.create_label(),
+        restorer: a.create_label(),
+    };
+    ring::emit(&mut a, control, &mut e.emit)?;
+    lookup::lookup(
+        &mut a,
+        &mut e.lookup,
+        field!(control, table_addr),
+        field!(control, table_len),
+        lookup::Miss::Zero,
+    )?;
+    lookup::lookup(
+        &mut a,
+        &mut e.lookup_fn,
+        field!(control, fn_table_addr),
+        field!(control, fn_table_len),
+        lookup::Miss::Keep,
+    )?;
+    end::end(&mut a, control, &mut e.end, e.emit)?;
+    enter::enter(&mut a, control, &mut e.enter, e.emit)?;
+    back::back(&mut a, control, &mut e.back, e.emit)?;
+    exit::exit(&mut a, control, &mut e.exit, e.emit, e.lookup, e.end)?;
+    handler::handler(&mut a, control, &mut e.handler, e.emit, e.lookup)?;
+    handler::restorer(&mut a, &mut e.restorer)?;
+
+    let r = a.assemble_options(at, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
+    Ok(Runtime {
+        emit: r.label_ip(&e.emit)?,
+        lookup: r.label_ip(&e.lookup)?,
+        lookup_fn: r.label_ip(&e.lookup_fn)?,
+        enter: r.label_ip(&e.enter)?,
+        exit: r.label_ip(&e.exit)?,
+        back: r.label_ip(&e.back)?,
+        end: r.label_ip(&e.end)?,
+        handler: r.label_ip(&e.handler)?,
+        restorer: r.label_ip(&e.restorer)?,
+        bytes: r.inner.code_buffer,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Mnemonic, Register};
+
+    use super::*;
+
+    const CONTROL: u64 = 0x7f12_3456_0000;
+
+    fn decode(rt: &Runtime, at: u64) -> Vec<Instruction> {
+        Decoder::with_ip(64, &rt.bytes, at, DecoderOptions::NONE)
+            .into_iter()
+            .collect()
+    }
+
+    #[test]
+    fn rejects_impossible_control_addresses() {
+        for control in [0, 0x8000, CONTROL + 8] {
+            assert!(matches!(
+                assemble(control, CONTROL + 0x10_0000),
+                Err(RuntimeError::Control(c)) if c == control
+            ));
+        }
+    }
+
+    /// The code must be within ±2 GiB of every control field.
+    #[test]
+    fn fails_out_of_rip_relative_range() {
+        for at in [CONTROL + (3 << 30), CONTROL - (3 << 30)] {
+            assert!(matches!(
+                assemble(CONTROL, at),
+                Err(RuntimeError::Encode(_))
+            ));
+        }
+        assert!(assemble(CONTROL, CONTROL + (1 << 30)).is_ok());
+        assert!(assemble(CONTROL, CONTROL - (1 << 30)).is_ok());
+    }
+
+    /// Entries in emission order inside the code; the code ends with the
+    /// restorer: `mov eax, 15; syscall; int3`.
+    #[test]
+    fn entries_and_restorer() {
+        let at = CONTROL + 0x1_0000;
+        let rt = assemble(CONTROL, at).unwrap();
+        let entries = [
+            rt.emit,
+            rt.lookup,
+            rt.lookup_fn,
+            rt.end,
+            rt.enter,
+            rt.back,
+            rt.exit,
+            rt.handler,
+            rt.restorer,
+        ];
+        assert_eq!(rt.emit, at);
+        assert!(entries.windows(2).all(|w| w[0] < w[1]), "{entries:x?}");
+        let end = at + rt.bytes.len() as u64;
+        assert_eq!(rt.restorer + 8, end);
+        assert_eq!(
+            &rt.bytes[rt.bytes.len() - 8..],
+            b"\xb8\x0f\x00\x00\x00\x0f\x05\xcc"
+        );
+        let starts: Vec<u64> = decode(&rt, at).iter().map(|i| i.ip()).collect();
+        assert!(entries.iter().all(|e| starts.contains(e)));
+    }
+
+    /// What no single-threaded behaviour test sees: every RIP-relative
+    /// operand is a control-block field, the claim of `active` is one
+    /// `lock cmpxchg`, and `fs:[0]` is read as such, at two placements.
+    #[test]
+    fn memory_operands() {
+        let size = size_of::<BurstControl>() as u64;
+        for at in [CONTROL + 0x1_0000, CONTROL - 0x7000_0000] {
+            let rt = assemble(CONTROL, at).unwrap();
+            let insns = decode(&rt, at);
+            let rip: Vec<&Instruction> = insns
+                .iter()
+                .filter(|i| i.is_ip_rel_memory_operand())
+                .collect();
+            assert!(rip.len() > 40, "{} RIP-relative operands", rip.len());
+            for i in rip {
+                let t = i.ip_rel_memory_address();
+                assert!(
+                    (CONTROL..CONTROL + size).contains(&t),
+                    "{i} at {:#x}",
+                    i.ip()
+                );
+            }
+            let cmpxchg: Vec<&Instruction> = insns
+                .iter()
+                .filter(|i| i.mnemonic() == Mnemonic::Cmpxchg)
+                .collect();
+            assert_eq!(cmpxchg.len(), 1);
+            assert!(cmpxchg[0].has_lock_prefix());
+            assert_eq!(cmpxchg[0].code(), Code::Cmpxchg_rm32_r32);
+            assert_eq!(cmpxchg[0].ip_rel_memory_address(), field!(CONTROL, active));
+            let fs: Vec<&Instruction> = insns
+                .iter()
+                .filter(|i| i.segment_prefix() == Register::FS)
+                .collect();
+            assert_eq!(fs.len(), 2);
+            for i in fs {
+                assert_eq!(i.memory_base(), Register::None);
+                assert_eq!(i.memory_index(), Register::None);
+                assert_eq!(i.memory_displacement64(), 0);
+                assert_eq!(i.op0_register(), Register::RAX);
+            }
+        }
+    }
+}

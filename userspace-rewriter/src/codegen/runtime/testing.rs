@@ -1,0 +1,242 @@
+//! Test harness: the runtime running in the test process itself.
+//!
+//! One anonymous mapping holds, like the daemon's memfd in a target, a
+//! [`BurstControl`] and a small ring, plus the lookup tables, a fake
+//! ucontext, a stack for the routines and the code pages (mapped
+//! `PROT_READ | PROT_EXEC` once loaded). [`Harness::call`] calls a routine
+//! through a naked trampoline ([`regs`]) that loads every general register
+//! from a [`Regs`], switches `rsp` to the harness stack so that the routine
+//! sees the clone's standard frame ([`FRAME`] bytes) above it, calls, and
+//! stores every register back.
+use burstyd_common::burst::{BurstControl, CONTROL_BYTES, CONTROL_MAGIC};
+
+use super::regs;
+pub(super) use super::regs::{FRAME_CLOBBERS, Regs, fs0};
+use super::{FRAME, Runtime, assemble};
+
+/// Words in the test ring (it wraps after 8 records).
+pub(super) const RING_WORDS: usize = 16;
+/// Pairs each lookup table holds at most.
+pub(super) const TABLE_PAIRS: usize = 256;
+/// A fake clone range (`clone_lo`, `clone_hi`); nothing runs there.
+pub(super) const CLONE_LO: u64 = 0x5555_0000_0000;
+pub(super) const CLONE_HI: u64 = CLONE_LO + 0x10_0000;
+
+const PAGE: usize = 4096;
+const RING: usize = CONTROL_BYTES;
+const TABLE: usize = 24 * 1024;
+const FN_TABLE: usize = TABLE + TABLE_PAIRS * 16;
+const UCONTEXT: usize = FN_TABLE + TABLE_PAIRS * 16;
+const STACK: usize = UCONTEXT + PAGE;
+const STACK_END: usize = STACK + 64 * 1024;
+/// Code pages: 0 for the runtime, 1 for a test's own code.
+const CODE: usize = STACK_END;
+const CODE_PAGES: usize = 2;
+const LEN: usize = CODE + CODE_PAGES * PAGE;
+/// The program's rsp at the snippet (the return address slot): a page
+/// below the end of the stack, so the routines' own pushes and a signal
+/// frame fit below it.
+const PROG_RSP: usize = STACK_END - PAGE;
+
+const _: () = assert!(RING + RING_WORDS * 8 <= TABLE);
+const _: () = assert!(STACK.is_multiple_of(PAGE) && CODE.is_multiple_of(PAGE));
+
+/// One mapping with a control block, a ring, tables, a stack and the
+/// runtime loaded.
+pub(super) struct Harness {
+    base: *mut u8,
+    pub rt: Runtime,
+}
+
+impl Harness {
+    pub(super) fn new() -> Harness {
+        // SAFETY: a fresh private anonymous mapping; no existing memory is
+        // touched.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED, "mmap failed");
+        let base = base as *mut u8;
+        let control = base as u64;
+        let rt = assemble(control, control + CODE as u64).expect("assemble");
+        let mut h = Harness { base, rt };
+        let c = h.ctl_mut();
+        c.magic = CONTROL_MAGIC;
+        c.ring_mask = RING_WORDS as u64 - 1;
+        c.ring_addr = control + RING as u64;
+        c.table_addr = control + TABLE as u64;
+        c.fn_table_addr = control + FN_TABLE as u64;
+        c.clone_lo = CLONE_LO;
+        c.clone_hi = CLONE_HI;
+        let bytes = h.rt.bytes.clone();
+        h.load(0, &bytes);
+        h
+    }
+
+    /// The address of byte `off` of the mapping.
+    fn at(&self, off: usize) -> u64 {
+        self.base as u64 + off as u64
+    }
+
+    pub(super) fn control(&self) -> u64 {
+        self.at(0)
+    }
+
+    pub(super) fn ctl(&self) -> &BurstControl {
+        // SAFETY: the mapping starts with CONTROL_BYTES (>= the size of a
+        // BurstControl) of page-aligned, zero-initialised memory, valid for
+        // any bit pattern; no routine runs while the borrow lives (calls
+        // take `&mut self`).
+        unsafe { &*(self.base as *const BurstControl) }
+    }
+
+    pub(super) fn ctl_mut(&mut self) -> &mut BurstControl {
+        // SAFETY: as in `ctl`; `&mut self` makes the borrow unique.
+        unsafe { &mut *(self.base as *mut BurstControl) }
+    }
+
+    pub(super) fn ring(&self) -> &[u64] {
+        // SAFETY: RING_WORDS words at RING lie inside the mapping (checked
+        // at compile time), aligned, and nothing else borrows them.
+        unsafe { std::slice::from_raw_parts(self.base.add(RING) as *const u64, RING_WORDS) }
+    }
+
+    pub(super) fn ring_mut(&mut self) -> &mut [u64] {
+        // SAFETY: as in `ring`; `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.base.add(RING) as *mut u64, RING_WORDS) }
+    }
+
+    fn write_table(&mut self, off: usize, pairs: &[(u64, u64)]) {
+        assert!(pairs.len() <= TABLE_PAIRS);
+        for (i, &(o, c)) in pairs.iter().enumerate() {
+            // SAFETY: pair i < TABLE_PAIRS lies inside the table's area.
+            unsafe {
+                let p = self.base.add(off + 16 * i) as *mut u64;
+                p.write(o);
+                p.add(1).write(c);
+            }
+        }
+    }
+
+    /// The instruction table (`table_addr`, `table_len`).
+    pub(super) fn set_table(&mut self, pairs: &[(u64, u64)]) {
+        self.write_table(TABLE, pairs);
+        self.ctl_mut().table_len = pairs.len() as u64;
+    }
+
+    /// The function-entry table (`fn_table_addr`, `fn_table_len`).
+    pub(super) fn set_fn_table(&mut self, pairs: &[(u64, u64)]) {
+        self.write_table(FN_TABLE, pairs);
+        self.ctl_mut().fn_table_len = pairs.len() as u64;
+    }
+
+    /// The program's rsp at the snippet (`[rsp + FRAME]` in a routine).
+    pub(super) fn prog_rsp(&self) -> u64 {
+        self.at(PROG_RSP)
+    }
+
+    /// The word at the program's rsp: the activation's return address.
+    pub(super) fn ret_slot(&self) -> u64 {
+        // SAFETY: PROG_RSP is an aligned word inside the stack area.
+        unsafe { (self.base.add(PROG_RSP) as *const u64).read() }
+    }
+
+    pub(super) fn set_ret_slot(&mut self, v: u64) {
+        // SAFETY: as in `ret_slot`.
+        unsafe { (self.base.add(PROG_RSP) as *mut u64).write(v) }
+    }
+
+    /// A zeroed page standing for the handler's `ucontext_t`.
+    pub(super) fn ucontext(&self) -> u64 {
+        self.at(UCONTEXT)
+    }
+
+    /// The word at `off` in the fake ucontext.
+    pub(super) fn uc_word(&self, off: usize) -> u64 {
+        assert!(off + 8 <= PAGE);
+        // SAFETY: inside the ucontext page, 8-aligned for the offsets used.
+        unsafe { (self.base.add(UCONTEXT + off) as *const u64).read_unaligned() }
+    }
+
+    pub(super) fn set_uc_word(&mut self, off: usize, v: u64) {
+        assert!(off + 8 <= PAGE);
+        // SAFETY: as in `uc_word`.
+        unsafe { (self.base.add(UCONTEXT + off) as *mut u64).write_unaligned(v) }
+    }
+
+    /// Everything a routine may write but the stack: the control block,
+    /// the ring, the tables, the ucontext, and the return address slot.
+    pub(super) fn data(&self) -> (Vec<u8>, u64) {
+        // SAFETY: [0, STACK) lies inside the mapping; no routine runs while
+        // the slice lives.
+        let bytes = unsafe { std::slice::from_raw_parts(self.base, STACK) };
+        (bytes.to_vec(), self.ret_slot())
+    }
+
+    /// Puts back what [`Harness::data`] returned.
+    pub(super) fn set_data(&mut self, data: &(Vec<u8>, u64)) {
+        assert_eq!(data.0.len(), STACK);
+        // SAFETY: as in `data`; `&mut self` makes the access unique.
+        unsafe { std::ptr::copy_nonoverlapping(data.0.as_ptr(), self.base, STACK) };
+        self.set_ret_slot(data.1);
+    }
+
+    /// The address of code page `page`.
+    pub(super) fn code_page(&self, page: usize) -> u64 {
+        self.at(CODE + page * PAGE)
+    }
+
+    /// Copies `bytes` into code page `page` and makes it `PROT_READ |
+    /// PROT_EXEC`.
+    pub(super) fn load(&mut self, page: usize, bytes: &[u8]) {
+        assert!(page < CODE_PAGES && bytes.len() <= PAGE, "code too large");
+        // SAFETY: the page lies inside the mapping; it is made writable
+        // before the copy and no code runs from it meanwhile.
+        unsafe {
+            let p = self.base.add(CODE + page * PAGE);
+            let rw = libc::PROT_READ | libc::PROT_WRITE;
+            assert_eq!(libc::mprotect(p as *mut libc::c_void, PAGE, rw), 0);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len());
+            let rx = libc::PROT_READ | libc::PROT_EXEC;
+            assert_eq!(libc::mprotect(p as *mut libc::c_void, PAGE, rx), 0);
+        }
+    }
+
+    /// Calls `target` with `regs` from a clone's standard frame: the
+    /// program's rsp is [`Harness::prog_rsp`].
+    pub(super) fn call(&mut self, target: u64, regs: Regs) -> Regs {
+        self.call_inner(target, regs, None)
+    }
+
+    /// [`Harness::call`] with the fs base set to `fs` meanwhile.
+    pub(super) fn call_fs(&mut self, target: u64, regs: Regs, fs: u64) -> Regs {
+        self.call_inner(target, regs, Some(fs))
+    }
+
+    fn call_inner(&mut self, target: u64, regs: Regs, fs: Option<u64>) -> Regs {
+        let code = self.code_page(0)..self.code_page(CODE_PAGES);
+        assert!(code.contains(&target), "{target:#x} is not harness code");
+        // After `call` pushes the return address, rsp + FRAME is the
+        // program's rsp.
+        let stack = self.prog_rsp() - FRAME as u64 + 8;
+        // SAFETY: `target` is code loaded into this harness (checked above):
+        // the runtime, or a test's code, which use only the stack below
+        // `stack` (inside the harness stack, 60 KiB deep) and the mapping.
+        unsafe { regs::call(target, regs, stack, fs) }
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`; no borrow of it
+        // outlives `self`.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, LEN) };
+    }
+}
