@@ -89,10 +89,6 @@ impl Emitter {
             MemoryOperand::with_base_displ(Register::RSP, d),
         ))
     }
-    /// `inc qword [abs]` (a control-block counter).
-    pub(super) fn inc(&mut self, addr: u64) -> Result<(), IcedError> {
-        self.e(Instruction::with1(Code::Inc_rm64, rip(addr)))
-    }
     pub(super) fn push(&mut self, r: Register) -> Result<(), IcedError> {
         self.e(Instruction::with1(Code::Push_r64, r))
     }
@@ -104,9 +100,6 @@ impl Emitter {
     }
     pub(super) fn popf(&mut self) {
         self.emit(Instruction::with(Code::Popfq));
-    }
-    pub(super) fn ret(&mut self) {
-        self.emit(Instruction::with(Code::Retnq));
     }
     pub(super) fn jmp(&mut self, target: u64) -> Result<(), IcedError> {
         self.e(Instruction::with_branch(Code::Jmp_rel32_64, target))
@@ -137,10 +130,6 @@ impl Emitter {
 
 pub(super) fn rip(addr: u64) -> MemoryOperand {
     MemoryOperand::with_base_displ(Register::RIP, addr as i64)
-}
-
-pub(super) fn mem(base: Register, index: Register, scale: u32, displ: i64) -> MemoryOperand {
-    MemoryOperand::with_base_index_scale_displ_size(base, index, scale, displ, 1)
 }
 
 fn r32(r: Register) -> Register {

@@ -12,7 +12,7 @@ use iced_x86::{IcedError, Instruction, OpKind, Register};
 
 use super::emitter::Emitter;
 use super::image::{GenStats, Layout};
-use super::runtime_legacy::{NO_PATH, Runtime};
+use super::runtime::{NO_PATH, Runtime};
 use crate::analysis::cfg::{self, Cfg, EdgeKind, ExitKind, LiveSet};
 use crate::analysis::disasm::Insn;
 use crate::analysis::paths::PathNumbering;

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::emitter::{Emitter, LABEL_BASE};
 use super::function::{FnGen, Skip};
-use super::runtime_legacy::emit_runtime;
+use super::runtime::{self, RuntimeError};
 use crate::analysis::cfg::{self, Cfg};
 use crate::analysis::disasm::Insn;
 use crate::analysis::plan::{FunctionStatus, Plan};
@@ -99,6 +99,12 @@ pub enum GenError {
     NoDetails,
 }
 
+impl From<RuntimeError> for GenError {
+    fn from(e: RuntimeError) -> Self {
+        GenError::Encode(e.to_string())
+    }
+}
+
 impl From<IcedError> for GenError {
     fn from(e: IcedError) -> Self {
         GenError::Encode(e.to_string())
@@ -128,8 +134,11 @@ pub fn generate_excluding(
     layout: &Layout,
     exclude: &std::collections::BTreeSet<u64>,
 ) -> Result<CloneImage, GenError> {
+    // The runtime first, then the clones (16-aligned) after it; the clones
+    // call the runtime's routines at their absolute addresses.
+    let rt = runtime::assemble(layout.control, layout.code)?;
+    let clones_at = (layout.code + rt.bytes.len() as u64).next_multiple_of(16);
     let mut em = Emitter::new();
-    let rt = emit_runtime(&mut em, layout)?;
 
     // Which functions get a clone, and their entry labels.
     let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
@@ -237,16 +246,18 @@ pub fn generate_excluding(
     }
 
     let insns = em.finish();
-    let block = InstructionBlock::new(&insns, layout.code);
+    let block = InstructionBlock::new(&insns, clones_at);
     let enc = BlockEncoder::encode(
         64,
         block,
         BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
     )?;
     let offsets = enc.new_instruction_offsets;
-    let mut bytes = enc.code_buffer;
+    let mut bytes = rt.bytes.clone();
+    bytes.resize((clones_at - layout.code) as usize, 0xcc);
+    bytes.extend_from_slice(&enc.code_buffer);
     let code_len = bytes.len() as u64;
-    let addr_of_index = |idx: usize| layout.code + u64::from(offsets[idx]);
+    let addr_of_index = |idx: usize| clones_at + u64::from(offsets[idx]);
     // Label -> address.
     let mut label_addr: HashMap<u64, u64> = HashMap::new();
     for (idx, ins) in insns.iter().enumerate() {
@@ -296,8 +307,8 @@ pub fn generate_excluding(
         .collect();
     Ok(CloneImage {
         bytes,
-        handler: label_addr[&rt.handler],
-        restorer: label_addr[&rt.restorer],
+        handler: rt.handler,
+        restorer: rt.restorer,
         code_range: (layout.code, layout.code + code_len),
         table_addr,
         table_len: table.len() as u64,

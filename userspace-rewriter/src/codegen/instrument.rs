@@ -8,7 +8,7 @@ use iced_x86::{Code, IcedError, Instruction, MemoryOperand, Register};
 
 use super::emitter::{Emitter, rip};
 use super::function::{FnGen, OutOfLine, Skip};
-use super::runtime_legacy::add_path;
+use super::image::Layout;
 
 impl FnGen<'_> {
     /// Whether edge `(b, idx)` needs code (an increment or a truncation).
@@ -169,5 +169,22 @@ impl FnGen<'_> {
         em.popf();
         em.lea_rsp(128)?;
         Ok(())
+    }
+}
+
+/// `add [path], v` inside a frame where flags may be clobbered and rax is
+/// saved (for values that do not fit an imm32, rax is used).
+pub(super) fn add_path(em: &mut Emitter, l: &Layout, v: u64) -> Result<(), IcedError> {
+    if v <= i32::MAX as u64 {
+        em.e(Instruction::with2(
+            Code::Add_rm64_imm32,
+            rip(field!(l, path)),
+            v as u32 as i32,
+        ))
+    } else {
+        em.push(Register::RAX)?;
+        em.mov_imm(Register::RAX, v)?;
+        em.mr(Code::Add_rm64_r64, field!(l, path), Register::RAX)?;
+        em.pop(Register::RAX)
     }
 }

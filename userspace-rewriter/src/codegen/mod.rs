@@ -52,9 +52,10 @@
 //!   returns and other exits, tail calls, switch jumps);
 //! - `instrument.rs`: the instrumentation proper (Ball-Larus increments,
 //!   path records on truncated edges, Hirzel & Chilimbi's checks);
-//! - `runtime_legacy.rs`: the runtime emitted at the start of the region
-//!   (record writer, table lookups, enter/exit/back/end routines, signal
-//!   handler and restorer), written instruction by instruction;
+//! - `runtime/`: the runtime placed at the start of the region (record
+//!   writer, table lookups, enter/exit/back/end routines, signal handler
+//!   and restorer), assembled with iced's `CodeAssembler`, one routine per
+//!   file, each unit-tested in the test process;
 //! - [`unwind_info`]: `.eh_frame` for the clones.
 
 // Declared before `field!` below: the runtime has its own `field!`, which
@@ -72,7 +73,6 @@ mod emitter;
 mod function;
 mod image;
 mod instrument;
-mod runtime_legacy;
 mod transfers;
 pub mod unwind_info;
 

@@ -12,7 +12,7 @@ use iced_x86::{Code, Instruction, MemoryOperand, OpKind, Register};
 
 use super::emitter::rip;
 use super::function::{FnGen, OutOfLine, Skip};
-use super::runtime_legacy::add_path;
+use super::instrument::add_path;
 use crate::analysis::cfg::{EdgeKind, ExitKind};
 use crate::analysis::disasm::Flow;
 

@@ -79,9 +79,9 @@
 //! maps a control block, a 16-word ring, the tables, a stack and the code;
 //! `regs.rs` calls a routine with every general register set and reads them
 //! all back (the contract above is checked, not assumed); `signal.rs`
-//! installs the handler and restorer for a real signal; `equivalence.rs`
-//! runs the runtime `clone.rs` emits from the same random states and
-//! compares the effects.
+//! installs the handler and restorer for a real signal. (When this runtime
+//! replaced the hand-emitted one, a test ran both from 4000 random states
+//! and found every effect identical; it went with the old code.)
 use burstyd_common::burst::BurstControl;
 use iced_x86::code_asm::{CodeAssembler, CodeLabel};
 use iced_x86::{BlockEncoderOptions, IcedError};
@@ -95,8 +95,6 @@ mod handler;
 mod lookup;
 mod ring;
 
-#[cfg(test)]
-mod equivalence;
 #[cfg(test)]
 mod regs;
 #[cfg(test)]
@@ -120,7 +118,11 @@ pub const NO_PATH: u32 = 0x8000_0000;
 pub struct Runtime {
     /// The code, to be placed at the `at` given to [`assemble`].
     pub bytes: Vec<u8>,
+    /// `rt_emit` and `rt_lookup` are called by the other routines, not by
+    /// the clones; the unit tests call them directly.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub emit: u64,
+    #[cfg_attr(not(test), allow(dead_code))]
     pub lookup: u64,
     pub lookup_fn: u64,
     pub enter: u64,

@@ -85,10 +85,6 @@ impl Harness {
         self.base as u64 + off as u64
     }
 
-    pub(super) fn control(&self) -> u64 {
-        self.at(0)
-    }
-
     pub(super) fn ctl(&self) -> &BurstControl {
         // SAFETY: the mapping starts with CONTROL_BYTES (>= the size of a
         // BurstControl) of page-aligned, zero-initialised memory, valid for
@@ -169,23 +165,6 @@ impl Harness {
         assert!(off + 8 <= PAGE);
         // SAFETY: as in `uc_word`.
         unsafe { (self.base.add(UCONTEXT + off) as *mut u64).write_unaligned(v) }
-    }
-
-    /// Everything a routine may write but the stack: the control block,
-    /// the ring, the tables, the ucontext, and the return address slot.
-    pub(super) fn data(&self) -> (Vec<u8>, u64) {
-        // SAFETY: [0, STACK) lies inside the mapping; no routine runs while
-        // the slice lives.
-        let bytes = unsafe { std::slice::from_raw_parts(self.base, STACK) };
-        (bytes.to_vec(), self.ret_slot())
-    }
-
-    /// Puts back what [`Harness::data`] returned.
-    pub(super) fn set_data(&mut self, data: &(Vec<u8>, u64)) {
-        assert_eq!(data.0.len(), STACK);
-        // SAFETY: as in `data`; `&mut self` makes the access unique.
-        unsafe { std::ptr::copy_nonoverlapping(data.0.as_ptr(), self.base, STACK) };
-        self.set_ret_slot(data.1);
     }
 
     /// The address of code page `page`.
