@@ -15,10 +15,12 @@ echo "[test] cargo clippy" >&2
 cargo clippy --workspace --exclude burstyd-ebpf --all-targets -- -D warnings 2> >(quiet)
 echo "[test] cargo test" >&2
 # default-members: every crate but the eBPF one, which only builds for BPF.
+# --no-fail-fast: one failing test binary must not hide the results of the
+# others.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-BURSTYD_BIN="$PWD/target/release/burstyd" cargo test 2> >(quiet) | tee "$log" || status=$?
+BURSTYD_BIN="$PWD/target/release/burstyd" cargo test --no-fail-fast 2> >(quiet) | tee "$log" || status=$?
 # One closing line for the whole suite (cargo prints one per test binary,
 # the last of which is often an empty doc-test run).
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "all tests: %d passed, %d failed, %d ignored\n", p, f, i }' "$log" >&2
