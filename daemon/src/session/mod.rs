@@ -12,51 +12,50 @@ use anyhow::{Context as _, bail};
 use burstyd_common::{SAMPLE_USER_REGS, SAMPLE_USTACK_SHORT, Sample};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cct::Cct;
-use crate::config::{Overrides, PushTarget, Settings, Source};
-use crate::events::{EventSpec, Sampling};
-use crate::export::{ProfileMeta, build_profile, write_profile};
-use crate::http::{ProfileKind, ProfileRequest};
-use crate::metrics::METRICS;
-use crate::pprof::encode_gzip;
-use crate::procs::ProcessTable;
-use crate::push::{Job, Pusher};
-use crate::sampler::Sampler;
-use crate::symbolize::Symbolizer;
-use crate::targets::Scanner;
-use crate::unwind::{UnwindEnd, Unwinder, UserRegs};
+use crate::export::context::{ProfileMeta, build_profile, write_profile};
+use crate::export::pprof::encode_gzip;
+use crate::sampling::events::{EventSpec, Sampling};
+use crate::sampling::sampler::Sampler;
+use crate::service::config::{Overrides, PushTarget, Settings, Source};
+use crate::service::http::{ProfileKind, ProfileRequest};
+use crate::service::metrics::METRICS;
+use crate::service::push::{Job, Pusher};
+use crate::service::targets::Scanner;
+use crate::stacks::cct::Cct;
+use crate::stacks::symbolize::Symbolizer;
+use crate::stacks::table::ProcessTable;
+use crate::stacks::unwind::{UnwindEnd, Unwinder, UserRegs};
 
-pub struct SessionOptions {
-    pub event: EventSpec,
-    pub requested_event: Option<String>,
-    pub sampling: Sampling,
+pub(crate) struct SessionOptions {
+    pub(crate) event: EventSpec,
+    pub(crate) requested_event: Option<String>,
+    pub(crate) sampling: Sampling,
     /// `None`: system-wide.
-    pub targets: Option<Vec<u32>>,
-    pub kernel_stacks: bool,
-    pub duration: Option<Duration>,
-    pub interval: Option<Duration>,
-    pub output: PathBuf,
+    pub(crate) targets: Option<Vec<u32>>,
+    pub(crate) duration: Option<Duration>,
+    pub(crate) interval: Option<Duration>,
+    pub(crate) output: PathBuf,
     /// Bursty tracing of the targets (`--pid`/`run`), unless `--no-bursts`.
-    pub bursts: Option<crate::burst::BurstOptions>,
-    pub service: Service,
+    pub(crate) bursts: Option<crate::bursts::BurstOptions>,
+    pub(crate) service: Service,
 }
 
 /// The service side of a session: configuration-file targets, HTTP, push,
 /// retention, reload.
-pub struct Service {
+pub(crate) struct Service {
     /// The effective settings (HTTP address, push targets, retention).
-    pub settings: Settings,
+    pub(crate) settings: Settings,
     /// Configured target selectors, rescanned every second.
-    pub scanner: Option<Scanner>,
+    pub(crate) scanner: Option<Scanner>,
     /// Where SIGHUP re-reads the configuration from (`None`: no file).
-    pub reload: Option<Reload>,
+    pub(crate) reload: Option<Reload>,
 }
 
-pub struct Reload {
-    pub source: Source,
-    pub overrides: Overrides,
+pub(crate) struct Reload {
+    pub(crate) source: Source,
+    pub(crate) overrides: Overrides,
     /// `--pid` or `run`: the file's targets do not apply.
-    pub static_targets: bool,
+    pub(crate) static_targets: bool,
 }
 
 /// How long the last pushes may take at exit before they are left in the
@@ -73,28 +72,28 @@ struct Window {
 
 /// Counts reported at the end of a session.
 #[derive(Debug, Default, Clone)]
-pub struct SessionStats {
-    pub samples: u64,
-    pub truncated_stacks: u64,
-    pub no_unwind_info: u64,
-    pub unwind_errors: u64,
-    pub kernel_only: u64,
-    pub ring_full: u64,
-    pub profiles_written: u64,
+pub(crate) struct SessionStats {
+    pub(crate) samples: u64,
+    pub(crate) truncated_stacks: u64,
+    pub(crate) no_unwind_info: u64,
+    pub(crate) unwind_errors: u64,
+    pub(crate) kernel_only: u64,
+    pub(crate) ring_full: u64,
+    pub(crate) profiles_written: u64,
     /// Daemon CPU before sampling began (loading eBPF, attaching), ns.
-    pub startup_cpu_ns: u64,
+    pub(crate) startup_cpu_ns: u64,
     /// Daemon CPU while sampling (unwinding, trees, interval profiles), ns.
-    pub sampling_cpu_ns: u64,
+    pub(crate) sampling_cpu_ns: u64,
     /// Wall time of the sampling phase.
-    pub sampling_secs: f64,
+    pub(crate) sampling_secs: f64,
     /// Daemon CPU for the final drain and profile (symbolization), ns.
-    pub final_cpu_ns: u64,
-    pub peak_rss_bytes: u64,
+    pub(crate) final_cpu_ns: u64,
+    pub(crate) peak_rss_bytes: u64,
 }
 
 /// Why the session loop ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EndReason {
+enum EndReason {
     Duration,
     Signal,
     TargetsExited,
@@ -254,12 +253,12 @@ fn write_interval(
     procs: &ProcessTable,
     symbolizer: &mut Symbolizer,
     meta: &ProfileMeta,
-    notify: Option<&crate::notify::Notifier>,
+    notify: Option<&crate::service::notify::Notifier>,
 ) -> anyhow::Result<Vec<u8>> {
     let name = format!("context-{}.pb.gz", timestamp(meta.end));
     let profile = build_profile(cct, procs, symbolizer, meta);
     let bytes = encode_gzip(&profile)?;
-    let path = write_atomic(&opts.output, &name, &bytes)
+    let path = crate::export::write_atomic(&opts.output, &name, &bytes)
         .with_context(|| format!("writing {}", opts.output.join(&name).display()))?;
     tracing::info!("wrote {} ({} samples)", path.display(), cct.samples);
     if let Some(n) = notify {
@@ -348,7 +347,7 @@ fn apply_scan(scanner: &mut Scanner, sampler: &mut Sampler, procs: &mut ProcessT
         if let Err(e) = sampler.remove_target(pid) {
             tracing::warn!("removing target pid {pid}: {e}");
         }
-        if crate::targets::exited(pid) {
+        if !crate::sys::process_running(pid) {
             procs.mark_exited(pid);
             tracing::info!("target pid {pid} exited");
         } else {
@@ -370,16 +369,16 @@ fn reload(
     opts: &mut SessionOptions,
     sampler: &mut Sampler,
     scanner: &mut Option<Scanner>,
-    http: &mut Option<crate::http::Server>,
+    http: &mut Option<crate::service::http::Server>,
     req_tx: &tokio::sync::mpsc::Sender<ProfileRequest>,
     pusher: &mut Option<Pusher>,
-    notify: &crate::notify::Notifier,
+    notify: &crate::service::notify::Notifier,
 ) {
     let Some(r) = &opts.service.reload else {
         tracing::info!("SIGHUP: no configuration file in use; nothing to reload");
         return;
     };
-    let new = crate::config::load(&r.source)
+    let new = crate::service::config::load(&r.source)
         .map_err(anyhow::Error::from)
         .and_then(|f| Settings::resolve(f.as_ref(), Some(&r.source.path), &r.overrides));
     let new = match new {
@@ -441,7 +440,8 @@ fn reload(
                 tracing::info!("HTTP endpoint off");
             }
             Some(addr) => {
-                match crate::http::Server::start(addr, req_tx.clone(), opts.output.clone()) {
+                match crate::service::http::Server::start(addr, req_tx.clone(), opts.output.clone())
+                {
                     Ok(s) => {
                         tracing::info!("HTTP endpoint now on http://{}/", s.addr());
                         *http = Some(s);
@@ -500,16 +500,6 @@ fn prune_output(dir: &Path, keep: Option<usize>, max_age: Option<Duration>) {
     }
 }
 
-/// Writes `bytes` to `dir/name` atomically (temp file + rename).
-fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, &path)?;
-    Ok(path)
-}
-
 fn comm_str(comm: &[u8; 16]) -> &str {
     let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
     std::str::from_utf8(&comm[..end]).unwrap_or("?")
@@ -517,7 +507,7 @@ fn comm_str(comm: &[u8; 16]) -> &str {
 
 /// Runs a session until it ends; `child` (for `burstyd run`) is awaited as
 /// one of the end conditions and its exit status returned.
-pub async fn run(
+pub(crate) async fn run(
     mut opts: SessionOptions,
     mut sampler: Sampler,
     mut child: Option<tokio::process::Child>,
@@ -579,7 +569,7 @@ pub async fn run(
     let (req_tx, mut req_rx) = tokio::sync::mpsc::channel::<ProfileRequest>(16);
     let mut http = match opts.service.settings.http {
         Some(addr) => {
-            let s = crate::http::Server::start(addr, req_tx.clone(), opts.output.clone())
+            let s = crate::service::http::Server::start(addr, req_tx.clone(), opts.output.clone())
                 .with_context(|| format!("serving HTTP on {addr}"))?;
             tracing::info!(
                 "HTTP endpoint on http://{}/ (/debug/pprof/profile, /metrics)",
@@ -596,7 +586,7 @@ pub async fn run(
 
     // systemd: ready once the programs are loaded and attached (they are:
     // the sampler exists), then status lines and watchdog pings.
-    let notify = crate::notify::Notifier::from_env();
+    let notify = crate::service::notify::Notifier::from_env();
     notify.ready(&format!(
         "sampling {} on {}",
         match (&opts.targets, &scanner) {
@@ -609,7 +599,7 @@ pub async fn run(
     let watchdog_every = notify.watchdog_interval();
     let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(Duration::from_secs(3600)));
 
-    let mut bursts = crate::burst::Bursts::start(
+    let mut bursts = crate::bursts::Bursts::start(
         opts.bursts.as_ref(),
         opts.targets.as_deref().unwrap_or_default(),
         &mut sampler,
@@ -848,7 +838,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 }
 
 /// Checks `--pid` targets before anything is loaded.
-pub fn check_targets(pids: &[u32]) -> anyhow::Result<()> {
+pub(crate) fn check_targets(pids: &[u32]) -> anyhow::Result<()> {
     for &pid in pids {
         if !crate::sys::process_exists(pid) {
             bail!("no such process: {pid}");

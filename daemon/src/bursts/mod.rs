@@ -35,21 +35,21 @@ use userspace_rewriter::inject::{self, KernelSigaction, SA_RESTORER, Tracee};
 use userspace_rewriter::plan::{self, FunctionStatus, Plan, PlanOptions};
 use userspace_rewriter::unwind_info;
 
-use crate::pprof::{LineKey, MappingKey, ProfileBuilder, encode_gzip};
+use crate::export::pprof::{LineKey, MappingKey, ProfileBuilder, encode_gzip};
 
 /// How bursts run.
 #[derive(Clone, Debug)]
-pub struct BurstOptions {
+pub(crate) struct BurstOptions {
     /// Checks per burst (`--burst`).
-    pub burst_len: u64,
+    pub(crate) burst_len: u64,
     /// Every event, from the first burst on, for ground truth.
-    pub full_trace: bool,
+    pub(crate) full_trace: bool,
     /// Write raw burst traces here (`--save-bursts`).
-    pub save_bursts: Option<PathBuf>,
+    pub(crate) save_bursts: Option<PathBuf>,
 }
 
 /// Default checks per burst.
-pub const DEFAULT_BURST: u64 = 200;
+pub(crate) const DEFAULT_BURST: u64 = 200;
 
 /// Record ring sizes (words of 8 bytes).
 const RING_WORDS: u64 = 1 << 19; // 4 MiB
@@ -59,23 +59,23 @@ const MEMFD_NAME: &str = "burstyd-bursts";
 
 /// Totals reported at the end.
 #[derive(Clone, Debug, Default)]
-pub struct BurstStats {
-    pub functions_rewritten: usize,
-    pub functions_skipped: usize,
-    pub bursts: u64,
-    pub bursts_truncated: u64,
-    pub declined_busy: u64,
-    pub declined_pc: u64,
+pub(crate) struct BurstStats {
+    pub(crate) functions_rewritten: usize,
+    pub(crate) functions_skipped: usize,
+    pub(crate) bursts: u64,
+    pub(crate) bursts_truncated: u64,
+    pub(crate) declined_busy: u64,
+    pub(crate) declined_pc: u64,
     /// Signals handled with `--burst 0` (straight back to the original).
-    pub declined_budget: u64,
-    pub records: u64,
-    pub records_lost: u64,
-    pub paths: u64,
-    pub partial_paths: u64,
-    pub bad_records: u64,
+    pub(crate) declined_budget: u64,
+    pub(crate) records: u64,
+    pub(crate) records_lost: u64,
+    pub(crate) paths: u64,
+    pub(crate) partial_paths: u64,
+    pub(crate) bad_records: u64,
     /// Bursts ended by the daemon: their thread left the clones without a
     /// check (an exception or longjmp into original code).
-    pub reaped: u64,
+    pub(crate) reaped: u64,
 }
 
 /// Calling contexts inside bursts, interned as a tree of `(parent, fid)`
@@ -133,7 +133,7 @@ struct Injected {
 }
 
 /// One process being traced in bursts.
-pub struct BurstTracer {
+pub(crate) struct BurstTracer {
     pid: u32,
     exe: PathBuf,
     plan: Plan,
@@ -165,7 +165,7 @@ pub struct BurstTracer {
     /// instruction (its branch), for `edges.fdata`.
     last_insn: HashMap<u32, Vec<u64>>,
     /// The clones, for unwinding samples taken during bursts.
-    frames: std::sync::Arc<crate::unwind::CloneFrames>,
+    frames: std::sync::Arc<crate::stacks::clones::CloneFrames>,
     /// DWARF lines of the executable, opened while the process lives.
     lines: Option<addr2line::Loader>,
 }
@@ -182,7 +182,7 @@ fn exe_id(data: &[u8]) -> u64 {
 
 impl BurstTracer {
     /// Injects (or re-arms) the clones in `pid`.
-    pub fn attach(pid: u32, opts: &BurstOptions) -> anyhow::Result<Self> {
+    pub(crate) fn attach(pid: u32, opts: &BurstOptions) -> anyhow::Result<Self> {
         let exe = PathBuf::from(format!("/proc/{pid}/exe"));
         let data = std::fs::read(&exe)
             .with_context(|| format!("reading the executable of pid {pid} ({})", exe.display()))?;
@@ -533,7 +533,7 @@ impl BurstTracer {
             burst_tid: 0,
             bolt_names,
             last_insn,
-            frames: std::sync::Arc::new(crate::unwind::CloneFrames {
+            frames: std::sync::Arc::new(crate::stacks::clones::CloneFrames {
                 range: img.code_range.0..img.code_range.1,
                 eh_frame: eh.1.into(),
                 eh_frame_addr: eh.0,
@@ -548,17 +548,17 @@ impl BurstTracer {
         t
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.pid
     }
 
     /// The clones, for the unwinder.
-    pub fn clone_frames(&self) -> std::sync::Arc<crate::unwind::CloneFrames> {
+    pub(crate) fn clone_frames(&self) -> std::sync::Arc<crate::stacks::clones::CloneFrames> {
         self.frames.clone()
     }
 
     /// The eBPF `BURSTS` map entry.
-    pub fn target(&self) -> BurstTarget {
+    pub(crate) fn target(&self) -> BurstTarget {
         BurstTarget {
             armed_addr: self.control_addr + ARMED_OFFSET as u64,
             signal: self.signal as u32,
@@ -572,7 +572,7 @@ impl BurstTracer {
     }
 
     /// Consumes every record the target wrote. Returns how many.
-    pub fn drain(&mut self) -> u64 {
+    pub(crate) fn drain(&mut self) -> u64 {
         let head = self
             .word(core::mem::offset_of!(BurstControl, head))
             .load(Ordering::Acquire);
@@ -730,7 +730,7 @@ impl BurstTracer {
 
     /// Counters from the target side (this session's), folded into the
     /// stats.
-    pub fn stats(&self) -> BurstStats {
+    pub(crate) fn stats(&self) -> BurstStats {
         let now = self.target_counters();
         let d = |i: usize| now[i].wrapping_sub(self.baseline[i]);
         let mut s = self.stats.clone();
@@ -744,14 +744,14 @@ impl BurstTracer {
     }
 
     /// No new bursts; a running one ends at its next check.
-    pub fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         let cb = control_mut(&mut self.shm);
         cb.armed = 0;
         cb.owner = 0;
     }
 
     /// Stops bursts and restores the signal disposition.
-    pub fn detach(mut self) -> anyhow::Result<BurstStats> {
+    pub(crate) fn detach(mut self) -> anyhow::Result<BurstStats> {
         self.disarm();
         // Let a signal already in flight arrive and be declined.
         std::thread::sleep(std::time::Duration::from_millis(20));
@@ -783,7 +783,7 @@ impl BurstTracer {
                 t.rt_sigaction(self.signal, Some(&self.old_action))?;
                 t.detach()?;
             }
-            Err(e) if !process_alive(self.pid) => {
+            Err(e) if !crate::sys::process_running(self.pid) => {
                 debug!("pid {} exited before detach: {e}", self.pid);
             }
             Err(e) => return Err(e).context("restoring the target's signal disposition"),
@@ -797,7 +797,7 @@ impl BurstTracer {
     /// FROM is the last byte of the source block (inside its branch), TO the
     /// target block's start; call fall-throughs are not branches for BOLT
     /// and are left out.
-    pub fn fdata(&self) -> String {
+    pub(crate) fn fdata(&self) -> String {
         use userspace_rewriter::cfg::EdgeKind;
         let mut edges: std::collections::BTreeMap<(u32, u64, u64), u64> = Default::default();
         for ((_, fid, path), n) in &self.counts {
@@ -909,7 +909,7 @@ impl BurstTracer {
 
     /// `paths.pb.gz`: one sample per (context, function, path).
     /// Adds this process's paths to `paths.pb.gz` (see [`paths_builder`]).
-    pub fn add_paths(&self, b: &mut ProfileBuilder, leaf_weights: &HashMap<u64, u64>) {
+    pub(crate) fn add_paths(&self, b: &mut ProfileBuilder, leaf_weights: &HashMap<u64, u64>) {
         let events = self.path_events(leaf_weights);
         let execs = self.executions();
         let line_of = |svma: u64| -> (Option<String>, u32) {
@@ -955,7 +955,7 @@ impl BurstTracer {
                 lines.push(format!("L{line}"));
             }
             let (ffile, fline) = line_of(f.start);
-            let fname = crate::symbolize::demangle(&f.name);
+            let fname = crate::stacks::symbolize::demangle(&f.name);
             let name = format!("{fname} path {path}: {}", lines.join("→"));
             let leaf = b.location(
                 mapping,
@@ -982,7 +982,7 @@ impl BurstTracer {
                         mapping,
                         cf.start.wrapping_add(self.bias),
                         &[LineKey {
-                            function: crate::symbolize::demangle(&cf.name),
+                            function: crate::stacks::symbolize::demangle(&cf.name),
                             file: cfile.unwrap_or_default(),
                             line: i64::from(cline),
                         }],
@@ -1053,7 +1053,7 @@ fn install_handler(
 }
 
 /// The bursty-tracing side of a session: one tracer per target.
-pub struct Bursts {
+pub(crate) struct Bursts {
     tracers: Vec<BurstTracer>,
     full_trace: bool,
 }
@@ -1062,10 +1062,10 @@ impl Bursts {
     /// Attaches to each target (waiting for `run`'s command to have
     /// exec'd). A target that cannot be traced in bursts is still sampled;
     /// the reason is logged.
-    pub fn start(
+    pub(crate) fn start(
         opts: Option<&BurstOptions>,
         pids: &[u32],
-        sampler: &mut crate::sampler::Sampler,
+        sampler: &mut crate::sampling::sampler::Sampler,
     ) -> Self {
         let mut tracers = Vec::new();
         let Some(opts) = opts else {
@@ -1085,10 +1085,10 @@ impl Bursts {
                         warn!(pid, "cannot arm bursts: {e}");
                     }
                     let s = t.stats();
-                    crate::metrics::METRICS
+                    crate::service::metrics::METRICS
                         .functions_rewritten
                         .add(s.functions_rewritten as u64);
-                    crate::metrics::METRICS
+                    crate::service::metrics::METRICS
                         .functions_skipped
                         .add(s.functions_skipped as u64);
                     tracers.push(t);
@@ -1102,40 +1102,40 @@ impl Bursts {
         }
     }
 
-    pub fn active(&self) -> bool {
+    pub(crate) fn active(&self) -> bool {
         !self.tracers.is_empty()
     }
 
     /// The processes traced in bursts.
-    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(crate) fn pids(&self) -> impl Iterator<Item = u32> + '_ {
         self.tracers.iter().map(|t| t.pid())
     }
 
     /// Lets the unwinder see through the clones of every traced process.
-    pub fn register_clone_frames(&self, procs: &mut crate::procs::ProcessTable) {
+    pub(crate) fn register_clone_frames(&self, procs: &mut crate::stacks::table::ProcessTable) {
         for t in &self.tracers {
             procs.set_clone_frames(t.pid(), t.clone_frames());
         }
     }
 
     /// How often to drain the record rings: a full trace fills them fast.
-    pub fn drain_interval(&self) -> std::time::Duration {
+    pub(crate) fn drain_interval(&self) -> std::time::Duration {
         std::time::Duration::from_millis(if self.full_trace { 5 } else { 50 })
     }
 
-    pub fn drain(&mut self) {
+    pub(crate) fn drain(&mut self) {
         for t in &mut self.tracers {
             t.drain();
         }
     }
 
     /// Disarms, drains, detaches; writes `paths.pb.gz` and logs the summary.
-    pub fn finish(
+    pub(crate) fn finish(
         &mut self,
-        sampler: &mut crate::sampler::Sampler,
+        sampler: &mut crate::sampling::sampler::Sampler,
         output: &Path,
         event: &str,
-        counters: &crate::sampler::KernelCounters,
+        counters: &crate::sampling::sampler::KernelCounters,
         leaf_weights: &HashMap<u32, HashMap<u64, u64>>,
     ) {
         if self.tracers.is_empty() {
@@ -1160,11 +1160,13 @@ impl Bursts {
                     continue;
                 }
             };
-            crate::metrics::METRICS.bursts_taken.add(stats.bursts);
-            crate::metrics::METRICS
+            crate::service::metrics::METRICS
+                .bursts_taken
+                .add(stats.bursts);
+            crate::service::metrics::METRICS
                 .bursts_truncated
                 .add(stats.bursts_truncated);
-            crate::metrics::METRICS
+            crate::service::metrics::METRICS
                 .bursts_declined
                 .add(stats.declined_busy + stats.declined_pc + stats.declined_budget);
             info!(
@@ -1199,18 +1201,17 @@ impl Bursts {
                 names.push(format!("edges-{pid}.fdata"));
             }
             for name in names {
-                let edges = output.join(name);
-                if let Err(e) = write_atomic(&edges, fdata.as_bytes()) {
-                    warn!("writing {}: {e}", edges.display());
+                if let Err(e) = crate::export::write_atomic(output, &name, fdata.as_bytes()) {
+                    warn!("writing {}: {e}", output.join(name).display());
                 }
             }
         }
         let path = output.join("paths.pb.gz");
         match encode_gzip(&paths.finish()).map_err(anyhow::Error::from) {
-            Ok(p) => match write_atomic(&path, &p) {
-                Ok(()) => {
+            Ok(p) => match crate::export::write_atomic(output, "paths.pb.gz", &p) {
+                Ok(_) => {
                     info!("wrote {}", path.display());
-                    crate::http::set_paths_profile(p);
+                    crate::service::http::set_paths_profile(p);
                 }
                 Err(e) => warn!("writing {}: {e}", path.display()),
             },
@@ -1328,23 +1329,6 @@ fn bolt_names(data: &[u8]) -> HashMap<u64, String> {
         }
     }
     out
-}
-
-/// Running (not gone, not a zombie).
-fn process_alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().to_owned())
-        })
-        .is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
 }
 
 /// `burstyd run` releases its command just before the session starts; the
