@@ -1,9 +1,13 @@
 //! Profiles out: profile.proto and its interning builder ([`pprof`]),
-//! calling context trees → symbolized pprof ([`context`]), and the atomic
-//! file write every output goes through.
+//! calling context trees → symbolized pprof ([`context`]), bursty
+//! tracing's path counts → `paths.pb.gz` ([`paths`]) and BOLT's
+//! `edges.fdata` ([`fdata`]), and the atomic file write every output goes
+//! through.
 use std::path::{Path, PathBuf};
 
 pub(crate) mod context;
+pub(crate) mod fdata;
+pub(crate) mod paths;
 pub(crate) mod pprof;
 
 /// Writes `bytes` to `dir/name` atomically (a hidden temp file in `dir`,
