@@ -17,18 +17,17 @@
 //! the eBPF program no burst starts, and nothing in the target waits for
 //! the daemon (a full ring truncates the burst; in full-trace mode the
 //! writer yields a bounded number of times, then drops).
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use burstyd_common::burst::BurstTarget;
-use tracing::{debug, info, warn};
+use tokio::sync::mpsc;
+use tracing::warn;
 use userspace_rewriter::paths::PathNumbering;
 use userspace_rewriter::plan::{FunctionStatus, Plan};
 
 use crate::export::fdata::FdataFacts;
-use crate::export::pprof::encode_gzip;
-use crate::service::metrics::METRICS;
 use crate::stacks::clones::CloneFrames;
 
 pub(crate) mod counts;
@@ -250,68 +249,99 @@ impl BurstTracer {
     }
 }
 
-/// The bursty-tracing side of a session: one tracer per target.
+/// A finished attach, sent by the attach thread.
+pub(crate) struct Attach {
+    pub(crate) pid: u32,
+    pub(crate) tracer: anyhow::Result<BurstTracer>,
+}
+
+/// The bursty-tracing side of a session: one tracer per target, and the
+/// thread attaching to them.
 pub(crate) struct Bursts {
     tracers: Vec<BurstTracer>,
     full_trace: bool,
+    /// Finished attaches, until the attach thread is done (the channel
+    /// closes when it returns).
+    attaching: Option<mpsc::UnboundedReceiver<Attach>>,
+    /// Set when the session ends: the attach thread starts no further
+    /// attach (the one under way runs to its end and is detached).
+    cancel: Arc<AtomicBool>,
 }
 
 impl Bursts {
-    /// Attaches to each target (waiting for `run`'s command to have
-    /// exec'd). A target that cannot be traced in bursts is still sampled;
-    /// the reason is logged.
-    pub(crate) fn start(
-        opts: Option<&BurstOptions>,
-        pids: &[u32],
-        sampler: &mut crate::sampling::sampler::Sampler,
-    ) -> Self {
-        let mut tracers = Vec::new();
-        let Some(opts) = opts else {
-            return Bursts {
-                tracers,
-                full_trace: false,
-            };
+    /// Starts attaching to each target (waiting for `run`'s command to
+    /// have exec'd), one after the other, on a thread of its own
+    /// (`burstyd-attach`): the analysis, the code generation and the
+    /// ptrace stop take seconds for a big binary, and the session keeps
+    /// sampling, serving HTTP and pinging the watchdog meanwhile. The
+    /// tracers (or why a target cannot be traced) arrive through
+    /// [`Self::next_attach`].
+    pub(crate) fn start(opts: Option<&BurstOptions>, pids: &[u32]) -> Self {
+        let mut bursts = Bursts {
+            tracers: Vec::new(),
+            full_trace: opts.is_some_and(|o| o.full_trace),
+            attaching: None,
+            cancel: Arc::new(AtomicBool::new(false)),
         };
-        for &pid in pids {
-            lifecycle::wait_for_exec(pid);
-            match BurstTracer::attach(pid, opts) {
-                Ok(t) => {
-                    // Also with --burst 0: every overflow still reaches the
-                    // handler, which returns to the original code at once
-                    // (what being attached costs without bursts).
-                    if let Err(e) = sampler.set_burst_target(pid, Some(t.target())) {
-                        warn!(pid, "cannot arm bursts: {e}");
+        let Some(opts) = opts else {
+            return bursts;
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (opts, pids, cancel) = (opts.clone(), pids.to_vec(), bursts.cancel.clone());
+        let spawned = std::thread::Builder::new()
+            .name("burstyd-attach".into())
+            .spawn(move || {
+                for pid in pids {
+                    if cancel.load(Ordering::Relaxed) {
+                        break;
                     }
-                    let s = t.stats();
-                    METRICS
-                        .functions_rewritten
-                        .add(s.functions_rewritten as u64);
-                    METRICS.functions_skipped.add(s.functions_skipped as u64);
-                    tracers.push(t);
+                    lifecycle::wait_for_exec(pid);
+                    let tracer = BurstTracer::attach(pid, &opts);
+                    if let Err(mpsc::error::SendError(a)) = tx.send(Attach { pid, tracer }) {
+                        // Nobody will drain it: leave the target as it was.
+                        if let Ok(t) = a.tracer {
+                            let _ = t.detach();
+                        }
+                        break;
+                    }
                 }
-                Err(e) => warn!(pid, "bursty tracing disabled for this process: {e:#}"),
-            }
+            });
+        match spawned {
+            Ok(_) => bursts.attaching = Some(rx),
+            Err(e) => warn!("bursty tracing disabled: cannot start the attach thread: {e}"),
         }
-        Bursts {
-            tracers,
-            full_trace: opts.full_trace,
-        }
+        bursts
     }
 
+    /// The next finished attach; `None` when the attach thread is done
+    /// (then [`Self::attaching`] turns false) or was never started.
+    /// Cancel safe.
+    pub(crate) async fn next_attach(&mut self) -> Option<Attach> {
+        let a = self.attaching.as_mut()?.recv().await;
+        if a.is_none() {
+            self.attaching = None;
+        }
+        a
+    }
+
+    /// Whether attaches are still under way.
+    pub(crate) fn attaching(&self) -> bool {
+        self.attaching.is_some()
+    }
+
+    /// No further attaches (the one under way still finishes).
+    pub(crate) fn cancel_pending(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// A tracer attached (by [`Self::next_attach`]) joins the set.
+    pub(crate) fn add(&mut self, t: BurstTracer) {
+        self.tracers.push(t);
+    }
+
+    /// Whether any process is traced.
     pub(crate) fn active(&self) -> bool {
         !self.tracers.is_empty()
-    }
-
-    /// The processes traced in bursts.
-    pub(crate) fn pids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.tracers.iter().map(|t| t.pid())
-    }
-
-    /// Lets the unwinder see through the clones of every traced process.
-    pub(crate) fn register_clone_frames(&self, procs: &mut crate::stacks::table::ProcessTable) {
-        for t in &self.tracers {
-            procs.set_clone_frames(t.pid(), t.clone_frames());
-        }
     }
 
     /// How often to drain the record rings: a full trace fills them fast.
@@ -325,105 +355,8 @@ impl Bursts {
         }
     }
 
-    /// Disarms, drains, detaches; writes `paths.pb.gz` and `edges.fdata`
-    /// and logs the summary.
-    pub(crate) fn finish(
-        &mut self,
-        sampler: &mut crate::sampling::sampler::Sampler,
-        output: &Path,
-        event: &str,
-        counters: &crate::sampling::sampler::KernelCounters,
-        leaf_weights: &HashMap<u32, HashMap<u64, u64>>,
-    ) {
-        if self.tracers.is_empty() {
-            return;
-        }
-        let mut paths = crate::export::paths::paths_builder(event);
-        let mut fdatas = Vec::new();
-        for t in self.tracers.drain(..) {
-            let pid = t.pid();
-            let _ = sampler.set_burst_target(pid, None);
-            let Finished {
-                traced,
-                counts,
-                stats,
-            } = t.detach();
-            let empty = HashMap::new();
-            crate::export::paths::add_paths(
-                &mut paths,
-                &traced,
-                &counts,
-                leaf_weights.get(&pid).unwrap_or(&empty),
-            );
-            fdatas.push((
-                pid,
-                crate::export::fdata::fdata(&traced.plan, &traced.fdata, &counts),
-            ));
-            let stats = match stats {
-                Ok(s) => s,
-                Err(e) => {
-                    warn!(pid, "detaching: {e:#}");
-                    continue;
-                }
-            };
-            METRICS.bursts_taken.add(stats.bursts);
-            METRICS.bursts_truncated.add(stats.bursts_truncated);
-            METRICS
-                .bursts_declined
-                .add(stats.declined_busy + stats.declined_pc + stats.declined_budget);
-            info!(
-                pid,
-                "bursts: {} taken, {} truncated, {} declined (busy {}, PC not rewritten {}, budget 0 {}), {} reaped; {} signals sent, {} overflows during a burst; functions rewritten {}, skipped {}; {} paths recorded ({} partial), records lost: {}",
-                stats.bursts,
-                stats.bursts_truncated,
-                stats.declined_busy + stats.declined_pc + stats.declined_budget,
-                stats.declined_busy,
-                stats.declined_pc,
-                stats.declined_budget,
-                stats.reaped,
-                counters.burst_signals,
-                counters.burst_busy,
-                stats.functions_rewritten,
-                stats.functions_skipped,
-                stats.paths,
-                stats.partial_paths,
-                stats.records_lost
-            );
-            debug!(
-                pid,
-                "burst records: {} read, {} malformed or with a path number out of range",
-                stats.records,
-                stats.bad_records
-            );
-        }
-        let _ = std::fs::create_dir_all(output);
-        // edges.fdata is for one binary: the first process's; with several
-        // processes each also gets edges-<pid>.fdata.
-        let several = fdatas.len() > 1;
-        for (i, (pid, fdata)) in fdatas.iter().enumerate() {
-            let mut names = Vec::new();
-            if i == 0 {
-                names.push("edges.fdata".to_string());
-            }
-            if several {
-                names.push(format!("edges-{pid}.fdata"));
-            }
-            for name in names {
-                if let Err(e) = crate::export::write_atomic(output, &name, fdata.as_bytes()) {
-                    warn!("writing {}: {e}", output.join(name).display());
-                }
-            }
-        }
-        let path = output.join("paths.pb.gz");
-        match encode_gzip(&paths.finish()).map_err(anyhow::Error::from) {
-            Ok(p) => match crate::export::write_atomic(output, "paths.pb.gz", &p) {
-                Ok(_) => {
-                    info!("wrote {}", path.display());
-                    crate::service::http::set_paths_profile(p);
-                }
-                Err(e) => warn!("writing {}: {e}", path.display()),
-            },
-            Err(e) => warn!("path profile: {e:#}"),
-        }
+    /// The tracers, for detaching (the set is empty afterwards).
+    pub(crate) fn take(&mut self) -> Vec<BurstTracer> {
+        std::mem::take(&mut self.tracers)
     }
 }
