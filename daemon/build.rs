@@ -1,5 +1,5 @@
 //! Builds the eBPF programs in `../ebpf` for bpfel-unknown-none with
-//! aya-build and leaves the object in OUT_DIR, where `src/sampler.rs` embeds
+//! aya-build and leaves the object in OUT_DIR, where `src/sampling/sampler.rs` embeds
 //! it with `include_bytes_aligned!`.
 //!
 //! The eBPF crate needs `-Z build-std=core`. We build it with the pinned

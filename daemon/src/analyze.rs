@@ -6,15 +6,15 @@ use std::path::Path;
 use anyhow::{Context as _, bail};
 use userspace_rewriter::analysis::plan::{self, FunctionPlan, FunctionStatus, Plan, PlanOptions};
 
-pub struct AnalyzeOptions<'a> {
-    pub json: bool,
-    pub function: Option<&'a str>,
-    pub dot: bool,
-    pub plan_out: Option<&'a Path>,
-    pub k: u64,
+pub(crate) struct AnalyzeOptions<'a> {
+    pub(crate) json: bool,
+    pub(crate) function: Option<&'a str>,
+    pub(crate) dot: bool,
+    pub(crate) plan_out: Option<&'a Path>,
+    pub(crate) k: u64,
 }
 
-pub fn run(path: &Path, opts: &AnalyzeOptions) -> anyhow::Result<()> {
+pub(crate) fn run(path: &Path, opts: &AnalyzeOptions) -> anyhow::Result<()> {
     let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let report = plan::analyze(
         &data,

@@ -48,36 +48,36 @@ recorded in the profile).";
     about = "Near-zero-overhead profiler for native programs: eBPF stack sampling on PMU overflow, calling context trees, pprof output",
     after_help = EXAMPLES
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
-    pub command: Option<Command>,
+    pub(crate) command: Option<Command>,
 
     /// Profile only this process and its threads (repeatable). Without
     /// --pid (and without `run`), every process on the host is sampled.
     #[arg(short, long = "pid", value_name = "PID")]
-    pub pids: Vec<u32>,
+    pub(crate) pids: Vec<u32>,
 
     /// Configuration file [default: /etc/burstyd/burstyd.toml if it
     /// exists; `run` reads one only when given]. Flags override its values;
     /// SIGHUP re-reads it.
     #[arg(long, value_name = "FILE", global = true)]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
 
     /// Ignore the configuration file.
     #[arg(long, global = true, conflicts_with = "config")]
-    pub no_config: bool,
+    pub(crate) no_config: bool,
 
     /// Serve /debug/pprof/*, /metrics and /healthz on this address
     /// (HOST:PORT, or a port on 127.0.0.1). Off by default.
     #[arg(long, value_name = "ADDR", global = true)]
-    pub http: Option<String>,
+    pub(crate) http: Option<String>,
 
     #[command(flatten)]
-    pub profile: ProfileArgs,
+    pub(crate) profile: ProfileArgs,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Launch a command and profile it until it exits; burstyd then exits
     /// with the command's exit status.
     Run {
@@ -113,59 +113,59 @@ pub enum Command {
 }
 
 #[derive(Debug, Args, Clone)]
-pub struct ProfileArgs {
+pub(crate) struct ProfileArgs {
     /// Event whose overflow triggers a sample.
     #[arg(short, long, default_value = "cycles", value_name = "EVENT")]
-    pub event: String,
+    pub(crate) event: String,
 
     /// Take a sample every N events (e.g. every 1000000 cycles).
     #[arg(long, value_name = "N", conflicts_with = "freq")]
-    pub period: Option<u64>,
+    pub(crate) period: Option<u64>,
 
     /// Take about HZ samples per second per CPU [default: 199, chosen from
     /// bench/overhead.sh].
     #[arg(short = 'F', long, value_name = "HZ")]
-    pub freq: Option<u64>,
+    pub(crate) freq: Option<u64>,
 
     /// Stop after this many seconds (default: until SIGINT/SIGTERM, or
     /// until the targets exit).
     #[arg(short, long, value_name = "SECS")]
-    pub duration: Option<f64>,
+    pub(crate) duration: Option<f64>,
 
     /// Write a fresh profile every SECS seconds (context-<time>.pb.gz),
     /// besides the final context.pb.gz.
     #[arg(short, long, value_name = "SECS")]
-    pub interval: Option<f64>,
+    pub(crate) interval: Option<f64>,
 
     /// Output directory.
     #[arg(short, long, default_value = "burstyd-out", value_name = "DIR")]
-    pub output: PathBuf,
+    pub(crate) output: PathBuf,
 
     /// Do not record kernel stacks.
     #[arg(long)]
-    pub no_kernel: bool,
+    pub(crate) no_kernel: bool,
 
     /// Bursty tracing (with --pid or run): checks per burst, i.e. how long
     /// each burst traces after a counter overflow switches a thread into
     /// the instrumented clones. 0 injects the clones and handles every
     /// overflow signal by returning straight to the original code: the
     /// cost of being attached, without bursts.
-    #[arg(long, value_name = "CHECKS", default_value_t = crate::burst::DEFAULT_BURST)]
-    pub burst: u64,
+    #[arg(long, value_name = "CHECKS", default_value_t = crate::bursts::DEFAULT_BURST)]
+    pub(crate) burst: u64,
 
     /// Sample only: no rewriting, no bursts (with --pid or run).
     #[arg(long, conflicts_with_all = ["full_trace", "save_bursts"])]
-    pub no_bursts: bool,
+    pub(crate) no_bursts: bool,
 
     /// Trace every event from the first burst on (ground truth; slow).
     #[arg(long)]
-    pub full_trace: bool,
+    pub(crate) full_trace: bool,
 
     /// Also write the raw burst traces to <OUTPUT>/bursts.jsonl.
     #[arg(long)]
-    pub save_bursts: bool,
+    pub(crate) save_bursts: bool,
 
     /// More logging (-v debug, -vv trace).
     #[arg(short, long, action = clap::ArgAction::Count)]
-    pub verbose: u8,
+    pub(crate) verbose: u8,
 }

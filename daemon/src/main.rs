@@ -1,15 +1,45 @@
-//! The `burstyd` binary: parses the command line, picks the event, starts
-//! the sampler and runs a session (see `burstyd::session`).
+//! burstyd: a near-zero-overhead profiler for native Linux programs.
+//!
+//! This file parses the command line, picks the event, starts the sampler
+//! and runs a session. The modules, in pipeline order (what each produces):
+//! - [`sampling`]: the perf event ([`sampling::events`]) and the eBPF
+//!   program with its ring buffer ([`sampling::sampler`]) → raw samples
+//!   (registers, a user stack copy, a kernel stack).
+//! - [`stacks`]: raw samples → call stacks (maps snapshots, ELF modules,
+//!   CFI unwinding) → calling context trees per thread; addresses →
+//!   functions, files and lines (symbolization).
+//! - [`bursts`]: bursty tracing of `--pid`/`run` targets: injected clones
+//!   (attach, re-arm, detach), the shared record ring → `BurstEvent`s →
+//!   path counts per calling context within a burst.
+//! - [`export`]: trees and path counts → pprof (`context.pb.gz`,
+//!   `paths.pb.gz`) and BOLT's `edges.fdata`, written atomically.
+//! - [`session`]: the event loop tying them together: samples, interval
+//!   and final profiles, HTTP requests, reloads, bursts, shutdown.
+//! - [`service`]: configuration file, configured targets, HTTP endpoint,
+//!   push to Pyroscope/Parca, metrics, systemd notifications.
+//! - [`cli`]: the command line; [`analyze`]: `burstyd analyze`, the
+//!   rewriter's plan of a binary; [`sys`]: the raw syscalls and /proc
+//!   checks the daemon makes itself.
+mod analyze;
+mod bursts;
+mod cli;
+mod export;
+mod sampling;
+mod service;
+mod session;
+mod stacks;
+mod sys;
+
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
+use crate::cli::{Cli, Command, ProfileArgs};
+use crate::sampling::events;
+use crate::sampling::sampler::{Sampler, SamplerOptions};
+use crate::service::config::{self, Overrides, Settings};
+use crate::session::SessionOptions;
 use anyhow::{Context as _, bail};
-use burstyd::cli::{Cli, Command, ProfileArgs};
-use burstyd::config::{self, Overrides, Settings};
-use burstyd::events;
-use burstyd::sampler::{Sampler, SamplerOptions};
-use burstyd::session::{self, SessionOptions};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
 
@@ -29,14 +59,14 @@ fn main() {
         k,
     }) = &cli.command
     {
-        let opts = burstyd::analyze::AnalyzeOptions {
+        let opts = crate::analyze::AnalyzeOptions {
             json: *json,
             function: function.as_deref(),
             dot: *dot,
             plan_out: plan.as_deref(),
             k: *k,
         };
-        if let Err(e) = burstyd::analyze::run(file, &opts) {
+        if let Err(e) = crate::analyze::run(file, &opts) {
             eprintln!("burstyd: error: {e:#}");
             std::process::exit(1);
         }
@@ -206,7 +236,7 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
     let mut scanner = None;
     let mut initial = targets.clone();
     if targets.is_none() && !settings.targets.is_empty() {
-        let mut s = burstyd::targets::Scanner::new(settings.targets.clone());
+        let mut s = crate::service::targets::Scanner::new(settings.targets.clone());
         let found = s.scan().added;
         initial = Some(found);
         scanner = Some(s);
@@ -242,12 +272,11 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
             requested_event,
             sampling,
             targets,
-            kernel_stacks: settings.kernel_stacks,
             duration,
             interval,
             output: settings.output.clone(),
             bursts: (!args.no_bursts && (child.is_some() || !cli.pids.is_empty())).then(|| {
-                burstyd::burst::BurstOptions {
+                crate::bursts::BurstOptions {
                     burst_len: args.burst,
                     full_trace: args.full_trace,
                     save_bursts: args
@@ -277,7 +306,7 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
     })
 }
 
-fn describe_specs(specs: &[burstyd::config::TargetSpec]) -> String {
+fn describe_specs(specs: &[crate::service::config::TargetSpec]) -> String {
     specs
         .iter()
         .map(|s| s.to_string())

@@ -33,7 +33,7 @@ struct PerfEventAttr {
 /// Opens (and closes) a counting perf event of `type_`/`config` on `cpu`
 /// for all processes, to learn whether the host supports it. Errors carry
 /// the kernel's errno: ENOENT/EOPNOTSUPP/ENODEV mean "no such event here".
-pub fn probe_perf_event(type_: u32, config: u64, cpu: i32) -> io::Result<()> {
+pub(crate) fn probe_perf_event(type_: u32, config: u64, cpu: i32) -> io::Result<()> {
     let attr = PerfEventAttr {
         type_,
         size: size_of::<PerfEventAttr>() as u32,
@@ -63,14 +63,30 @@ pub fn probe_perf_event(type_: u32, config: u64, cpu: i32) -> io::Result<()> {
 }
 
 /// Does process `pid` exist? (`kill(pid, 0)`; EPERM still means it exists.)
-pub fn process_exists(pid: u32) -> bool {
+pub(crate) fn process_exists(pid: u32) -> bool {
     // SAFETY: signal 0 performs only the existence and permission checks.
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
     r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Is process `pid` running: there, and neither a zombie nor dead
+/// (`/proc/PID/stat` state other than `Z`/`X`)? Unlike
+/// [`process_exists`], an exited process its parent has not reaped yet
+/// is not running: ptrace cannot attach to it any more, and a configured
+/// target in that state has exited.
+pub(crate) fn process_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rfind(')')
+                .and_then(|i| s[i + 1..].split_whitespace().next())
+                .map(|state| state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
+}
+
 /// CPU time (user + system) this process has used so far, in nanoseconds.
-pub fn self_cpu_ns() -> u64 {
+pub(crate) fn self_cpu_ns() -> u64 {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `ru` is a valid out-pointer.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
@@ -79,7 +95,7 @@ pub fn self_cpu_ns() -> u64 {
 }
 
 /// Peak resident set size of this process in bytes.
-pub fn self_peak_rss() -> u64 {
+pub(crate) fn self_peak_rss() -> u64 {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `ru` is a valid out-pointer.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
@@ -88,7 +104,7 @@ pub fn self_peak_rss() -> u64 {
 
 /// Mounts tracefs at /sys/kernel/tracing if nothing is mounted there yet
 /// (tracepoint attachment needs it; systemd hosts usually have it already).
-pub fn ensure_tracefs() -> io::Result<()> {
+pub(crate) fn ensure_tracefs() -> io::Result<()> {
     if std::path::Path::new("/sys/kernel/tracing/events").exists() {
         return Ok(());
     }

@@ -43,26 +43,27 @@ use std::sync::Arc;
 use object::{Object, ObjectSymbol, SymbolKind};
 use tracing::{debug, warn};
 
-use crate::procs::{MappingInfo, Module, ProcessTable};
+use crate::stacks::modules::Module;
+use crate::stacks::table::{MappingInfo, ProcessTable};
 
 /// One (possibly inlined) function at an address.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Frame {
+pub(crate) struct Frame {
     /// Demangled name; `"??"` only when truly unknown.
-    pub function: String,
+    pub(crate) function: String,
     /// Source file, if DWARF says.
-    pub file: Option<String>,
+    pub(crate) file: Option<String>,
     /// Source line, if DWARF says.
-    pub line: Option<u32>,
+    pub(crate) line: Option<u32>,
 }
 
 /// What an address resolved to.
 #[derive(Clone, Debug)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     /// The mapping containing the address.
-    pub mapping: Option<MappingInfo>,
+    pub(crate) mapping: Option<MappingInfo>,
     /// Innermost first: inlined callees first, the containing (outer) function last; empty = unknown.
-    pub frames: Vec<Frame>,
+    pub(crate) frames: Vec<Frame>,
 }
 
 impl Resolved {
@@ -168,7 +169,7 @@ impl SymbolTable {
     }
 }
 
-pub fn demangle(raw: &str) -> String {
+pub(crate) fn demangle(raw: &str) -> String {
     addr2line::demangle_auto(Cow::Borrowed(raw), None).into_owned()
 }
 
@@ -456,7 +457,7 @@ impl KernelSymbols {
 }
 
 /// Resolves addresses to frames, caching per module and per address.
-pub struct Symbolizer {
+pub(crate) struct Symbolizer {
     modules: HashMap<ModuleId, ModuleSymbols>,
     /// `None` = not loaded yet.
     kernel: Option<Option<KernelSymbols>>,
@@ -470,7 +471,7 @@ impl Default for Symbolizer {
 
 impl Symbolizer {
     /// An empty symbolizer.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Symbolizer {
             modules: HashMap::new(),
             kernel: None,
@@ -481,7 +482,7 @@ impl Symbolizer {
     ///
     /// `is_return_address`: true for every frame but the leaf; then `addr - 1`
     /// (inside the call instruction) is looked up.
-    pub fn resolve_user(
+    pub(crate) fn resolve_user(
         &mut self,
         procs: &ProcessTable,
         pid: u32,
@@ -504,11 +505,6 @@ impl Symbolizer {
         }
     }
 
-    /// Resolve an SVMA in `module` directly (no process needed).
-    pub fn resolve_svma(&mut self, module: &Arc<Module>, svma: u64) -> Vec<Frame> {
-        self.module_symbols(module).resolve(svma).to_vec()
-    }
-
     fn module_symbols(&mut self, module: &Arc<Module>) -> &mut ModuleSymbols {
         let id = module_id(module);
         let entry = self
@@ -524,7 +520,7 @@ impl Symbolizer {
 
     /// Kernel addresses from `/proc/kallsyms` (loaded once, sorted). The
     /// mapping path is `[kernel.kallsyms]`, or `[module]` for kernel modules.
-    pub fn resolve_kernel(&mut self, addr: u64) -> Resolved {
+    pub(crate) fn resolve_kernel(&mut self, addr: u64) -> Resolved {
         let kernel = self.kernel.get_or_insert_with(KernelSymbols::load);
         let Some((name, mapping)) = kernel.as_ref().and_then(|k| k.lookup(addr)) else {
             return Resolved::unknown();
@@ -538,20 +534,22 @@ impl Symbolizer {
             }],
         }
     }
-
-    /// Drop cached data of modules no process table holds any more.
-    pub fn prune(&mut self) {
-        self.modules.retain(|_, m| Arc::strong_count(&m.module) > 1);
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::unwind::tests::{
+    use crate::stacks::unwind::tests::{
         ChildGuard, build_spin_fixture, detach, scratch_dir, seize_and_sample,
     };
-    use crate::unwind::{UnwindEnd, Unwinder};
+    use crate::stacks::unwind::{UnwindEnd, Unwinder};
+
+    impl Symbolizer {
+        /// Resolves an SVMA in `module` directly (no process needed).
+        fn resolve_svma(&mut self, module: &Arc<Module>, svma: u64) -> Vec<Frame> {
+            self.module_symbols(module).resolve(svma).to_vec()
+        }
+    }
 
     #[inline(never)]
     fn burstyd_symbolize_marker_fn(x: u64) -> u64 {

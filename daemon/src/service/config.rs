@@ -13,75 +13,75 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, de};
 use toml::Spanned;
 
-use crate::events::{DEFAULT_FREQ, Sampling};
+use crate::sampling::events::{DEFAULT_FREQ, Sampling};
 
 /// Where the service looks when no `--config` is given.
-pub const DEFAULT_PATH: &str = "/etc/burstyd/burstyd.toml";
+pub(crate) const DEFAULT_PATH: &str = "/etc/burstyd/burstyd.toml";
 /// Output directory when neither the file nor `-o` names one.
-pub const DEFAULT_OUTPUT: &str = "burstyd-out";
+const DEFAULT_OUTPUT: &str = "burstyd-out";
 /// Profile interval when push targets are configured but no interval is.
-pub const DEFAULT_PUSH_INTERVAL: Duration = Duration::from_secs(60);
+const DEFAULT_PUSH_INTERVAL: Duration = Duration::from_secs(60);
 /// Per push target, the on-disk spool's size limit.
-pub const DEFAULT_SPOOL_BYTES: u64 = 64 << 20;
+const DEFAULT_SPOOL_BYTES: u64 = 64 << 20;
 
 /// The file as written.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    pub event: Option<String>,
-    pub period: Option<Spanned<u64>>,
-    pub freq: Option<Spanned<u64>>,
-    pub kernel_stacks: Option<bool>,
+pub(crate) struct FileConfig {
+    pub(crate) event: Option<String>,
+    pub(crate) period: Option<Spanned<u64>>,
+    pub(crate) freq: Option<Spanned<u64>>,
+    pub(crate) kernel_stacks: Option<bool>,
     #[serde(default)]
-    pub output: OutputConfig,
+    pub(crate) output: OutputConfig,
     #[serde(default)]
-    pub http: HttpConfig,
+    pub(crate) http: HttpConfig,
     #[serde(default)]
-    pub push: Vec<PushConfig>,
+    pub(crate) push: Vec<PushConfig>,
     #[serde(default, rename = "target")]
-    pub targets: Vec<TargetSpec>,
+    pub(crate) targets: Vec<TargetSpec>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct OutputConfig {
-    pub dir: Option<PathBuf>,
-    pub interval: Option<Secs>,
+pub(crate) struct OutputConfig {
+    pub(crate) dir: Option<PathBuf>,
+    pub(crate) interval: Option<Secs>,
     /// Keep at most this many interval profiles (oldest deleted first).
-    pub keep: Option<usize>,
+    pub(crate) keep: Option<usize>,
     /// Delete interval profiles older than this.
-    pub max_age: Option<Secs>,
+    pub(crate) max_age: Option<Secs>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct HttpConfig {
+pub(crate) struct HttpConfig {
     /// `host:port`; absent = no HTTP endpoint. A bare port means loopback.
     #[serde(default, deserialize_with = "de_listen")]
-    pub listen: Option<SocketAddr>,
+    pub(crate) listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum PushKind {
+pub(crate) enum PushKind {
     Pyroscope,
     Parca,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct PushConfig {
-    pub kind: PushKind,
+pub(crate) struct PushConfig {
+    pub(crate) kind: PushKind,
     #[serde(deserialize_with = "de_http_url")]
-    pub url: HttpUrl,
+    pub(crate) url: HttpUrl,
     #[serde(default = "default_app", deserialize_with = "de_app")]
-    pub app: String,
+    pub(crate) app: String,
     #[serde(default, deserialize_with = "de_labels")]
-    pub labels: BTreeMap<String, String>,
+    pub(crate) labels: BTreeMap<String, String>,
     /// How much time one pushed profile covers (default: the profile
     /// interval).
-    pub interval: Option<Secs>,
-    pub spool_max_bytes: Option<u64>,
+    pub(crate) interval: Option<Secs>,
+    pub(crate) spool_max_bytes: Option<u64>,
 }
 
 fn default_app() -> String {
@@ -91,7 +91,7 @@ fn default_app() -> String {
 /// Which processes to sample: `{ pid = N }`, `{ exe = "/usr/bin/foo" }`,
 /// `{ unit = "nginx.service" }` or `{ cgroup = "/system.slice/x" }`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum TargetSpec {
+pub(crate) enum TargetSpec {
     Pid(u32),
     Exe(PathBuf),
     Unit(String),
@@ -175,7 +175,7 @@ impl<'de> Deserialize<'de> for TargetSpec {
 /// Seconds: a number (`30`, `0.5`) or a string with a unit (`"500ms"`,
 /// `"30s"`, `"5m"`, `"1h"`, `"7d"`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Secs(pub Duration);
+pub(crate) struct Secs(pub Duration);
 
 impl<'de> Deserialize<'de> for Secs {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -229,7 +229,7 @@ fn de_listen<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::E
 }
 
 /// `host:port`, `[v6]:port`, or a bare port (loopback).
-pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     if let Ok(port) = s.parse::<u16>() {
         return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
     }
@@ -241,15 +241,15 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
 /// An `http://host[:port][/base]` URL (no TLS: put a local proxy or agent
 /// in front of a TLS-only backend).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HttpUrl {
+pub(crate) struct HttpUrl {
     /// `host:port` to connect to (and the Host header).
-    pub authority: String,
+    pub(crate) authority: String,
     /// Path prefix without trailing slash ("" for none).
-    pub base: String,
+    pub(crate) base: String,
 }
 
 impl HttpUrl {
-    pub fn parse(s: &str) -> Result<HttpUrl, String> {
+    pub(crate) fn parse(s: &str) -> Result<HttpUrl, String> {
         if s.starts_with("https://") {
             return Err(format!(
                 "{s:?}: https is not supported; push over http:// to the backend or a local TLS-terminating proxy"
@@ -328,11 +328,11 @@ fn de_labels<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>
 /// A configuration error with its place in the file.
 #[derive(Debug, thiserror::Error)]
 #[error("{path}{place}: {reason}")]
-pub struct ConfigError {
-    pub path: String,
+pub(crate) struct ConfigError {
+    pub(crate) path: String,
     /// `:LINE:COL`, or empty when the error concerns the whole file.
-    pub place: String,
-    pub reason: String,
+    pub(crate) place: String,
+    pub(crate) reason: String,
 }
 
 impl ConfigError {
@@ -360,7 +360,7 @@ fn line_col(text: &str, at: usize) -> (usize, usize) {
 }
 
 /// Parses and checks configuration text (`path` is for messages).
-pub fn parse(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
+pub(crate) fn parse(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
     let cfg: FileConfig = toml::from_str(text).map_err(|e| {
         // toml's message carries its own location banner; keep the reason.
         ConfigError::at(path, text, e.span(), e.message().trim().to_string())
@@ -389,7 +389,7 @@ pub fn parse(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
         }
     }
     if let Some(e) = &cfg.event
-        && let Err(err) = crate::events::parse_event(e)
+        && let Err(err) = crate::sampling::events::parse_event(e)
     {
         // Span of the value: find `event` key's line.
         let at = text.find("event").map(|i| i..i + 5);
@@ -400,16 +400,16 @@ pub fn parse(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
 
 /// Where the configuration comes from.
 #[derive(Debug, Clone)]
-pub struct Source {
-    pub path: PathBuf,
+pub(crate) struct Source {
+    pub(crate) path: PathBuf,
     /// Named with `--config`: a missing file is an error. The default path
     /// may be absent (built-in defaults then).
-    pub explicit: bool,
+    pub(crate) explicit: bool,
 }
 
 /// Reads and parses the configuration. `Ok(None)`: the default file does
 /// not exist.
-pub fn load(src: &Source) -> Result<Option<FileConfig>, ConfigError> {
+pub(crate) fn load(src: &Source) -> Result<Option<FileConfig>, ConfigError> {
     match std::fs::read_to_string(&src.path) {
         Ok(text) => parse(&src.path, &text).map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !src.explicit => Ok(None),
@@ -423,33 +423,33 @@ pub fn load(src: &Source) -> Result<Option<FileConfig>, ConfigError> {
 
 /// Command-line values given explicitly; each beats the file's.
 #[derive(Debug, Clone, Default)]
-pub struct Overrides {
-    pub event: Option<String>,
-    pub period: Option<u64>,
-    pub freq: Option<u64>,
-    pub interval: Option<f64>,
-    pub output: Option<PathBuf>,
-    pub no_kernel: bool,
-    pub http: Option<String>,
+pub(crate) struct Overrides {
+    pub(crate) event: Option<String>,
+    pub(crate) period: Option<u64>,
+    pub(crate) freq: Option<u64>,
+    pub(crate) interval: Option<f64>,
+    pub(crate) output: Option<PathBuf>,
+    pub(crate) no_kernel: bool,
+    pub(crate) http: Option<String>,
     /// `--pid`: replaces the file's targets.
-    pub pids: Vec<u32>,
+    pub(crate) pids: Vec<u32>,
 }
 
 /// A push destination, resolved.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PushTarget {
-    pub kind: PushKind,
-    pub url: HttpUrl,
-    pub app: String,
-    pub labels: BTreeMap<String, String>,
+pub(crate) struct PushTarget {
+    pub(crate) kind: PushKind,
+    pub(crate) url: HttpUrl,
+    pub(crate) app: String,
+    pub(crate) labels: BTreeMap<String, String>,
     /// Time covered by one pushed profile.
-    pub interval: Duration,
-    pub spool_max_bytes: u64,
+    pub(crate) interval: Duration,
+    pub(crate) spool_max_bytes: u64,
 }
 
 impl PushTarget {
     /// A file-system-safe name, unique per destination (spool directory).
-    pub fn id(&self) -> String {
+    pub(crate) fn id(&self) -> String {
         let kind = match self.kind {
             PushKind::Pyroscope => "pyroscope",
             PushKind::Parca => "parca",
@@ -473,25 +473,25 @@ impl PushTarget {
 /// The effective settings: file values, then command-line overrides, then
 /// built-in defaults.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
-    pub event: String,
-    pub sampling: Sampling,
-    pub kernel_stacks: bool,
-    pub output: PathBuf,
+pub(crate) struct Settings {
+    pub(crate) event: String,
+    pub(crate) sampling: Sampling,
+    pub(crate) kernel_stacks: bool,
+    pub(crate) output: PathBuf,
     /// Interval profiles (context-<time>.pb.gz) every this long.
-    pub interval: Option<Duration>,
-    pub keep: Option<usize>,
-    pub max_age: Option<Duration>,
-    pub http: Option<SocketAddr>,
-    pub push: Vec<PushTarget>,
+    pub(crate) interval: Option<Duration>,
+    pub(crate) keep: Option<usize>,
+    pub(crate) max_age: Option<Duration>,
+    pub(crate) http: Option<SocketAddr>,
+    pub(crate) push: Vec<PushTarget>,
     /// Selectors from the file (ignored when `--pid` or `run` is used).
-    pub targets: Vec<TargetSpec>,
+    pub(crate) targets: Vec<TargetSpec>,
     /// Which file (if any) these came from, for messages.
-    pub source: Option<PathBuf>,
+    pub(crate) source: Option<PathBuf>,
 }
 
 impl Settings {
-    pub fn resolve(
+    pub(crate) fn resolve(
         file: Option<&FileConfig>,
         source: Option<&Path>,
         o: &Overrides,

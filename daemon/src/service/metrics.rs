@@ -8,66 +8,66 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One counter (monotonic) or gauge (set).
 #[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
+pub(crate) struct Counter(AtomicU64);
 
 impl Counter {
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Counter(AtomicU64::new(0))
     }
-    pub fn inc(&self) {
+    pub(crate) fn inc(&self) {
         self.add(1);
     }
-    pub fn add(&self, n: u64) {
+    pub(crate) fn add(&self, n: u64) {
         self.0.fetch_add(n, Ordering::Relaxed);
     }
-    pub fn sub(&self, n: u64) {
+    pub(crate) fn sub(&self, n: u64) {
         let _ = self
             .0
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
                 Some(v.saturating_sub(n))
             });
     }
-    pub fn set(&self, n: u64) {
+    pub(crate) fn set(&self, n: u64) {
         self.0.store(n, Ordering::Relaxed);
     }
-    pub fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
 }
 
 /// Everything `/metrics` reports besides the process's own CPU and RSS.
 #[derive(Debug, Default)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     // Sampling (session loop).
-    pub samples: Counter,
-    pub ring_drops: Counter,
-    pub truncated_stacks: Counter,
-    pub profiles_written: Counter,
+    pub(crate) samples: Counter,
+    pub(crate) ring_drops: Counter,
+    pub(crate) truncated_stacks: Counter,
+    pub(crate) profiles_written: Counter,
     /// Gauge: processes currently selected by config targets.
-    pub targets: Counter,
+    pub(crate) targets: Counter,
     // Push (push.rs).
-    pub push_ok: Counter,
-    pub push_failed: Counter,
+    pub(crate) push_ok: Counter,
+    pub(crate) push_failed: Counter,
     /// Profiles written to the spool (every pushed profile goes through it).
-    pub push_spooled: Counter,
+    pub(crate) push_spooled: Counter,
     /// Gauge: profiles waiting in the spool.
-    pub push_queued: Counter,
+    pub(crate) push_queued: Counter,
     /// Profiles dropped: spool over its size limit, or rejected by the
     /// backend as malformed (4xx).
-    pub push_dropped: Counter,
+    pub(crate) push_dropped: Counter,
     // Bursty tracing (burst*.rs).
-    pub bursts_taken: Counter,
-    pub bursts_truncated: Counter,
-    pub bursts_declined: Counter,
-    pub functions_rewritten: Counter,
-    pub functions_skipped: Counter,
+    pub(crate) bursts_taken: Counter,
+    pub(crate) bursts_truncated: Counter,
+    pub(crate) bursts_declined: Counter,
+    pub(crate) functions_rewritten: Counter,
+    pub(crate) functions_skipped: Counter,
     // Configuration.
-    pub config_reloads: Counter,
-    pub config_reload_failures: Counter,
+    pub(crate) config_reloads: Counter,
+    pub(crate) config_reload_failures: Counter,
 }
 
 impl Metrics {
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Metrics {
             samples: Counter::new(),
             ring_drops: Counter::new(),
@@ -90,7 +90,7 @@ impl Metrics {
     }
 
     /// Prometheus text exposition format (version 0.0.4).
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut s = String::with_capacity(4096);
         let mut one = |name: &str, kind: &str, help: &str, v: String| {
             let _ = write!(
@@ -219,10 +219,10 @@ impl Metrics {
 }
 
 /// The daemon's counters.
-pub static METRICS: Metrics = Metrics::new();
+pub(crate) static METRICS: Metrics = Metrics::new();
 
 /// (CPU seconds, RSS bytes) of this process from /proc/self.
-pub fn self_cpu_and_rss() -> (f64, u64) {
+fn self_cpu_and_rss() -> (f64, u64) {
     // SAFETY: sysconf has no preconditions.
     let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;

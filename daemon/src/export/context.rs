@@ -9,29 +9,29 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use crate::cct::{Cct, FrameAddr};
-use crate::pprof::{LineKey, MappingKey, Profile, ProfileBuilder, encode_gzip};
-use crate::procs::{MappingInfo, ProcessTable};
-use crate::symbolize::{Resolved, Symbolizer};
+use crate::export::pprof::{LineKey, MappingKey, Profile, ProfileBuilder, encode_gzip};
+use crate::stacks::cct::{Cct, FrameAddr};
+use crate::stacks::symbolize::{Resolved, Symbolizer};
+use crate::stacks::table::{MappingInfo, ProcessTable};
 
 /// What the profile says about how it was taken.
 #[derive(Clone, Debug)]
-pub struct ProfileMeta {
+pub(crate) struct ProfileMeta {
     /// Event actually sampled (after any fallback), e.g. `cpu-clock`.
-    pub event: String,
+    pub(crate) event: String,
     /// The event asked for, when it differs (fallback).
-    pub requested_event: Option<String>,
+    pub(crate) requested_event: Option<String>,
     /// Sampling period (events per sample) or 0 in frequency mode.
-    pub period: u64,
-    pub freq: u64,
-    pub start: SystemTime,
-    pub end: SystemTime,
+    pub(crate) period: u64,
+    pub(crate) freq: u64,
+    pub(crate) start: SystemTime,
+    pub(crate) end: SystemTime,
 }
 
 const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 
 /// Builds the pprof profile of `cct`.
-pub fn build_profile(
+pub(crate) fn build_profile(
     cct: &Cct,
     procs: &ProcessTable,
     symbolizer: &mut Symbolizer,
@@ -203,11 +203,6 @@ fn mapping_key(m: &MappingInfo) -> MappingKey {
 
 /// Writes `profile` gzip'd to `dir/name` atomically (temp file + rename),
 /// creating `dir` if needed.
-pub fn write_profile(dir: &Path, name: &str, profile: &Profile) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, encode_gzip(profile)?)?;
-    std::fs::rename(&tmp, &path)?;
-    Ok(path)
+pub(crate) fn write_profile(dir: &Path, name: &str, profile: &Profile) -> std::io::Result<PathBuf> {
+    super::write_atomic(dir, name, &encode_gzip(profile)?)
 }

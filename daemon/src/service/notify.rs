@@ -6,14 +6,14 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::time::Duration;
 
-pub struct Notifier {
+pub(crate) struct Notifier {
     target: Option<(UnixDatagram, SocketAddr)>,
 }
 
 impl Notifier {
     /// Reads `$NOTIFY_SOCKET` (a path, or `@name` for the abstract
     /// namespace).
-    pub fn from_env() -> Self {
+    pub(crate) fn from_env() -> Self {
         let target = std::env::var_os("NOTIFY_SOCKET").and_then(|p| {
             let p = p.to_string_lossy().into_owned();
             let addr = match p.strip_prefix('@') {
@@ -33,12 +33,8 @@ impl Notifier {
         Some((sock, addr))
     }
 
-    pub fn enabled(&self) -> bool {
-        self.target.is_some()
-    }
-
     /// Sends one notification (newline-separated `KEY=value` lines).
-    pub fn send(&self, msg: &str) {
+    pub(crate) fn send(&self, msg: &str) {
         if let Some((sock, addr)) = &self.target
             && let Err(e) = sock.send_to_addr(msg.as_bytes(), addr)
         {
@@ -46,25 +42,25 @@ impl Notifier {
         }
     }
 
-    pub fn ready(&self, status: &str) {
+    pub(crate) fn ready(&self, status: &str) {
         self.send(&format!("READY=1\nSTATUS={status}"));
     }
 
-    pub fn status(&self, status: &str) {
+    pub(crate) fn status(&self, status: &str) {
         self.send(&format!("STATUS={status}"));
     }
 
-    pub fn stopping(&self, status: &str) {
+    pub(crate) fn stopping(&self, status: &str) {
         self.send(&format!("STOPPING=1\nSTATUS={status}"));
     }
 
-    pub fn watchdog(&self) {
+    pub(crate) fn watchdog(&self) {
         self.send("WATCHDOG=1");
     }
 
     /// How often to ping the watchdog: half of `$WATCHDOG_USEC`, if it is
     /// set and meant for this process (`$WATCHDOG_PID`).
-    pub fn watchdog_interval(&self) -> Option<Duration> {
+    pub(crate) fn watchdog_interval(&self) -> Option<Duration> {
         self.target.as_ref()?;
         if let Ok(pid) = std::env::var("WATCHDOG_PID")
             && pid.parse::<u32>().ok() != Some(std::process::id())
@@ -107,7 +103,7 @@ mod tests {
     #[test]
     fn disabled_without_a_socket() {
         let n = Notifier { target: None };
-        assert!(!n.enabled());
+        assert!(n.target.is_none());
         assert_eq!(n.watchdog_interval(), None);
         n.ready("no-op");
     }

@@ -8,7 +8,7 @@
 //!   intervals everything since start (what context.pb.gz will hold).
 //! - `GET /debug/pprof/paths`: the latest path profile (bursty tracing), 404
 //!   while there is none.
-//! - `GET /metrics`: Prometheus text ([`crate::metrics`]).
+//! - `GET /metrics`: Prometheus text ([`crate::service::metrics`]).
 //! - `GET /healthz`: `ok`.
 //!
 //! hyper's HTTP/1 server on the daemon's single-threaded runtime. Profiles
@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 
 /// What a profile request asks the session for.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ProfileKind {
+pub(crate) enum ProfileKind {
     /// Samples from now for this long.
     Window(Duration),
     /// The last interval profile, or the whole session so far.
@@ -41,24 +41,24 @@ pub enum ProfileKind {
 
 /// A request to the session loop; it answers with gzip'd pprof.
 #[derive(Debug)]
-pub struct ProfileRequest {
-    pub kind: ProfileKind,
-    pub reply: oneshot::Sender<Result<Vec<u8>, String>>,
+pub(crate) struct ProfileRequest {
+    pub(crate) kind: ProfileKind,
+    pub(crate) reply: oneshot::Sender<Result<Vec<u8>, String>>,
 }
 
 /// Longest window `/debug/pprof/profile` accepts.
-pub const MAX_WINDOW: Duration = Duration::from_secs(3600);
+const MAX_WINDOW: Duration = Duration::from_secs(3600);
 
 static PATHS: Mutex<Option<Vec<u8>>> = Mutex::new(None);
 
 /// Hook for bursty tracing: publishes the latest path profile (gzip'd
 /// pprof, the content of `paths.pb.gz`) for `/debug/pprof/paths`.
-pub fn set_paths_profile(gz: Vec<u8>) {
+pub(crate) fn set_paths_profile(gz: Vec<u8>) {
     *PATHS.lock().unwrap_or_else(|e| e.into_inner()) = Some(gz);
 }
 
 /// The latest published path profile, if any.
-pub fn paths_profile() -> Option<Vec<u8>> {
+fn paths_profile() -> Option<Vec<u8>> {
     PATHS.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
@@ -69,7 +69,7 @@ struct State {
 }
 
 /// A running endpoint; dropping it stops accepting connections.
-pub struct Server {
+pub(crate) struct Server {
     addr: SocketAddr,
     state: Arc<State>,
     task: tokio::task::JoinHandle<()>,
@@ -84,7 +84,7 @@ impl Drop for Server {
 impl Server {
     /// Binds `addr` now (so that a port in use is an immediate error) and
     /// serves on the current runtime.
-    pub fn start(
+    pub(crate) fn start(
         addr: SocketAddr,
         requests: mpsc::Sender<ProfileRequest>,
         output: PathBuf,
@@ -123,11 +123,11 @@ impl Server {
         Ok(Server { addr, state, task })
     }
 
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 
-    pub fn set_output(&self, dir: PathBuf) {
+    pub(crate) fn set_output(&self, dir: PathBuf) {
         *self.state.output.lock().unwrap_or_else(|e| e.into_inner()) = dir;
     }
 }
@@ -206,7 +206,9 @@ async fn handle(
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/metrics" => Response::builder()
             .header(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
-            .body(Full::new(Bytes::from(crate::metrics::METRICS.render())))
+            .body(Full::new(Bytes::from(
+                crate::service::metrics::METRICS.render(),
+            )))
             .expect("static response parts are valid"),
         "/debug/pprof/profile" => match window_seconds(req.uri().query()) {
             Ok(d) => ask(&st, ProfileKind::Window(d)).await,

@@ -6,11 +6,11 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use crate::config::TargetSpec;
+use crate::service::config::TargetSpec;
 
 /// The current selection and what changed at the last scan.
 #[derive(Debug, Default)]
-pub struct Scanner {
+pub(crate) struct Scanner {
     specs: Vec<TargetSpec>,
     /// Executable paths resolved through symlinks (as /proc/PID/exe shows
     /// them), parallel to the `Exe` specs.
@@ -19,20 +19,20 @@ pub struct Scanner {
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Change {
-    pub added: Vec<u32>,
-    pub removed: Vec<u32>,
+pub(crate) struct Change {
+    pub(crate) added: Vec<u32>,
+    pub(crate) removed: Vec<u32>,
 }
 
 impl Scanner {
-    pub fn new(specs: Vec<TargetSpec>) -> Scanner {
+    pub(crate) fn new(specs: Vec<TargetSpec>) -> Scanner {
         let mut s = Scanner::default();
         s.set_specs(specs);
         s
     }
 
     /// Replaces the selectors (reload); the next scan adds and removes.
-    pub fn set_specs(&mut self, specs: Vec<TargetSpec>) {
+    pub(crate) fn set_specs(&mut self, specs: Vec<TargetSpec>) {
         self.exes = specs
             .iter()
             .filter_map(|s| match s {
@@ -43,21 +43,17 @@ impl Scanner {
         self.specs = specs;
     }
 
-    pub fn specs(&self) -> &[TargetSpec] {
+    pub(crate) fn specs(&self) -> &[TargetSpec] {
         &self.specs
     }
 
-    pub fn is_active(&self) -> bool {
-        !self.specs.is_empty()
-    }
-
-    pub fn current(&self) -> &BTreeSet<u32> {
+    pub(crate) fn current(&self) -> &BTreeSet<u32> {
         &self.current
     }
 
     /// Walks /proc once and returns the pids that started or stopped
     /// matching.
-    pub fn scan(&mut self) -> Change {
+    pub(crate) fn scan(&mut self) -> Change {
         let me = std::process::id();
         let mut now = BTreeSet::new();
         if !self.specs.is_empty() {
@@ -105,18 +101,6 @@ impl Scanner {
             }
         }
         false
-    }
-}
-
-/// Has `pid` exited? A zombie (exited, not yet reaped by its parent)
-/// counts as exited.
-pub fn exited(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(s) => s
-            .rfind(')')
-            .and_then(|i| s[i + 1..].split_whitespace().next())
-            .is_none_or(|state| state == "Z" || state == "X"),
     }
 }
 

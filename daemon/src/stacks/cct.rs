@@ -5,7 +5,7 @@
 //! context. Shared prefixes share nodes, so memory grows with the number of
 //! distinct contexts, not with the number of samples.
 //!
-//! Frames are raw addresses here; [`crate::export`] symbolizes them when a
+//! Frames are raw addresses here; [`crate::export::context`] symbolizes them when a
 //! profile is written.
 use std::collections::HashMap;
 
@@ -13,7 +13,7 @@ use rustc_hash::FxHashMap;
 
 /// One frame of a calling context, outermost first when inserted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum FrameAddr {
+pub(crate) enum FrameAddr {
     /// A user address. `return_address`: a caller frame (the address after
     /// the call), to be looked up minus one.
     User { addr: u64, return_address: bool },
@@ -26,21 +26,21 @@ pub enum FrameAddr {
 }
 
 #[derive(Debug)]
-pub struct Node {
-    pub parent: u32,
-    pub frame: FrameAddr,
-    pub samples: u64,
-    pub weight: u64,
+pub(crate) struct Node {
+    pub(crate) parent: u32,
+    pub(crate) frame: FrameAddr,
+    pub(crate) samples: u64,
+    pub(crate) weight: u64,
 }
 
 /// A thread's tree. Node 0 is the root (the thread itself).
 #[derive(Debug)]
-pub struct ThreadTree {
-    pub pid: u32,
-    pub tid: u32,
+pub(crate) struct ThreadTree {
+    pub(crate) pid: u32,
+    pub(crate) tid: u32,
     /// The thread's name (`comm`) as last seen.
-    pub thread_name: String,
-    pub nodes: Vec<Node>,
+    pub(crate) thread_name: String,
+    pub(crate) nodes: Vec<Node>,
     /// (parent node, frame) -> child node. Fx: hashed once per frame per
     /// sample, keys are small integers, no untrusted input.
     children: FxHashMap<(u32, FrameAddr), u32>,
@@ -89,7 +89,7 @@ impl ThreadTree {
     }
 
     /// The context of node `i`, innermost (leaf) first, root excluded.
-    pub fn context(&self, mut i: u32, out: &mut Vec<FrameAddr>) {
+    pub(crate) fn context(&self, mut i: u32, out: &mut Vec<FrameAddr>) {
         out.clear();
         while i != 0 {
             let n = &self.nodes[i as usize];
@@ -101,15 +101,15 @@ impl ThreadTree {
 
 /// All calling context trees of one profile interval.
 #[derive(Debug, Default)]
-pub struct Cct {
-    pub threads: HashMap<(u32, u32), ThreadTree>,
+pub(crate) struct Cct {
+    pub(crate) threads: HashMap<(u32, u32), ThreadTree>,
     /// Process names (`/proc/PID/comm` at first sight).
-    pub process_names: HashMap<u32, String>,
-    pub samples: u64,
+    pub(crate) process_names: HashMap<u32, String>,
+    pub(crate) samples: u64,
 }
 
 impl Cct {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -119,7 +119,7 @@ impl Cct {
     /// interrupted pc, the rest return addresses); `kernel` likewise.
     /// `truncated` says the user stack's outer end is missing.
     #[allow(clippy::too_many_arguments)]
-    pub fn add(
+    pub(crate) fn add(
         &mut self,
         pid: u32,
         tid: u32,
@@ -163,7 +163,7 @@ impl Cct {
 
     /// Adds every context of `other` (with its samples and weight) to
     /// this tree set.
-    pub fn merge(&mut self, other: &Cct) {
+    pub(crate) fn merge(&mut self, other: &Cct) {
         let mut ctx = Vec::new();
         for (key, t) in &other.threads {
             let tree = self
@@ -190,13 +190,8 @@ impl Cct {
         self.samples += other.samples;
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.samples == 0
-    }
-
-    /// Number of nodes in all trees (memory use indicator).
-    pub fn nodes(&self) -> usize {
-        self.threads.values().map(|t| t.nodes.len()).sum()
     }
 }
 

@@ -5,8 +5,6 @@
 //! Targeting is done in the kernel: in `--pid`/`run` mode the program drops
 //! overflows of other processes (the `TARGETS` map), so threads created later
 //! are sampled without reopening events.
-use std::os::fd::AsRawFd;
-
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
@@ -18,13 +16,13 @@ use aya::{
 use burstyd_common::{Config, FILTER_ALL, FILTER_TARGETS, Sample, counter};
 use tokio::io::unix::AsyncFd;
 
-use crate::events::{EventSpec, Sampling};
+use crate::sampling::events::{EventSpec, Sampling};
 
 /// The eBPF object built by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/burstyd-ebpf"));
 
 #[derive(Debug, thiserror::Error)]
-pub enum SamplerError {
+pub(crate) enum SamplerError {
     #[error(
         "loading the eBPF object failed (does the kernel support BPF ring buffers and BTF? root or CAP_BPF+CAP_PERFMON needed): {0}"
     )]
@@ -58,28 +56,28 @@ pub enum SamplerError {
 
 /// Counters kept by the eBPF program, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelCounters {
-    pub samples: u64,
-    pub ring_full: u64,
-    pub ustack_failed: u64,
-    pub kernel_thread: u64,
+pub(crate) struct KernelCounters {
+    pub(crate) samples: u64,
+    pub(crate) ring_full: u64,
+    pub(crate) ustack_failed: u64,
+    pub(crate) kernel_thread: u64,
     /// Burst signals sent / overflows while a burst ran / failed sends.
-    pub burst_signals: u64,
-    pub burst_busy: u64,
-    pub burst_signal_failed: u64,
+    pub(crate) burst_signals: u64,
+    pub(crate) burst_busy: u64,
+    pub(crate) burst_signal_failed: u64,
 }
 
-pub struct SamplerOptions {
-    pub event: EventSpec,
-    pub sampling: Sampling,
+pub(crate) struct SamplerOptions {
+    pub(crate) event: EventSpec,
+    pub(crate) sampling: Sampling,
     /// `None`: every process; `Some`: only these pids (more can be added).
-    pub targets: Option<Vec<u32>>,
-    pub kernel_stacks: bool,
+    pub(crate) targets: Option<Vec<u32>>,
+    pub(crate) kernel_stacks: bool,
     /// Processes forked by targets become targets (`burstyd run`).
-    pub follow_children: bool,
+    pub(crate) follow_children: bool,
 }
 
-pub struct Sampler {
+pub(crate) struct Sampler {
     ebpf: Ebpf,
     ring: AsyncFd<RingBuf<MapData>>,
     counters: PerCpuArray<MapData, u64>,
@@ -88,7 +86,7 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    pub fn start(opts: &SamplerOptions) -> Result<Self, SamplerError> {
+    pub(crate) fn start(opts: &SamplerOptions) -> Result<Self, SamplerError> {
         let mut ebpf = EbpfLoader::new().load(EBPF_OBJECT)?;
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
             Ok(l) => Some(l),
@@ -218,7 +216,7 @@ impl Sampler {
         }
     }
 
-    pub fn cpus(&self) -> usize {
+    pub(crate) fn cpus(&self) -> usize {
         self.cpus
     }
 
@@ -247,7 +245,7 @@ impl Sampler {
     }
 
     /// Starts recording `pid` (targeted mode only).
-    pub fn add_target(&mut self, pid: u32) -> Result<(), SamplerError> {
+    pub(crate) fn add_target(&mut self, pid: u32) -> Result<(), SamplerError> {
         self.pid_map::<u8>("TARGETS")?
             .insert(pid, 1, 0)
             .map_err(|source| SamplerError::Map {
@@ -258,13 +256,13 @@ impl Sampler {
 
     /// Stops recording `pid` (it exited, or no longer matches the
     /// configured targets). A pid not in the map is fine.
-    pub fn remove_target(&mut self, pid: u32) -> Result<(), SamplerError> {
+    pub(crate) fn remove_target(&mut self, pid: u32) -> Result<(), SamplerError> {
         self.remove_pid::<u8>("TARGETS", pid)
     }
 
     /// Switches between sampling only `TARGETS` (`true`) and every process
     /// (a configuration reload that adds or removes all targets).
-    pub fn set_targeted(&mut self, targeted: bool) -> Result<(), SamplerError> {
+    pub(crate) fn set_targeted(&mut self, targeted: bool) -> Result<(), SamplerError> {
         let map = self
             .ebpf
             .map_mut("CONFIG")
@@ -287,7 +285,10 @@ impl Sampler {
 
     /// Waits until samples are available, then calls `f` on each one in the
     /// ring buffer. Returns the number handled.
-    pub async fn drain(&mut self, mut f: impl FnMut(&Sample)) -> Result<usize, SamplerError> {
+    pub(crate) async fn drain(
+        &mut self,
+        mut f: impl FnMut(&Sample),
+    ) -> Result<usize, SamplerError> {
         let mut guard = self.ring.readable_mut().await?;
         let ring = guard.get_inner_mut();
         let mut n = 0;
@@ -307,7 +308,7 @@ impl Sampler {
     }
 
     /// Handles whatever is in the ring buffer now, without waiting.
-    pub fn drain_now(&mut self, mut f: impl FnMut(&Sample)) -> usize {
+    pub(crate) fn drain_now(&mut self, mut f: impl FnMut(&Sample)) -> usize {
         let ring = self.ring.get_mut();
         let mut n = 0;
         while let Some(item) = ring.next() {
@@ -320,7 +321,7 @@ impl Sampler {
         n
     }
 
-    pub fn counters(&self) -> KernelCounters {
+    pub(crate) fn counters(&self) -> KernelCounters {
         let get = |i: u32| -> u64 {
             self.counters
                 .get(&i, 0)
@@ -339,7 +340,7 @@ impl Sampler {
     }
 
     /// Arms (`Some`) or disarms (`None`) the burst signal for `pid`.
-    pub fn set_burst_target(
+    pub(crate) fn set_burst_target(
         &mut self,
         pid: u32,
         target: Option<burstyd_common::burst::BurstTarget>,
@@ -355,9 +356,5 @@ impl Sampler {
                 }),
             None => self.remove_pid::<BurstTarget>("BURSTS", pid),
         }
-    }
-
-    pub fn ring_fd(&self) -> i32 {
-        self.ring.get_ref().as_raw_fd()
     }
 }

@@ -29,8 +29,8 @@ use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use crate::config::{PushKind, PushTarget};
-use crate::metrics::METRICS;
+use crate::service::config::{PushKind, PushTarget};
+use crate::service::metrics::METRICS;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -39,16 +39,16 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// One profile to push.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Job {
+pub(crate) struct Job {
     /// Unix seconds the profile starts and ends.
-    pub from: u64,
-    pub until: u64,
+    pub(crate) from: u64,
+    pub(crate) until: u64,
     /// Sampling frequency (0 in period mode).
-    pub rate_hz: u64,
+    pub(crate) rate_hz: u64,
     /// The event sampled (the profile's second sample type).
-    pub event: String,
+    pub(crate) event: String,
     #[serde(skip)]
-    pub profile: Vec<u8>,
+    pub(crate) profile: Vec<u8>,
 }
 
 impl Job {
@@ -150,7 +150,7 @@ enum SendError {
 }
 
 /// The push tasks, one per destination.
-pub struct Pusher {
+pub(crate) struct Pusher {
     workers: Vec<Worker>,
 }
 
@@ -162,7 +162,7 @@ struct Worker {
 
 impl Pusher {
     /// Starts one task per destination, spooling under `spool_root`.
-    pub fn start(targets: &[PushTarget], spool_root: &Path) -> Pusher {
+    pub(crate) fn start(targets: &[PushTarget], spool_root: &Path) -> Pusher {
         let workers = targets
             .iter()
             .map(|t| {
@@ -179,12 +179,12 @@ impl Pusher {
         Pusher { workers }
     }
 
-    pub fn targets(&self) -> impl Iterator<Item = &PushTarget> {
+    pub(crate) fn targets(&self) -> impl Iterator<Item = &PushTarget> {
         self.workers.iter().map(|w| &w.target)
     }
 
     /// Queues `job` for destination `i` (an index into the targets).
-    pub fn submit(&self, i: usize, job: Job) {
+    pub(crate) fn submit(&self, i: usize, job: Job) {
         if let Some(tx) = self.workers.get(i).and_then(|w| w.tx.as_ref()) {
             let _ = tx.send(job);
         }
@@ -192,7 +192,7 @@ impl Pusher {
 
     /// Lets every task send what it has for up to `grace`, then stops them;
     /// whatever is left stays in the spool for the next start.
-    pub async fn shutdown(mut self, grace: Duration) {
+    pub(crate) async fn shutdown(mut self, grace: Duration) {
         for w in &mut self.workers {
             w.tx = None;
         }
@@ -324,7 +324,7 @@ async fn run_worker(target: PushTarget, dir: PathBuf, mut rx: mpsc::UnboundedRec
 }
 
 /// Percent-encodes a query value (everything but RFC 3986 unreserved).
-pub fn query_escape(s: &str) -> String {
+fn query_escape(s: &str) -> String {
     let mut o = String::with_capacity(s.len() * 3);
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
@@ -337,13 +337,13 @@ pub fn query_escape(s: &str) -> String {
 }
 
 /// Pyroscope's application name: `app{k=v,...}`.
-pub fn pyroscope_name(t: &PushTarget) -> String {
+fn pyroscope_name(t: &PushTarget) -> String {
     let labels: Vec<String> = t.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
     format!("{}{{{}}}", t.app, labels.join(","))
 }
 
 /// The request (path with query, content type, body) for `job`.
-pub fn build_request(t: &PushTarget, job: &Job) -> (String, String, Vec<u8>) {
+fn build_request(t: &PushTarget, job: &Job) -> (String, String, Vec<u8>) {
     match t.kind {
         PushKind::Pyroscope => {
             let mut q = format!(
@@ -436,7 +436,7 @@ fn boundary_for(parts: &[&[u8]]) -> String {
 }
 
 /// Standard base64 with padding.
-pub fn base64(data: &[u8]) -> String {
+fn base64(data: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut o = String::with_capacity(data.len().div_ceil(3) * 4);
     for c in data.chunks(3) {
@@ -514,7 +514,7 @@ async fn send(t: &PushTarget, job: &Job) -> Result<(), SendError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::HttpUrl;
+    use crate::service::config::HttpUrl;
 
     fn target(kind: PushKind) -> PushTarget {
         PushTarget {

@@ -12,41 +12,24 @@ const PERF_TYPE_RAW: u32 = 4;
 /// Default sampling frequency per CPU (Hz), used when neither `--freq` nor
 /// `--period` is given. Chosen from bench/overhead.sh: see README.md
 /// ("Overhead") for the measured slowdown at this setting.
-pub const DEFAULT_FREQ: u64 = 199;
-
-/// The names `--event` accepts, with a short description for `--help`.
-pub const EVENT_NAMES: &[(&str, &str)] = &[
-    ("cycles", "CPU cycles (PMU)"),
-    ("instructions", "retired instructions (PMU)"),
-    ("cache-misses", "last-level cache misses (PMU)"),
-    ("cache-references", "last-level cache accesses (PMU)"),
-    ("branch-misses", "mispredicted branches (PMU)"),
-    ("branch-instructions", "retired branches (PMU)"),
-    (
-        "cpu-clock",
-        "CPU wall clock, software timer (no PMU needed)",
-    ),
-    ("task-clock", "task clock, software timer (no PMU needed)"),
-    ("page-faults", "page faults (software)"),
-    ("rNNNN", "raw PMU event, hex config (e.g. r01c2)"),
-];
+pub(crate) const DEFAULT_FREQ: u64 = 199;
 
 #[derive(Clone, Debug)]
-pub struct EventSpec {
+pub(crate) struct EventSpec {
     /// The name recorded in the profile (`<name>/count`).
-    pub name: String,
-    pub config: PerfEventConfig,
+    pub(crate) name: String,
+    pub(crate) config: PerfEventConfig,
     /// perf `type`/`config` pair, for probing support.
-    pub type_: u32,
-    pub raw_config: u64,
+    pub(crate) type_: u32,
+    pub(crate) raw_config: u64,
 }
 
 impl EventSpec {
-    pub fn is_hardware(&self) -> bool {
+    fn is_hardware(&self) -> bool {
         self.type_ == PERF_TYPE_HARDWARE || self.type_ == PERF_TYPE_RAW
     }
 
-    pub fn cpu_clock() -> Self {
+    fn cpu_clock() -> Self {
         Self::software("cpu-clock", SoftwareEvent::CpuClock)
     }
 
@@ -73,9 +56,9 @@ impl EventSpec {
 #[error(
     "unknown event `{0}`; known events: cycles, instructions, cache-misses, cache-references, branch-misses, branch-instructions, cpu-clock, task-clock, page-faults, rNNNN (raw hex)"
 )]
-pub struct UnknownEvent(String);
+pub(crate) struct UnknownEvent(String);
 
-pub fn parse_event(name: &str) -> Result<EventSpec, UnknownEvent> {
+pub(crate) fn parse_event(name: &str) -> Result<EventSpec, UnknownEvent> {
     use HardwareEvent as H;
     use SoftwareEvent as S;
     Ok(match name {
@@ -105,7 +88,7 @@ pub fn parse_event(name: &str) -> Result<EventSpec, UnknownEvent> {
 
 /// How often to sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sampling {
+pub(crate) enum Sampling {
     /// One sample every N events.
     Period(u64),
     /// N samples per second per CPU (the kernel adapts the period).
@@ -115,7 +98,7 @@ pub enum Sampling {
 /// Checks that the host can count `spec`; for an unsupported hardware
 /// event returns `cpu-clock` instead and logs why. Other errors (e.g.
 /// permissions) are returned as they are.
-pub fn resolve_supported(spec: EventSpec) -> std::io::Result<EventSpec> {
+pub(crate) fn resolve_supported(spec: EventSpec) -> std::io::Result<EventSpec> {
     match crate::sys::probe_perf_event(spec.type_, spec.raw_config, 0) {
         Ok(()) => Ok(spec),
         Err(e)

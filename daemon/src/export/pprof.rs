@@ -11,148 +11,148 @@ use std::io::Write;
 use prost::Message;
 
 #[derive(Clone, PartialEq, Message)]
-pub struct Profile {
+pub(crate) struct Profile {
     #[prost(message, repeated, tag = "1")]
-    pub sample_type: Vec<ValueType>,
+    pub(crate) sample_type: Vec<ValueType>,
     #[prost(message, repeated, tag = "2")]
-    pub sample: Vec<Sample>,
+    pub(crate) sample: Vec<Sample>,
     #[prost(message, repeated, tag = "3")]
-    pub mapping: Vec<Mapping>,
+    pub(crate) mapping: Vec<Mapping>,
     #[prost(message, repeated, tag = "4")]
-    pub location: Vec<Location>,
+    pub(crate) location: Vec<Location>,
     #[prost(message, repeated, tag = "5")]
-    pub function: Vec<Function>,
+    pub(crate) function: Vec<Function>,
     #[prost(string, repeated, tag = "6")]
-    pub string_table: Vec<String>,
+    pub(crate) string_table: Vec<String>,
     #[prost(int64, tag = "7")]
-    pub drop_frames: i64,
+    pub(crate) drop_frames: i64,
     #[prost(int64, tag = "8")]
-    pub keep_frames: i64,
+    pub(crate) keep_frames: i64,
     #[prost(int64, tag = "9")]
-    pub time_nanos: i64,
+    pub(crate) time_nanos: i64,
     #[prost(int64, tag = "10")]
-    pub duration_nanos: i64,
+    pub(crate) duration_nanos: i64,
     #[prost(message, optional, tag = "11")]
-    pub period_type: Option<ValueType>,
+    pub(crate) period_type: Option<ValueType>,
     #[prost(int64, tag = "12")]
-    pub period: i64,
+    pub(crate) period: i64,
     #[prost(int64, repeated, tag = "13")]
-    pub comment: Vec<i64>,
+    pub(crate) comment: Vec<i64>,
     #[prost(int64, tag = "14")]
-    pub default_sample_type: i64,
+    pub(crate) default_sample_type: i64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Message)]
-pub struct ValueType {
+pub(crate) struct ValueType {
     #[prost(int64, tag = "1")]
-    pub r#type: i64,
+    pub(crate) r#type: i64,
     #[prost(int64, tag = "2")]
-    pub unit: i64,
+    pub(crate) unit: i64,
 }
 
 #[derive(Clone, PartialEq, Message)]
-pub struct Sample {
+pub(crate) struct Sample {
     #[prost(uint64, repeated, tag = "1")]
-    pub location_id: Vec<u64>,
+    pub(crate) location_id: Vec<u64>,
     #[prost(int64, repeated, tag = "2")]
-    pub value: Vec<i64>,
+    pub(crate) value: Vec<i64>,
     #[prost(message, repeated, tag = "3")]
-    pub label: Vec<Label>,
+    pub(crate) label: Vec<Label>,
 }
 
 #[derive(Clone, PartialEq, Message)]
-pub struct Label {
+pub(crate) struct Label {
     #[prost(int64, tag = "1")]
-    pub key: i64,
+    pub(crate) key: i64,
     #[prost(int64, tag = "2")]
-    pub str: i64,
+    pub(crate) str: i64,
     #[prost(int64, tag = "3")]
-    pub num: i64,
+    pub(crate) num: i64,
     #[prost(int64, tag = "4")]
-    pub num_unit: i64,
+    pub(crate) num_unit: i64,
 }
 
 #[derive(Clone, PartialEq, Message)]
-pub struct Mapping {
+pub(crate) struct Mapping {
     #[prost(uint64, tag = "1")]
-    pub id: u64,
+    pub(crate) id: u64,
     #[prost(uint64, tag = "2")]
-    pub memory_start: u64,
+    pub(crate) memory_start: u64,
     #[prost(uint64, tag = "3")]
-    pub memory_limit: u64,
+    pub(crate) memory_limit: u64,
     #[prost(uint64, tag = "4")]
-    pub file_offset: u64,
+    pub(crate) file_offset: u64,
     #[prost(int64, tag = "5")]
-    pub filename: i64,
+    pub(crate) filename: i64,
     #[prost(int64, tag = "6")]
-    pub build_id: i64,
+    pub(crate) build_id: i64,
     #[prost(bool, tag = "7")]
-    pub has_functions: bool,
+    pub(crate) has_functions: bool,
     #[prost(bool, tag = "8")]
-    pub has_filenames: bool,
+    pub(crate) has_filenames: bool,
     #[prost(bool, tag = "9")]
-    pub has_line_numbers: bool,
+    pub(crate) has_line_numbers: bool,
     #[prost(bool, tag = "10")]
-    pub has_inline_frames: bool,
+    pub(crate) has_inline_frames: bool,
 }
 
 #[derive(Clone, PartialEq, Message)]
-pub struct Location {
+pub(crate) struct Location {
     #[prost(uint64, tag = "1")]
-    pub id: u64,
+    pub(crate) id: u64,
     #[prost(uint64, tag = "2")]
-    pub mapping_id: u64,
+    pub(crate) mapping_id: u64,
     #[prost(uint64, tag = "3")]
-    pub address: u64,
+    pub(crate) address: u64,
     #[prost(message, repeated, tag = "4")]
-    pub line: Vec<Line>,
+    pub(crate) line: Vec<Line>,
     #[prost(bool, tag = "5")]
-    pub is_folded: bool,
+    pub(crate) is_folded: bool,
 }
 
 #[derive(Clone, PartialEq, Message)]
-pub struct Line {
+pub(crate) struct Line {
     #[prost(uint64, tag = "1")]
-    pub function_id: u64,
+    pub(crate) function_id: u64,
     #[prost(int64, tag = "2")]
-    pub line: i64,
+    pub(crate) line: i64,
 }
 
 #[derive(Clone, PartialEq, Message)]
-pub struct Function {
+pub(crate) struct Function {
     #[prost(uint64, tag = "1")]
-    pub id: u64,
+    pub(crate) id: u64,
     #[prost(int64, tag = "2")]
-    pub name: i64,
+    pub(crate) name: i64,
     #[prost(int64, tag = "3")]
-    pub system_name: i64,
+    pub(crate) system_name: i64,
     #[prost(int64, tag = "4")]
-    pub filename: i64,
+    pub(crate) filename: i64,
     #[prost(int64, tag = "5")]
-    pub start_line: i64,
+    pub(crate) start_line: i64,
 }
 
 /// A mapping as the builder's caller describes it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct MappingKey {
-    pub start: u64,
-    pub limit: u64,
-    pub file_offset: u64,
-    pub filename: String,
-    pub build_id: String,
+pub(crate) struct MappingKey {
+    pub(crate) start: u64,
+    pub(crate) limit: u64,
+    pub(crate) file_offset: u64,
+    pub(crate) filename: String,
+    pub(crate) build_id: String,
 }
 
 /// One source-level frame of a location (innermost inlined first).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct LineKey {
-    pub function: String,
-    pub file: String,
-    pub line: i64,
+pub(crate) struct LineKey {
+    pub(crate) function: String,
+    pub(crate) file: String,
+    pub(crate) line: i64,
 }
 
 /// Builds a [`Profile`], interning strings, functions, mappings and
 /// locations so each appears once.
-pub struct ProfileBuilder {
+pub(crate) struct ProfileBuilder {
     profile: Profile,
     strings: HashMap<String, i64>,
     functions: HashMap<(i64, i64), u64>,
@@ -162,7 +162,11 @@ pub struct ProfileBuilder {
 
 impl ProfileBuilder {
     /// `sample_types` are (type, unit) pairs, e.g. `("samples", "count")`.
-    pub fn new(sample_types: &[(&str, &str)], period_type: (&str, &str), period: i64) -> Self {
+    pub(crate) fn new(
+        sample_types: &[(&str, &str)],
+        period_type: (&str, &str),
+        period: i64,
+    ) -> Self {
         let mut b = ProfileBuilder {
             profile: Profile::default(),
             strings: HashMap::new(),
@@ -187,7 +191,7 @@ impl ProfileBuilder {
         }
     }
 
-    pub fn string(&mut self, s: &str) -> i64 {
+    pub(crate) fn string(&mut self, s: &str) -> i64 {
         if let Some(&i) = self.strings.get(s) {
             return i;
         }
@@ -197,21 +201,21 @@ impl ProfileBuilder {
         i
     }
 
-    pub fn set_time(&mut self, time_nanos: i64, duration_nanos: i64) {
+    pub(crate) fn set_time(&mut self, time_nanos: i64, duration_nanos: i64) {
         self.profile.time_nanos = time_nanos;
         self.profile.duration_nanos = duration_nanos;
     }
 
-    pub fn set_default_sample_type(&mut self, t: &str) {
+    pub(crate) fn set_default_sample_type(&mut self, t: &str) {
         self.profile.default_sample_type = self.string(t);
     }
 
-    pub fn add_comment(&mut self, c: &str) {
+    pub(crate) fn add_comment(&mut self, c: &str) {
         let i = self.string(c);
         self.profile.comment.push(i);
     }
 
-    pub fn mapping(&mut self, key: &MappingKey, symbolized: bool) -> u64 {
+    pub(crate) fn mapping(&mut self, key: &MappingKey, symbolized: bool) -> u64 {
         if let Some(&id) = self.mappings.get(key) {
             return id;
         }
@@ -253,7 +257,7 @@ impl ProfileBuilder {
 
     /// A location at `address` in mapping `mapping_id` (0: none) whose
     /// frames are `lines`, innermost inlined frame first.
-    pub fn location(&mut self, mapping_id: u64, address: u64, lines: &[LineKey]) -> u64 {
+    pub(crate) fn location(&mut self, mapping_id: u64, address: u64, lines: &[LineKey]) -> u64 {
         let key = (mapping_id, address, lines.to_vec());
         if let Some(&id) = self.locations.get(&key) {
             return id;
@@ -279,7 +283,7 @@ impl ProfileBuilder {
 
     /// Adds a sample; `locations` leaf first. `labels` are string labels,
     /// `num_labels` numeric ones.
-    pub fn sample(
+    pub(crate) fn sample(
         &mut self,
         locations: Vec<u64>,
         values: Vec<i64>,
@@ -310,13 +314,13 @@ impl ProfileBuilder {
         });
     }
 
-    pub fn finish(self) -> Profile {
+    pub(crate) fn finish(self) -> Profile {
         self.profile
     }
 }
 
 /// Encodes `profile` as gzip'd protobuf, the form pprof tools expect.
-pub fn encode_gzip(profile: &Profile) -> std::io::Result<Vec<u8>> {
+pub(crate) fn encode_gzip(profile: &Profile) -> std::io::Result<Vec<u8>> {
     let raw = profile.encode_to_vec();
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(&raw)?;

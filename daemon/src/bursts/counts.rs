@@ -1,0 +1,266 @@
+//! The consumers of [`BurstEvent`]s: path counts per calling context
+//! within a burst ([`PathCounts`]), and the raw trace (`--save-bursts`,
+//! [`TraceFile`]).
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::Path;
+
+use tracing::warn;
+
+use super::decode::BurstEvent;
+
+/// Deepest chain of entered functions a burst's context records; deeper
+/// entries count in the context at this depth.
+const MAX_CONTEXT_DEPTH: usize = 64;
+
+/// Calling contexts inside bursts, interned as a tree of `(parent, fid)`
+/// nodes (node 0: no caller seen in the burst), so that counting a path
+/// allocates nothing.
+#[derive(Default)]
+pub(crate) struct Contexts {
+    nodes: Vec<(u32, u32)>,
+    index: HashMap<(u32, u32), u32>,
+}
+
+impl Contexts {
+    /// The node for `fid` entered from context `parent`.
+    fn child(&mut self, parent: u32, fid: u32) -> u32 {
+        if self.nodes.is_empty() {
+            self.nodes.push((0, u32::MAX));
+        }
+        let next = self.nodes.len() as u32;
+        let node = *self.index.entry((parent, fid)).or_insert(next);
+        if node == next {
+            self.nodes.push((parent, fid));
+        }
+        node
+    }
+
+    /// The functions of a context, outermost first.
+    pub(crate) fn fids(&self, mut node: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        while node != 0 {
+            let (parent, fid) = self.nodes[node as usize];
+            out.push(fid);
+            node = parent;
+        }
+        out.reverse();
+        out
+    }
+}
+
+/// Executions of each Ball-Larus path per calling context within bursts.
+pub(crate) struct PathCounts {
+    /// Per function (plan index): its number of paths; `None` where the
+    /// function has no path numbering. Paths at or beyond it are bad.
+    total_paths: Vec<Option<u64>>,
+    /// (context node, fid, path) → executions.
+    counts: HashMap<(u32, u32, u64), u64>,
+    /// Calling contexts seen inside bursts.
+    contexts: Contexts,
+    /// The current burst's stack of entered functions: (fid, its context
+    /// node, i.e. the context including it).
+    stack: Vec<(u32, u32)>,
+    /// Complete paths counted.
+    pub(crate) paths: u64,
+    /// Paths whose start the burst did not see (not counted).
+    pub(crate) partial_paths: u64,
+    /// Records that made no sense: unknown tags, path numbers out of range.
+    pub(crate) bad_records: u64,
+}
+
+impl PathCounts {
+    /// Counts for a plan whose function `i` has `total_paths[i]` paths.
+    pub(crate) fn new(total_paths: Vec<Option<u64>>) -> Self {
+        PathCounts {
+            total_paths,
+            counts: HashMap::new(),
+            contexts: Contexts::default(),
+            stack: Vec::new(),
+            paths: 0,
+            partial_paths: 0,
+            bad_records: 0,
+        }
+    }
+
+    /// Takes one event of the ring, in order.
+    pub(crate) fn add(&mut self, ev: &BurstEvent) {
+        match *ev {
+            BurstEvent::Start { .. } | BurstEvent::End { .. } => self.stack.clear(),
+            BurstEvent::Enter { fid } => {
+                if self.stack.len() < MAX_CONTEXT_DEPTH {
+                    let parent = self.stack.last().map_or(0, |e| e.1);
+                    let node = self.contexts.child(parent, fid);
+                    self.stack.push((fid, node));
+                }
+            }
+            BurstEvent::Path {
+                fid,
+                end,
+                path,
+                partial,
+            } => {
+                if partial {
+                    self.partial_paths += 1;
+                } else if self.valid_path(fid, path) {
+                    self.paths += 1;
+                    // Context: the entered functions below this one.
+                    let n = self.stack.len();
+                    let ctx = match self.stack.last() {
+                        Some(&(top, _)) if top == fid => {
+                            n.checked_sub(2).map_or(0, |i| self.stack[i].1)
+                        }
+                        Some(&(_, node)) => node,
+                        None => 0,
+                    };
+                    *self.counts.entry((ctx, fid, path)).or_insert(0) += 1;
+                } else {
+                    self.bad_records += 1;
+                }
+                if end.leaves_function() && self.stack.last().map(|e| e.0) == Some(fid) {
+                    self.stack.pop();
+                }
+            }
+            BurstEvent::Malformed { .. } => self.bad_records += 1,
+        }
+    }
+
+    /// The running burst was ended by the daemon (its thread had left the
+    /// clones without a check): its stack is gone.
+    pub(crate) fn burst_reaped(&mut self) {
+        self.stack.clear();
+    }
+
+    fn valid_path(&self, fid: u32, path: u64) -> bool {
+        self.total_paths
+            .get(fid as usize)
+            .copied()
+            .flatten()
+            .is_some_and(|n| path < n)
+    }
+
+    /// `((context, fid, path), executions)` in no particular order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&(u32, u32, u64), &u64)> {
+        self.counts.iter()
+    }
+
+    /// The calling contexts the counts refer to.
+    pub(crate) fn contexts(&self) -> &Contexts {
+        &self.contexts
+    }
+}
+
+/// `--save-bursts`: every event as a JSON line, as it arrives.
+pub(crate) struct TraceFile(std::io::BufWriter<std::fs::File>);
+
+impl TraceFile {
+    /// Creates `path` (and its directory); `None`, with a warning, if it
+    /// cannot.
+    pub(crate) fn create(path: &Path) -> Option<Self> {
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        std::fs::File::create(path)
+            .map_err(|e| warn!("cannot write {}: {e}", path.display()))
+            .ok()
+            .map(|f| TraceFile(std::io::BufWriter::new(f)))
+    }
+
+    /// Records one event (malformed records are left out).
+    pub(crate) fn add(&mut self, ev: &BurstEvent) {
+        if !matches!(ev, BurstEvent::Malformed { .. }) {
+            let _ = writeln!(self.0, "{ev}");
+        }
+    }
+
+    pub(crate) fn flush(&mut self) {
+        let _ = self.0.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::decode::{EndReason, PathEnd};
+    use super::*;
+
+    fn path(fid: u32, end: PathEnd, path: u64) -> BurstEvent {
+        BurstEvent::Path {
+            fid,
+            end,
+            path,
+            partial: false,
+        }
+    }
+
+    fn counted(c: &PathCounts) -> Vec<(Vec<u32>, u32, u64, u64)> {
+        let mut v: Vec<_> = c
+            .iter()
+            .map(|(&(ctx, fid, p), &n)| (c.contexts().fids(ctx), fid, p, n))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn paths_count_in_the_context_of_the_functions_entered_before() {
+        // f0 has 4 paths, f1 has 2, f2 none.
+        let mut c = PathCounts::new(vec![Some(4), Some(2), None]);
+        for ev in [
+            BurstEvent::Start { tid: 1, pc: 0 },
+            BurstEvent::Enter { fid: 0 },
+            path(0, PathEnd::BackEdge, 3),
+            BurstEvent::Enter { fid: 1 },
+            path(1, PathEnd::Return, 1),
+            path(0, PathEnd::BackEdge, 3),
+            path(0, PathEnd::Return, 2),
+            // After f0 returned: no context.
+            path(1, PathEnd::BackEdge, 0),
+            BurstEvent::End {
+                reason: EndReason::Budget,
+            },
+        ] {
+            c.add(&ev);
+        }
+        assert_eq!(
+            counted(&c),
+            [
+                (vec![], 0, 2, 1),
+                (vec![], 0, 3, 2),
+                (vec![], 1, 0, 1),
+                (vec![0], 1, 1, 1),
+            ]
+        );
+        assert_eq!((c.paths, c.partial_paths, c.bad_records), (5, 0, 0));
+    }
+
+    #[test]
+    fn bad_and_partial_paths_are_not_counted() {
+        let mut c = PathCounts::new(vec![Some(4), None]);
+        c.add(&path(0, PathEnd::Return, 4)); // out of range
+        c.add(&path(1, PathEnd::Return, 0)); // no numbering
+        c.add(&path(7, PathEnd::Return, 0)); // no such function
+        c.add(&BurstEvent::Path {
+            fid: 0,
+            end: PathEnd::Return,
+            path: 1,
+            partial: true,
+        });
+        c.add(&BurstEvent::Malformed { w0: 0, w1: 0 });
+        assert!(counted(&c).is_empty());
+        assert_eq!((c.paths, c.partial_paths, c.bad_records), (0, 1, 4));
+    }
+
+    #[test]
+    fn a_new_burst_or_a_reaped_one_starts_without_context() {
+        let mut c = PathCounts::new(vec![Some(1), Some(1)]);
+        c.add(&BurstEvent::Enter { fid: 0 });
+        c.add(&BurstEvent::Enter { fid: 1 });
+        c.burst_reaped();
+        c.add(&path(1, PathEnd::Return, 0));
+        c.add(&BurstEvent::Enter { fid: 0 });
+        c.add(&BurstEvent::Enter { fid: 1 });
+        c.add(&BurstEvent::Start { tid: 2, pc: 0 });
+        c.add(&path(1, PathEnd::Return, 0));
+        assert_eq!(counted(&c), [(vec![], 1, 0, 2)]);
+    }
+}

@@ -1,0 +1,296 @@
+//! Burst records → [`BurstEvent`]s: the one place that knows how the
+//! injected runtime encodes a record (`burstyd_common::burst`: two words,
+//! the tag in bits 60..64 of the first). Everything after this works on
+//! events; a new record kind is one variant here, one arm in [`decode`]
+//! (and one in the raw-trace line, [`BurstEvent`]'s `Display`), and one
+//! consumer.
+use std::fmt;
+
+use burstyd_common::burst::{
+    END_BUDGET, END_LEFT_CLONES, PATH_END_BACK_EDGE, PATH_END_NORETURN, PATH_END_RETURN,
+    PATH_END_TAIL, PATH_INVALID, REC_END, REC_ENTER, REC_PATH, REC_START, TAG_SHIFT,
+};
+
+/// One record of the burst ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BurstEvent {
+    /// A burst began on thread `tid`, at the interrupted (original) `pc`.
+    Start { tid: u32, pc: u64 },
+    /// The clone of function `fid` (an index into the plan's functions) was
+    /// entered.
+    Enter { fid: u32 },
+    /// A Ball-Larus path of function `fid` ended.
+    Path {
+        fid: u32,
+        end: PathEnd,
+        /// The path number (the path register without the flag bit).
+        path: u64,
+        /// The path's start was not observed (the burst began mid-path, or
+        /// the activation is older than the burst): `path` is not a path
+        /// number.
+        partial: bool,
+    },
+    /// The burst ended.
+    End { reason: EndReason },
+    /// A record with an unknown tag.
+    Malformed { w0: u64, w1: u64 },
+}
+
+/// How a path ended (`REC_PATH` kinds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PathEnd {
+    /// At a return: the activation is over.
+    Return,
+    /// At a back edge: the loop goes round again.
+    BackEdge,
+    /// At a tail call: the activation is over.
+    Tail,
+    /// At a call that does not return, or a jump out of the clones.
+    NoReturn,
+    /// A kind this daemon does not know (the path still counts).
+    Other(u8),
+}
+
+/// Why a burst ended (`REC_END` reasons).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EndReason {
+    /// Its checks ran out.
+    Budget,
+    /// The thread left the clones at a point with no way back into them.
+    LeftClones,
+    /// A reason this daemon does not know.
+    Other(u8),
+}
+
+impl PathEnd {
+    fn from_code(kind: u64) -> Self {
+        match kind {
+            PATH_END_RETURN => PathEnd::Return,
+            PATH_END_BACK_EDGE => PathEnd::BackEdge,
+            PATH_END_TAIL => PathEnd::Tail,
+            PATH_END_NORETURN => PathEnd::NoReturn,
+            k => PathEnd::Other(k as u8),
+        }
+    }
+
+    fn code(self) -> u64 {
+        match self {
+            PathEnd::Return => PATH_END_RETURN,
+            PathEnd::BackEdge => PATH_END_BACK_EDGE,
+            PathEnd::Tail => PATH_END_TAIL,
+            PathEnd::NoReturn => PATH_END_NORETURN,
+            PathEnd::Other(k) => u64::from(k),
+        }
+    }
+
+    /// The path ended its function's activation.
+    pub(crate) fn leaves_function(self) -> bool {
+        matches!(self, PathEnd::Return | PathEnd::Tail)
+    }
+}
+
+impl EndReason {
+    fn from_code(reason: u64) -> Self {
+        match reason {
+            END_BUDGET => EndReason::Budget,
+            END_LEFT_CLONES => EndReason::LeftClones,
+            r => EndReason::Other(r as u8),
+        }
+    }
+
+    fn code(self) -> u64 {
+        match self {
+            EndReason::Budget => END_BUDGET,
+            EndReason::LeftClones => END_LEFT_CLONES,
+            EndReason::Other(r) => u64::from(r),
+        }
+    }
+}
+
+/// Decodes one record (`w0`, `w1`) as the injected runtime wrote it.
+pub(crate) fn decode(w0: u64, w1: u64) -> BurstEvent {
+    match w0 >> TAG_SHIFT {
+        // w0 = tag | tid, w1 = interrupted PC.
+        REC_START => BurstEvent::Start {
+            tid: w0 as u32,
+            pc: w1,
+        },
+        // w0 = tag | fid, w1 = 0.
+        REC_ENTER => BurstEvent::Enter { fid: w0 as u32 },
+        // w0 = tag | kind << 32 | fid, w1 = path register.
+        REC_PATH => BurstEvent::Path {
+            fid: w0 as u32,
+            end: PathEnd::from_code((w0 >> 32) & 0xf),
+            path: w1 & !PATH_INVALID,
+            partial: w1 & PATH_INVALID != 0,
+        },
+        // w0 = tag | reason, w1 = 0.
+        REC_END => BurstEvent::End {
+            reason: EndReason::from_code(w0 & 0xff),
+        },
+        _ => BurstEvent::Malformed { w0, w1 },
+    }
+}
+
+/// The event as one line of the raw trace (`--save-bursts`, JSON).
+impl fmt::Display for BurstEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            BurstEvent::Start { tid, pc } => {
+                write!(
+                    f,
+                    "{{\"burst\":\"start\",\"tid\":{tid},\"pc\":\"{pc:#x}\"}}"
+                )
+            }
+            BurstEvent::Enter { fid } => write!(f, "{{\"enter\":{fid}}}"),
+            BurstEvent::Path {
+                fid,
+                end,
+                path,
+                partial,
+            } => {
+                // The path register as recorded, flag bit included.
+                let register = if partial { path | PATH_INVALID } else { path };
+                write!(
+                    f,
+                    "{{\"path\":{register},\"fid\":{fid},\"kind\":{}}}",
+                    end.code()
+                )
+            }
+            BurstEvent::End { reason } => {
+                write!(f, "{{\"burst\":\"end\",\"reason\":{}}}", reason.code())
+            }
+            BurstEvent::Malformed { w0, w1 } => {
+                write!(f, "{{\"malformed\":[\"{w0:#x}\",\"{w1:#x}\"]}}")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(t: u64) -> u64 {
+        t << TAG_SHIFT
+    }
+
+    #[test]
+    fn start_carries_tid_and_pc() {
+        assert_eq!(
+            decode(tag(REC_START) | 4242, 0x40_1136),
+            BurstEvent::Start {
+                tid: 4242,
+                pc: 0x40_1136
+            }
+        );
+    }
+
+    #[test]
+    fn enter_carries_the_function() {
+        assert_eq!(
+            decode(tag(REC_ENTER) | 17, 0),
+            BurstEvent::Enter { fid: 17 }
+        );
+    }
+
+    #[test]
+    fn path_kinds() {
+        let path = |kind: u64, w1: u64| decode(tag(REC_PATH) | kind << 32 | 9, w1);
+        for (kind, end) in [
+            (PATH_END_RETURN, PathEnd::Return),
+            (PATH_END_BACK_EDGE, PathEnd::BackEdge),
+            (PATH_END_TAIL, PathEnd::Tail),
+            (PATH_END_NORETURN, PathEnd::NoReturn),
+            (7, PathEnd::Other(7)),
+        ] {
+            assert_eq!(
+                path(kind, 5),
+                BurstEvent::Path {
+                    fid: 9,
+                    end,
+                    path: 5,
+                    partial: false
+                },
+                "kind {kind}"
+            );
+        }
+        assert!(PathEnd::Return.leaves_function() && PathEnd::Tail.leaves_function());
+        assert!(!PathEnd::BackEdge.leaves_function() && !PathEnd::NoReturn.leaves_function());
+    }
+
+    #[test]
+    fn partial_path_keeps_its_register() {
+        let ev = decode(
+            tag(REC_PATH) | PATH_END_BACK_EDGE << 32 | 3,
+            PATH_INVALID | 12,
+        );
+        assert_eq!(
+            ev,
+            BurstEvent::Path {
+                fid: 3,
+                end: PathEnd::BackEdge,
+                path: 12,
+                partial: true
+            }
+        );
+        // The raw trace shows the register as written.
+        assert_eq!(
+            ev.to_string(),
+            format!("{{\"path\":{},\"fid\":3,\"kind\":1}}", PATH_INVALID | 12)
+        );
+    }
+
+    #[test]
+    fn end_reasons() {
+        let end = |reason: u64| decode(tag(REC_END) | reason, 0);
+        assert_eq!(
+            end(END_BUDGET),
+            BurstEvent::End {
+                reason: EndReason::Budget
+            }
+        );
+        assert_eq!(
+            end(END_LEFT_CLONES),
+            BurstEvent::End {
+                reason: EndReason::LeftClones
+            }
+        );
+        assert_eq!(
+            end(0x1_05),
+            BurstEvent::End {
+                reason: EndReason::Other(5)
+            }
+        );
+    }
+
+    #[test]
+    fn unknown_tags_are_malformed() {
+        for t in [0, 5, 15] {
+            let w0 = tag(t) | 1;
+            assert_eq!(decode(w0, 2), BurstEvent::Malformed { w0, w1: 2 });
+        }
+    }
+
+    #[test]
+    fn raw_trace_lines() {
+        let lines: Vec<String> = [
+            (tag(REC_START) | 77, 0x1000),
+            (tag(REC_ENTER) | 2, 0),
+            (tag(REC_PATH) | PATH_END_RETURN << 32 | 2, 3),
+            (tag(REC_END) | END_LEFT_CLONES, 0),
+        ]
+        .iter()
+        .map(|&(w0, w1)| decode(w0, w1).to_string())
+        .collect();
+        assert_eq!(
+            lines,
+            [
+                r#"{"burst":"start","tid":77,"pc":"0x1000"}"#,
+                r#"{"enter":2}"#,
+                r#"{"path":3,"fid":2,"kind":0}"#,
+                r#"{"burst":"end","reason":1}"#,
+            ]
+        );
+    }
+}

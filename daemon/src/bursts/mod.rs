@@ -1,0 +1,362 @@
+//! Bursty tracing of live processes (`--pid`, `run`): inject the
+//! instrumented clones, arm them, turn the records their bursts write into
+//! path counts, disarm.
+//!
+//! - [`lifecycle`]: attach / re-arm / detach under ptrace, the signal
+//!   handler, stuck-burst reaping;
+//! - [`ring`]: the memory shared with the target → raw `(w0, w1)` records;
+//! - [`decode`]: raw records → [`decode::BurstEvent`]s, the only code that
+//!   knows the record format;
+//! - [`counts`]: events → path counts per calling context within a burst,
+//!   and the raw trace (`--save-bursts`).
+//!
+//! The profiles made of the counts are in [`crate::export::paths`] and
+//! [`crate::export::fdata`].
+//!
+//! If the daemon dies, the target keeps its handler and regions; without
+//! the eBPF program no burst starts, and nothing in the target waits for
+//! the daemon (a full ring truncates the burst; in full-trace mode the
+//! writer yields a bounded number of times, then drops).
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use burstyd_common::burst::BurstTarget;
+use tokio::sync::mpsc;
+use tracing::warn;
+use userspace_rewriter::analysis::paths::PathNumbering;
+use userspace_rewriter::analysis::plan::{FunctionStatus, Plan};
+
+use crate::export::fdata::FdataFacts;
+use crate::stacks::clones::CloneFrames;
+
+pub(crate) mod counts;
+pub(crate) mod decode;
+pub(crate) mod lifecycle;
+pub(crate) mod ring;
+
+use counts::{PathCounts, TraceFile};
+use lifecycle::{Attached, Attachment};
+
+/// How bursts run.
+#[derive(Clone, Debug)]
+pub(crate) struct BurstOptions {
+    /// Checks per burst (`--burst`).
+    pub(crate) burst_len: u64,
+    /// Every event, from the first burst on, for ground truth.
+    pub(crate) full_trace: bool,
+    /// Write raw burst traces here (`--save-bursts`).
+    pub(crate) save_bursts: Option<PathBuf>,
+}
+
+/// Default checks per burst.
+pub(crate) const DEFAULT_BURST: u64 = 200;
+
+/// Totals reported at the end.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct BurstStats {
+    pub(crate) functions_rewritten: usize,
+    pub(crate) functions_skipped: usize,
+    pub(crate) bursts: u64,
+    pub(crate) bursts_truncated: u64,
+    pub(crate) declined_busy: u64,
+    pub(crate) declined_pc: u64,
+    /// Signals handled with `--burst 0` (straight back to the original).
+    pub(crate) declined_budget: u64,
+    pub(crate) records: u64,
+    pub(crate) records_lost: u64,
+    pub(crate) paths: u64,
+    pub(crate) partial_paths: u64,
+    pub(crate) bad_records: u64,
+    /// Bursts ended by the daemon: their thread left the clones without a
+    /// check (an exception or longjmp into original code).
+    pub(crate) reaped: u64,
+}
+
+/// What the exporters need to know about a traced process and its
+/// executable.
+pub(crate) struct Traced {
+    pub(crate) pid: u32,
+    /// `/proc/PID/exe`.
+    pub(crate) exe: PathBuf,
+    pub(crate) plan: Plan,
+    /// Load bias of the executable (AVMA − SVMA).
+    pub(crate) bias: u64,
+    /// DWARF lines of the executable, opened while the process lives.
+    pub(crate) lines: Option<addr2line::Loader>,
+    pub(crate) fdata: FdataFacts,
+}
+
+impl Traced {
+    /// The path numbering of function `fid`, if it has one.
+    pub(crate) fn numbering(&self, fid: u32) -> Option<&PathNumbering> {
+        match &self.plan.functions.get(fid as usize)?.status {
+            FunctionStatus::Analyzed(fa) => fa.numbering.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// One process being traced in bursts.
+pub(crate) struct BurstTracer {
+    attachment: Attachment,
+    traced: Traced,
+    counts: PathCounts,
+    trace: Option<TraceFile>,
+    /// The clones, for unwinding samples taken during bursts.
+    frames: Arc<CloneFrames>,
+    functions_rewritten: usize,
+    functions_skipped: usize,
+    records: u64,
+    reaped: u64,
+}
+
+/// A tracer after detach: what the profiles are made of.
+pub(crate) struct Finished {
+    pub(crate) traced: Traced,
+    pub(crate) counts: PathCounts,
+    /// The totals, or why restoring the target's signal failed.
+    pub(crate) stats: anyhow::Result<BurstStats>,
+}
+
+impl BurstTracer {
+    /// Injects (or re-arms) the clones in `pid`. Blocks for the analysis,
+    /// the code generation and a short ptrace stop.
+    pub(crate) fn attach(pid: u32, opts: &BurstOptions) -> anyhow::Result<Self> {
+        let Attached {
+            attachment,
+            exe,
+            plan,
+            bias,
+            frames,
+            fdata,
+            functions_rewritten,
+            functions_skipped,
+        } = lifecycle::attach(pid, opts)?;
+        let total_paths = plan
+            .functions
+            .iter()
+            .map(|f| match &f.status {
+                FunctionStatus::Analyzed(fa) => fa.numbering.as_ref().map(|n| n.total_paths()),
+                _ => None,
+            })
+            .collect();
+        Ok(BurstTracer {
+            attachment,
+            counts: PathCounts::new(total_paths),
+            trace: opts.save_bursts.as_deref().and_then(TraceFile::create),
+            frames: Arc::new(frames),
+            functions_rewritten,
+            functions_skipped,
+            records: 0,
+            reaped: 0,
+            traced: Traced {
+                pid,
+                lines: addr2line::Loader::new(&exe).ok(),
+                exe,
+                plan,
+                bias,
+                fdata,
+            },
+        })
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.traced.pid
+    }
+
+    /// The clones, for the unwinder.
+    pub(crate) fn clone_frames(&self) -> Arc<CloneFrames> {
+        self.frames.clone()
+    }
+
+    /// The eBPF `BURSTS` map entry.
+    pub(crate) fn target(&self) -> BurstTarget {
+        self.attachment.target()
+    }
+
+    /// Consumes every record the target wrote. Returns how many.
+    pub(crate) fn drain(&mut self) -> u64 {
+        let (counts, trace) = (&mut self.counts, &mut self.trace);
+        let (n, head) = self.attachment.region().take_records(|w0, w1| {
+            let ev = decode::decode(w0, w1);
+            if let Some(t) = trace.as_mut() {
+                t.add(&ev);
+            }
+            counts.add(&ev);
+        });
+        self.records += n;
+        if self.attachment.reap_stuck_burst(head) {
+            self.reaped += 1;
+            self.counts.burst_reaped();
+        }
+        n
+    }
+
+    /// The totals so far, with the target side's counters (this
+    /// session's).
+    pub(crate) fn stats(&self) -> BurstStats {
+        let [
+            bursts,
+            bursts_truncated,
+            declined_busy,
+            declined_pc,
+            records_lost,
+            declined_budget,
+        ] = self.attachment.counters_since_attach();
+        BurstStats {
+            functions_rewritten: self.functions_rewritten,
+            functions_skipped: self.functions_skipped,
+            bursts,
+            bursts_truncated,
+            declined_busy,
+            declined_pc,
+            declined_budget,
+            records: self.records,
+            records_lost,
+            paths: self.counts.paths,
+            partial_paths: self.counts.partial_paths,
+            bad_records: self.counts.bad_records,
+            reaped: self.reaped,
+        }
+    }
+
+    /// No new bursts; a running one ends at its next check.
+    pub(crate) fn disarm(&mut self) {
+        self.attachment.disarm();
+    }
+
+    /// Disarms, drains until the ring is empty (the target may have exited
+    /// with it full), lets a signal already in flight arrive and be
+    /// declined, drains again and restores the signal disposition. Blocks
+    /// (sleeps, ptrace).
+    pub(crate) fn detach(mut self) -> Finished {
+        self.disarm();
+        while self.drain() > 0 {}
+        // Let a signal already in flight arrive and be declined.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        self.drain();
+        let stats = self.stats();
+        if let Some(t) = &mut self.trace {
+            t.flush();
+        }
+        let restored = self.attachment.restore_signal();
+        Finished {
+            traced: self.traced,
+            counts: self.counts,
+            stats: restored.map(|()| stats),
+        }
+    }
+}
+
+/// A finished attach, sent by the attach thread.
+pub(crate) struct Attach {
+    pub(crate) pid: u32,
+    pub(crate) tracer: anyhow::Result<BurstTracer>,
+}
+
+/// The bursty-tracing side of a session: one tracer per target, and the
+/// thread attaching to them.
+pub(crate) struct Bursts {
+    tracers: Vec<BurstTracer>,
+    full_trace: bool,
+    /// Finished attaches, until the attach thread is done (the channel
+    /// closes when it returns).
+    attaching: Option<mpsc::UnboundedReceiver<Attach>>,
+    /// Set when the session ends: the attach thread starts no further
+    /// attach (the one under way runs to its end and is detached).
+    cancel: Arc<AtomicBool>,
+}
+
+impl Bursts {
+    /// Starts attaching to each target (waiting for `run`'s command to
+    /// have exec'd), one after the other, on a thread of its own
+    /// (`burstyd-attach`): the analysis, the code generation and the
+    /// ptrace stop take seconds for a big binary, and the session keeps
+    /// sampling, serving HTTP and pinging the watchdog meanwhile. The
+    /// tracers (or why a target cannot be traced) arrive through
+    /// [`Self::next_attach`].
+    pub(crate) fn start(opts: Option<&BurstOptions>, pids: &[u32]) -> Self {
+        let mut bursts = Bursts {
+            tracers: Vec::new(),
+            full_trace: opts.is_some_and(|o| o.full_trace),
+            attaching: None,
+            cancel: Arc::new(AtomicBool::new(false)),
+        };
+        let Some(opts) = opts else {
+            return bursts;
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (opts, pids, cancel) = (opts.clone(), pids.to_vec(), bursts.cancel.clone());
+        let spawned = std::thread::Builder::new()
+            .name("burstyd-attach".into())
+            .spawn(move || {
+                for pid in pids {
+                    if cancel.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    lifecycle::wait_for_exec(pid);
+                    let tracer = BurstTracer::attach(pid, &opts);
+                    if let Err(mpsc::error::SendError(a)) = tx.send(Attach { pid, tracer }) {
+                        // Nobody will drain it: leave the target as it was.
+                        if let Ok(t) = a.tracer {
+                            let _ = t.detach();
+                        }
+                        break;
+                    }
+                }
+            });
+        match spawned {
+            Ok(_) => bursts.attaching = Some(rx),
+            Err(e) => warn!("bursty tracing disabled: cannot start the attach thread: {e}"),
+        }
+        bursts
+    }
+
+    /// The next finished attach; `None` when the attach thread is done
+    /// (then [`Self::attaching`] turns false) or was never started.
+    /// Cancel safe.
+    pub(crate) async fn next_attach(&mut self) -> Option<Attach> {
+        let a = self.attaching.as_mut()?.recv().await;
+        if a.is_none() {
+            self.attaching = None;
+        }
+        a
+    }
+
+    /// Whether attaches are still under way.
+    pub(crate) fn attaching(&self) -> bool {
+        self.attaching.is_some()
+    }
+
+    /// No further attaches (the one under way still finishes).
+    pub(crate) fn cancel_pending(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// A tracer attached (by [`Self::next_attach`]) joins the set.
+    pub(crate) fn add(&mut self, t: BurstTracer) {
+        self.tracers.push(t);
+    }
+
+    /// Whether any process is traced.
+    pub(crate) fn active(&self) -> bool {
+        !self.tracers.is_empty()
+    }
+
+    /// How often to drain the record rings: a full trace fills them fast.
+    pub(crate) fn drain_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(if self.full_trace { 5 } else { 50 })
+    }
+
+    pub(crate) fn drain(&mut self) {
+        for t in &mut self.tracers {
+            t.drain();
+        }
+    }
+
+    /// The tracers, for detaching (the set is empty afterwards).
+    pub(crate) fn take(&mut self) -> Vec<BurstTracer> {
+        std::mem::take(&mut self.tracers)
+    }
+}

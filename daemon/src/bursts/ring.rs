@@ -1,0 +1,162 @@
+//! The memory a traced process shares with the daemon (a memfd mapped
+//! `MAP_SHARED` by both): page 0 holds the [`BurstControl`] block, then
+//! come the ring's words. The burst's thread is the only producer (it
+//! advances `head`); the daemon consumes (`tail`). This module reads the
+//! raw two-word records and the control words; what a record means is
+//! [`super::decode`]'s business.
+use std::mem::offset_of;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use burstyd_common::burst::{BurstControl, CONTROL_BYTES};
+
+/// The daemon's mapping of a target's burst region.
+pub(crate) struct SharedRegion {
+    map: memmap2::MmapMut,
+}
+
+/// Target-side counters ([`BurstControl`] words), in this order: bursts,
+/// truncated, declined busy, declined PC, lost records, declined budget.
+pub(crate) type TargetCounters = [u64; 6];
+
+impl SharedRegion {
+    /// `map` must span at least the control block (and the ring it
+    /// describes, once the control block says where that is).
+    pub(crate) fn new(map: memmap2::MmapMut) -> Self {
+        SharedRegion { map }
+    }
+
+    /// The control block for plain reads and writes: only while the target
+    /// is stopped or disarmed, or for fields the target does not write
+    /// concurrently (the hot fields go through the atomics below).
+    pub(crate) fn control_mut(&mut self) -> &mut BurstControl {
+        // SAFETY: the mapping is CONTROL_BYTES + ring, page aligned; the
+        // target writes the same words concurrently, which is why the hot
+        // fields are only read through atomics (`word`); these plain writes
+        // happen while the target is stopped or disarmed.
+        unsafe { &mut *(self.map.as_mut_ptr() as *mut BurstControl) }
+    }
+
+    /// The control block as it is now (a plain read; see [`Self::control_mut`]).
+    pub(crate) fn control(&self) -> &BurstControl {
+        // SAFETY: as in `control_mut`.
+        unsafe { &*(self.map.as_ptr() as *const BurstControl) }
+    }
+
+    /// A u64 field of the control block.
+    fn word(&self, field_off: usize) -> &AtomicU64 {
+        // SAFETY: an 8-aligned u64 field inside the mapping.
+        unsafe { &*(self.map.as_ptr().add(field_off) as *const AtomicU64) }
+    }
+
+    /// The u32 `active` field.
+    fn active_word(&self) -> &AtomicU32 {
+        // SAFETY: the 4-aligned u32 `active` field inside the mapping.
+        unsafe { &*(self.map.as_ptr().add(offset_of!(BurstControl, active)) as *const AtomicU32) }
+    }
+
+    /// Whether a burst runs now, and how many have started so far.
+    pub(crate) fn burst_state(&self) -> (bool, u64) {
+        (
+            self.active_word().load(Ordering::Acquire) != 0,
+            self.word(offset_of!(BurstControl, bursts))
+                .load(Ordering::Relaxed),
+        )
+    }
+
+    /// Ends the running burst from the daemon's side: the owner first (a
+    /// return into a clone then fails its check), then `active`.
+    pub(crate) fn clear_burst(&self) {
+        self.word(offset_of!(BurstControl, owner))
+            .store(0, Ordering::SeqCst);
+        self.active_word().store(0, Ordering::SeqCst);
+    }
+
+    /// The counters the target side keeps.
+    pub(crate) fn target_counters(&self) -> TargetCounters {
+        [
+            offset_of!(BurstControl, bursts),
+            offset_of!(BurstControl, truncated),
+            offset_of!(BurstControl, declined_busy),
+            offset_of!(BurstControl, declined_pc),
+            offset_of!(BurstControl, lost_records),
+            offset_of!(BurstControl, declined_budget),
+        ]
+        .map(|off| self.word(off).load(Ordering::Relaxed))
+    }
+
+    /// Consumes every whole record written since the last call, oldest
+    /// first, handing each to `f` as `(w0, w1)`. Returns how many, and the
+    /// producer index (`head`) they were read up to.
+    pub(crate) fn take_records(&self, mut f: impl FnMut(u64, u64)) -> (u64, u64) {
+        let head = self
+            .word(offset_of!(BurstControl, head))
+            .load(Ordering::Acquire);
+        let tail_word = self.word(offset_of!(BurstControl, tail));
+        let mut tail = tail_word.load(Ordering::Relaxed);
+        let mask = self
+            .word(offset_of!(BurstControl, ring_mask))
+            .load(Ordering::Relaxed);
+        // SAFETY: the ring starts right after the control block.
+        let ring = unsafe { self.map.as_ptr().add(CONTROL_BYTES) as *const u64 };
+        let mut n = 0;
+        while tail + 2 <= head {
+            let i = (tail & mask) as usize;
+            // SAFETY: i + 1 <= mask (head and tail are even), in the ring.
+            let (w0, w1) = unsafe {
+                (
+                    std::ptr::read_volatile(ring.add(i)),
+                    std::ptr::read_volatile(ring.add(i + 1)),
+                )
+            };
+            f(w0, w1);
+            tail += 2;
+            n += 1;
+        }
+        tail_word.store(tail, Ordering::Release);
+        (n, head)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A region like the target's, with a ring of `words` words.
+    fn region(words: u64) -> SharedRegion {
+        let mut map = memmap2::MmapMut::map_anon(CONTROL_BYTES + words as usize * 8).unwrap();
+        map.fill(0);
+        let mut r = SharedRegion::new(map);
+        r.control_mut().ring_mask = words - 1;
+        r
+    }
+
+    /// What the injected writer does: two words at `head`, then `head += 2`.
+    fn produce(r: &mut SharedRegion, w0: u64, w1: u64) {
+        let (head, mask) = (r.control().head, r.control().ring_mask);
+        let ring = unsafe { r.map.as_mut_ptr().add(CONTROL_BYTES) as *mut u64 };
+        unsafe {
+            *ring.add((head & mask) as usize) = w0;
+            *ring.add(((head + 1) & mask) as usize) = w1;
+        }
+        r.control_mut().head = head + 2;
+    }
+
+    #[test]
+    fn records_come_out_in_order_across_the_wrap() {
+        let mut r = region(8);
+        let mut got = Vec::new();
+        for round in 0..5u64 {
+            for i in 0..3 {
+                produce(&mut r, round * 10 + i, !(round * 10 + i));
+            }
+            let (n, head) = r.take_records(|w0, w1| got.push((w0, w1)));
+            assert_eq!((n, head), (3, (round + 1) * 6));
+            assert_eq!(r.control().tail, head);
+        }
+        let want: Vec<_> = (0..5u64)
+            .flat_map(|round| (0..3).map(move |i| (round * 10 + i, !(round * 10 + i))))
+            .collect();
+        assert_eq!(got, want);
+        assert_eq!(r.take_records(|_, _| panic!("nothing new")).0, 0);
+    }
+}

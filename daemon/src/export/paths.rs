@@ -1,0 +1,200 @@
+//! `paths.pb.gz`: the Ball-Larus paths bursty tracing counted, as pprof.
+//! Leaf pseudo-frame `f path N: L12→L14→L20` (the blocks' source lines),
+//! then the function, then the functions entered before it within the
+//! burst; labels `symbol`, `path` and `pid`; values `executions/count` and
+//! `<event>/count`, the sampled event attributed to paths.
+use std::collections::HashMap;
+
+use userspace_rewriter::analysis::plan::FunctionStatus;
+
+use super::pprof::{LineKey, MappingKey, ProfileBuilder};
+use crate::bursts::Traced;
+use crate::bursts::counts::PathCounts;
+use crate::stacks::symbolize::demangle;
+
+/// The builder of `paths.pb.gz`, which every traced process adds to.
+pub(crate) fn paths_builder(event: &str) -> ProfileBuilder {
+    let mut b = ProfileBuilder::new(
+        &[("executions", "count"), (event, "count")],
+        (event, "count"),
+        1,
+    );
+    b.add_comment("Ball-Larus paths from bursty tracing: leaf frame = the path (its blocks' source lines), then the function, then the functions entered before it within the burst");
+    b.add_comment(&format!("{event}/count: the sampled {event} of each block split among the paths through it by their executions"));
+    b
+}
+
+/// Executions per (fid, path), over all contexts.
+fn executions(counts: &PathCounts) -> HashMap<(u32, u64), u64> {
+    let mut execs: HashMap<(u32, u64), u64> = HashMap::new();
+    for ((_, fid, path), n) in counts.iter() {
+        *execs.entry((*fid, *path)).or_insert(0) += n;
+    }
+    execs
+}
+
+/// The sampled event attributed to paths: every stack sample's weight
+/// at a PC in block `b` of a traced function is split among the paths
+/// through `b` in proportion to their executions (the estimator of
+/// the event each path incurs, given the block-level samples).
+fn path_events(
+    traced: &Traced,
+    counts: &PathCounts,
+    leaf_weights: &HashMap<u64, u64>,
+) -> HashMap<(u32, u64), f64> {
+    // Executions per (fid, path), and the paths through each block.
+    let execs = executions(counts);
+    let mut through: HashMap<(u32, usize), Vec<(u64, u64)>> = HashMap::new();
+    for (&(fid, path), &n) in &execs {
+        let Some(p) = traced
+            .numbering(fid)
+            .and_then(|num| num.regenerate(path).ok())
+        else {
+            continue;
+        };
+        let mut blocks = p.blocks.clone();
+        blocks.sort_unstable();
+        blocks.dedup();
+        for blk in blocks {
+            through.entry((fid, blk)).or_default().push((path, n));
+        }
+    }
+    let starts: Vec<(u64, u64, u32)> = {
+        let mut v: Vec<_> = traced
+            .plan
+            .functions
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| matches!(f.status, FunctionStatus::Analyzed(_)))
+            .map(|(i, f)| (f.start, f.start + f.size, i as u32))
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let mut out: HashMap<(u32, u64), f64> = HashMap::new();
+    for (&pc, &w) in leaf_weights {
+        let svma = pc.wrapping_sub(traced.bias);
+        let i = starts.partition_point(|s| s.0 <= svma);
+        let Some(&(_, end, fid)) = i.checked_sub(1).and_then(|i| starts.get(i)) else {
+            continue;
+        };
+        if svma >= end {
+            continue;
+        }
+        let FunctionStatus::Analyzed(fa) = &traced.plan.functions[fid as usize].status else {
+            continue;
+        };
+        let Some(blk) = fa.cfg.as_ref().and_then(|c| c.block_at(svma)) else {
+            continue;
+        };
+        let Some(paths) = through.get(&(fid, blk)) else {
+            continue;
+        };
+        let total: u64 = paths.iter().map(|p| p.1).sum();
+        for &(path, n) in paths {
+            *out.entry((fid, path)).or_insert(0.0) += w as f64 * n as f64 / total as f64;
+        }
+    }
+    out
+}
+
+/// Adds a traced process's paths to `paths.pb.gz` (see
+/// [`paths_builder`]): one sample per (context, function, path).
+pub(crate) fn add_paths(
+    b: &mut ProfileBuilder,
+    traced: &Traced,
+    counts: &PathCounts,
+    leaf_weights: &HashMap<u64, u64>,
+) {
+    let events = path_events(traced, counts, leaf_weights);
+    let execs = executions(counts);
+    let line_of = |svma: u64| -> (Option<String>, u32) {
+        traced
+            .lines
+            .as_ref()
+            .and_then(|l| l.find_location(svma).ok().flatten())
+            .map(|loc| (loc.file.map(str::to_owned), loc.line.unwrap_or(0)))
+            .unwrap_or((None, 0))
+    };
+    let exe_name = std::fs::read_link(&traced.exe)
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mapping = b.mapping(
+        &MappingKey {
+            start: 0,
+            limit: u64::MAX,
+            file_offset: 0,
+            filename: exe_name,
+            build_id: traced.plan.build_id.clone().unwrap_or_default(),
+        },
+        true,
+    );
+    let mut func_loc: HashMap<u32, u64> = HashMap::new();
+    let mut entries: Vec<_> = counts.iter().collect();
+    entries.sort();
+    for ((ctx, fid, path), n) in entries {
+        let f = &traced.plan.functions[*fid as usize];
+        let Some(numbering) = traced.numbering(*fid) else {
+            continue;
+        };
+        let FunctionStatus::Analyzed(fa) = &f.status else {
+            continue;
+        };
+        let Some(cfg) = fa.cfg.as_ref() else { continue };
+        let Ok(p) = numbering.regenerate(*path) else {
+            continue;
+        };
+        let mut lines = Vec::new();
+        let mut file = None;
+        for &blk in &p.blocks {
+            let (fl, line) = line_of(cfg.blocks[blk].start);
+            file = file.or(fl);
+            lines.push(format!("L{line}"));
+        }
+        let (ffile, fline) = line_of(f.start);
+        let fname = demangle(&f.name);
+        let name = format!("{fname} path {path}: {}", lines.join("→"));
+        let leaf = b.location(
+            mapping,
+            f.start.wrapping_add(traced.bias) ^ (*path << 1),
+            &[
+                LineKey {
+                    function: name,
+                    file: file.clone().or(ffile.clone()).unwrap_or_default(),
+                    line: 0,
+                },
+                LineKey {
+                    function: fname,
+                    file: ffile.unwrap_or_default(),
+                    line: i64::from(fline),
+                },
+            ],
+        );
+        let mut locs = vec![leaf];
+        for c in counts.contexts().fids(*ctx).iter().rev() {
+            let id = *func_loc.entry(*c).or_insert_with(|| {
+                let cf = &traced.plan.functions[*c as usize];
+                let (cfile, cline) = line_of(cf.start);
+                b.location(
+                    mapping,
+                    cf.start.wrapping_add(traced.bias),
+                    &[LineKey {
+                        function: demangle(&cf.name),
+                        file: cfile.unwrap_or_default(),
+                        line: i64::from(cline),
+                    }],
+                )
+            });
+            locs.push(id);
+        }
+        // This context's share of the path's event.
+        let ev = events.get(&(*fid, *path)).copied().unwrap_or(0.0) * *n as f64
+            / execs[&(*fid, *path)].max(1) as f64;
+        b.sample(
+            locs,
+            vec![*n as i64, ev.round() as i64],
+            &[("symbol", f.name.as_str())],
+            &[("pid", i64::from(traced.pid)), ("path", *path as i64)],
+        );
+    }
+}

@@ -1,0 +1,212 @@
+//! Bursty tracing in the session: an attach finishing on the attach
+//! thread ([`Session::on_attached`]), the record rings drained on a timer,
+//! and at the end the detach (off the runtime, while samples keep being
+//! drained) and the path profiles.
+use std::collections::HashMap;
+
+use tracing::{debug, info, warn};
+
+use super::{Session, ticker};
+use crate::bursts::{Attach, BurstTracer, Finished};
+use crate::export::pprof::encode_gzip;
+use crate::sampling::sampler::KernelCounters;
+use crate::service::metrics::METRICS;
+
+impl Session {
+    /// Every 50 ms (5 ms in `--full-trace`): the burst records.
+    pub(super) fn on_burst_tick(&mut self) {
+        self.bursts.drain();
+    }
+
+    /// An attach finished: arm the eBPF side for the process, let the
+    /// unwinder see through its clones, count the events it samples per
+    /// PC, drain its ring from now on.
+    pub(super) fn on_attached(&mut self, Attach { pid, tracer }: Attach) {
+        let t = match tracer {
+            Ok(t) => t,
+            Err(e) => {
+                warn!(pid, "bursty tracing disabled for this process: {e:#}");
+                self.pipe.leaf_weights.remove(&pid);
+                return;
+            }
+        };
+        // Also with --burst 0: every overflow still reaches the handler,
+        // which returns to the original code at once (what being attached
+        // costs without bursts).
+        if let Err(e) = self.sampler.set_burst_target(pid, Some(t.target())) {
+            warn!(pid, "cannot arm bursts: {e}");
+        }
+        self.joined(t);
+        if self.timers.bursts.is_none() {
+            self.timers.bursts = Some(ticker(self.bursts.drain_interval()));
+        }
+    }
+
+    /// An attach that finished after the session ended: never armed in
+    /// the eBPF map (so no burst starts), detached with the others.
+    fn on_late_attach(&mut self, Attach { pid, tracer }: Attach) {
+        match tracer {
+            Ok(t) => {
+                info!(pid, "the session ended while attaching; detaching");
+                self.joined(t);
+            }
+            Err(e) => warn!(pid, "bursty tracing disabled for this process: {e:#}"),
+        }
+    }
+
+    fn joined(&mut self, t: BurstTracer) {
+        let s = t.stats();
+        METRICS
+            .functions_rewritten
+            .add(s.functions_rewritten as u64);
+        METRICS.functions_skipped.add(s.functions_skipped as u64);
+        self.pipe.procs.set_clone_frames(t.pid(), t.clone_frames());
+        self.bursts.add(t);
+    }
+
+    /// Ends bursty tracing. An attach still under way is waited for (its
+    /// target is detached like the others: never left armed with nobody
+    /// draining it), further ones are not started. Then every target is
+    /// disarmed and taken out of the eBPF map, and detached on the
+    /// blocking pool (each drains its ring to the end, waits 20 ms for a
+    /// signal in flight, restores the signal under ptrace) while the
+    /// sample ring keeps being drained here.
+    pub(super) async fn stop_bursts(&mut self) -> Vec<Finished> {
+        self.bursts.cancel_pending();
+        while self.bursts.attaching() {
+            tokio::select! {
+                a = self.bursts.next_attach() => {
+                    if let Some(a) = a {
+                        self.on_late_attach(a);
+                    }
+                }
+                _ = self.timers.drain.tick() => {
+                    self.sampler.drain_now(|s| self.pipe.handle(s));
+                }
+            }
+        }
+        let mut tracers = self.bursts.take();
+        if tracers.is_empty() {
+            return Vec::new();
+        }
+        for t in &mut tracers {
+            let _ = self.sampler.set_burst_target(t.pid(), None);
+            t.disarm();
+        }
+        let mut detach = tokio::task::spawn_blocking(move || {
+            tracers
+                .into_iter()
+                .map(BurstTracer::detach)
+                .collect::<Vec<_>>()
+        });
+        let finished = loop {
+            tokio::select! {
+                r = &mut detach => break r,
+                _ = self.timers.drain.tick() => {
+                    self.sampler.drain_now(|s| self.pipe.handle(s));
+                }
+            }
+        };
+        // What was sampled while they detached.
+        self.sampler.drain_now(|s| self.pipe.handle(s));
+        finished.unwrap_or_else(|e| {
+            warn!("detaching the traced processes: {e}");
+            Vec::new()
+        })
+    }
+
+    /// `paths.pb.gz`, `edges.fdata` (and `edges-<pid>.fdata` with several
+    /// processes) and each process's summary line.
+    pub(super) fn write_path_profiles(&self, finished: Vec<Finished>, counters: &KernelCounters) {
+        if finished.is_empty() {
+            return;
+        }
+        let output = &self.opts.output;
+        let mut paths = crate::export::paths::paths_builder(&self.opts.event.name);
+        let mut fdatas = Vec::new();
+        for Finished {
+            traced,
+            counts,
+            stats,
+        } in finished
+        {
+            let pid = traced.pid;
+            let empty = HashMap::new();
+            crate::export::paths::add_paths(
+                &mut paths,
+                &traced,
+                &counts,
+                self.pipe.leaf_weights.get(&pid).unwrap_or(&empty),
+            );
+            fdatas.push((
+                pid,
+                crate::export::fdata::fdata(&traced.plan, &traced.fdata, &counts),
+            ));
+            let stats = match stats {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(pid, "detaching: {e:#}");
+                    continue;
+                }
+            };
+            METRICS.bursts_taken.add(stats.bursts);
+            METRICS.bursts_truncated.add(stats.bursts_truncated);
+            METRICS
+                .bursts_declined
+                .add(stats.declined_busy + stats.declined_pc + stats.declined_budget);
+            info!(
+                pid,
+                "bursts: {} taken, {} truncated, {} declined (busy {}, PC not rewritten {}, budget 0 {}), {} reaped; {} signals sent, {} overflows during a burst; functions rewritten {}, skipped {}; {} paths recorded ({} partial), records lost: {}",
+                stats.bursts,
+                stats.bursts_truncated,
+                stats.declined_busy + stats.declined_pc + stats.declined_budget,
+                stats.declined_busy,
+                stats.declined_pc,
+                stats.declined_budget,
+                stats.reaped,
+                counters.burst_signals,
+                counters.burst_busy,
+                stats.functions_rewritten,
+                stats.functions_skipped,
+                stats.paths,
+                stats.partial_paths,
+                stats.records_lost
+            );
+            debug!(
+                pid,
+                "burst records: {} read, {} malformed or with a path number out of range",
+                stats.records,
+                stats.bad_records
+            );
+        }
+        let _ = std::fs::create_dir_all(output);
+        // edges.fdata is for one binary: the first process's; with several
+        // processes each also gets edges-<pid>.fdata.
+        let several = fdatas.len() > 1;
+        for (i, (pid, fdata)) in fdatas.iter().enumerate() {
+            let mut names = Vec::new();
+            if i == 0 {
+                names.push("edges.fdata".to_string());
+            }
+            if several {
+                names.push(format!("edges-{pid}.fdata"));
+            }
+            for name in names {
+                if let Err(e) = crate::export::write_atomic(output, &name, fdata.as_bytes()) {
+                    warn!("writing {}: {e}", output.join(name).display());
+                }
+            }
+        }
+        let path = output.join("paths.pb.gz");
+        match encode_gzip(&paths.finish()).map_err(anyhow::Error::from) {
+            Ok(p) => match crate::export::write_atomic(output, "paths.pb.gz", &p) {
+                Ok(_) => {
+                    info!("wrote {}", path.display());
+                    crate::service::http::set_paths_profile(p);
+                }
+                Err(e) => warn!("writing {}: {e}", path.display()),
+            },
+            Err(e) => warn!("path profile: {e:#}"),
+        }
+    }
+}

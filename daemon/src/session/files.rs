@@ -1,0 +1,78 @@
+//! Interval profile files: their names (UTC timestamps) and retention.
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// Deletes interval profiles beyond the newest `keep` and older than
+/// `max_age`.
+pub(super) fn prune_output(dir: &Path, keep: Option<usize>, max_age: Option<Duration>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(String, PathBuf)> = rd
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let n = e.file_name().into_string().ok()?;
+            (n.starts_with("context-") && n.ends_with(".pb.gz")).then(|| (n, e.path()))
+        })
+        .collect();
+    // The names are UTC timestamps: sorting by name sorts by time.
+    files.sort();
+    let now = SystemTime::now();
+    let n = files.len();
+    for (i, (_, path)) in files.iter().enumerate() {
+        let too_many = keep.is_some_and(|k| n - i > k);
+        let too_old = max_age.is_some_and(|age| {
+            std::fs::metadata(path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| now.duration_since(t).ok())
+                .is_some_and(|a| a > age)
+        });
+        if (too_many || too_old)
+            && let Err(e) = std::fs::remove_file(path)
+        {
+            tracing::warn!("removing old profile {}: {e}", path.display());
+        }
+    }
+}
+
+/// UTC, `YYYYmmddTHHMMSS.mmmZ` (milliseconds, so that a final partial
+/// interval never overwrites the one before it), without a date crate.
+pub(super) fn timestamp(t: SystemTime) -> String {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let days = secs / 86400;
+    let rem = secs % 86400;
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}.{:03}Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60,
+        since.subsec_millis()
+    )
+}
+
+/// Howard Hinnant's days-to-civil algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z.rem_euclid(146097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn timestamps_are_utc_civil() {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_795_000_000_042);
+        // 2026-11-18 11:06:40 UTC
+        assert_eq!(super::timestamp(t), "20261118T110640.042Z");
+    }
+}

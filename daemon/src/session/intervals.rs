@@ -1,0 +1,176 @@
+//! Interval profiles: what every profile says about how it was taken
+//! ([`Meta`]), writing one (`context-<time>.pb.gz`, then retention), and
+//! handing it to the push destinations.
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+
+use super::{SessionOptions, files};
+use crate::export::context::{ProfileMeta, build_profile};
+use crate::export::pprof::encode_gzip;
+use crate::sampling::events::Sampling;
+use crate::service::config::PushTarget;
+use crate::service::metrics::METRICS;
+use crate::service::push::{Job, Pusher};
+use crate::stacks::cct::Cct;
+use crate::stacks::symbolize::Symbolizer;
+use crate::stacks::table::ProcessTable;
+
+/// What every profile of the session says about how it was taken; each
+/// profile adds its time span.
+pub(super) struct Meta(ProfileMeta);
+
+impl Meta {
+    pub(super) fn new(opts: &SessionOptions, start: SystemTime) -> Self {
+        Meta(ProfileMeta {
+            event: opts.event.name.clone(),
+            requested_event: opts.requested_event.clone(),
+            period: match opts.sampling {
+                Sampling::Period(p) => p,
+                Sampling::Frequency(_) => 0,
+            },
+            freq: match opts.sampling {
+                Sampling::Frequency(f) => f,
+                Sampling::Period(_) => 0,
+            },
+            start,
+            end: start,
+        })
+    }
+
+    /// The metadata of a profile of `[start, end]`.
+    pub(super) fn span(&self, start: SystemTime, end: SystemTime) -> ProfileMeta {
+        ProfileMeta {
+            start,
+            end,
+            ..self.0.clone()
+        }
+    }
+}
+
+/// A timer ticking every `d`, first after `d`.
+pub(super) fn interval_timer(d: Duration) -> tokio::time::Interval {
+    let mut i = tokio::time::interval_at(tokio::time::Instant::now() + d, d);
+    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    i
+}
+
+pub(super) fn start_pusher(targets: &[PushTarget], output: &Path) -> Option<Pusher> {
+    (!targets.is_empty()).then(|| {
+        for t in targets {
+            tracing::info!(
+                "pushing profiles to {:?} at {} as {} every {:?}",
+                t.kind,
+                t.url,
+                t.app,
+                t.interval
+            );
+        }
+        Pusher::start(targets, &output.join("spool"))
+    })
+}
+
+/// Per push target, the trees not pushed yet (targets whose interval is
+/// longer than the profile interval) and when they start.
+pub(super) fn pusher_pending(p: &Option<Pusher>, start: SystemTime) -> Vec<(Cct, SystemTime)> {
+    p.as_ref()
+        .map(|p| p.targets().map(|_| (Cct::new(), start)).collect())
+        .unwrap_or_default()
+}
+
+/// Writes one interval profile (and prunes old ones); returns its bytes.
+pub(super) fn write_interval(
+    opts: &SessionOptions,
+    cct: &Cct,
+    procs: &ProcessTable,
+    symbolizer: &mut Symbolizer,
+    meta: &ProfileMeta,
+    notify: Option<&crate::service::notify::Notifier>,
+) -> anyhow::Result<Vec<u8>> {
+    let name = format!("context-{}.pb.gz", files::timestamp(meta.end));
+    let profile = build_profile(cct, procs, symbolizer, meta);
+    let bytes = encode_gzip(&profile)?;
+    let path = crate::export::write_atomic(&opts.output, &name, &bytes)
+        .with_context(|| format!("writing {}", opts.output.join(&name).display()))?;
+    tracing::info!("wrote {} ({} samples)", path.display(), cct.samples);
+    if let Some(n) = notify {
+        n.status(&format!(
+            "wrote {} ({} samples)",
+            path.display(),
+            cct.samples
+        ));
+    }
+    METRICS.profiles_written.inc();
+    let s = &opts.service.settings;
+    if s.keep.is_some() || s.max_age.is_some() {
+        files::prune_output(&opts.output, s.keep, s.max_age);
+    }
+    Ok(bytes)
+}
+
+/// Hands an interval profile to each push target: as is when the target's
+/// interval is the profile interval, else merged until its interval is
+/// covered. `last`: the session ends, push whatever is pending.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn push_interval(
+    pusher: &Pusher,
+    pending: &mut [(Cct, SystemTime)],
+    cct: &Cct,
+    bytes: &[u8],
+    start: SystemTime,
+    end: SystemTime,
+    profile_interval: Option<Duration>,
+    procs: &ProcessTable,
+    symbolizer: &mut Symbolizer,
+    meta: &Meta,
+    last: bool,
+) {
+    let m = meta.span(start, end);
+    let unix = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    };
+    let job = |from: SystemTime, profile: Vec<u8>| Job {
+        from: unix(from),
+        until: unix(end).max(unix(from) + 1),
+        rate_hz: m.freq,
+        event: m.event.clone(),
+        profile,
+    };
+    let iv = profile_interval.unwrap_or_default();
+    for (i, t) in pusher.targets().enumerate() {
+        let Some((acc, acc_start)) = pending.get_mut(i) else {
+            continue;
+        };
+        if t.interval.as_secs_f64() <= iv.as_secs_f64() * 1.05 && acc.is_empty() {
+            pusher.submit(i, job(start, bytes.to_vec()));
+            *acc_start = end;
+            continue;
+        }
+        if acc.is_empty() {
+            *acc_start = start;
+        }
+        acc.merge(cct);
+        let covered = end.duration_since(*acc_start).unwrap_or_default();
+        if last || covered.as_secs_f64() >= t.interval.as_secs_f64() * 0.95 {
+            let p = build_profile(acc, procs, symbolizer, &meta.span(*acc_start, end));
+            match encode_gzip(&p) {
+                Ok(b) => pusher.submit(i, job(*acc_start, b)),
+                Err(e) => tracing::warn!("encoding a profile to push: {e}"),
+            }
+            *acc = Cct::new();
+            *acc_start = end;
+        }
+    }
+}
+
+/// Adds `from`'s trees into `into`.
+pub(super) fn merge(into: &mut Cct, from: Cct) {
+    if into.threads.is_empty() {
+        *into = from;
+    } else {
+        into.merge(&from);
+    }
+}

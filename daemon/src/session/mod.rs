@@ -1,0 +1,630 @@
+//! One profiling session: start the sampler, turn samples into calling
+//! context trees as they arrive, write profiles on interval and at the end.
+//!
+//! The end comes from `--duration`, SIGINT/SIGTERM, or all targets exiting;
+//! whichever it is, what the ring buffer still holds is drained and the last
+//! profile is written before returning.
+//!
+//! [`Session`] holds everything a session owns; [`run`] is its event loop,
+//! one `select!` arm per event source, each handled by one method
+//! (`on_samples`, `on_drain_tick`, `on_interval`, `on_reload`,
+//! `on_http_request`, `on_second`, `on_liveness`, `on_watchdog`,
+//! `on_burst_tick`, `on_attached`), then [`Session::shutdown`]. Nothing in
+//! the loop blocks for long: bursty tracing attaches on a thread of its
+//! own and detaches on tokio's blocking pool.
+//!
+//! - `pipeline.rs`: samples → trees (and HTTP profile windows);
+//! - `intervals.rs`: interval profiles, and pushing them;
+//! - `files.rs`: interval file names and retention;
+//! - `reload.rs`: SIGHUP and the rescans of configured targets;
+//! - `bursts.rs`: finished attaches, detach at the end, path profiles.
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context as _, bail};
+use tokio::process::Child;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::mpsc;
+use tokio::time::{Interval, MissedTickBehavior};
+
+use crate::bursts::Bursts;
+use crate::export::context::{build_profile, write_profile};
+use crate::export::pprof::encode_gzip;
+use crate::sampling::events::{EventSpec, Sampling};
+use crate::sampling::sampler::{Sampler, SamplerError};
+use crate::service::config::{Overrides, Settings, Source};
+use crate::service::http::{ProfileKind, ProfileRequest};
+use crate::service::metrics::METRICS;
+use crate::service::notify::Notifier;
+use crate::service::push::Pusher;
+use crate::service::targets::Scanner;
+use crate::stacks::cct::Cct;
+use crate::stacks::symbolize::Symbolizer;
+
+mod bursts;
+mod files;
+mod intervals;
+mod pipeline;
+mod reload;
+
+use intervals::{
+    Meta, interval_timer, merge, push_interval, pusher_pending, start_pusher, write_interval,
+};
+use pipeline::{Pipeline, Window};
+
+pub(crate) struct SessionOptions {
+    pub(crate) event: EventSpec,
+    pub(crate) requested_event: Option<String>,
+    pub(crate) sampling: Sampling,
+    /// `None`: system-wide.
+    pub(crate) targets: Option<Vec<u32>>,
+    pub(crate) duration: Option<Duration>,
+    pub(crate) interval: Option<Duration>,
+    pub(crate) output: PathBuf,
+    /// Bursty tracing of the targets (`--pid`/`run`), unless `--no-bursts`.
+    pub(crate) bursts: Option<crate::bursts::BurstOptions>,
+    pub(crate) service: Service,
+}
+
+/// The service side of a session: configuration-file targets, HTTP, push,
+/// retention, reload.
+pub(crate) struct Service {
+    /// The effective settings (HTTP address, push targets, retention).
+    pub(crate) settings: Settings,
+    /// Configured target selectors, rescanned every second.
+    pub(crate) scanner: Option<Scanner>,
+    /// Where SIGHUP re-reads the configuration from (`None`: no file).
+    pub(crate) reload: Option<Reload>,
+}
+
+pub(crate) struct Reload {
+    pub(crate) source: Source,
+    pub(crate) overrides: Overrides,
+    /// `--pid` or `run`: the file's targets do not apply.
+    pub(crate) static_targets: bool,
+}
+
+/// How long the last pushes may take at exit before they are left in the
+/// spool for the next start.
+const PUSH_GRACE: Duration = Duration::from_secs(5);
+
+/// Counts reported at the end of a session.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct SessionStats {
+    pub(crate) samples: u64,
+    pub(crate) truncated_stacks: u64,
+    pub(crate) no_unwind_info: u64,
+    pub(crate) unwind_errors: u64,
+    pub(crate) kernel_only: u64,
+    pub(crate) ring_full: u64,
+    pub(crate) profiles_written: u64,
+    /// Daemon CPU before sampling began (loading eBPF, attaching), ns.
+    pub(crate) startup_cpu_ns: u64,
+    /// Daemon CPU while sampling (unwinding, trees, interval profiles), ns.
+    pub(crate) sampling_cpu_ns: u64,
+    /// Wall time of the sampling phase.
+    pub(crate) sampling_secs: f64,
+    /// Daemon CPU for the final drain and profile (symbolization), ns.
+    pub(crate) final_cpu_ns: u64,
+    pub(crate) peak_rss_bytes: u64,
+}
+
+/// Why the session loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EndReason {
+    Duration,
+    Signal,
+    TargetsExited,
+}
+
+/// The trees that outlive an interval, and where the session's output
+/// stands.
+struct Output {
+    /// Wall clock and daemon CPU when the session started.
+    started: Instant,
+    cpu_start: u64,
+    session_start: SystemTime,
+    /// Start of the current interval.
+    interval_start: SystemTime,
+    meta: Meta,
+    /// With --interval, each interval's trees are written and then merged
+    /// into this session total that becomes context.pb.gz.
+    total: Cct,
+    /// The last interval profile, for `/debug/pprof/context`.
+    last_interval: Option<Vec<u8>>,
+    /// Per push target, the trees not pushed yet and when they start.
+    push_pending: Vec<(Cct, SystemTime)>,
+}
+
+/// The service parts: HTTP endpoint, push tasks, configured targets,
+/// systemd.
+struct ServiceParts {
+    http: Option<crate::service::http::Server>,
+    /// HTTP handlers ask the loop for profiles through this channel.
+    req_tx: mpsc::Sender<ProfileRequest>,
+    req_rx: mpsc::Receiver<ProfileRequest>,
+    pusher: Option<Pusher>,
+    scanner: Option<Scanner>,
+    notify: Notifier,
+}
+
+/// The loop's clocks.
+struct Timers {
+    /// `--duration`.
+    deadline: Option<tokio::time::Instant>,
+    /// `--interval`.
+    interval: Option<Interval>,
+    /// Drains the sample ring when the eBPF side did not wake us.
+    drain: Interval,
+    /// Rescans configured targets, refreshes metrics.
+    second: Interval,
+    /// Checks whether `--pid` targets still run.
+    liveness: Interval,
+    /// systemd watchdog pings (only when systemd asks for them).
+    watchdog: Interval,
+    watchdog_on: bool,
+    /// Drains the burst record rings, from the first attach on.
+    bursts: Option<Interval>,
+}
+
+struct Signals {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+}
+
+/// Everything a session owns.
+pub(crate) struct Session {
+    opts: SessionOptions,
+    sampler: Sampler,
+    /// `burstyd run`'s command, awaited as an end condition, and its exit.
+    child: Option<Child>,
+    exit_status: Option<ExitStatus>,
+    /// Samples → trees.
+    pipe: Pipeline,
+    symbolizer: Symbolizer,
+    out: Output,
+    svc: ServiceParts,
+    bursts: Bursts,
+    timers: Timers,
+    signals: Signals,
+}
+
+/// Runs a session until it ends; `child` (for `burstyd run`) is awaited as
+/// one of the end conditions and its exit status returned.
+pub(crate) async fn run(
+    opts: SessionOptions,
+    sampler: Sampler,
+    child: Option<Child>,
+) -> anyhow::Result<(SessionStats, Option<ExitStatus>)> {
+    let mut s = Session::start(opts, sampler, child)?;
+    match s.run_loop().await {
+        Ok(reason) => s.shutdown(reason).await,
+        Err(e) => {
+            s.abort().await;
+            Err(e)
+        }
+    }
+}
+
+fn ticker(every: Duration) -> Interval {
+    let mut i = tokio::time::interval(every);
+    i.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    i
+}
+
+/// The next tick of an optional timer; never without one.
+async fn tick(timer: &mut Option<Interval>) {
+    match timer {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+impl Session {
+    /// Everything up to the loop: signal handlers, timers, the HTTP
+    /// endpoint (bound before READY=1, so a port in use fails the start),
+    /// push tasks, READY=1, and the attach thread for bursty tracing.
+    fn start(
+        mut opts: SessionOptions,
+        sampler: Sampler,
+        child: Option<Child>,
+    ) -> anyhow::Result<Self> {
+        let signals = Signals {
+            int: signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
+            term: signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
+            hup: signal(SignalKind::hangup()).context("installing SIGHUP handler")?,
+        };
+        let started = Instant::now();
+        let cpu_start = crate::sys::self_cpu_ns();
+        let session_start = SystemTime::now();
+        let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
+        let interval = opts.interval.map(interval_timer);
+        let meta = Meta::new(&opts, session_start);
+
+        // Service parts: HTTP endpoint (bound before READY=1, so a port in
+        // use fails the start), push tasks, the last interval profile.
+        let (req_tx, req_rx) = mpsc::channel::<ProfileRequest>(16);
+        let http = match opts.service.settings.http {
+            Some(addr) => {
+                let s =
+                    crate::service::http::Server::start(addr, req_tx.clone(), opts.output.clone())
+                        .with_context(|| format!("serving HTTP on {addr}"))?;
+                tracing::info!(
+                    "HTTP endpoint on http://{}/ (/debug/pprof/profile, /metrics)",
+                    s.addr()
+                );
+                Some(s)
+            }
+            None => None,
+        };
+        let pusher = start_pusher(&opts.service.settings.push, &opts.output);
+        let push_pending = pusher_pending(&pusher, session_start);
+        let scanner = opts.service.scanner.take();
+
+        // systemd: ready once the programs are loaded and attached (they
+        // are: the sampler exists), then status lines and watchdog pings.
+        let notify = Notifier::from_env();
+        notify.ready(&format!(
+            "sampling {} on {}",
+            match (&opts.targets, &scanner) {
+                (None, None) => "every process".to_string(),
+                (None, Some(s)) =>
+                    format!("targets {:?} ({} running)", s.specs(), s.current().len()),
+                (Some(t), _) => format!("pid {t:?}"),
+            },
+            opts.event.name
+        ));
+        let watchdog_every = notify.watchdog_interval();
+        let timers = Timers {
+            deadline,
+            interval,
+            liveness: tokio::time::interval(Duration::from_millis(250)),
+            // The eBPF side wakes us only when the ring buffer fills up;
+            // otherwise we drain on this timer (see
+            // burstyd_common::WAKEUP_BYTES).
+            drain: ticker(Duration::from_millis(burstyd_common::DRAIN_INTERVAL_MS)),
+            second: ticker(Duration::from_secs(1)),
+            watchdog: tokio::time::interval(watchdog_every.unwrap_or(Duration::from_secs(3600))),
+            watchdog_on: watchdog_every.is_some(),
+            bursts: None,
+        };
+
+        let targets = opts.targets.as_deref().unwrap_or_default();
+        let bursts = Bursts::start(opts.bursts.as_ref(), targets);
+        let mut pipe = Pipeline::new();
+        // The event sampled at each PC of a process traced in bursts, from
+        // the start (the samples taken while it attaches included);
+        // dropped again for a process that cannot be traced.
+        if bursts.attaching() {
+            pipe.leaf_weights = targets.iter().map(|&p| (p, HashMap::new())).collect();
+        }
+        Ok(Session {
+            opts,
+            sampler,
+            child,
+            exit_status: None,
+            pipe,
+            symbolizer: Symbolizer::new(),
+            out: Output {
+                started,
+                cpu_start,
+                session_start,
+                interval_start: session_start,
+                meta,
+                total: Cct::new(),
+                last_interval: None,
+                push_pending,
+            },
+            svc: ServiceParts {
+                http,
+                req_tx,
+                req_rx,
+                pusher,
+                scanner,
+                notify,
+            },
+            bursts,
+            timers,
+            signals,
+        })
+    }
+
+    /// The event loop, until the session ends.
+    async fn run_loop(&mut self) -> anyhow::Result<EndReason> {
+        loop {
+            tokio::select! {
+                _ = tick(&mut self.timers.bursts), if self.bursts.active() => self.on_burst_tick(),
+                Some(a) = self.bursts.next_attach(), if self.bursts.attaching() => self.on_attached(a),
+                r = self.sampler.drain(|s| self.pipe.handle(s)) => self.on_samples(r)?,
+                _ = self.timers.drain.tick() => self.on_drain_tick(),
+                _ = self.signals.int.recv() => return Ok(EndReason::Signal),
+                _ = self.signals.term.recv() => return Ok(EndReason::Signal),
+                _ = self.signals.hup.recv() => self.on_reload(),
+                Some(req) = self.svc.req_rx.recv() => self.on_http_request(req),
+                _ = until(self.timers.deadline), if self.timers.deadline.is_some() => {
+                    return Ok(EndReason::Duration);
+                }
+                status = wait(&mut self.child), if self.child.is_some() && self.exit_status.is_none() => {
+                    self.exit_status = Some(status.context("waiting for the command")?);
+                    return Ok(EndReason::TargetsExited);
+                }
+                _ = tick(&mut self.timers.interval), if self.timers.interval.is_some() => self.on_interval()?,
+                _ = self.timers.watchdog.tick(), if self.timers.watchdog_on => self.on_watchdog(),
+                _ = self.timers.second.tick() => self.on_second(),
+                _ = self.timers.liveness.tick(), if self.child.is_none() => {
+                    if self.on_liveness() {
+                        return Ok(EndReason::TargetsExited);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Samples arrived (the eBPF side woke us): `sampler.drain` handed each
+    /// to the pipeline already.
+    fn on_samples(&mut self, r: Result<usize, SamplerError>) -> anyhow::Result<()> {
+        r.context("reading the sample ring buffer")?;
+        Ok(())
+    }
+
+    /// Every 100 ms: what the ring holds, and the HTTP windows whose time
+    /// is up.
+    fn on_drain_tick(&mut self) {
+        self.sampler.drain_now(|s| self.pipe.handle(s));
+        self.pipe
+            .finish_windows(false, &mut self.symbolizer, &self.out.meta);
+    }
+
+    /// `--interval`: write the interval's profile, hand it to the push
+    /// tasks, merge it into the session total.
+    fn on_interval(&mut self) -> anyhow::Result<()> {
+        self.sampler.drain_now(|s| self.pipe.handle(s));
+        let now = SystemTime::now();
+        let out = &mut self.out;
+        let cct = std::mem::take(&mut self.pipe.cct);
+        let bytes = write_interval(
+            &self.opts,
+            &cct,
+            &self.pipe.procs,
+            &mut self.symbolizer,
+            &out.meta.span(out.interval_start, now),
+            Some(&self.svc.notify),
+        )?;
+        self.pipe.stats.profiles_written += 1;
+        if let Some(p) = &self.svc.pusher {
+            push_interval(
+                p,
+                &mut out.push_pending,
+                &cct,
+                &bytes,
+                out.interval_start,
+                now,
+                self.opts.interval,
+                &self.pipe.procs,
+                &mut self.symbolizer,
+                &out.meta,
+                false,
+            );
+        }
+        out.last_interval = Some(bytes);
+        merge(&mut out.total, cct);
+        out.interval_start = now;
+        Ok(())
+    }
+
+    /// A profile request from an HTTP handler.
+    fn on_http_request(&mut self, req: ProfileRequest) {
+        self.sampler.drain_now(|s| self.pipe.handle(s));
+        match req.kind {
+            ProfileKind::Window(d) => self.pipe.windows.push(Window {
+                cct: Cct::new(),
+                start: SystemTime::now(),
+                end: tokio::time::Instant::now() + d,
+                reply: req.reply,
+            }),
+            ProfileKind::Context => {
+                let bytes = match &self.out.last_interval {
+                    Some(b) => Ok(b.clone()),
+                    None => {
+                        let mut so_far = Cct::new();
+                        so_far.merge(&self.out.total);
+                        so_far.merge(&self.pipe.cct);
+                        let p = build_profile(
+                            &so_far,
+                            &self.pipe.procs,
+                            &mut self.symbolizer,
+                            &self
+                                .out
+                                .meta
+                                .span(self.out.session_start, SystemTime::now()),
+                        );
+                        encode_gzip(&p).map_err(|e| e.to_string())
+                    }
+                };
+                let _ = req.reply.send(bytes);
+            }
+        }
+    }
+
+    fn on_watchdog(&self) {
+        self.svc.notify.watchdog();
+    }
+
+    /// Once a second: rescan /proc for configured targets, refresh metrics.
+    fn on_second(&mut self) {
+        METRICS.ring_drops.set(self.sampler.counters().ring_full);
+        if let Some(s) = self.svc.scanner.as_mut() {
+            reload::apply_scan(s, &mut self.sampler, &mut self.pipe.procs);
+        }
+    }
+
+    /// Every 250 ms with `--pid`: marks exited targets; true once all have
+    /// exited.
+    fn on_liveness(&mut self) -> bool {
+        let Some(targets) = &self.opts.targets else {
+            return false;
+        };
+        for &pid in targets {
+            if !crate::sys::process_exists(pid) {
+                self.pipe.procs.mark_exited(pid);
+            }
+        }
+        targets.iter().all(|&p| !crate::sys::process_exists(p))
+    }
+
+    /// The end: the last samples, bursty tracing's detach and path
+    /// profiles, the last interval, the pushes, `context.pb.gz`, the
+    /// summary.
+    async fn shutdown(
+        mut self,
+        reason: EndReason,
+    ) -> anyhow::Result<(SessionStats, Option<ExitStatus>)> {
+        let cpu_loop_end = crate::sys::self_cpu_ns();
+        self.svc.notify.stopping("writing the last profile");
+        self.svc.http = None;
+        self.pipe.stats.sampling_secs = self.out.started.elapsed().as_secs_f64();
+        if let (Some(c), None) = (&self.child, self.exit_status) {
+            tracing::info!(
+                "the command (pid {}) is still running; it is left to run untraced",
+                c.id().unwrap_or(0)
+            );
+        }
+        // Whatever is still in the ring buffer belongs to this session.
+        self.sampler.drain_now(|s| self.pipe.handle(s));
+        let finished = self.stop_bursts().await;
+        let counters = self.sampler.counters();
+        self.write_path_profiles(finished, &counters);
+        drop(self.sampler);
+        let mut pipe = self.pipe;
+        let mut symbolizer = self.symbolizer;
+        let mut out = self.out;
+        let opts = self.opts;
+        pipe.stats.ring_full = counters.ring_full;
+        METRICS.ring_drops.set(counters.ring_full);
+        pipe.finish_windows(true, &mut symbolizer, &out.meta);
+        match reason {
+            EndReason::Signal => tracing::info!("signal received; writing the profile"),
+            EndReason::TargetsExited => tracing::info!("target exited; writing the profile"),
+            EndReason::Duration => {}
+        }
+        let now = SystemTime::now();
+        let last = std::mem::take(&mut pipe.cct);
+        if opts.interval.is_some() && !last.is_empty() {
+            let bytes = write_interval(
+                &opts,
+                &last,
+                &pipe.procs,
+                &mut symbolizer,
+                &out.meta.span(out.interval_start, now),
+                None,
+            )?;
+            pipe.stats.profiles_written += 1;
+            if let Some(p) = &self.svc.pusher {
+                push_interval(
+                    p,
+                    &mut out.push_pending,
+                    &last,
+                    &bytes,
+                    out.interval_start,
+                    now,
+                    opts.interval,
+                    &pipe.procs,
+                    &mut symbolizer,
+                    &out.meta,
+                    true,
+                );
+            }
+        }
+        if let Some(p) = self.svc.pusher.take() {
+            p.shutdown(PUSH_GRACE).await;
+        }
+        let mut total = out.total;
+        merge(&mut total, last);
+        let profile = build_profile(
+            &total,
+            &pipe.procs,
+            &mut symbolizer,
+            &out.meta.span(out.session_start, now),
+        );
+        let path = write_profile(&opts.output, "context.pb.gz", &profile)
+            .with_context(|| format!("writing {}", opts.output.join("context.pb.gz").display()))?;
+        pipe.stats.profiles_written += 1;
+        METRICS.profiles_written.inc();
+        pipe.stats.startup_cpu_ns = out.cpu_start;
+        pipe.stats.sampling_cpu_ns = cpu_loop_end - out.cpu_start;
+        pipe.stats.final_cpu_ns = crate::sys::self_cpu_ns() - cpu_loop_end;
+        pipe.stats.peak_rss_bytes = crate::sys::self_peak_rss();
+        let st = &pipe.stats;
+        eprintln!(
+            "burstyd: wrote {} — {} samples in {:.1}s of sampling ({} processes, {} threads); stacks truncated {}, without unwind info {}, unwind errors {}, kernel-only {}; lost to full ring buffer: {}",
+            path.display(),
+            st.samples,
+            st.sampling_secs,
+            total.process_names.len(),
+            total.threads.len(),
+            st.truncated_stacks,
+            st.no_unwind_info,
+            st.unwind_errors,
+            st.kernel_only,
+            st.ring_full,
+        );
+        eprintln!(
+            "burstyd: daemon CPU: start-up {} ms, sampling {} ms over {:.1}s ({:.2}% of one core), final profile {} ms; peak RSS {:.1} MB",
+            st.startup_cpu_ns / 1_000_000,
+            st.sampling_cpu_ns / 1_000_000,
+            st.sampling_secs,
+            100.0 * st.sampling_cpu_ns as f64 / 1e9 / st.sampling_secs.max(1e-9),
+            st.final_cpu_ns / 1_000_000,
+            st.peak_rss_bytes as f64 / 1e6,
+        );
+        if st.ring_full > 0 {
+            tracing::warn!(
+                "{} samples were dropped because the ring buffer was full; lower --freq or raise the period",
+                st.ring_full
+            );
+        }
+        if st.samples == 0 {
+            tracing::warn!(
+                "no samples were recorded: was the target idle, or did it exit at once?"
+            );
+        }
+        Ok((pipe.stats, self.exit_status))
+    }
+
+    /// The loop failed: no profiles, but no target is left armed either
+    /// (an attach under way is waited for and detached like the others).
+    async fn abort(&mut self) {
+        let _ = self.stop_bursts().await;
+    }
+}
+
+/// `--duration`'s end; never without one.
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The exit of `run`'s command; never without one.
+async fn wait(child: &mut Option<Child>) -> std::io::Result<ExitStatus> {
+    match child {
+        Some(c) => c.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Checks `--pid` targets before anything is loaded.
+pub(crate) fn check_targets(pids: &[u32]) -> anyhow::Result<()> {
+    for &pid in pids {
+        if !crate::sys::process_exists(pid) {
+            bail!("no such process: {pid}");
+        }
+    }
+    Ok(())
+}

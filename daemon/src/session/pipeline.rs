@@ -1,0 +1,155 @@
+//! Samples → calling context trees: unwinding each raw sample, adding it
+//! to its thread's tree (and to every open `/debug/pprof/profile` window),
+//! and the sampled event per PC of the processes traced in bursts.
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use burstyd_common::{SAMPLE_USER_REGS, SAMPLE_USTACK_SHORT, Sample};
+
+use super::SessionStats;
+use super::intervals::Meta;
+use crate::export::context::build_profile;
+use crate::export::pprof::encode_gzip;
+use crate::service::metrics::METRICS;
+use crate::stacks::cct::Cct;
+use crate::stacks::symbolize::Symbolizer;
+use crate::stacks::table::ProcessTable;
+use crate::stacks::unwind::{UnwindEnd, Unwinder, UserRegs};
+
+/// A `/debug/pprof/profile?seconds=N` request being collected.
+pub(super) struct Window {
+    pub(super) cct: Cct,
+    pub(super) start: SystemTime,
+    pub(super) end: tokio::time::Instant,
+    pub(super) reply: tokio::sync::oneshot::Sender<Result<Vec<u8>, String>>,
+}
+
+/// Turns raw samples into CCT entries.
+pub(super) struct Pipeline {
+    pub(super) procs: ProcessTable,
+    unwinder: Unwinder,
+    pub(super) cct: Cct,
+    pub(super) stats: SessionStats,
+    frames: Vec<u64>,
+    /// Open HTTP profile windows: every sample also goes into each.
+    pub(super) windows: Vec<Window>,
+    /// For processes traced in bursts: event weight per sampled PC (the
+    /// original address), to attribute the event to paths.
+    pub(super) leaf_weights: HashMap<u32, HashMap<u64, u64>>,
+}
+
+impl Pipeline {
+    pub(super) fn new() -> Self {
+        Pipeline {
+            procs: ProcessTable::new(),
+            unwinder: Unwinder::new(),
+            cct: Cct::new(),
+            stats: SessionStats::default(),
+            frames: Vec::with_capacity(256),
+            windows: Vec::new(),
+            leaf_weights: HashMap::new(),
+        }
+    }
+
+    pub(super) fn handle(&mut self, s: &Sample) {
+        self.stats.samples += 1;
+        METRICS.samples.inc();
+        let thread_name = comm_str(&s.comm);
+        self.cct.process_names.entry(s.pid).or_insert_with(|| {
+            std::fs::read_to_string(format!("/proc/{}/comm", s.pid))
+                .map(|c| c.trim_end().to_owned())
+                .unwrap_or_else(|_| thread_name.to_owned())
+        });
+        let kernel = &s.kstack[..(s.kstack_len as usize).min(s.kstack.len())];
+        self.frames.clear();
+        let mut truncated = false;
+        if s.flags & SAMPLE_USER_REGS != 0 {
+            let regs = UserRegs {
+                rip: s.rip,
+                rsp: s.rsp,
+                rbp: s.rbp,
+            };
+            let stack = &s.ustack[..(s.ustack_len as usize).min(s.ustack.len())];
+            let end = self
+                .unwinder
+                .unwind(&mut self.procs, s.pid, &regs, stack, &mut self.frames);
+            match end {
+                UnwindEnd::Complete => {}
+                UnwindEnd::StackTruncated | UnwindEnd::MaxDepth => {
+                    truncated = true;
+                    self.stats.truncated_stacks += 1;
+                    METRICS.truncated_stacks.inc();
+                }
+                UnwindEnd::NoUnwindInfo => {
+                    truncated = true;
+                    self.stats.no_unwind_info += 1;
+                }
+                UnwindEnd::Error => {
+                    truncated = true;
+                    self.stats.unwind_errors += 1;
+                }
+            }
+            if s.flags & SAMPLE_USTACK_SHORT != 0 && s.ustack_len == 0 {
+                truncated = true;
+            }
+        } else {
+            self.stats.kernel_only += 1;
+        }
+        self.cct.add(
+            s.pid,
+            s.tid,
+            thread_name,
+            &self.frames,
+            kernel,
+            truncated,
+            s.period.max(1),
+        );
+        if let Some(m) = self.leaf_weights.get_mut(&s.pid)
+            && let Some(&pc) = self.frames.first()
+        {
+            *m.entry(pc).or_insert(0) += s.period.max(1);
+        }
+        for w in &mut self.windows {
+            if !w.cct.process_names.contains_key(&s.pid)
+                && let Some(n) = self.cct.process_names.get(&s.pid)
+            {
+                w.cct.process_names.insert(s.pid, n.clone());
+            }
+            w.cct.add(
+                s.pid,
+                s.tid,
+                thread_name,
+                &self.frames,
+                kernel,
+                truncated,
+                s.period.max(1),
+            );
+        }
+    }
+
+    /// Answers the windows whose time is up (all of them with `all`).
+    pub(super) fn finish_windows(&mut self, all: bool, symbolizer: &mut Symbolizer, meta: &Meta) {
+        if self.windows.is_empty() {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        let (done, open): (Vec<Window>, Vec<Window>) = std::mem::take(&mut self.windows)
+            .into_iter()
+            .partition(|w| all || w.end <= now);
+        self.windows = open;
+        for w in done {
+            let p = build_profile(
+                &w.cct,
+                &self.procs,
+                symbolizer,
+                &meta.span(w.start, SystemTime::now()),
+            );
+            let _ = w.reply.send(encode_gzip(&p).map_err(|e| e.to_string()));
+        }
+    }
+}
+
+fn comm_str(comm: &[u8; 16]) -> &str {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    std::str::from_utf8(&comm[..end]).unwrap_or("?")
+}

@@ -1,0 +1,163 @@
+//! The configuration at run time: SIGHUP reloads, and the rescans of
+//! configured targets.
+use super::intervals::{interval_timer, pusher_pending, start_pusher};
+use super::{ServiceParts, Session};
+use crate::sampling::sampler::Sampler;
+use crate::service::config::Settings;
+use crate::service::metrics::METRICS;
+use crate::service::targets::Scanner;
+use crate::stacks::table::ProcessTable;
+
+impl Session {
+    /// SIGHUP. The interval timer and the pending pushes start over,
+    /// whether the file was taken or not.
+    pub(super) fn on_reload(&mut self) {
+        self.reload();
+        self.timers.interval = self.opts.interval.map(interval_timer);
+        self.out.push_pending = pusher_pending(&self.svc.pusher, std::time::SystemTime::now());
+    }
+
+    /// SIGHUP: re-reads the configuration; a bad file is rejected whole (with
+    /// its line and reason) and the running settings stay.
+    fn reload(&mut self) {
+        let Session {
+            opts,
+            sampler,
+            svc:
+                ServiceParts {
+                    scanner,
+                    http,
+                    req_tx,
+                    pusher,
+                    notify,
+                    ..
+                },
+            ..
+        } = self;
+        let Some(r) = &opts.service.reload else {
+            tracing::info!("SIGHUP: no configuration file in use; nothing to reload");
+            return;
+        };
+        let new = crate::service::config::load(&r.source)
+            .map_err(anyhow::Error::from)
+            .and_then(|f| Settings::resolve(f.as_ref(), Some(&r.source.path), &r.overrides));
+        let new = match new {
+            Ok(n) => n,
+            Err(e) => {
+                METRICS.config_reload_failures.inc();
+                tracing::error!(
+                    "configuration reload rejected, the previous configuration stays in force: {e:#}"
+                );
+                notify.status(&format!(
+                    "configuration reload rejected (previous one in force): {e:#}"
+                ));
+                return;
+            }
+        };
+        let old = opts.service.settings.clone();
+        if new.event != old.event
+            || new.sampling != old.sampling
+            || new.kernel_stacks != old.kernel_stacks
+        {
+            tracing::warn!(
+                "event, period/freq and kernel_stacks changes take effect at the next start (systemctl restart burstyd)"
+            );
+        }
+        if !r.static_targets && new.targets != old.targets {
+            let was = scanner.is_some();
+            let now_targeted = !new.targets.is_empty();
+            if now_targeted {
+                let s = scanner.get_or_insert_with(|| Scanner::new(Vec::new()));
+                s.set_specs(new.targets.clone());
+                if !was && let Err(e) = sampler.set_targeted(true) {
+                    tracing::error!("switching to targeted sampling: {e}");
+                }
+                apply_scan(s, sampler, &mut ProcessTable::new());
+                tracing::info!("targets now {:?}: pids {:?}", new.targets, s.current());
+            } else if let Some(mut s) = scanner.take() {
+                s.set_specs(Vec::new());
+                for pid in s.scan().removed {
+                    let _ = sampler.remove_target(pid);
+                }
+                if let Err(e) = sampler.set_targeted(false) {
+                    tracing::error!("switching to system-wide sampling: {e}");
+                }
+                METRICS.targets.set(0);
+                tracing::info!("no targets configured: sampling every process");
+            }
+        }
+        if new.output != old.output {
+            opts.output = new.output.clone();
+            if let Some(h) = http.as_ref() {
+                h.set_output(new.output.clone());
+            }
+        }
+        opts.interval = new.interval;
+        if new.http != old.http {
+            match new.http {
+                None => {
+                    *http = None;
+                    tracing::info!("HTTP endpoint off");
+                }
+                Some(addr) => {
+                    match crate::service::http::Server::start(
+                        addr,
+                        req_tx.clone(),
+                        opts.output.clone(),
+                    ) {
+                        Ok(s) => {
+                            tracing::info!("HTTP endpoint now on http://{}/", s.addr());
+                            *http = Some(s);
+                        }
+                        Err(e) => {
+                            tracing::error!(
+                                "serving HTTP on {addr}: {e}; the endpoint stays as it was"
+                            )
+                        }
+                    }
+                }
+            }
+        }
+        if new.push != old.push || new.output != old.output {
+            // Dropping the old tasks leaves their spooled profiles on disk; the
+            // new task of the same destination sends them.
+            *pusher = None;
+            *pusher = start_pusher(&new.push, &opts.output);
+        }
+        let path = r.source.path.display().to_string();
+        opts.service.settings = new;
+        METRICS.config_reloads.inc();
+        tracing::info!("configuration reloaded from {path}");
+        notify.status(&format!("configuration reloaded from {path}"));
+    }
+}
+
+/// One rescan of the configured targets: new pids into `TARGETS`, exited
+/// or no longer matching ones out.
+pub(super) fn apply_scan(scanner: &mut Scanner, sampler: &mut Sampler, procs: &mut ProcessTable) {
+    let change = scanner.scan();
+    for pid in change.added {
+        match sampler.add_target(pid) {
+            Ok(()) => tracing::info!("target pid {pid} ({}) appeared; sampling it", comm_of(pid)),
+            Err(e) => tracing::warn!("adding target pid {pid}: {e}"),
+        }
+    }
+    for pid in change.removed {
+        if let Err(e) = sampler.remove_target(pid) {
+            tracing::warn!("removing target pid {pid}: {e}");
+        }
+        if !crate::sys::process_running(pid) {
+            procs.mark_exited(pid);
+            tracing::info!("target pid {pid} exited");
+        } else {
+            tracing::info!("pid {pid} no longer matches the targets; not sampling it");
+        }
+    }
+    METRICS.targets.set(scanner.current().len() as u64);
+}
+
+fn comm_of(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim_end().to_owned())
+        .unwrap_or_else(|_| "?".into())
+}

@@ -1,0 +1,16 @@
+//! Raw samples → call stacks → calling context trees, and addresses →
+//! names. Lowest first:
+//! - [`maps`]: `/proc/PID/maps` lines;
+//! - [`modules`]: the ELF files behind executable mappings;
+//! - [`clones`]: bursty tracing's injected code, as the unwinder sees it;
+//! - [`table`]: per-process maps snapshots and the shared module cache;
+//! - [`unwind`]: register snapshot + stack copy → return addresses (CFI);
+//! - [`cct`]: stacks → calling context trees per thread;
+//! - [`symbolize`]: addresses → functions, files, lines, inline frames.
+pub(crate) mod cct;
+pub(crate) mod clones;
+pub(crate) mod maps;
+pub(crate) mod modules;
+pub(crate) mod symbolize;
+pub(crate) mod table;
+pub(crate) mod unwind;
