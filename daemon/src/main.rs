@@ -77,8 +77,10 @@ fn main() {
         _ => cli.profile.clone(),
     };
     init_logging(args.verbose);
-    // One thread does everything: samples arrive in batches, and a second
-    // thread would only add cross-thread wakeups.
+    // One thread runs the session: samples arrive in batches, and a second
+    // thread would only add cross-thread wakeups. (Bursty tracing attaches
+    // on a thread of its own and detaches on the blocking pool: both block
+    // for seconds.)
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
