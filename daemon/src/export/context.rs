@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use burstyd_common::addr::Pid;
+
 use crate::export::pprof::{LineKey, MappingKey, Profile, ProfileBuilder, encode_gzip};
 use crate::stacks::cct::{Cct, FrameAddr};
 use crate::stacks::symbolize::{Resolved, Symbolizer};
@@ -80,7 +82,7 @@ pub(crate) fn build_profile(
     }
 
     // (pid, frame) -> location id
-    let mut loc_ids: HashMap<(u32, FrameAddr), u64> = HashMap::new();
+    let mut loc_ids: HashMap<(Pid, FrameAddr), u64> = HashMap::new();
     let mut trees: Vec<_> = cct.threads.values().collect();
     trees.sort_by_key(|t| (t.pid, t.tid));
     let mut ctx = Vec::new();
@@ -122,7 +124,7 @@ fn location(
     b: &mut ProfileBuilder,
     procs: &ProcessTable,
     symbolizer: &mut Symbolizer,
-    pid: u32,
+    pid: Pid,
     f: FrameAddr,
 ) -> u64 {
     let (addr, resolved) = match f {

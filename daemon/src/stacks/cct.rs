@@ -9,6 +9,7 @@
 //! profile is written.
 use std::collections::HashMap;
 
+use burstyd_common::addr::Pid;
 use rustc_hash::FxHashMap;
 
 /// One frame of a calling context, outermost first when inserted.
@@ -36,7 +37,7 @@ pub(crate) struct Node {
 /// A thread's tree. Node 0 is the root (the thread itself).
 #[derive(Debug)]
 pub(crate) struct ThreadTree {
-    pub(crate) pid: u32,
+    pub(crate) pid: Pid,
     pub(crate) tid: u32,
     /// The thread's name (`comm`) as last seen.
     pub(crate) thread_name: String,
@@ -47,7 +48,7 @@ pub(crate) struct ThreadTree {
 }
 
 impl ThreadTree {
-    fn new(pid: u32, tid: u32) -> Self {
+    fn new(pid: Pid, tid: u32) -> Self {
         ThreadTree {
             pid,
             tid,
@@ -102,9 +103,10 @@ impl ThreadTree {
 /// All calling context trees of one profile interval.
 #[derive(Debug, Default)]
 pub(crate) struct Cct {
-    pub(crate) threads: HashMap<(u32, u32), ThreadTree>,
+    /// Keyed by (process, thread id).
+    pub(crate) threads: HashMap<(Pid, u32), ThreadTree>,
     /// Process names (`/proc/PID/comm` at first sight).
-    pub(crate) process_names: HashMap<u32, String>,
+    pub(crate) process_names: HashMap<Pid, String>,
     pub(crate) samples: u64,
 }
 
@@ -121,7 +123,7 @@ impl Cct {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn add(
         &mut self,
-        pid: u32,
+        pid: Pid,
         tid: u32,
         thread_name: &str,
         user: &[u64],
@@ -203,10 +205,10 @@ mod tests {
     fn shared_prefixes_share_nodes_and_weights_stay_in_their_context() {
         let mut cct = Cct::new();
         // main(0x10) -> a(0x20) -> leaf(0x30), twice; main -> b(0x40) once.
-        cct.add(1, 1, "t", &[0x30, 0x20, 0x10], &[], false, 5);
-        cct.add(1, 1, "t", &[0x30, 0x20, 0x10], &[], false, 7);
-        cct.add(1, 1, "t", &[0x40, 0x10], &[], false, 1);
-        let t = &cct.threads[&(1, 1)];
+        cct.add(Pid(1), 1, "t", &[0x30, 0x20, 0x10], &[], false, 5);
+        cct.add(Pid(1), 1, "t", &[0x30, 0x20, 0x10], &[], false, 7);
+        cct.add(Pid(1), 1, "t", &[0x40, 0x10], &[], false, 1);
+        let t = &cct.threads[&(Pid(1), 1)];
         // root + main + a + leaf + b
         assert_eq!(t.nodes.len(), 5);
         let leaf = t
@@ -237,7 +239,7 @@ mod tests {
         let mut twice = Cct::new();
         twice.merge(&cct);
         twice.merge(&cct);
-        let t2 = &twice.threads[&(1, 1)];
+        let t2 = &twice.threads[&(Pid(1), 1)];
         assert_eq!(t2.nodes.len(), 5);
         assert_eq!(t2.nodes.iter().map(|n| n.weight).sum::<u64>(), 26);
         assert_eq!(twice.samples, 6);
@@ -247,7 +249,7 @@ mod tests {
     fn kernel_frames_sit_below_the_user_frames() {
         let mut cct = Cct::new();
         cct.add(
-            2,
+            Pid(2),
             3,
             "t",
             &[0x401000, 0x400500],
@@ -255,7 +257,7 @@ mod tests {
             true,
             1,
         );
-        let t = &cct.threads[&(2, 3)];
+        let t = &cct.threads[&(Pid(2), 3)];
         let leaf = t.nodes.iter().position(|n| n.samples == 1).unwrap();
         let mut ctx = Vec::new();
         t.context(leaf as u32, &mut ctx);

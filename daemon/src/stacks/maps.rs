@@ -1,5 +1,7 @@
 //! `/proc/PID/maps`: one line per mapping, parsed into [`MapEntry`].
 
+use burstyd_common::addr::Pid;
+
 /// One line of `/proc/PID/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct MapEntry {
@@ -84,7 +86,7 @@ fn parse_maps(text: &str) -> Vec<MapEntry> {
 }
 
 /// Read and parse `/proc/PID/maps`.
-pub(crate) fn read_maps(pid: u32) -> std::io::Result<Vec<MapEntry>> {
+pub(crate) fn read_maps(pid: Pid) -> std::io::Result<Vec<MapEntry>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
     Ok(parse_maps(&text))
 }
@@ -126,7 +128,7 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
 
     #[test]
     fn procs_read_maps_self_finds_exe_and_libc() {
-        let maps = read_maps(std::process::id()).unwrap();
+        let maps = read_maps(Pid(std::process::id())).unwrap();
         let exe = std::fs::canonicalize(std::env::current_exe().unwrap()).unwrap();
         let exe = exe.to_str().unwrap();
         assert!(

@@ -40,6 +40,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use burstyd_common::addr::Pid;
 use object::{Object, ObjectSymbol, SymbolKind};
 use tracing::{debug, warn};
 
@@ -485,7 +486,7 @@ impl Symbolizer {
     pub(crate) fn resolve_user(
         &mut self,
         procs: &ProcessTable,
-        pid: u32,
+        pid: Pid,
         addr: u64,
         is_return_address: bool,
     ) -> Resolved {
@@ -562,7 +563,7 @@ mod tests {
 
     #[test]
     fn symbolize_own_function() {
-        let pid = std::process::id();
+        let pid = Pid(std::process::id());
         let addr = burstyd_symbolize_marker_fn as fn(u64) -> u64 as usize as u64;
         assert_ne!(burstyd_symbolize_marker_fn(1), 0);
         let mut procs = ProcessTable::new();
@@ -600,7 +601,7 @@ mod tests {
 
     #[test]
     fn symbolize_libc_getpid() {
-        let pid = std::process::id();
+        let pid = Pid(std::process::id());
         let addr = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"getpid".as_ptr()) } as u64;
         assert_ne!(addr, 0);
         let mut procs = ProcessTable::new();
@@ -626,14 +627,14 @@ mod tests {
     fn symbolize_unknown_and_garbage() {
         let mut procs = ProcessTable::new();
         let mut s = Symbolizer::new();
-        let pid = std::process::id();
+        let pid = Pid(std::process::id());
         procs.ensure(pid, 0);
         for addr in [0u64, 1, u64::MAX, 0x1000] {
             let r = s.resolve_user(&procs, pid, addr, true);
             assert!(r.frames.is_empty() && r.mapping.is_none());
         }
         assert!(
-            s.resolve_user(&procs, u32::MAX - 7, 0x401000, false)
+            s.resolve_user(&procs, Pid(u32::MAX - 7), 0x401000, false)
                 .frames
                 .is_empty()
         );
@@ -642,7 +643,7 @@ mod tests {
 
     #[test]
     fn symbolize_vdso() {
-        let pid = std::process::id();
+        let pid = Pid(std::process::id());
         let mut procs = ProcessTable::new();
         procs.refresh(pid);
         let Some(vdso) = procs
@@ -742,7 +743,7 @@ mod tests {
         let dir = scratch_dir("symbolize");
         let exe = build_spin_fixture(&dir);
         let child = ChildGuard(std::process::Command::new(&exe).spawn().unwrap());
-        let pid = child.0.id() as i32;
+        let pid = Pid(child.0.id());
         let mut procs = ProcessTable::new();
         let mut u = Unwinder::new();
         let mut s = Symbolizer::new();
@@ -754,13 +755,13 @@ mod tests {
         for _ in 0..50 {
             std::thread::sleep(std::time::Duration::from_millis(50));
             let (regs, stack) = seize_and_sample(pid, 16 << 10);
-            end = u.unwind(&mut procs, pid as u32, &regs, &stack, &mut out);
+            end = u.unwind(&mut procs, pid, &regs, &stack, &mut out);
             detach(pid);
             names = out
                 .iter()
                 .enumerate()
                 .map(|(i, &a)| {
-                    let r = s.resolve_user(&procs, pid as u32, a, i > 0);
+                    let r = s.resolve_user(&procs, pid, a, i > 0);
                     if i == 0 {
                         leaf_frame = r.frames.last().cloned();
                     }

@@ -102,6 +102,7 @@ mod tracee;
 
 use std::time::Duration;
 
+pub use burstyd_common::addr::Pid;
 pub use procfs::{Mapping, find_gap_near, free_signal, maps, shadow_stack_enabled};
 pub use tracee::Tracee;
 
@@ -109,22 +110,22 @@ pub use tracee::Tracee;
 #[derive(Debug, thiserror::Error)]
 pub enum InjectError {
     #[error("no such process: {0}")]
-    NoSuchProcess(i32),
+    NoSuchProcess(Pid),
     #[error("{pid} is a thread of process {tgid}, not a process id")]
-    NotAProcess { pid: i32, tgid: i32 },
+    NotAProcess { pid: Pid, tgid: Pid },
     #[error("process {0} is a zombie (it has exited and waits to be reaped)")]
-    Zombie(i32),
+    Zombie(Pid),
     #[error(
         "process {pid} is already traced by process {tracer} (a debugger, strace, or another \
          burstyd); a process can have only one tracer"
     )]
-    AlreadyTraced { pid: i32, tracer: i32 },
+    AlreadyTraced { pid: Pid, tracer: i32 },
     #[error("not permitted to ptrace process {pid} (EPERM): {hint}")]
-    NotPermitted { pid: i32, hint: String },
+    NotPermitted { pid: Pid, hint: String },
     #[error("cannot attach to our own process ({0})")]
-    OwnProcess(i32),
+    OwnProcess(Pid),
     #[error("process {pid} ended while attached: {how}")]
-    Exited { pid: i32, how: String },
+    Exited { pid: Pid, how: String },
     #[error("{call} on thread {tid}: {source}")]
     Ptrace {
         call: &'static str,
@@ -139,16 +140,16 @@ pub enum InjectError {
         source: std::io::Error,
     },
     #[error("syscall {nr} in process {pid} failed: {}", std::io::Error::from_raw_os_error(*.errno))]
-    Syscall { pid: i32, nr: i64, errno: i32 },
+    Syscall { pid: Pid, nr: i64, errno: i32 },
     #[error("no `syscall` instruction (0f 05) in any executable mapping of process {0}")]
-    NoSyscallInstruction(i32),
+    NoSyscallInstruction(Pid),
     #[error(
         "call of {func:#x} in process {pid} did not return within {timeout:?} (waiting for a \
          lock another, stopped, thread holds?); the thread was put back, but whatever the \
          function did so far stays done"
     )]
     CallTimeout {
-        pid: i32,
+        pid: Pid,
         func: u64,
         timeout: Duration,
     },
@@ -157,7 +158,7 @@ pub enum InjectError {
          address {addr:#x}); the thread was put back"
     )]
     CallFaulted {
-        pid: i32,
+        pid: Pid,
         func: u64,
         signal: i32,
         rip: u64,
@@ -166,7 +167,7 @@ pub enum InjectError {
     #[error("{0} arguments given; at most 6 are supported")]
     TooManyArguments(usize),
     #[error("mmap in process {pid} asked for {wanted:#x} and got {got:#x}")]
-    MmapMoved { pid: i32, wanted: u64, got: u64 },
+    MmapMoved { pid: Pid, wanted: u64, got: u64 },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error(
@@ -174,7 +175,7 @@ pub enum InjectError {
          process {pid}"
     )]
     NoGap {
-        pid: i32,
+        pid: Pid,
         lo: u64,
         hi: u64,
         len: u64,
@@ -183,7 +184,7 @@ pub enum InjectError {
         "process {0} catches, ignores, blocks or has pending every signal from SIGRTMIN+2 (34) \
          to SIGRTMAX (64)"
     )]
-    NoFreeSignal(i32),
+    NoFreeSignal(Pid),
     #[error("thread {tid}: unexpected {what}")]
     Unexpected { tid: i32, what: String },
     #[error("cannot parse {what}: {text:?}")]

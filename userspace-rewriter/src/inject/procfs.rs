@@ -3,7 +3,7 @@
 //! use for the bursts, whether CET shadow stacks are on, its live threads,
 //! and why ptrace said EPERM.
 
-use super::{InjectError, PAGE, Result, bit};
+use super::{InjectError, PAGE, Pid, Result, bit};
 
 const TWO_GIB: u64 = 1 << 31;
 /// User address space top on x86-64 with 4-level paging (and the default
@@ -11,7 +11,7 @@ const TWO_GIB: u64 = 1 << 31;
 const USER_TOP: u64 = 0x7fff_ffff_f000;
 
 /// Thread ids in /proc/PID/task whose state is not zombie/dead.
-pub(super) fn live_tasks(pid: i32) -> Result<Vec<i32>> {
+pub(super) fn live_tasks(pid: Pid) -> Result<Vec<i32>> {
     let dir = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             InjectError::NoSuchProcess(pid)
@@ -46,7 +46,7 @@ pub(super) fn live_tasks(pid: i32) -> Result<Vec<i32>> {
     Ok(tids)
 }
 
-pub(super) fn read_proc(pid: i32, file: &str) -> Result<String> {
+pub(super) fn read_proc(pid: Pid, file: &str) -> Result<String> {
     std::fs::read_to_string(format!("/proc/{pid}/{file}")).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) {
             InjectError::NoSuchProcess(pid)
@@ -67,7 +67,7 @@ pub(super) fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
     })
 }
 
-pub(super) fn diagnose_eperm(pid: i32, tid: i32) -> InjectError {
+pub(super) fn diagnose_eperm(pid: Pid, tid: i32) -> InjectError {
     let Ok(status) = read_proc(pid, "status") else {
         return InjectError::NoSuchProcess(pid);
     };
@@ -112,7 +112,7 @@ pub struct Mapping {
 }
 
 /// The mappings of process `pid`, in address order.
-pub fn maps(pid: i32) -> Result<Vec<Mapping>> {
+pub fn maps(pid: Pid) -> Result<Vec<Mapping>> {
     parse_maps(&read_proc(pid, "maps")?)
 }
 
@@ -156,7 +156,7 @@ fn parse_maps(text: &str) -> Result<Vec<Mapping>> {
 /// 1 GiB past the heap's current end (then 64 MiB, then right after it, if
 /// nothing else fits); below the binary nothing grows. 256 MiB below
 /// `[stack]` are kept free for stack growth too.
-pub fn find_gap_near(pid: i32, lo: u64, hi: u64, len: u64) -> Result<u64> {
+pub fn find_gap_near(pid: Pid, lo: u64, hi: u64, len: u64) -> Result<u64> {
     let maps = maps(pid)?;
     let stat = read_proc(pid, "stat").unwrap_or_default();
     // Fields after "(comm)": state is field 3; start_brk is field 47.
@@ -261,7 +261,7 @@ fn gap_near(
 /// /proc/PID/status; `SigBlk`, `SigPnd` of each /proc/PID/task/*/status),
 /// chosen from SIGRTMAX (64) down to SIGRTMIN+2 (34): glibc reserves 32 and
 /// 33 for itself.
-pub fn free_signal(pid: i32) -> Result<i32> {
+pub fn free_signal(pid: Pid) -> Result<i32> {
     let status = read_proc(pid, "status")?;
     let mut threads = Vec::new();
     if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
@@ -296,7 +296,7 @@ fn pick_free_signal(process: &str, threads: &[String]) -> Result<Option<i32>> {
 /// lists `shstk`). A call or signal frame we set up would not match the
 /// shadow stack, so the caller must refuse to inject. False when the kernel
 /// has no shadow stack support or the process is gone.
-pub fn shadow_stack_enabled(pid: i32) -> bool {
+pub fn shadow_stack_enabled(pid: Pid) -> bool {
     let mut texts = vec![read_proc(pid, "status").unwrap_or_default()];
     if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for e in dir.flatten() {
