@@ -128,14 +128,15 @@ fn location(
     f: FrameAddr,
 ) -> u64 {
     let (addr, resolved) = match f {
-        FrameAddr::User {
-            addr,
-            return_address,
-        } => (
-            addr,
-            symbolizer.resolve_user(procs, pid, addr, return_address),
+        FrameAddr::User(frame) => (
+            frame.address().0,
+            symbolizer.resolve_user(procs, pid, frame),
         ),
-        FrameAddr::Kernel { addr, .. } => (addr, symbolizer.resolve_kernel(addr)),
+        // Kernel frames are named by the address itself, return address or not.
+        FrameAddr::Kernel(frame) => {
+            let addr = frame.address().0;
+            (addr, symbolizer.resolve_kernel(addr))
+        }
         FrameAddr::Truncated => {
             let line = LineKey {
                 function: "[truncated stack]".into(),
@@ -149,7 +150,7 @@ fn location(
     let symbolized = !frames.is_empty();
     let mapping_id = match (&mapping, f) {
         (Some(m), _) => b.mapping(&mapping_key(m), symbolized),
-        (None, FrameAddr::Kernel { .. }) => b.mapping(
+        (None, FrameAddr::Kernel(_)) => b.mapping(
             &MappingKey {
                 start: 0xffff_8000_0000_0000,
                 limit: u64::MAX,

@@ -9,18 +9,20 @@
 //! profile is written.
 use std::collections::HashMap;
 
-use burstyd_common::addr::Pid;
+use burstyd_common::addr::{Avma, FrameAddress, Pid};
 use rustc_hash::FxHashMap;
+
+use super::unwind::frame_address;
 
 /// One frame of a calling context, outermost first when inserted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum FrameAddr {
-    /// A user address. `return_address`: a caller frame (the address after
-    /// the call), to be looked up minus one.
-    User { addr: u64, return_address: bool },
-    /// A kernel address (from `bpf_get_stack`; all but the first are
-    /// return addresses).
-    Kernel { addr: u64, return_address: bool },
+    /// A user frame: the interrupted instruction, or a caller's return
+    /// address (looked up minus one, see [`FrameAddress::lookup_address`]).
+    User(FrameAddress),
+    /// A kernel frame (from `bpf_get_stack`; all but the first are return
+    /// addresses).
+    Kernel(FrameAddress),
     /// Marks a context whose outer frames are missing (the user stack copy
     /// ended, or a module had no unwind information).
     Truncated,
@@ -143,22 +145,18 @@ impl Cct {
         // kernel (a syscall's return address); it is then a return address
         // too, as far as line lookup goes.
         let in_kernel = !kernel.is_empty();
-        let users = user
-            .iter()
-            .enumerate()
-            .rev()
-            .map(|(i, &addr)| FrameAddr::User {
-                addr,
-                return_address: i > 0 || in_kernel,
-            });
+        let users = user.iter().enumerate().rev().map(|(i, &addr)| {
+            FrameAddr::User(if in_kernel {
+                FrameAddress::ReturnAddress(Avma(addr))
+            } else {
+                frame_address(i, addr)
+            })
+        });
         let kernels = kernel
             .iter()
             .enumerate()
             .rev()
-            .map(|(i, &addr)| FrameAddr::Kernel {
-                addr,
-                return_address: i > 0,
-            });
+            .map(|(i, &addr)| FrameAddr::Kernel(frame_address(i, addr)));
         tree.add(trunc.into_iter().chain(users).chain(kernels), weight);
         self.samples += 1;
     }
@@ -214,13 +212,7 @@ mod tests {
         let leaf = t
             .nodes
             .iter()
-            .position(|n| {
-                n.frame
-                    == FrameAddr::User {
-                        addr: 0x30,
-                        return_address: false,
-                    }
-            })
+            .position(|n| n.frame == FrameAddr::User(FrameAddress::InstructionPointer(Avma(0x30))))
             .unwrap();
         assert_eq!((t.nodes[leaf].samples, t.nodes[leaf].weight), (2, 12));
         let mut ctx = Vec::new();
@@ -228,7 +220,7 @@ mod tests {
         let addrs: Vec<u64> = ctx
             .iter()
             .map(|f| match f {
-                FrameAddr::User { addr, .. } => *addr,
+                FrameAddr::User(a) => a.address().0,
                 _ => 0,
             })
             .collect();
@@ -264,22 +256,10 @@ mod tests {
         assert_eq!(
             ctx,
             vec![
-                FrameAddr::Kernel {
-                    addr: 0xffff_0001,
-                    return_address: false
-                },
-                FrameAddr::Kernel {
-                    addr: 0xffff_0002,
-                    return_address: true
-                },
-                FrameAddr::User {
-                    addr: 0x401000,
-                    return_address: true
-                },
-                FrameAddr::User {
-                    addr: 0x400500,
-                    return_address: true
-                },
+                FrameAddr::Kernel(FrameAddress::InstructionPointer(Avma(0xffff_0001))),
+                FrameAddr::Kernel(FrameAddress::ReturnAddress(Avma(0xffff_0002))),
+                FrameAddr::User(FrameAddress::ReturnAddress(Avma(0x401000))),
+                FrameAddr::User(FrameAddress::ReturnAddress(Avma(0x400500))),
                 FrameAddr::Truncated,
             ]
         );

@@ -22,7 +22,7 @@
 //! AVMA = address in the process; SVMA = address stated in the ELF file (what
 //! DWARF and symbol tables use); `bias = avma - svma` comes from the mapping.
 //! A return address points after the call, so for every frame but the leaf we
-//! look up `avma - 1 - bias`.
+//! look up `avma - 1 - bias` ([`FrameAddress::lookup_address`]).
 //!
 //! ## Caching
 //!
@@ -40,7 +40,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use burstyd_common::addr::Pid;
+use burstyd_common::addr::{Bias, FrameAddress, Pid};
 use object::{Object, ObjectSymbol, SymbolKind};
 use tracing::{debug, warn};
 
@@ -431,7 +431,7 @@ impl KernelSymbols {
                     file_offset: 0,
                     path: name.clone(),
                     build_id: build_id.clone(),
-                    bias: 0,
+                    bias: Bias(0),
                     module: Arc::new(Module::placeholder(name, build_id)),
                 }
             })
@@ -479,27 +479,24 @@ impl Symbolizer {
         }
     }
 
-    /// Resolve a user-space address of `pid` (call [`ProcessTable::ensure`] first).
+    /// Resolve a user-space frame of `pid` (call [`ProcessTable::ensure`] first).
     ///
-    /// `is_return_address`: true for every frame but the leaf; then `addr - 1`
-    /// (inside the call instruction) is looked up.
+    /// The mapping is the one holding the frame's address; a return address
+    /// is looked up minus one (inside the call instruction).
     pub(crate) fn resolve_user(
         &mut self,
         procs: &ProcessTable,
         pid: Pid,
-        addr: u64,
-        is_return_address: bool,
+        frame: FrameAddress,
     ) -> Resolved {
-        let Some(mapping) = procs.mapping_for(pid, addr) else {
+        let Some(mapping) = procs.mapping_for(pid, frame.address().0) else {
             return Resolved::unknown();
         };
-        let lookup = if is_return_address {
-            addr.wrapping_sub(1)
-        } else {
-            addr
-        };
-        let svma = lookup.wrapping_sub(mapping.bias);
-        let frames = self.module_symbols(&mapping.module).resolve(svma).to_vec();
+        let svma = frame.lookup_address() - mapping.bias;
+        let frames = self
+            .module_symbols(&mapping.module)
+            .resolve(svma.0)
+            .to_vec();
         Resolved {
             mapping: Some(mapping),
             frames,
@@ -543,7 +540,18 @@ mod tests {
     use crate::stacks::unwind::tests::{
         ChildGuard, build_spin_fixture, detach, scratch_dir, seize_and_sample,
     };
-    use crate::stacks::unwind::{UnwindEnd, Unwinder};
+    use crate::stacks::unwind::{UnwindEnd, Unwinder, frame_address};
+    use burstyd_common::addr::{Avma, Svma};
+
+    /// The leaf frame at `a`.
+    fn ip(a: u64) -> FrameAddress {
+        FrameAddress::InstructionPointer(Avma(a))
+    }
+
+    /// A caller's frame, returning to `a`.
+    fn ra(a: u64) -> FrameAddress {
+        FrameAddress::ReturnAddress(Avma(a))
+    }
 
     impl Symbolizer {
         /// Resolves an SVMA in `module` directly (no process needed).
@@ -569,7 +577,7 @@ mod tests {
         let mut procs = ProcessTable::new();
         assert!(procs.ensure(pid, addr));
         let mut s = Symbolizer::new();
-        let r = s.resolve_user(&procs, pid, addr, false);
+        let r = s.resolve_user(&procs, pid, ip(addr));
         let outer = r
             .frames
             .last()
@@ -591,10 +599,10 @@ mod tests {
         );
         assert!(outer.line.is_some());
         // As a return address (addr+1 → lookup addr) it is the same function.
-        let r2 = s.resolve_user(&procs, pid, addr + 1, true);
+        let r2 = s.resolve_user(&procs, pid, ra(addr + 1));
         assert_eq!(r2.frames.last().map(|f| &f.function), Some(&outer.function));
         // Cached: same answer again.
-        assert_eq!(s.resolve_user(&procs, pid, addr, false).frames, r.frames);
+        assert_eq!(s.resolve_user(&procs, pid, ip(addr)).frames, r.frames);
         let m = r.mapping.unwrap();
         assert!(m.start <= addr && addr < m.limit);
     }
@@ -607,7 +615,7 @@ mod tests {
         let mut procs = ProcessTable::new();
         assert!(procs.ensure(pid, addr));
         let mut s = Symbolizer::new();
-        let r = s.resolve_user(&procs, pid, addr, false);
+        let r = s.resolve_user(&procs, pid, ip(addr));
         assert!(
             r.frames
                 .last()
@@ -616,7 +624,7 @@ mod tests {
         );
         assert!(r.mapping.as_ref().unwrap().path.contains("libc.so"));
         // An address in the middle of getpid is still getpid.
-        let r = s.resolve_user(&procs, pid, addr + 2, false);
+        let r = s.resolve_user(&procs, pid, ip(addr + 2));
         assert!(
             function_names(&r).iter().any(|f| f.contains("getpid")),
             "{r:?}"
@@ -630,11 +638,11 @@ mod tests {
         let pid = Pid(std::process::id());
         procs.ensure(pid, 0);
         for addr in [0u64, 1, u64::MAX, 0x1000] {
-            let r = s.resolve_user(&procs, pid, addr, true);
+            let r = s.resolve_user(&procs, pid, ra(addr));
             assert!(r.frames.is_empty() && r.mapping.is_none());
         }
         assert!(
-            s.resolve_user(&procs, Pid(u32::MAX - 7), 0x401000, false)
+            s.resolve_user(&procs, Pid(u32::MAX - 7), ip(0x401000))
                 .frames
                 .is_empty()
         );
@@ -656,7 +664,7 @@ mod tests {
         };
         let mut s = Symbolizer::new();
         // Every address of the vdso resolves to something non-empty.
-        let r = s.resolve_user(&procs, pid, vdso.start + 0x10, false);
+        let r = s.resolve_user(&procs, pid, ip(vdso.start + 0x10));
         assert!(!r.frames.is_empty(), "{r:?}");
         assert_eq!(r.mapping.unwrap().path, "[vdso]");
         // Its exported functions resolve by name.
@@ -665,12 +673,7 @@ mod tests {
             .dynamic_symbols()
             .find(|s| s.name().is_ok_and(|n| n.ends_with("clock_gettime")) && s.address() != 0)
             .expect("vdso exports clock_gettime");
-        let r = s.resolve_user(
-            &procs,
-            pid,
-            vdso.bias.wrapping_add(sym.address()) + 1,
-            false,
-        );
+        let r = s.resolve_user(&procs, pid, ip((Svma(sym.address()) + vdso.bias).0 + 1));
         assert!(
             function_names(&r)
                 .iter()
@@ -761,7 +764,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, &a)| {
-                    let r = s.resolve_user(&procs, pid, a, i > 0);
+                    let r = s.resolve_user(&procs, pid, frame_address(i, a));
                     if i == 0 {
                         leaf_frame = r.frames.last().cloned();
                     }

@@ -47,7 +47,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use burstyd_common::addr::Pid;
+use burstyd_common::addr::{Bias, Pid};
 use tracing::debug;
 
 use super::clones::CloneFrames;
@@ -80,7 +80,7 @@ pub(crate) struct MappingInfo {
     /// Lowercase hex GNU build ID.
     pub(crate) build_id: Option<String>,
     /// `avma - svma` (wrapping).
-    pub(crate) bias: u64,
+    pub(crate) bias: Bias,
     /// The loaded file.
     pub(crate) module: Arc<Module>,
 }
@@ -95,7 +95,7 @@ pub(crate) struct ExecMapping {
     /// File offset of `start`.
     pub(crate) file_offset: u64,
     /// `avma - svma` (wrapping).
-    pub(crate) bias: u64,
+    pub(crate) bias: Bias,
     /// Path as in the maps.
     pub(crate) path: Arc<str>,
     /// The module.
@@ -263,7 +263,7 @@ impl ProcessTable {
                 start: entry.start,
                 end: entry.end,
                 file_offset: entry.offset,
-                bias,
+                bias: Bias(bias),
                 path: Arc::from(path),
                 module,
             });
@@ -402,6 +402,7 @@ impl ProcessTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burstyd_common::addr::Avma;
 
     impl ProcessTable {
         fn is_exited(&self, pid: Pid) -> bool {
@@ -427,8 +428,8 @@ mod tests {
         let exe = std::fs::canonicalize(std::env::current_exe().unwrap()).unwrap();
         assert_eq!(m.path, exe.to_str().unwrap());
         // The SVMA of our own function must fall in an executable PT_LOAD segment.
-        let svma = f.wrapping_sub(m.bias);
-        let seg = m.module.elf().segment_for_svma(svma).expect("segment");
+        let svma = Avma(f) - m.bias;
+        let seg = m.module.elf().segment_for_svma(svma.0).expect("segment");
         assert!(seg.is_executable());
         assert!(m.module.has_unwind_info());
         assert_eq!(m.build_id.as_deref(), m.module.build_id());

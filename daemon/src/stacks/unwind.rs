@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::ops::Deref;
 use std::sync::Arc;
 
-use burstyd_common::addr::Pid;
+use burstyd_common::addr::{Avma, FrameAddress, Pid};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, Unwinder as _};
 use tracing::debug;
@@ -40,6 +40,17 @@ use super::table::ProcessTable;
 
 /// Most frames [`Unwinder::unwind`] produces.
 const MAX_FRAMES: usize = 256;
+
+/// Frame `i` of a stack listed innermost first, as [`Unwinder::unwind`]
+/// (and the kernel's `bpf_get_stack`) give them: the instruction pointer at
+/// 0, a return address everywhere else.
+pub(crate) fn frame_address(i: usize, addr: u64) -> FrameAddress {
+    if i == 0 {
+        FrameAddress::InstructionPointer(Avma(addr))
+    } else {
+        FrameAddress::ReturnAddress(Avma(addr))
+    }
+}
 
 /// The registers unwinding starts from.
 #[derive(Clone, Copy, Debug)]
@@ -137,7 +148,7 @@ fn build_unwinder(procs: &ProcessTable, pid: Pid) -> FhUnwinder {
         unwinder.add_module(framehop::Module::new(
             m.path.to_string(),
             m.start..m.end,
-            m.bias,
+            m.bias.0,
             info,
         ));
     }
@@ -198,8 +209,8 @@ impl Unwinder {
         let end = self.unwind_once(procs, pid, regs, stack, out);
         if let Some(c) = procs.clone_frames(pid) {
             for (i, a) in out.iter_mut().enumerate() {
-                if let Some(orig) = c.translate(*a, i > 0) {
-                    *a = orig;
+                if let Some(orig) = c.translate(frame_address(i, *a)) {
+                    *a = orig.address().0;
                 }
             }
         }
@@ -269,11 +280,8 @@ impl Unwinder {
                 Err(framehop::Error::ReturnAddressIsNull) => return UnwindEnd::Complete,
                 Err(e) => {
                     let last = out.last().copied().unwrap_or(regs.rip);
-                    let lookup = if out.len() > 1 {
-                        last.wrapping_sub(1)
-                    } else {
-                        last
-                    };
+                    let Avma(lookup) =
+                        frame_address(out.len().saturating_sub(1), last).lookup_address();
                     let described = procs
                         .exec_mapping(pid, lookup)
                         .is_some_and(|m| m.module.has_unwind_info());
