@@ -142,7 +142,7 @@ fn binary_range(pid: Pid) -> (u64, u64) {
     let m: Vec<_> = inject::maps(pid)
         .unwrap()
         .into_iter()
-        .filter(|m| m.path == exe)
+        .filter(|m| m.is_path(exe))
         .collect();
     assert!(!m.is_empty(), "{exe} not mapped in {pid}");
     (
@@ -158,15 +158,16 @@ fn symbol(pid: Pid, which: impl Fn(&str) -> bool, name: &str) -> u64 {
     let maps = inject::maps(pid).unwrap();
     let m = maps
         .iter()
-        .find(|m| m.perms.contains('x') && which(&m.path))
+        .find(|m| m.is_exec() && m.path.as_deref().is_some_and(&which))
         .expect("module not mapped");
-    let data = std::fs::read(&m.path).unwrap();
+    let path = m.path.as_deref().unwrap();
+    let data = std::fs::read(path).unwrap();
     let file = object::File::parse(&*data).unwrap();
     let svma = file
         .symbols()
         .chain(file.dynamic_symbols())
         .find(|s| s.name() == Ok(name))
-        .unwrap_or_else(|| panic!("{name} not in {}", m.path))
+        .unwrap_or_else(|| panic!("{name} not in {path}"))
         .address();
     let bias = ElfInfo::parse(&data)
         .unwrap()
@@ -244,7 +245,7 @@ fn attach_inject_and_detach_while_in_nanosleep() {
         .into_iter()
         .find(|m| m.start == region)
         .expect("region not in /proc/PID/maps");
-    assert_eq!((m.end, m.perms.as_str()), (region + 8192, "r-xp"));
+    assert_eq!((m.end, &m.perms), (region + 8192, b"r-xp"));
     assert!(
         within_rel32(lo, hi, m.start, m.end),
         "{m:?} out of reach of [{lo:#x}, {hi:#x})"

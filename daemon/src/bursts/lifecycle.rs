@@ -167,11 +167,14 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
     let id = exe_id(&data);
     let analysis_ms = t0.elapsed().as_secs_f64() * 1e3;
 
-    // Where the executable is mapped.
+    // Where the executable is mapped. One removed or replaced on disk since
+    // it started is still the mapped one: `/proc/PID/exe` and the maps
+    // lines then end in " (deleted)", which the paths compared here lack.
     let maps = inject::maps(pid)?;
-    let exe_path = std::fs::read_link(&exe).unwrap_or_default();
-    let exe_path = exe_path.to_string_lossy().replace(" (deleted)", "");
-    let own: Vec<_> = maps.iter().filter(|m| m.path == exe_path).collect();
+    let exe_link = std::fs::read_link(&exe).unwrap_or_default();
+    let exe_link = exe_link.to_string_lossy();
+    let exe_path = exe_link.strip_suffix(" (deleted)").unwrap_or(&exe_link);
+    let own: Vec<_> = maps.iter().filter(|m| m.is_path(exe_path)).collect();
     let (Some(lo), Some(hi)) = (
         own.iter().map(|m| m.start).min(),
         own.iter().map(|m| m.end).max(),
@@ -181,7 +184,7 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
     let elf = userspace_rewriter::analysis::elf::ElfInfo::parse(&data)?;
     let first = own.iter().min_by_key(|m| m.offset).unwrap();
     let bias = elf
-        .load_bias_for(first.start, first.offset, first.perms.contains('x'))
+        .load_bias_for(first.start, first.offset, first.is_exec())
         .context("no PT_LOAD segment for the executable's first mapping")?;
 
     let ring_words = if opts.full_trace {
@@ -200,10 +203,12 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
             _ => None,
         }),
     );
-    // An earlier attach's region, if it was made for this file.
+    // An earlier attach's region, if it was made for this file (a memfd's
+    // maps line says " (deleted)"; the path here is without it).
+    let memfd = format!("/memfd:{MEMFD_NAME}");
     if let Some(m) = maps
         .iter()
-        .find(|m| m.path.starts_with(&format!("/memfd:{MEMFD_NAME}")))
+        .find(|m| m.path.as_deref().is_some_and(|p| p.starts_with(&memfd)))
     {
         let f = std::fs::OpenOptions::new()
             .read(true)
@@ -590,16 +595,19 @@ fn uses_exceptions(data: &[u8], analysis: &userspace_rewriter::analysis::cfg::An
 
 /// `__register_frame` in the target: libgcc_s's export, or a copy linked
 /// into the executable (static libgcc_eh).
-fn register_frame_fn(pid: Pid, maps: &[inject::Mapping], plan: &Plan, bias: u64) -> Option<u64> {
+fn register_frame_fn(pid: Pid, maps: &[inject::MapEntry], plan: &Plan, bias: u64) -> Option<u64> {
     use object::{Object, ObjectSymbol};
     if let Some(f) = plan.functions.iter().find(|f| f.name == "__register_frame") {
         return Some(f.start.wrapping_add(bias));
     }
-    let lib: Vec<&inject::Mapping> = maps
+    // By file name: a libgcc_s replaced on disk (its maps line says
+    // " (deleted)") is still the one mapped, and read through map_files.
+    let lib: Vec<&inject::MapEntry> = maps
         .iter()
         .filter(|m| {
-            Path::new(&m.path)
-                .file_name()
+            m.path
+                .as_deref()
+                .and_then(|p| Path::new(p).file_name())
                 .is_some_and(|n| n.to_string_lossy().starts_with("libgcc_s.so"))
         })
         .collect();
@@ -610,7 +618,7 @@ fn register_frame_fn(pid: Pid, maps: &[inject::Mapping], plan: &Plan, bias: u64)
     ))
     .ok()?;
     let elf = userspace_rewriter::analysis::elf::ElfInfo::parse(&data).ok()?;
-    let lbias = elf.load_bias_for(first.start, first.offset, first.perms.contains('x'))?;
+    let lbias = elf.load_bias_for(first.start, first.offset, first.is_exec())?;
     let file = object::File::parse(&*data).ok()?;
     let sym = file
         .dynamic_symbols()

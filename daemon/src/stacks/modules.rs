@@ -13,8 +13,7 @@ use memmap2::Mmap;
 use object::{Object, ObjectSection};
 use tracing::{debug, warn};
 use userspace_rewriter::analysis::elf::{ElfInfo, is_elf_x86_64};
-
-use super::maps::MapEntry;
+use userspace_rewriter::inject::MapEntry;
 
 /// Errors from loading a module.
 #[derive(Debug, thiserror::Error)]

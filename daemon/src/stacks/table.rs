@@ -49,9 +49,9 @@ use std::time::{Duration, Instant};
 
 use burstyd_common::addr::{Bias, Pid};
 use tracing::debug;
+use userspace_rewriter::inject::{self, MapEntry};
 
 use super::clones::CloneFrames;
-use super::maps::{MapEntry, read_maps};
 use super::modules::{Module, open_module};
 
 /// Minimum time between two reads of one process' maps when an address is not covered.
@@ -220,7 +220,7 @@ impl ProcessTable {
     /// Re-read `/proc/PID/maps` now. Returns whether anything is known about `pid`.
     pub(crate) fn refresh(&mut self, pid: Pid) -> bool {
         let now = Instant::now();
-        let mut maps = match read_maps(pid) {
+        let mut maps = match inject::maps(pid) {
             Ok(m) if !m.is_empty() => m,
             Ok(_) | Err(_) => {
                 // Gone (or a kernel thread, which has no maps).

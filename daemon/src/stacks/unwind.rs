@@ -409,7 +409,7 @@ int main(int argc, char **argv) {
                 rbp: r.rbp,
             };
             // Do not read past the end of the [stack] mapping.
-            let maps = crate::stacks::maps::read_maps(pid).unwrap();
+            let maps = userspace_rewriter::inject::maps(pid).unwrap();
             let limit = maps
                 .iter()
                 .find(|m| m.start <= regs.rsp && regs.rsp < m.end)
@@ -497,7 +497,7 @@ int main(int argc, char **argv) {
                 );
             }
             // Copy 256 KiB of our own stack (or up to its end).
-            let maps = crate::stacks::maps::read_maps(Pid(std::process::id())).unwrap();
+            let maps = userspace_rewriter::inject::maps(Pid(std::process::id())).unwrap();
             let end = maps
                 .iter()
                 .find(|m| m.start <= rsp && rsp < m.end)

@@ -91,9 +91,9 @@
 //!   registers, memory through `/proc/PID/mem`, detach;
 //! - `remote.rs`: syscalls and function calls run in the target
 //!   ([`Tracee::syscall`], [`Tracee::mmap`], [`Tracee::call`], ...);
-//! - `procfs.rs`: `/proc` queries ([`maps`], [`find_gap_near`],
-//!   [`free_signal`], [`shadow_stack_enabled`], live threads, EPERM
-//!   diagnosis).
+//! - `procfs.rs`: `/proc` queries ([`maps`] and its [`MapEntry`] lines,
+//!   [`find_gap_near`], [`free_signal`], [`shadow_stack_enabled`], live
+//!   threads, EPERM diagnosis).
 
 mod procfs;
 mod ptrace;
@@ -103,7 +103,7 @@ mod tracee;
 use std::time::Duration;
 
 pub use burstyd_common::addr::Pid;
-pub use procfs::{Mapping, find_gap_near, free_signal, maps, shadow_stack_enabled};
+pub use procfs::{MapEntry, find_gap_near, free_signal, maps, parse_maps, shadow_stack_enabled};
 pub use tracee::Tracee;
 
 /// Errors of attaching to and injecting into a process.
