@@ -212,8 +212,6 @@ pub struct KernelSigaction {
 /// `SA_RESTORER` (not exported by libc for glibc targets).
 pub const SA_RESTORER: u64 = 0x0400_0000;
 
-const PAGE: u64 = 4096;
-
 /// Signals whose delivery is asynchronous: all but SIGKILL/SIGSTOP (not
 /// blockable) and the synchronous fault signals (blocking those and then
 /// faulting resets the program's handler).
@@ -232,7 +230,7 @@ const fn bit(sig: i32) -> u64 {
 }
 
 /// Offsets in the scratch page.
-const SCRATCH_LEN: u64 = PAGE;
+const SCRATCH_LEN: u64 = crate::PAGE_SIZE;
 const SCR_SIGACTION_NEW: u64 = 0;
 const SCR_SIGACTION_OLD: u64 = 64;
 const SCR_SIGINFO: u64 = 128;

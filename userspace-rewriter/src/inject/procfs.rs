@@ -3,7 +3,8 @@
 //! use for the bursts, whether CET shadow stacks are on, its live threads,
 //! and why ptrace said EPERM.
 
-use super::{InjectError, PAGE, Pid, Result, bit};
+use super::{InjectError, Pid, Result, bit};
+use crate::PAGE_SIZE;
 
 const TWO_GIB: u64 = 1 << 31;
 /// User address space top on x86-64 with 4-level paging (and the default
@@ -223,7 +224,7 @@ pub fn find_gap_near(pid: Pid, lo: u64, hi: u64, len: u64) -> Result<u64> {
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(65536)
-        .max(PAGE);
+        .max(PAGE_SIZE);
     gap_near(&maps, start_brk, min_addr, lo, hi, len).ok_or(InjectError::NoGap { pid, lo, hi, len })
 }
 
@@ -238,7 +239,7 @@ fn gap_near(
     if len == 0 || hi <= lo {
         return None;
     }
-    let len = len.checked_add(PAGE - 1)? & !(PAGE - 1);
+    let len = len.checked_add(PAGE_SIZE - 1)? & !(PAGE_SIZE - 1);
     // Every start g must satisfy max(hi, g+len) - min(lo, g) <= 2 GiB.
     let g_min = hi.saturating_sub(TWO_GIB);
     let g_max = lo.checked_add(TWO_GIB)?.checked_sub(len)?;
@@ -282,7 +283,7 @@ fn gap_near(
         .into_iter()
         .filter_map(|(a, b)| {
             let b = b.min(lo);
-            let g = b.checked_sub(len)? & !(PAGE - 1);
+            let g = b.checked_sub(len)? & !(PAGE_SIZE - 1);
             (g >= a.max(g_min) && g <= g_max && g + len <= lo).then_some(g)
         })
         .max();
@@ -296,7 +297,7 @@ fn gap_near(
         let above = free(&busy)
             .into_iter()
             .filter_map(|(a, b)| {
-                let g = (a.max(hi).max(g_min) + PAGE - 1) & !(PAGE - 1);
+                let g = (a.max(hi).max(g_min) + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
                 (g + len <= b && g <= g_max).then_some(g)
             })
             .min();
@@ -390,7 +391,7 @@ mod tests {
             m(0x5555_0000_4000, 0x5555_0000_8000, "/bin/x"),
         ];
         let g = gap_near(&bin, None, 65536, 0x5555_0000_0000, 0x5555_0000_8000, 100).unwrap();
-        assert_eq!(g, 0x5555_0000_0000 - PAGE);
+        assert_eq!(g, 0x5555_0000_0000 - PAGE_SIZE);
         // Non-PIE at 0x400000 with a mapping filling the space below.
         let maps = [
             m(0x10000, 0x400000, "/low"),
