@@ -40,6 +40,7 @@ use crate::sampling::sampler::{Sampler, SamplerOptions};
 use crate::service::config::{self, Overrides, Settings};
 use crate::session::SessionOptions;
 use anyhow::{Context as _, bail};
+use burstyd_common::addr::Pid;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
 
@@ -193,7 +194,8 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
     if unsafe { libc::geteuid() } != 0 {
         tracing::warn!("not running as root: loading eBPF needs CAP_BPF and CAP_PERFMON");
     }
-    session::check_targets(&cli.pids)?;
+    let pids: Vec<Pid> = cli.pids.iter().copied().map(Pid).collect();
+    session::check_targets(&pids)?;
     let (source, settings) = settings(&cli, &overrides)?;
     let requested = events::parse_event(&settings.event)?;
     preflight()?;
@@ -228,9 +230,9 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
             gate = Some(g);
             let pid = c.id().context("the command exited before it started")?;
             child = Some(c);
-            Some(vec![pid])
+            Some(vec![Pid(pid)])
         }
-        _ if !cli.pids.is_empty() => Some(cli.pids.clone()),
+        _ if !pids.is_empty() => Some(pids.clone()),
         _ => None,
     };
     // Targets from the configuration file: the pids matching now, and more

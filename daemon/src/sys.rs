@@ -2,6 +2,8 @@
 //! Each wrapper names the call in its error.
 use std::io;
 
+use burstyd_common::addr::Pid;
+
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
 
 /// `perf_event_attr` as far as the probe needs it (`PERF_ATTR_SIZE_VER0`
@@ -63,9 +65,9 @@ pub(crate) fn probe_perf_event(type_: u32, config: u64, cpu: i32) -> io::Result<
 }
 
 /// Does process `pid` exist? (`kill(pid, 0)`; EPERM still means it exists.)
-pub(crate) fn process_exists(pid: u32) -> bool {
+pub(crate) fn process_exists(pid: Pid) -> bool {
     // SAFETY: signal 0 performs only the existence and permission checks.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    let r = unsafe { libc::kill(pid.raw(), 0) };
     r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
@@ -74,7 +76,7 @@ pub(crate) fn process_exists(pid: u32) -> bool {
 /// [`process_exists`], an exited process its parent has not reaped yet
 /// is not running: ptrace cannot attach to it any more, and a configured
 /// target in that state has exited.
-pub(crate) fn process_running(pid: u32) -> bool {
+pub(crate) fn process_running(pid: Pid) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {

@@ -39,3 +39,7 @@
 pub mod analysis;
 pub mod codegen;
 pub mod inject;
+
+/// The page size on x86-64 Linux: the kernel maps ELF segments, and
+/// `mmap` hands out regions, in pages of this size.
+pub const PAGE_SIZE: u64 = 4096;

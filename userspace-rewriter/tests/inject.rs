@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use userspace_rewriter::analysis::elf::ElfInfo;
 use userspace_rewriter::inject::{
-    self, InjectError, KernelSigaction, SA_RESTORER, Tracee, find_gap_near, free_signal,
+    self, InjectError, KernelSigaction, Pid, SA_RESTORER, Tracee, find_gap_near, free_signal,
     shadow_stack_enabled,
 };
 
@@ -80,8 +80,8 @@ impl Running {
         }
     }
 
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
+    fn pid(&self) -> Pid {
+        Pid(self.child.id())
     }
 
     fn write_stdin(&mut self, data: &[u8]) {
@@ -137,12 +137,12 @@ fn assert_same_output(traced: &str, untraced: &str) {
 }
 
 /// [lo, hi) of the fixture binary's mappings in `pid`.
-fn binary_range(pid: i32) -> (u64, u64) {
+fn binary_range(pid: Pid) -> (u64, u64) {
     let exe = fixture().to_str().unwrap();
     let m: Vec<_> = inject::maps(pid)
         .unwrap()
         .into_iter()
-        .filter(|m| m.path == exe)
+        .filter(|m| m.is_path(exe))
         .collect();
     assert!(!m.is_empty(), "{exe} not mapped in {pid}");
     (
@@ -153,20 +153,21 @@ fn binary_range(pid: i32) -> (u64, u64) {
 
 /// AVMA of symbol `name` of the ELF file mapped in `pid` whose path
 /// satisfies `which` (symtab, then dynsym; bias from its executable mapping).
-fn symbol(pid: i32, which: impl Fn(&str) -> bool, name: &str) -> u64 {
+fn symbol(pid: Pid, which: impl Fn(&str) -> bool, name: &str) -> u64 {
     use object::{Object, ObjectSymbol};
     let maps = inject::maps(pid).unwrap();
     let m = maps
         .iter()
-        .find(|m| m.perms.contains('x') && which(&m.path))
+        .find(|m| m.is_exec() && m.path.as_deref().is_some_and(&which))
         .expect("module not mapped");
-    let data = std::fs::read(&m.path).unwrap();
+    let path = m.path.as_deref().unwrap();
+    let data = std::fs::read(path).unwrap();
     let file = object::File::parse(&*data).unwrap();
     let svma = file
         .symbols()
         .chain(file.dynamic_symbols())
         .find(|s| s.name() == Ok(name))
-        .unwrap_or_else(|| panic!("{name} not in {}", m.path))
+        .unwrap_or_else(|| panic!("{name} not in {path}"))
         .address();
     let bias = ElfInfo::parse(&data)
         .unwrap()
@@ -175,12 +176,12 @@ fn symbol(pid: i32, which: impl Fn(&str) -> bool, name: &str) -> u64 {
     svma.wrapping_add(bias)
 }
 
-fn fixture_symbol(pid: i32, name: &str) -> u64 {
+fn fixture_symbol(pid: Pid, name: &str) -> u64 {
     let exe = fixture().to_str().unwrap();
     symbol(pid, |p| p == exe, name)
 }
 
-fn libc_symbol(pid: i32, name: &str) -> u64 {
+fn libc_symbol(pid: Pid, name: &str) -> u64 {
     symbol(pid, |p| p.contains("/libc.so"), name)
 }
 
@@ -201,16 +202,16 @@ fn attach_inject_and_detach_while_in_nanosleep() {
 
     let mut t = Tracee::attach(pid).unwrap();
     assert_eq!(t.pid(), pid);
-    assert_eq!(t.threads(), &[pid]);
-    let regs = *t.regs(pid);
+    assert_eq!(t.threads(), &[pid.raw()]);
+    let regs = *t.regs(pid.raw());
     // The main thread spends nearly all its time in nanosleep.
     eprintln!(
         "stopped at rip {:#x}, orig_rax {}, rax {}",
         regs.rip, regs.orig_rax as i64, regs.rax as i64
     );
 
-    assert_eq!(t.syscall(libc::SYS_getpid, &[]).unwrap(), pid as u64);
-    assert_eq!(t.syscall(libc::SYS_gettid, &[]).unwrap(), pid as u64);
+    assert_eq!(t.syscall(libc::SYS_getpid, &[]).unwrap(), u64::from(pid.0));
+    assert_eq!(t.syscall(libc::SYS_gettid, &[]).unwrap(), u64::from(pid.0));
     // Errors come back as errno.
     match t.syscall(libc::SYS_close, &[9999]) {
         Err(InjectError::Syscall { errno, .. }) => assert_eq!(errno, libc::EBADF),
@@ -244,7 +245,7 @@ fn attach_inject_and_detach_while_in_nanosleep() {
         .into_iter()
         .find(|m| m.start == region)
         .expect("region not in /proc/PID/maps");
-    assert_eq!((m.end, m.perms.as_str()), (region + 8192, "r-xp"));
+    assert_eq!((m.end, &m.perms), (region + 8192, b"r-xp"));
     assert!(
         within_rel32(lo, hi, m.start, m.end),
         "{m:?} out of reach of [{lo:#x}, {hi:#x})"
@@ -269,7 +270,7 @@ fn attach_inject_and_detach_while_in_nanosleep() {
     // Calls: libc's getpid, a fixture function with six arguments, one that
     // destroys every vector register.
     let getpid = libc_symbol(pid, "getpid");
-    assert_eq!(t.call(getpid, &[]).unwrap(), pid as u64);
+    assert_eq!(t.call(getpid, &[]).unwrap(), u64::from(pid.0));
     let probe_add = fixture_symbol(pid, "probe_add");
     assert_eq!(t.call(probe_add, &[1, 2, 3, 4, 5, 6]).unwrap(), 91);
     assert_eq!(t.call(fixture_symbol(pid, "clobber_fp"), &[]).unwrap(), 7);
@@ -279,7 +280,7 @@ fn attach_inject_and_detach_while_in_nanosleep() {
     assert_eq!(u64::from_le_bytes(calls.try_into().unwrap()), 1);
 
     // Registers are exactly as they were before all this.
-    let now = *t.regs(pid);
+    let now = *t.regs(pid.raw());
     assert_eq!(
         (now.rip, now.rax, now.orig_rax, now.rsp),
         (regs.rip, regs.rax, regs.orig_rax, regs.rsp)
@@ -308,11 +309,11 @@ fn twenty_attach_detach_cycles() {
     for i in 0..20 {
         std::thread::sleep(Duration::from_millis(25 + (i * 7) % 20));
         let mut t = Tracee::attach(pid).unwrap();
-        let r = *t.regs(pid);
+        let r = *t.regs(pid.raw());
         if r.orig_rax == SYS_CLOCK_NANOSLEEP && r.rax as i64 == ERESTART_RESTARTBLOCK {
             in_sleep += 1;
         }
-        assert_eq!(t.syscall(libc::SYS_getpid, &[]).unwrap(), pid as u64);
+        assert_eq!(t.syscall(libc::SYS_getpid, &[]).unwrap(), u64::from(pid.0));
         let a = t
             .mmap(
                 0,
@@ -356,7 +357,7 @@ fn injected_signal_handler_counts_in_shared_memfd() {
     let sig = free_signal(pid).unwrap();
     assert_eq!(sig, SIGRTMAX - 2);
     let mut t = Tracee::attach(pid).unwrap();
-    let r = *t.regs(pid);
+    let r = *t.regs(pid.raw());
     assert_eq!(
         (r.orig_rax, r.rax as i64),
         (SYS_READ, ERESTARTSYS),
@@ -428,9 +429,9 @@ fn injected_signal_handler_counts_in_shared_memfd() {
     // injections and are handled after detach.
     for _ in 0..5 {
         // SAFETY: kill has no memory preconditions.
-        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+        assert_eq!(unsafe { libc::kill(pid.raw(), sig) }, 0);
     }
-    assert_eq!(t.syscall(libc::SYS_getpid, &[]).unwrap(), pid as u64);
+    assert_eq!(t.syscall(libc::SYS_getpid, &[]).unwrap(), u64::from(pid.0));
     t.detach().unwrap();
     // Now the signal is caught: no longer free.
     assert_eq!(free_signal(pid).unwrap(), SIGRTMAX - 3);
@@ -443,7 +444,7 @@ fn injected_signal_handler_counts_in_shared_memfd() {
     let mut next = 1;
     for i in 0..295 {
         // SAFETY: kill has no memory preconditions.
-        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+        assert_eq!(unsafe { libc::kill(pid.raw(), sig) }, 0);
         if i % 10 == 9 {
             run.write_stdin(format!("{}\n", lines[next]).as_bytes());
             next += 1;
@@ -479,7 +480,7 @@ fn multithreaded_process() {
     {
         let mut t = Tracee::attach(pid).unwrap();
         assert_eq!(t.threads().len(), 5, "threads: {:?}", t.threads());
-        assert_eq!(t.threads()[0], pid);
+        assert_eq!(t.threads()[0], pid.raw());
         let futex = t
             .threads()
             .iter()
@@ -493,12 +494,12 @@ fn multithreaded_process() {
             .count();
         assert!(busy >= 2, "{busy} threads in user mode");
         // A tid is not a process.
-        let other = t.threads()[1];
+        let other = Pid(t.threads()[1] as u32);
         assert!(matches!(
             Tracee::attach(other),
             Err(InjectError::NotAProcess { .. })
         ));
-        assert_eq!(t.syscall(libc::SYS_gettid, &[]).unwrap(), pid as u64);
+        assert_eq!(t.syscall(libc::SYS_gettid, &[]).unwrap(), u64::from(pid.0));
         let probe_add = fixture_symbol(pid, "probe_add");
         assert_eq!(t.call(probe_add, &[0, 0, 0, 0, 0, 7]).unwrap(), 42);
         t.detach().unwrap();
@@ -507,7 +508,7 @@ fn multithreaded_process() {
         std::thread::sleep(Duration::from_millis(40));
         let mut t = Tracee::attach(pid).unwrap();
         assert!(t.threads().len() >= 3);
-        assert_eq!(t.syscall(libc::SYS_getpid, &[]).unwrap(), pid as u64);
+        assert_eq!(t.syscall(libc::SYS_getpid, &[]).unwrap(), u64::from(pid.0));
         let probe_add = fixture_symbol(pid, "probe_add");
         assert_eq!(t.call(probe_add, &[i, 0, 0, 0, 0, 0]).unwrap(), i);
         t.detach().unwrap();
@@ -529,7 +530,7 @@ fn call_preserves_vector_registers() {
     for _ in 0..5 {
         std::thread::sleep(Duration::from_millis(60));
         let mut t = Tracee::attach(pid).unwrap();
-        if t.regs(pid).orig_rax == u64::MAX {
+        if t.regs(pid.raw()).orig_rax == u64::MAX {
             user_mode += 1;
         }
         assert_eq!(t.call(clobber, &[]).unwrap(), 7);
@@ -549,7 +550,7 @@ fn call_timeout_and_fault() {
     let pid = run.pid();
     std::thread::sleep(Duration::from_millis(100));
     let mut t = Tracee::attach(pid).unwrap();
-    let before = *t.regs(pid);
+    let before = *t.regs(pid.raw());
     t.set_call_timeout(Duration::from_millis(300));
     let spin = fixture_symbol(pid, "spin_forever");
     let started = Instant::now();
@@ -564,10 +565,10 @@ fn call_timeout_and_fault() {
         }
         other => panic!("call of 0x10: {other:?}"),
     }
-    assert_eq!(t.syscall(libc::SYS_getpid, &[]).unwrap(), pid as u64);
+    assert_eq!(t.syscall(libc::SYS_getpid, &[]).unwrap(), u64::from(pid.0));
     let getpid = libc_symbol(pid, "getpid");
-    assert_eq!(t.call(getpid, &[]).unwrap(), pid as u64);
-    assert_eq!(t.regs(pid).rip, before.rip);
+    assert_eq!(t.call(getpid, &[]).unwrap(), u64::from(pid.0));
+    assert_eq!(t.regs(pid.raw()).rip, before.rip);
     // Dropping without detach lets the process go too.
     drop(t);
     assert_same_output(&run.finish(), &want);
@@ -577,25 +578,25 @@ fn call_timeout_and_fault() {
 fn attach_errors() {
     // No such process (above any pid_max).
     assert!(matches!(
-        Tracee::attach(0x3fff_fff0),
-        Err(InjectError::NoSuchProcess(0x3fff_fff0))
+        Tracee::attach(Pid(0x3fff_fff0)),
+        Err(InjectError::NoSuchProcess(Pid(0x3fff_fff0)))
     ));
     assert!(matches!(
-        Tracee::attach(0),
-        Err(InjectError::NoSuchProcess(0))
+        Tracee::attach(Pid(0)),
+        Err(InjectError::NoSuchProcess(Pid(0)))
     ));
     assert!(matches!(
-        Tracee::attach(std::process::id() as i32),
+        Tracee::attach(Pid(std::process::id())),
         Err(InjectError::OwnProcess(_))
     ));
     assert!(matches!(
-        free_signal(0x3fff_fff0),
+        free_signal(Pid(0x3fff_fff0)),
         Err(InjectError::NoSuchProcess(_))
     ));
 
     // A zombie.
     let mut z = Command::new("true").spawn().unwrap();
-    let zpid = z.id() as i32;
+    let zpid = Pid(z.id());
     let deadline = Instant::now() + Duration::from_secs(5);
     while !std::fs::read_to_string(format!("/proc/{zpid}/stat"))
         .unwrap()
@@ -622,7 +623,7 @@ fn attach_errors() {
     BufReader::new(parent.stdout.as_mut().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let child: i32 = line.trim().parse().unwrap();
+    let child = Pid(line.trim().parse().unwrap());
     let deadline = Instant::now() + Duration::from_secs(5);
     let tracer = loop {
         let st = std::fs::read_to_string(format!("/proc/{child}/status")).unwrap();
@@ -666,7 +667,7 @@ fn signal_taken_during_call_is_redelivered() {
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(150));
         // SAFETY: kill has no memory preconditions.
-        unsafe { libc::kill(pid, libc::SIGSEGV) }
+        unsafe { libc::kill(pid.raw(), libc::SIGSEGV) }
     });
     let spin = fixture_symbol(pid, "spin_forever");
     assert!(matches!(

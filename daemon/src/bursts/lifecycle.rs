@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context as _, bail};
+use burstyd_common::addr::Pid;
 use burstyd_common::burst::{
     ARMED_OFFSET, BurstControl, BurstTarget, CONTROL_BYTES, CONTROL_MAGIC,
 };
@@ -45,7 +46,7 @@ const MEMFD_NAME: &str = "burstyd-bursts";
 /// A target with the clones injected and the handler installed: what
 /// the session needs to arm, reap and detach it.
 pub(crate) struct Attachment {
-    pid: u32,
+    pid: Pid,
     /// Address of the control block in the target.
     control_addr: u64,
     region: SharedRegion,
@@ -78,7 +79,7 @@ pub(crate) struct Attached {
 
 /// What an attach put into the target.
 struct Injected {
-    pid: u32,
+    pid: Pid,
     exe: PathBuf,
     plan: Plan,
     bias: u64,
@@ -152,11 +153,11 @@ fn exe_id(data: &[u8]) -> u64 {
 }
 
 /// Injects (or re-arms) the clones in `pid`.
-pub(crate) fn attach(pid: u32, opts: &BurstOptions) -> anyhow::Result<Attached> {
+pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> {
     let exe = PathBuf::from(format!("/proc/{pid}/exe"));
     let data = std::fs::read(&exe)
         .with_context(|| format!("reading the executable of pid {pid} ({})", exe.display()))?;
-    if inject::shadow_stack_enabled(pid as i32) {
+    if inject::shadow_stack_enabled(pid) {
         bail!("pid {pid} runs with CET shadow stacks; bursty tracing cannot redirect its returns");
     }
     let t0 = std::time::Instant::now();
@@ -166,11 +167,14 @@ pub(crate) fn attach(pid: u32, opts: &BurstOptions) -> anyhow::Result<Attached> 
     let id = exe_id(&data);
     let analysis_ms = t0.elapsed().as_secs_f64() * 1e3;
 
-    // Where the executable is mapped.
-    let maps = inject::maps(pid as i32)?;
-    let exe_path = std::fs::read_link(&exe).unwrap_or_default();
-    let exe_path = exe_path.to_string_lossy().replace(" (deleted)", "");
-    let own: Vec<_> = maps.iter().filter(|m| m.path == exe_path).collect();
+    // Where the executable is mapped. One removed or replaced on disk since
+    // it started is still the mapped one: `/proc/PID/exe` and the maps
+    // lines then end in " (deleted)", which the paths compared here lack.
+    let maps = inject::maps(pid)?;
+    let exe_link = std::fs::read_link(&exe).unwrap_or_default();
+    let exe_link = exe_link.to_string_lossy();
+    let exe_path = exe_link.strip_suffix(" (deleted)").unwrap_or(&exe_link);
+    let own: Vec<_> = maps.iter().filter(|m| m.is_path(exe_path)).collect();
     let (Some(lo), Some(hi)) = (
         own.iter().map(|m| m.start).min(),
         own.iter().map(|m| m.end).max(),
@@ -180,7 +184,7 @@ pub(crate) fn attach(pid: u32, opts: &BurstOptions) -> anyhow::Result<Attached> 
     let elf = userspace_rewriter::analysis::elf::ElfInfo::parse(&data)?;
     let first = own.iter().min_by_key(|m| m.offset).unwrap();
     let bias = elf
-        .load_bias_for(first.start, first.offset, first.perms.contains('x'))
+        .load_bias_for(first.start, first.offset, first.is_exec())
         .context("no PT_LOAD segment for the executable's first mapping")?;
 
     let ring_words = if opts.full_trace {
@@ -199,10 +203,12 @@ pub(crate) fn attach(pid: u32, opts: &BurstOptions) -> anyhow::Result<Attached> 
             _ => None,
         }),
     );
-    // An earlier attach's region, if it was made for this file.
+    // An earlier attach's region, if it was made for this file (a memfd's
+    // maps line says " (deleted)"; the path here is without it).
+    let memfd = format!("/memfd:{MEMFD_NAME}");
     if let Some(m) = maps
         .iter()
-        .find(|m| m.path.starts_with(&format!("/memfd:{MEMFD_NAME}")))
+        .find(|m| m.path.as_deref().is_some_and(|p| p.starts_with(&memfd)))
     {
         let f = std::fs::OpenOptions::new()
             .read(true)
@@ -256,7 +262,7 @@ pub(crate) fn attach(pid: u32, opts: &BurstOptions) -> anyhow::Result<Attached> 
         .sum();
     let mut code_len = (32 * original + (2 << 20)).min(256 << 20);
     let (img, eh, base) = loop {
-        let base = inject::find_gap_near(pid as i32, lo, hi, shm_len + code_len)?;
+        let base = inject::find_gap_near(pid, lo, hi, shm_len + code_len)?;
         let layout = Layout {
             bias,
             control: base,
@@ -278,14 +284,14 @@ pub(crate) fn attach(pid: u32, opts: &BurstOptions) -> anyhow::Result<Attached> 
     let eh_addr = code + ((img.bytes.len() as u64 + 15) & !15);
 
     let generation_ms = t0.elapsed().as_secs_f64() * 1e3 - analysis_ms;
-    let mut t = Tracee::attach(pid as i32).context("stopping the target with ptrace")?;
+    let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
     let stopped = std::time::Instant::now();
     for &tid in t.threads() {
         if t.regs(tid).fs_base == 0 {
             bail!("thread {tid} of pid {pid} has no TLS (fs base 0); cannot trace it in bursts");
         }
     }
-    let signal = inject::free_signal(pid as i32)?;
+    let signal = inject::free_signal(pid)?;
     let fd = t.memfd_create(MEMFD_NAME, libc::MFD_CLOEXEC)?;
     t.syscall(libc::SYS_ftruncate, &[fd as u64, shm_len])?;
     // MAP_FIXED_NOREPLACE: if the program mapped something into the
@@ -328,7 +334,7 @@ pub(crate) fn attach(pid: u32, opts: &BurstOptions) -> anyhow::Result<Attached> 
         Some(f) => match t.call(f, &[eh_addr]) {
             Ok(_) => true,
             Err(e) => {
-                warn!(pid, "registering the clones' unwind info failed: {e}");
+                warn!(%pid, "registering the clones' unwind info failed: {e}");
                 false
             }
         },
@@ -339,7 +345,7 @@ pub(crate) fn attach(pid: u32, opts: &BurstOptions) -> anyhow::Result<Attached> 
             "pid {pid} uses C++ exceptions but its unwinder (__register_frame in libgcc_s) could not take the clones' unwind info; not tracing it in bursts"
         );
     }
-    debug!(pid, fdes = eh.fdes, registered, "clone unwind info");
+    debug!(%pid, fdes = eh.fdes, registered, "clone unwind info");
     {
         let cb = region.control_mut();
         cb.magic = CONTROL_MAGIC;
@@ -362,7 +368,7 @@ pub(crate) fn attach(pid: u32, opts: &BurstOptions) -> anyhow::Result<Attached> 
     t.detach()?;
     let stopped_ms = stopped.elapsed().as_secs_f64() * 1e3;
     info!(
-        pid,
+        %pid,
         "bursty tracing: {} functions rewritten ({} skipped), {} KiB of clones at {code:#x}, signal {signal}; analysis {analysis_ms:.0} ms, generation {generation_ms:.0} ms, target stopped {stopped_ms:.1} ms",
         img.functions.len(),
         img.skipped.values().sum::<usize>() + plan.summary.skipped.values().sum::<usize>(),
@@ -386,7 +392,7 @@ pub(crate) fn attach(pid: u32, opts: &BurstOptions) -> anyhow::Result<Attached> 
 /// Re-arms the clones an earlier attach injected for this very file.
 #[allow(clippy::too_many_arguments)]
 fn rearm(
-    pid: u32,
+    pid: Pid,
     exe: PathBuf,
     plan: Plan,
     bias: u64,
@@ -414,7 +420,7 @@ fn rearm(
     )?;
     let eh = unwind_info::eh_frame(data, &img, bias).map_err(anyhow::Error::msg)?;
     let eh_addr = code + ((img.bytes.len() as u64 + 15) & !15);
-    let mut t = Tracee::attach(pid as i32).context("stopping the target with ptrace")?;
+    let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
     let current = t.rt_sigaction(signal, None)?;
     if current.handler > 1 && current.handler != handler {
         bail!("pid {pid} now uses signal {signal} itself; cannot re-arm bursts");
@@ -429,7 +435,7 @@ fn rearm(
     set_run_options(&mut region, opts);
     t.detach()?;
     info!(
-        pid,
+        %pid,
         "bursty tracing: re-armed the clones injected earlier (signal {signal})"
     );
     Ok(Injected {
@@ -505,13 +511,13 @@ impl Attachment {
     /// (same pid, new image) has its own dispositions. A process that is
     /// gone (or a zombie) needs nothing.
     pub(crate) fn restore_signal(&mut self) -> anyhow::Result<()> {
-        match Tracee::attach(self.pid as i32) {
+        match Tracee::attach(self.pid) {
             Ok(mut t) => {
                 let ours = self.region.control().handler;
                 let current = t.rt_sigaction(self.signal, None)?;
                 if current.handler != ours {
                     debug!(
-                        pid = self.pid,
+                        pid = %self.pid,
                         "signal {} no longer ours; left alone", self.signal
                     );
                     t.detach()?;
@@ -589,16 +595,19 @@ fn uses_exceptions(data: &[u8], analysis: &userspace_rewriter::analysis::cfg::An
 
 /// `__register_frame` in the target: libgcc_s's export, or a copy linked
 /// into the executable (static libgcc_eh).
-fn register_frame_fn(pid: u32, maps: &[inject::Mapping], plan: &Plan, bias: u64) -> Option<u64> {
+fn register_frame_fn(pid: Pid, maps: &[inject::MapEntry], plan: &Plan, bias: u64) -> Option<u64> {
     use object::{Object, ObjectSymbol};
     if let Some(f) = plan.functions.iter().find(|f| f.name == "__register_frame") {
         return Some(f.start.wrapping_add(bias));
     }
-    let lib: Vec<&inject::Mapping> = maps
+    // By file name: a libgcc_s replaced on disk (its maps line says
+    // " (deleted)") is still the one mapped, and read through map_files.
+    let lib: Vec<&inject::MapEntry> = maps
         .iter()
         .filter(|m| {
-            Path::new(&m.path)
-                .file_name()
+            m.path
+                .as_deref()
+                .and_then(|p| Path::new(p).file_name())
                 .is_some_and(|n| n.to_string_lossy().starts_with("libgcc_s.so"))
         })
         .collect();
@@ -609,7 +618,7 @@ fn register_frame_fn(pid: u32, maps: &[inject::Mapping], plan: &Plan, bias: u64)
     ))
     .ok()?;
     let elf = userspace_rewriter::analysis::elf::ElfInfo::parse(&data).ok()?;
-    let lbias = elf.load_bias_for(first.start, first.offset, first.perms.contains('x'))?;
+    let lbias = elf.load_bias_for(first.start, first.offset, first.is_exec())?;
     let file = object::File::parse(&*data).ok()?;
     let sym = file
         .dynamic_symbols()
@@ -619,7 +628,7 @@ fn register_frame_fn(pid: u32, maps: &[inject::Mapping], plan: &Plan, bias: u64)
 
 /// `burstyd run` releases its command just before the session starts; the
 /// exec replaces the gate (burstyd itself) within milliseconds.
-pub(crate) fn wait_for_exec(pid: u32) {
+pub(crate) fn wait_for_exec(pid: Pid) {
     let me = std::fs::read_link("/proc/self/exe").ok();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     while std::time::Instant::now() < deadline {

@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use burstyd_common::addr::Pid;
 use burstyd_common::burst::BurstTarget;
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -76,7 +77,7 @@ pub(crate) struct BurstStats {
 /// What the exporters need to know about a traced process and its
 /// executable.
 pub(crate) struct Traced {
-    pub(crate) pid: u32,
+    pub(crate) pid: Pid,
     /// `/proc/PID/exe`.
     pub(crate) exe: PathBuf,
     pub(crate) plan: Plan,
@@ -122,7 +123,7 @@ pub(crate) struct Finished {
 impl BurstTracer {
     /// Injects (or re-arms) the clones in `pid`. Blocks for the analysis,
     /// the code generation and a short ptrace stop.
-    pub(crate) fn attach(pid: u32, opts: &BurstOptions) -> anyhow::Result<Self> {
+    pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Self> {
         let Attached {
             attachment,
             exe,
@@ -161,7 +162,7 @@ impl BurstTracer {
         })
     }
 
-    pub(crate) fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> Pid {
         self.traced.pid
     }
 
@@ -251,7 +252,7 @@ impl BurstTracer {
 
 /// A finished attach, sent by the attach thread.
 pub(crate) struct Attach {
-    pub(crate) pid: u32,
+    pub(crate) pid: Pid,
     pub(crate) tracer: anyhow::Result<BurstTracer>,
 }
 
@@ -276,7 +277,7 @@ impl Bursts {
     /// sampling, serving HTTP and pinging the watchdog meanwhile. The
     /// tracers (or why a target cannot be traced) arrive through
     /// [`Self::next_attach`].
-    pub(crate) fn start(opts: Option<&BurstOptions>, pids: &[u32]) -> Self {
+    pub(crate) fn start(opts: Option<&BurstOptions>, pids: &[Pid]) -> Self {
         let mut bursts = Bursts {
             tracers: Vec::new(),
             full_trace: opts.is_some_and(|o| o.full_trace),

@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use burstyd_common::addr::Pid;
+
 use crate::export::pprof::{LineKey, MappingKey, Profile, ProfileBuilder, encode_gzip};
 use crate::stacks::cct::{Cct, FrameAddr};
 use crate::stacks::symbolize::{Resolved, Symbolizer};
@@ -80,7 +82,7 @@ pub(crate) fn build_profile(
     }
 
     // (pid, frame) -> location id
-    let mut loc_ids: HashMap<(u32, FrameAddr), u64> = HashMap::new();
+    let mut loc_ids: HashMap<(Pid, FrameAddr), u64> = HashMap::new();
     let mut trees: Vec<_> = cct.threads.values().collect();
     trees.sort_by_key(|t| (t.pid, t.tid));
     let mut ctx = Vec::new();
@@ -122,18 +124,19 @@ fn location(
     b: &mut ProfileBuilder,
     procs: &ProcessTable,
     symbolizer: &mut Symbolizer,
-    pid: u32,
+    pid: Pid,
     f: FrameAddr,
 ) -> u64 {
     let (addr, resolved) = match f {
-        FrameAddr::User {
-            addr,
-            return_address,
-        } => (
-            addr,
-            symbolizer.resolve_user(procs, pid, addr, return_address),
+        FrameAddr::User(frame) => (
+            frame.address().0,
+            symbolizer.resolve_user(procs, pid, frame),
         ),
-        FrameAddr::Kernel { addr, .. } => (addr, symbolizer.resolve_kernel(addr)),
+        // Kernel frames are named by the address itself, return address or not.
+        FrameAddr::Kernel(frame) => {
+            let addr = frame.address().0;
+            (addr, symbolizer.resolve_kernel(addr))
+        }
         FrameAddr::Truncated => {
             let line = LineKey {
                 function: "[truncated stack]".into(),
@@ -147,7 +150,7 @@ fn location(
     let symbolized = !frames.is_empty();
     let mapping_id = match (&mapping, f) {
         (Some(m), _) => b.mapping(&mapping_key(m), symbolized),
-        (None, FrameAddr::Kernel { .. }) => b.mapping(
+        (None, FrameAddr::Kernel(_)) => b.mapping(
             &MappingKey {
                 start: 0xffff_8000_0000_0000,
                 limit: u64::MAX,

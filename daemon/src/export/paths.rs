@@ -194,7 +194,7 @@ pub(crate) fn add_paths(
             locs,
             vec![*n as i64, ev.round() as i64],
             &[("symbol", f.name.as_str())],
-            &[("pid", i64::from(traced.pid)), ("path", *path as i64)],
+            &[("pid", i64::from(traced.pid.0)), ("path", *path as i64)],
         );
     }
 }

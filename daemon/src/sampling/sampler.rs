@@ -13,6 +13,7 @@ use aya::{
         perf_event::{PerfEventScope, SamplePolicy},
     },
 };
+use burstyd_common::addr::Pid;
 use burstyd_common::{Config, FILTER_ALL, FILTER_TARGETS, Sample, counter};
 use tokio::io::unix::AsyncFd;
 
@@ -71,7 +72,7 @@ pub(crate) struct SamplerOptions {
     pub(crate) event: EventSpec,
     pub(crate) sampling: Sampling,
     /// `None`: every process; `Some`: only these pids (more can be added).
-    pub(crate) targets: Option<Vec<u32>>,
+    pub(crate) targets: Option<Vec<Pid>>,
     pub(crate) kernel_stacks: bool,
     /// Processes forked by targets become targets (`burstyd run`).
     pub(crate) follow_children: bool,
@@ -220,7 +221,8 @@ impl Sampler {
         self.cpus
     }
 
-    /// A pid-keyed hash map of the loaded programs.
+    /// A pid-keyed hash map of the loaded programs (keyed by the kernel's
+    /// `u32` tgid: the conversion from [`Pid`] happens in the callers).
     fn pid_map<V: aya::Pod>(
         &mut self,
         name: &'static str,
@@ -236,18 +238,18 @@ impl Sampler {
     fn remove_pid<V: aya::Pod>(
         &mut self,
         name: &'static str,
-        pid: u32,
+        pid: Pid,
     ) -> Result<(), SamplerError> {
-        match self.pid_map::<V>(name)?.remove(&pid) {
+        match self.pid_map::<V>(name)?.remove(&pid.0) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(source) => Err(SamplerError::Map { name, source }),
         }
     }
 
     /// Starts recording `pid` (targeted mode only).
-    pub(crate) fn add_target(&mut self, pid: u32) -> Result<(), SamplerError> {
+    pub(crate) fn add_target(&mut self, pid: Pid) -> Result<(), SamplerError> {
         self.pid_map::<u8>("TARGETS")?
-            .insert(pid, 1, 0)
+            .insert(pid.0, 1, 0)
             .map_err(|source| SamplerError::Map {
                 name: "TARGETS",
                 source,
@@ -256,7 +258,7 @@ impl Sampler {
 
     /// Stops recording `pid` (it exited, or no longer matches the
     /// configured targets). A pid not in the map is fine.
-    pub(crate) fn remove_target(&mut self, pid: u32) -> Result<(), SamplerError> {
+    pub(crate) fn remove_target(&mut self, pid: Pid) -> Result<(), SamplerError> {
         self.remove_pid::<u8>("TARGETS", pid)
     }
 
@@ -342,14 +344,14 @@ impl Sampler {
     /// Arms (`Some`) or disarms (`None`) the burst signal for `pid`.
     pub(crate) fn set_burst_target(
         &mut self,
-        pid: u32,
+        pid: Pid,
         target: Option<burstyd_common::burst::BurstTarget>,
     ) -> Result<(), SamplerError> {
         use burstyd_common::burst::BurstTarget;
         match target {
             Some(t) => self
                 .pid_map::<BurstTarget>("BURSTS")?
-                .insert(pid, t, 0)
+                .insert(pid.0, t, 0)
                 .map_err(|source| SamplerError::Map {
                     name: "BURSTS",
                     source,

@@ -10,6 +10,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use burstyd_common::addr::Pid;
 use serde::{Deserialize, Deserializer, de};
 use toml::Spanned;
 
@@ -92,7 +93,7 @@ fn default_app() -> String {
 /// `{ unit = "nginx.service" }` or `{ cgroup = "/system.slice/x" }`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum TargetSpec {
-    Pid(u32),
+    Pid(Pid),
     Exe(PathBuf),
     Unit(String),
     Cgroup(String),
@@ -122,7 +123,7 @@ impl<'de> Deserialize<'de> for TargetSpec {
         let r = Raw::deserialize(d)?;
         let mut v = Vec::new();
         if let Some(p) = r.pid {
-            v.push(TargetSpec::Pid(p));
+            v.push(TargetSpec::Pid(Pid(p)));
         }
         if let Some(e) = r.exe {
             if !e.is_absolute() {
@@ -627,7 +628,7 @@ pid = 1
                 TargetSpec::Exe("/usr/bin/foo".into()),
                 TargetSpec::Unit("nginx.service".into()),
                 TargetSpec::Cgroup("/system.slice/x.service".into()),
-                TargetSpec::Pid(1),
+                TargetSpec::Pid(Pid(1)),
             ]
         );
         let s = Settings::resolve(Some(&c), None, &Overrides::default()).unwrap();

@@ -6,6 +6,8 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
+use burstyd_common::addr::Pid;
+
 use crate::service::config::TargetSpec;
 
 /// The current selection and what changed at the last scan.
@@ -15,13 +17,13 @@ pub(crate) struct Scanner {
     /// Executable paths resolved through symlinks (as /proc/PID/exe shows
     /// them), parallel to the `Exe` specs.
     exes: Vec<PathBuf>,
-    current: BTreeSet<u32>,
+    current: BTreeSet<Pid>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Change {
-    pub(crate) added: Vec<u32>,
-    pub(crate) removed: Vec<u32>,
+    pub(crate) added: Vec<Pid>,
+    pub(crate) removed: Vec<Pid>,
 }
 
 impl Scanner {
@@ -47,14 +49,14 @@ impl Scanner {
         &self.specs
     }
 
-    pub(crate) fn current(&self) -> &BTreeSet<u32> {
+    pub(crate) fn current(&self) -> &BTreeSet<Pid> {
         &self.current
     }
 
     /// Walks /proc once and returns the pids that started or stopped
     /// matching.
     pub(crate) fn scan(&mut self) -> Change {
-        let me = std::process::id();
+        let me = Pid(std::process::id());
         let mut now = BTreeSet::new();
         if !self.specs.is_empty() {
             for pid in list_pids() {
@@ -71,7 +73,7 @@ impl Scanner {
         change
     }
 
-    fn matches(&self, pid: u32) -> bool {
+    fn matches(&self, pid: Pid) -> bool {
         let mut cgroups: Option<Vec<String>> = None;
         let mut exe: Option<Option<PathBuf>> = None;
         for spec in &self.specs {
@@ -110,17 +112,17 @@ fn cgroup_within(c: &str, want: &str) -> bool {
 }
 
 /// The thread-group ids in /proc.
-fn list_pids() -> Vec<u32> {
+fn list_pids() -> Vec<Pid> {
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+    rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok().map(Pid))
         .collect()
 }
 
 /// /proc/PID/exe without the " (deleted)" suffix; None for kernel threads
 /// and vanished processes.
-fn read_exe(pid: u32) -> Option<PathBuf> {
+fn read_exe(pid: Pid) -> Option<PathBuf> {
     let p = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
     let s = p.to_str()?;
     Some(PathBuf::from(s.strip_suffix(" (deleted)").unwrap_or(s)))
@@ -128,7 +130,7 @@ fn read_exe(pid: u32) -> Option<PathBuf> {
 
 /// The process's cgroup paths: the unified (v2) hierarchy's and, on
 /// v1/hybrid hosts, the systemd hierarchy's (where systemd puts units).
-fn read_cgroups(pid: u32) -> Vec<String> {
+fn read_cgroups(pid: Pid) -> Vec<String> {
     std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
         .map(|t| parse_cgroups(&t))
         .unwrap_or_default()
@@ -166,14 +168,14 @@ mod tests {
 
     #[test]
     fn finds_ourselves_by_exe_pid_and_cgroup() {
-        let me = std::process::id();
+        let me = Pid(std::process::id());
         // The scanner never selects burstyd itself, so look at our parent
         // through a child process instead: spawn `sleep`.
         let mut child = std::process::Command::new("sleep")
             .arg("5")
             .spawn()
             .unwrap();
-        let pid = child.id();
+        let pid = Pid(child.id());
         std::thread::sleep(std::time::Duration::from_millis(100));
         let exe = read_exe(pid).unwrap();
         let cg = read_cgroups(pid).pop().unwrap();

@@ -25,7 +25,7 @@ impl Session {
         let t = match tracer {
             Ok(t) => t,
             Err(e) => {
-                warn!(pid, "bursty tracing disabled for this process: {e:#}");
+                warn!(%pid, "bursty tracing disabled for this process: {e:#}");
                 self.pipe.leaf_weights.remove(&pid);
                 return;
             }
@@ -34,7 +34,7 @@ impl Session {
         // which returns to the original code at once (what being attached
         // costs without bursts).
         if let Err(e) = self.sampler.set_burst_target(pid, Some(t.target())) {
-            warn!(pid, "cannot arm bursts: {e}");
+            warn!(%pid, "cannot arm bursts: {e}");
         }
         self.joined(t);
         if self.timers.bursts.is_none() {
@@ -47,10 +47,10 @@ impl Session {
     fn on_late_attach(&mut self, Attach { pid, tracer }: Attach) {
         match tracer {
             Ok(t) => {
-                info!(pid, "the session ended while attaching; detaching");
+                info!(%pid, "the session ended while attaching; detaching");
                 self.joined(t);
             }
-            Err(e) => warn!(pid, "bursty tracing disabled for this process: {e:#}"),
+            Err(e) => warn!(%pid, "bursty tracing disabled for this process: {e:#}"),
         }
     }
 
@@ -145,7 +145,7 @@ impl Session {
             let stats = match stats {
                 Ok(s) => s,
                 Err(e) => {
-                    warn!(pid, "detaching: {e:#}");
+                    warn!(%pid, "detaching: {e:#}");
                     continue;
                 }
             };
@@ -155,7 +155,7 @@ impl Session {
                 .bursts_declined
                 .add(stats.declined_busy + stats.declined_pc + stats.declined_budget);
             info!(
-                pid,
+                %pid,
                 "bursts: {} taken, {} truncated, {} declined (busy {}, PC not rewritten {}, budget 0 {}), {} reaped; {} signals sent, {} overflows during a burst; functions rewritten {}, skipped {}; {} paths recorded ({} partial), records lost: {}",
                 stats.bursts,
                 stats.bursts_truncated,
@@ -173,7 +173,7 @@ impl Session {
                 stats.records_lost
             );
             debug!(
-                pid,
+                %pid,
                 "burst records: {} read, {} malformed or with a path number out of range",
                 stats.records,
                 stats.bad_records

@@ -24,6 +24,7 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, bail};
+use burstyd_common::addr::Pid;
 use tokio::process::Child;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::mpsc;
@@ -59,7 +60,7 @@ pub(crate) struct SessionOptions {
     pub(crate) requested_event: Option<String>,
     pub(crate) sampling: Sampling,
     /// `None`: system-wide.
-    pub(crate) targets: Option<Vec<u32>>,
+    pub(crate) targets: Option<Vec<Pid>>,
     pub(crate) duration: Option<Duration>,
     pub(crate) interval: Option<Duration>,
     pub(crate) output: PathBuf,
@@ -620,7 +621,7 @@ async fn wait(child: &mut Option<Child>) -> std::io::Result<ExitStatus> {
 }
 
 /// Checks `--pid` targets before anything is loaded.
-pub(crate) fn check_targets(pids: &[u32]) -> anyhow::Result<()> {
+pub(crate) fn check_targets(pids: &[Pid]) -> anyhow::Result<()> {
     for &pid in pids {
         if !crate::sys::process_exists(pid) {
             bail!("no such process: {pid}");

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::time::SystemTime;
 
+use burstyd_common::addr::Pid;
 use burstyd_common::{SAMPLE_USER_REGS, SAMPLE_USTACK_SHORT, Sample};
 
 use super::SessionStats;
@@ -35,7 +36,7 @@ pub(super) struct Pipeline {
     pub(super) windows: Vec<Window>,
     /// For processes traced in bursts: event weight per sampled PC (the
     /// original address), to attribute the event to paths.
-    pub(super) leaf_weights: HashMap<u32, HashMap<u64, u64>>,
+    pub(super) leaf_weights: HashMap<Pid, HashMap<u64, u64>>,
 }
 
 impl Pipeline {
@@ -54,9 +55,11 @@ impl Pipeline {
     pub(super) fn handle(&mut self, s: &Sample) {
         self.stats.samples += 1;
         METRICS.samples.inc();
+        // The sample's `#[repr(C)]` pid is the kernel's u32 tgid.
+        let pid = Pid(s.pid);
         let thread_name = comm_str(&s.comm);
-        self.cct.process_names.entry(s.pid).or_insert_with(|| {
-            std::fs::read_to_string(format!("/proc/{}/comm", s.pid))
+        self.cct.process_names.entry(pid).or_insert_with(|| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
                 .map(|c| c.trim_end().to_owned())
                 .unwrap_or_else(|_| thread_name.to_owned())
         });
@@ -72,7 +75,7 @@ impl Pipeline {
             let stack = &s.ustack[..(s.ustack_len as usize).min(s.ustack.len())];
             let end = self
                 .unwinder
-                .unwind(&mut self.procs, s.pid, &regs, stack, &mut self.frames);
+                .unwind(&mut self.procs, pid, &regs, stack, &mut self.frames);
             match end {
                 UnwindEnd::Complete => {}
                 UnwindEnd::StackTruncated | UnwindEnd::MaxDepth => {
@@ -96,7 +99,7 @@ impl Pipeline {
             self.stats.kernel_only += 1;
         }
         self.cct.add(
-            s.pid,
+            pid,
             s.tid,
             thread_name,
             &self.frames,
@@ -104,19 +107,19 @@ impl Pipeline {
             truncated,
             s.period.max(1),
         );
-        if let Some(m) = self.leaf_weights.get_mut(&s.pid)
+        if let Some(m) = self.leaf_weights.get_mut(&pid)
             && let Some(&pc) = self.frames.first()
         {
             *m.entry(pc).or_insert(0) += s.period.max(1);
         }
         for w in &mut self.windows {
-            if !w.cct.process_names.contains_key(&s.pid)
-                && let Some(n) = self.cct.process_names.get(&s.pid)
+            if !w.cct.process_names.contains_key(&pid)
+                && let Some(n) = self.cct.process_names.get(&pid)
             {
-                w.cct.process_names.insert(s.pid, n.clone());
+                w.cct.process_names.insert(pid, n.clone());
             }
             w.cct.add(
-                s.pid,
+                pid,
                 s.tid,
                 thread_name,
                 &self.frames,

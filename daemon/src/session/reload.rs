@@ -1,5 +1,7 @@
 //! The configuration at run time: SIGHUP reloads, and the rescans of
 //! configured targets.
+use burstyd_common::addr::Pid;
+
 use super::intervals::{interval_timer, pusher_pending, start_pusher};
 use super::{ServiceParts, Session};
 use crate::sampling::sampler::Sampler;
@@ -156,7 +158,7 @@ pub(super) fn apply_scan(scanner: &mut Scanner, sampler: &mut Sampler, procs: &m
     METRICS.targets.set(scanner.current().len() as u64);
 }
 
-fn comm_of(pid: u32) -> String {
+fn comm_of(pid: Pid) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|c| c.trim_end().to_owned())
         .unwrap_or_else(|_| "?".into())

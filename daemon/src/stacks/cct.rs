@@ -9,17 +9,20 @@
 //! profile is written.
 use std::collections::HashMap;
 
+use burstyd_common::addr::{Avma, FrameAddress, Pid};
 use rustc_hash::FxHashMap;
+
+use super::unwind::frame_address;
 
 /// One frame of a calling context, outermost first when inserted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum FrameAddr {
-    /// A user address. `return_address`: a caller frame (the address after
-    /// the call), to be looked up minus one.
-    User { addr: u64, return_address: bool },
-    /// A kernel address (from `bpf_get_stack`; all but the first are
-    /// return addresses).
-    Kernel { addr: u64, return_address: bool },
+    /// A user frame: the interrupted instruction, or a caller's return
+    /// address (looked up minus one, see [`FrameAddress::lookup_address`]).
+    User(FrameAddress),
+    /// A kernel frame (from `bpf_get_stack`; all but the first are return
+    /// addresses).
+    Kernel(FrameAddress),
     /// Marks a context whose outer frames are missing (the user stack copy
     /// ended, or a module had no unwind information).
     Truncated,
@@ -36,7 +39,7 @@ pub(crate) struct Node {
 /// A thread's tree. Node 0 is the root (the thread itself).
 #[derive(Debug)]
 pub(crate) struct ThreadTree {
-    pub(crate) pid: u32,
+    pub(crate) pid: Pid,
     pub(crate) tid: u32,
     /// The thread's name (`comm`) as last seen.
     pub(crate) thread_name: String,
@@ -47,7 +50,7 @@ pub(crate) struct ThreadTree {
 }
 
 impl ThreadTree {
-    fn new(pid: u32, tid: u32) -> Self {
+    fn new(pid: Pid, tid: u32) -> Self {
         ThreadTree {
             pid,
             tid,
@@ -102,9 +105,10 @@ impl ThreadTree {
 /// All calling context trees of one profile interval.
 #[derive(Debug, Default)]
 pub(crate) struct Cct {
-    pub(crate) threads: HashMap<(u32, u32), ThreadTree>,
+    /// Keyed by (process, thread id).
+    pub(crate) threads: HashMap<(Pid, u32), ThreadTree>,
     /// Process names (`/proc/PID/comm` at first sight).
-    pub(crate) process_names: HashMap<u32, String>,
+    pub(crate) process_names: HashMap<Pid, String>,
     pub(crate) samples: u64,
 }
 
@@ -121,7 +125,7 @@ impl Cct {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn add(
         &mut self,
-        pid: u32,
+        pid: Pid,
         tid: u32,
         thread_name: &str,
         user: &[u64],
@@ -141,22 +145,18 @@ impl Cct {
         // kernel (a syscall's return address); it is then a return address
         // too, as far as line lookup goes.
         let in_kernel = !kernel.is_empty();
-        let users = user
-            .iter()
-            .enumerate()
-            .rev()
-            .map(|(i, &addr)| FrameAddr::User {
-                addr,
-                return_address: i > 0 || in_kernel,
-            });
+        let users = user.iter().enumerate().rev().map(|(i, &addr)| {
+            FrameAddr::User(if in_kernel {
+                FrameAddress::ReturnAddress(Avma(addr))
+            } else {
+                frame_address(i, addr)
+            })
+        });
         let kernels = kernel
             .iter()
             .enumerate()
             .rev()
-            .map(|(i, &addr)| FrameAddr::Kernel {
-                addr,
-                return_address: i > 0,
-            });
+            .map(|(i, &addr)| FrameAddr::Kernel(frame_address(i, addr)));
         tree.add(trunc.into_iter().chain(users).chain(kernels), weight);
         self.samples += 1;
     }
@@ -203,22 +203,16 @@ mod tests {
     fn shared_prefixes_share_nodes_and_weights_stay_in_their_context() {
         let mut cct = Cct::new();
         // main(0x10) -> a(0x20) -> leaf(0x30), twice; main -> b(0x40) once.
-        cct.add(1, 1, "t", &[0x30, 0x20, 0x10], &[], false, 5);
-        cct.add(1, 1, "t", &[0x30, 0x20, 0x10], &[], false, 7);
-        cct.add(1, 1, "t", &[0x40, 0x10], &[], false, 1);
-        let t = &cct.threads[&(1, 1)];
+        cct.add(Pid(1), 1, "t", &[0x30, 0x20, 0x10], &[], false, 5);
+        cct.add(Pid(1), 1, "t", &[0x30, 0x20, 0x10], &[], false, 7);
+        cct.add(Pid(1), 1, "t", &[0x40, 0x10], &[], false, 1);
+        let t = &cct.threads[&(Pid(1), 1)];
         // root + main + a + leaf + b
         assert_eq!(t.nodes.len(), 5);
         let leaf = t
             .nodes
             .iter()
-            .position(|n| {
-                n.frame
-                    == FrameAddr::User {
-                        addr: 0x30,
-                        return_address: false,
-                    }
-            })
+            .position(|n| n.frame == FrameAddr::User(FrameAddress::InstructionPointer(Avma(0x30))))
             .unwrap();
         assert_eq!((t.nodes[leaf].samples, t.nodes[leaf].weight), (2, 12));
         let mut ctx = Vec::new();
@@ -226,7 +220,7 @@ mod tests {
         let addrs: Vec<u64> = ctx
             .iter()
             .map(|f| match f {
-                FrameAddr::User { addr, .. } => *addr,
+                FrameAddr::User(a) => a.address().0,
                 _ => 0,
             })
             .collect();
@@ -237,7 +231,7 @@ mod tests {
         let mut twice = Cct::new();
         twice.merge(&cct);
         twice.merge(&cct);
-        let t2 = &twice.threads[&(1, 1)];
+        let t2 = &twice.threads[&(Pid(1), 1)];
         assert_eq!(t2.nodes.len(), 5);
         assert_eq!(t2.nodes.iter().map(|n| n.weight).sum::<u64>(), 26);
         assert_eq!(twice.samples, 6);
@@ -247,7 +241,7 @@ mod tests {
     fn kernel_frames_sit_below_the_user_frames() {
         let mut cct = Cct::new();
         cct.add(
-            2,
+            Pid(2),
             3,
             "t",
             &[0x401000, 0x400500],
@@ -255,29 +249,17 @@ mod tests {
             true,
             1,
         );
-        let t = &cct.threads[&(2, 3)];
+        let t = &cct.threads[&(Pid(2), 3)];
         let leaf = t.nodes.iter().position(|n| n.samples == 1).unwrap();
         let mut ctx = Vec::new();
         t.context(leaf as u32, &mut ctx);
         assert_eq!(
             ctx,
             vec![
-                FrameAddr::Kernel {
-                    addr: 0xffff_0001,
-                    return_address: false
-                },
-                FrameAddr::Kernel {
-                    addr: 0xffff_0002,
-                    return_address: true
-                },
-                FrameAddr::User {
-                    addr: 0x401000,
-                    return_address: true
-                },
-                FrameAddr::User {
-                    addr: 0x400500,
-                    return_address: true
-                },
+                FrameAddr::Kernel(FrameAddress::InstructionPointer(Avma(0xffff_0001))),
+                FrameAddr::Kernel(FrameAddress::ReturnAddress(Avma(0xffff_0002))),
+                FrameAddr::User(FrameAddress::ReturnAddress(Avma(0x401000))),
+                FrameAddr::User(FrameAddress::ReturnAddress(Avma(0x400500))),
                 FrameAddr::Truncated,
             ]
         );

@@ -8,6 +8,8 @@
 //! imports the other for it.
 use std::sync::Arc;
 
+use burstyd_common::addr::{Avma, FrameAddress};
+
 /// The instrumented clones injected into a process (bursty tracing): a
 /// sample taken during a burst has clone addresses in its stack. They are
 /// unwound with the clones' own `.eh_frame` (the same bytes registered in
@@ -25,16 +27,47 @@ pub(crate) struct CloneFrames {
 }
 
 impl CloneFrames {
-    /// The original address for a frame address in the clones: the
-    /// instruction itself for the sampled PC, the original return address
-    /// (after the original call) for a return address.
-    pub(crate) fn translate(&self, addr: u64, is_return_address: bool) -> Option<u64> {
-        if !self.range.contains(&addr) {
+    /// The original frame for a frame in the clones: the original
+    /// instruction for the sampled PC, the original return address (after
+    /// the original call) for a return address. `None` outside the clones.
+    pub(crate) fn translate(&self, frame: FrameAddress) -> Option<FrameAddress> {
+        if !self.range.contains(&frame.address().0) {
             return None;
         }
-        let probe = if is_return_address { addr - 1 } else { addr };
+        let Avma(probe) = frame.lookup_address();
         let i = self.map.partition_point(|e| e.0 <= probe);
         let &(_, orig, orig_end) = self.map.get(i.checked_sub(1)?)?;
-        Some(if is_return_address { orig_end } else { orig })
+        Some(match frame {
+            FrameAddress::InstructionPointer(_) => FrameAddress::InstructionPointer(Avma(orig)),
+            FrameAddress::ReturnAddress(_) => FrameAddress::ReturnAddress(Avma(orig_end)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clone_frames_translate_to_the_original_instruction_or_return_address() {
+        // Two copied instructions: a 5-byte call at 0x1000 (originally
+        // 0x500..0x505) and the next one at 0x1005 (originally 0x505..0x50a).
+        let c = CloneFrames {
+            range: 0x1000..0x2000,
+            eh_frame: Arc::from(&[0u8; 0][..]),
+            eh_frame_addr: 0,
+            map: vec![(0x1000, 0x500, 0x505), (0x1005, 0x505, 0x50a)],
+        };
+        let ip = |a| FrameAddress::InstructionPointer(Avma(a));
+        let ra = |a| FrameAddress::ReturnAddress(Avma(a));
+        // The PC at the second instruction is that instruction.
+        assert_eq!(c.translate(ip(0x1005)), Some(ip(0x505)));
+        // Returning to 0x1005 means the call at 0x1000 ran: its original
+        // return address.
+        assert_eq!(c.translate(ra(0x1005)), Some(ra(0x505)));
+        assert_eq!(c.translate(ip(0x1002)), Some(ip(0x500)));
+        // Outside the clones: not ours.
+        assert_eq!(c.translate(ip(0xfff)), None);
+        assert_eq!(c.translate(ra(0x2000)), None);
     }
 }

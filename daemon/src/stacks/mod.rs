@@ -1,6 +1,6 @@
 //! Raw samples → call stacks → calling context trees, and addresses →
-//! names. Lowest first:
-//! - [`maps`]: `/proc/PID/maps` lines;
+//! names. `/proc/PID/maps` lines are the rewriter's
+//! [`userspace_rewriter::inject::MapEntry`]. Lowest first:
 //! - [`modules`]: the ELF files behind executable mappings;
 //! - [`clones`]: bursty tracing's injected code, as the unwinder sees it;
 //! - [`table`]: per-process maps snapshots and the shared module cache;
@@ -9,7 +9,6 @@
 //! - [`symbolize`]: addresses → functions, files, lines, inline frames.
 pub(crate) mod cct;
 pub(crate) mod clones;
-pub(crate) mod maps;
 pub(crate) mod modules;
 pub(crate) mod symbolize;
 pub(crate) mod table;

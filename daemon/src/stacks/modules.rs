@@ -8,12 +8,12 @@ use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use burstyd_common::addr::Pid;
 use memmap2::Mmap;
 use object::{Object, ObjectSection};
 use tracing::{debug, warn};
 use userspace_rewriter::analysis::elf::{ElfInfo, is_elf_x86_64};
-
-use super::maps::MapEntry;
+use userspace_rewriter::inject::MapEntry;
 
 /// Errors from loading a module.
 #[derive(Debug, thiserror::Error)]
@@ -358,7 +358,7 @@ fn section_info(s: &object::Section<'_, '_>, data: &[u8]) -> Option<SectionInfo>
     Some(SectionInfo { svma, bytes })
 }
 
-pub(crate) fn open_module(pid: u32, entry: &MapEntry, path: &str) -> Result<Module, ModuleError> {
+pub(crate) fn open_module(pid: Pid, entry: &MapEntry, path: &str) -> Result<Module, ModuleError> {
     let map_files = PathBuf::from(format!(
         "/proc/{pid}/map_files/{:x}-{:x}",
         entry.start, entry.end
@@ -382,7 +382,7 @@ pub(crate) fn open_module(pid: u32, entry: &MapEntry, path: &str) -> Result<Modu
             let same_dev = libc::major(meta.dev()) == entry.dev_major
                 && libc::minor(meta.dev()) == entry.dev_minor;
             if same_dev && meta.ino() != entry.inode {
-                warn!(pid, path, candidate = %candidate.display(), "file on disk is not the mapped one");
+                warn!(%pid, path, candidate = %candidate.display(), "file on disk is not the mapped one");
                 last_err = Some(std::io::Error::other("inode mismatch"));
                 continue;
             }

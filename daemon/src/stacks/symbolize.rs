@@ -22,7 +22,7 @@
 //! AVMA = address in the process; SVMA = address stated in the ELF file (what
 //! DWARF and symbol tables use); `bias = avma - svma` comes from the mapping.
 //! A return address points after the call, so for every frame but the leaf we
-//! look up `avma - 1 - bias`.
+//! look up `avma - 1 - bias` ([`FrameAddress::lookup_address`]).
 //!
 //! ## Caching
 //!
@@ -40,6 +40,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use burstyd_common::addr::{Bias, FrameAddress, Pid};
 use object::{Object, ObjectSymbol, SymbolKind};
 use tracing::{debug, warn};
 
@@ -430,7 +431,7 @@ impl KernelSymbols {
                     file_offset: 0,
                     path: name.clone(),
                     build_id: build_id.clone(),
-                    bias: 0,
+                    bias: Bias(0),
                     module: Arc::new(Module::placeholder(name, build_id)),
                 }
             })
@@ -478,27 +479,24 @@ impl Symbolizer {
         }
     }
 
-    /// Resolve a user-space address of `pid` (call [`ProcessTable::ensure`] first).
+    /// Resolve a user-space frame of `pid` (call [`ProcessTable::ensure`] first).
     ///
-    /// `is_return_address`: true for every frame but the leaf; then `addr - 1`
-    /// (inside the call instruction) is looked up.
+    /// The mapping is the one holding the frame's address; a return address
+    /// is looked up minus one (inside the call instruction).
     pub(crate) fn resolve_user(
         &mut self,
         procs: &ProcessTable,
-        pid: u32,
-        addr: u64,
-        is_return_address: bool,
+        pid: Pid,
+        frame: FrameAddress,
     ) -> Resolved {
-        let Some(mapping) = procs.mapping_for(pid, addr) else {
+        let Some(mapping) = procs.mapping_for(pid, frame.address().0) else {
             return Resolved::unknown();
         };
-        let lookup = if is_return_address {
-            addr.wrapping_sub(1)
-        } else {
-            addr
-        };
-        let svma = lookup.wrapping_sub(mapping.bias);
-        let frames = self.module_symbols(&mapping.module).resolve(svma).to_vec();
+        let svma = frame.lookup_address() - mapping.bias;
+        let frames = self
+            .module_symbols(&mapping.module)
+            .resolve(svma.0)
+            .to_vec();
         Resolved {
             mapping: Some(mapping),
             frames,
@@ -542,7 +540,18 @@ mod tests {
     use crate::stacks::unwind::tests::{
         ChildGuard, build_spin_fixture, detach, scratch_dir, seize_and_sample,
     };
-    use crate::stacks::unwind::{UnwindEnd, Unwinder};
+    use crate::stacks::unwind::{UnwindEnd, Unwinder, frame_address};
+    use burstyd_common::addr::{Avma, Svma};
+
+    /// The leaf frame at `a`.
+    fn ip(a: u64) -> FrameAddress {
+        FrameAddress::InstructionPointer(Avma(a))
+    }
+
+    /// A caller's frame, returning to `a`.
+    fn ra(a: u64) -> FrameAddress {
+        FrameAddress::ReturnAddress(Avma(a))
+    }
 
     impl Symbolizer {
         /// Resolves an SVMA in `module` directly (no process needed).
@@ -562,13 +571,13 @@ mod tests {
 
     #[test]
     fn symbolize_own_function() {
-        let pid = std::process::id();
+        let pid = Pid(std::process::id());
         let addr = burstyd_symbolize_marker_fn as fn(u64) -> u64 as usize as u64;
         assert_ne!(burstyd_symbolize_marker_fn(1), 0);
         let mut procs = ProcessTable::new();
         assert!(procs.ensure(pid, addr));
         let mut s = Symbolizer::new();
-        let r = s.resolve_user(&procs, pid, addr, false);
+        let r = s.resolve_user(&procs, pid, ip(addr));
         let outer = r
             .frames
             .last()
@@ -590,23 +599,23 @@ mod tests {
         );
         assert!(outer.line.is_some());
         // As a return address (addr+1 → lookup addr) it is the same function.
-        let r2 = s.resolve_user(&procs, pid, addr + 1, true);
+        let r2 = s.resolve_user(&procs, pid, ra(addr + 1));
         assert_eq!(r2.frames.last().map(|f| &f.function), Some(&outer.function));
         // Cached: same answer again.
-        assert_eq!(s.resolve_user(&procs, pid, addr, false).frames, r.frames);
+        assert_eq!(s.resolve_user(&procs, pid, ip(addr)).frames, r.frames);
         let m = r.mapping.unwrap();
         assert!(m.start <= addr && addr < m.limit);
     }
 
     #[test]
     fn symbolize_libc_getpid() {
-        let pid = std::process::id();
+        let pid = Pid(std::process::id());
         let addr = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"getpid".as_ptr()) } as u64;
         assert_ne!(addr, 0);
         let mut procs = ProcessTable::new();
         assert!(procs.ensure(pid, addr));
         let mut s = Symbolizer::new();
-        let r = s.resolve_user(&procs, pid, addr, false);
+        let r = s.resolve_user(&procs, pid, ip(addr));
         assert!(
             r.frames
                 .last()
@@ -615,7 +624,7 @@ mod tests {
         );
         assert!(r.mapping.as_ref().unwrap().path.contains("libc.so"));
         // An address in the middle of getpid is still getpid.
-        let r = s.resolve_user(&procs, pid, addr + 2, false);
+        let r = s.resolve_user(&procs, pid, ip(addr + 2));
         assert!(
             function_names(&r).iter().any(|f| f.contains("getpid")),
             "{r:?}"
@@ -626,14 +635,14 @@ mod tests {
     fn symbolize_unknown_and_garbage() {
         let mut procs = ProcessTable::new();
         let mut s = Symbolizer::new();
-        let pid = std::process::id();
+        let pid = Pid(std::process::id());
         procs.ensure(pid, 0);
         for addr in [0u64, 1, u64::MAX, 0x1000] {
-            let r = s.resolve_user(&procs, pid, addr, true);
+            let r = s.resolve_user(&procs, pid, ra(addr));
             assert!(r.frames.is_empty() && r.mapping.is_none());
         }
         assert!(
-            s.resolve_user(&procs, u32::MAX - 7, 0x401000, false)
+            s.resolve_user(&procs, Pid(u32::MAX - 7), ip(0x401000))
                 .frames
                 .is_empty()
         );
@@ -642,7 +651,7 @@ mod tests {
 
     #[test]
     fn symbolize_vdso() {
-        let pid = std::process::id();
+        let pid = Pid(std::process::id());
         let mut procs = ProcessTable::new();
         procs.refresh(pid);
         let Some(vdso) = procs
@@ -655,7 +664,7 @@ mod tests {
         };
         let mut s = Symbolizer::new();
         // Every address of the vdso resolves to something non-empty.
-        let r = s.resolve_user(&procs, pid, vdso.start + 0x10, false);
+        let r = s.resolve_user(&procs, pid, ip(vdso.start + 0x10));
         assert!(!r.frames.is_empty(), "{r:?}");
         assert_eq!(r.mapping.unwrap().path, "[vdso]");
         // Its exported functions resolve by name.
@@ -664,12 +673,7 @@ mod tests {
             .dynamic_symbols()
             .find(|s| s.name().is_ok_and(|n| n.ends_with("clock_gettime")) && s.address() != 0)
             .expect("vdso exports clock_gettime");
-        let r = s.resolve_user(
-            &procs,
-            pid,
-            vdso.bias.wrapping_add(sym.address()) + 1,
-            false,
-        );
+        let r = s.resolve_user(&procs, pid, ip((Svma(sym.address()) + vdso.bias).0 + 1));
         assert!(
             function_names(&r)
                 .iter()
@@ -742,7 +746,7 @@ mod tests {
         let dir = scratch_dir("symbolize");
         let exe = build_spin_fixture(&dir);
         let child = ChildGuard(std::process::Command::new(&exe).spawn().unwrap());
-        let pid = child.0.id() as i32;
+        let pid = Pid(child.0.id());
         let mut procs = ProcessTable::new();
         let mut u = Unwinder::new();
         let mut s = Symbolizer::new();
@@ -754,13 +758,13 @@ mod tests {
         for _ in 0..50 {
             std::thread::sleep(std::time::Duration::from_millis(50));
             let (regs, stack) = seize_and_sample(pid, 16 << 10);
-            end = u.unwind(&mut procs, pid as u32, &regs, &stack, &mut out);
+            end = u.unwind(&mut procs, pid, &regs, &stack, &mut out);
             detach(pid);
             names = out
                 .iter()
                 .enumerate()
                 .map(|(i, &a)| {
-                    let r = s.resolve_user(&procs, pid as u32, a, i > 0);
+                    let r = s.resolve_user(&procs, pid, frame_address(i, a));
                     if i == 0 {
                         leaf_frame = r.frames.last().cloned();
                     }

@@ -47,10 +47,11 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use burstyd_common::addr::{Bias, Pid};
 use tracing::debug;
+use userspace_rewriter::inject::{self, MapEntry};
 
 use super::clones::CloneFrames;
-use super::maps::{MapEntry, read_maps};
 use super::modules::{Module, open_module};
 
 /// Minimum time between two reads of one process' maps when an address is not covered.
@@ -79,7 +80,7 @@ pub(crate) struct MappingInfo {
     /// Lowercase hex GNU build ID.
     pub(crate) build_id: Option<String>,
     /// `avma - svma` (wrapping).
-    pub(crate) bias: u64,
+    pub(crate) bias: Bias,
     /// The loaded file.
     pub(crate) module: Arc<Module>,
 }
@@ -94,7 +95,7 @@ pub(crate) struct ExecMapping {
     /// File offset of `start`.
     pub(crate) file_offset: u64,
     /// `avma - svma` (wrapping).
-    pub(crate) bias: u64,
+    pub(crate) bias: Bias,
     /// Path as in the maps.
     pub(crate) path: Arc<str>,
     /// The module.
@@ -160,13 +161,13 @@ enum ModuleKey {
 
 /// Everything burstyd keeps about processes it has sampled. Cheap to query per sample.
 pub(crate) struct ProcessTable {
-    procs: HashMap<u32, ProcState>,
+    procs: HashMap<Pid, ProcState>,
     modules: HashMap<ModuleKey, Arc<Module>>,
     failed: HashMap<ModuleKey, Instant>,
     next_generation: u64,
     /// Bursty tracing: the injected clones of a process, unwound with their
     /// own `.eh_frame` and reported as the original addresses.
-    clones: HashMap<u32, Arc<CloneFrames>>,
+    clones: HashMap<Pid, Arc<CloneFrames>>,
 }
 
 impl Default for ProcessTable {
@@ -188,7 +189,7 @@ impl ProcessTable {
     }
 
     /// Registers the clones injected into `pid` (see [`crate::bursts`]).
-    pub(crate) fn set_clone_frames(&mut self, pid: u32, frames: Arc<CloneFrames>) {
+    pub(crate) fn set_clone_frames(&mut self, pid: Pid, frames: Arc<CloneFrames>) {
         self.clones.insert(pid, frames);
         self.next_generation += 1;
         if let Some(p) = self.procs.get_mut(&pid) {
@@ -197,7 +198,7 @@ impl ProcessTable {
     }
 
     /// The clones injected into `pid`, if any.
-    pub(crate) fn clone_frames(&self, pid: u32) -> Option<&Arc<CloneFrames>> {
+    pub(crate) fn clone_frames(&self, pid: Pid) -> Option<&Arc<CloneFrames>> {
         self.clones.get(&pid)
     }
 
@@ -205,7 +206,7 @@ impl ProcessTable {
     /// `/proc/PID/maps` at most when `addr` is not covered by the snapshot and
     /// the last refresh is older than [`REFRESH_INTERVAL`], so `dlopen` is seen).
     /// Returns false when the process is gone and nothing is known.
-    pub(crate) fn ensure(&mut self, pid: u32, addr: u64) -> bool {
+    pub(crate) fn ensure(&mut self, pid: Pid, addr: u64) -> bool {
         if let Some(p) = self.procs.get(&pid)
             && (p.exited
                 || p.covers(addr)
@@ -217,9 +218,9 @@ impl ProcessTable {
     }
 
     /// Re-read `/proc/PID/maps` now. Returns whether anything is known about `pid`.
-    pub(crate) fn refresh(&mut self, pid: u32) -> bool {
+    pub(crate) fn refresh(&mut self, pid: Pid) -> bool {
         let now = Instant::now();
-        let mut maps = match read_maps(pid) {
+        let mut maps = match inject::maps(pid) {
             Ok(m) if !m.is_empty() => m,
             Ok(_) | Err(_) => {
                 // Gone (or a kernel thread, which has no maps).
@@ -251,7 +252,7 @@ impl ProcessTable {
             };
             let Some(bias) = bias else {
                 debug!(
-                    pid,
+                    %pid,
                     path,
                     offset = entry.offset,
                     "no PT_LOAD segment for mapping"
@@ -262,7 +263,7 @@ impl ProcessTable {
                 start: entry.start,
                 end: entry.end,
                 file_offset: entry.offset,
-                bias,
+                bias: Bias(bias),
                 path: Arc::from(path),
                 module,
             });
@@ -294,7 +295,7 @@ impl ProcessTable {
         true
     }
 
-    fn load_module(&mut self, pid: u32, entry: &MapEntry) -> Option<Arc<Module>> {
+    fn load_module(&mut self, pid: Pid, entry: &MapEntry) -> Option<Arc<Module>> {
         let path = entry.path.as_deref()?;
         if path == "[vdso]" {
             return self.load_vdso(pid, entry);
@@ -317,14 +318,14 @@ impl ProcessTable {
         match open_module(pid, entry, path) {
             Ok(module) => Some(self.insert_module(key, module)),
             Err(e) => {
-                debug!(pid, path, error = %e, "cannot load module");
+                debug!(%pid, path, error = %e, "cannot load module");
                 self.failed.insert(key, Instant::now());
                 None
             }
         }
     }
 
-    fn load_vdso(&mut self, pid: u32, entry: &MapEntry) -> Option<Arc<Module>> {
+    fn load_vdso(&mut self, pid: Pid, entry: &MapEntry) -> Option<Arc<Module>> {
         let len = entry.end.checked_sub(entry.start)?;
         if len == 0 || len > MAX_VDSO_SIZE {
             return None;
@@ -332,13 +333,13 @@ impl ProcessTable {
         let mem = File::open(format!("/proc/{pid}/mem")).ok()?;
         let mut image = vec![0u8; len as usize];
         if let Err(e) = mem.read_exact_at(&mut image, entry.start) {
-            debug!(pid, error = %e, "cannot read [vdso]");
+            debug!(%pid, error = %e, "cannot read [vdso]");
             return None;
         }
         let module = match Module::from_image("[vdso]", image) {
             Ok(m) => m,
             Err(e) => {
-                debug!(pid, error = %e, "cannot parse [vdso]");
+                debug!(%pid, error = %e, "cannot parse [vdso]");
                 return None;
             }
         };
@@ -371,29 +372,29 @@ impl ProcessTable {
 
     /// Forget nothing on exit: snapshots of exited processes stay so late
     /// samples still symbolize; this just stops refreshes.
-    pub(crate) fn mark_exited(&mut self, pid: u32) {
+    pub(crate) fn mark_exited(&mut self, pid: Pid) {
         if let Some(p) = self.procs.get_mut(&pid) {
             p.exited = true;
         }
     }
 
     /// The executable mapping containing `addr` in `pid`, with its module.
-    pub(crate) fn mapping_for(&self, pid: u32, addr: u64) -> Option<MappingInfo> {
+    pub(crate) fn mapping_for(&self, pid: Pid, addr: u64) -> Option<MappingInfo> {
         self.exec_mapping(pid, addr).map(ExecMapping::info)
     }
 
     /// Like [`ProcessTable::mapping_for`] without copying.
-    pub(crate) fn exec_mapping(&self, pid: u32, addr: u64) -> Option<&ExecMapping> {
+    pub(crate) fn exec_mapping(&self, pid: Pid, addr: u64) -> Option<&ExecMapping> {
         self.procs.get(&pid)?.exec_at(addr)
     }
 
     /// All executable mappings (with modules) of `pid`, sorted by address.
-    pub(crate) fn exec_mappings(&self, pid: u32) -> &[ExecMapping] {
+    pub(crate) fn exec_mappings(&self, pid: Pid) -> &[ExecMapping] {
         self.procs.get(&pid).map_or(&[], |p| &p.exec)
     }
 
     /// Changes whenever the executable mappings of `pid` change; `None` if unknown.
-    pub(crate) fn generation(&self, pid: u32) -> Option<u64> {
+    pub(crate) fn generation(&self, pid: Pid) -> Option<u64> {
         self.procs.get(&pid).map(|p| p.generation)
     }
 }
@@ -401,9 +402,10 @@ impl ProcessTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burstyd_common::addr::Avma;
 
     impl ProcessTable {
-        fn is_exited(&self, pid: u32) -> bool {
+        fn is_exited(&self, pid: Pid) -> bool {
             self.procs.get(&pid).is_some_and(|p| p.exited)
         }
 
@@ -417,7 +419,7 @@ mod tests {
 
     #[test]
     fn procs_table_self_mapping_bias_and_sharing() {
-        let pid = std::process::id();
+        let pid = Pid(std::process::id());
         let mut t = ProcessTable::new();
         let f = procs_table_self_mapping_bias_and_sharing as fn() as usize as u64;
         assert!(t.ensure(pid, f));
@@ -426,8 +428,8 @@ mod tests {
         let exe = std::fs::canonicalize(std::env::current_exe().unwrap()).unwrap();
         assert_eq!(m.path, exe.to_str().unwrap());
         // The SVMA of our own function must fall in an executable PT_LOAD segment.
-        let svma = f.wrapping_sub(m.bias);
-        let seg = m.module.elf().segment_for_svma(svma).expect("segment");
+        let svma = Avma(f) - m.bias;
+        let seg = m.module.elf().segment_for_svma(svma.0).expect("segment");
         assert!(seg.is_executable());
         assert!(m.module.has_unwind_info());
         assert_eq!(m.build_id.as_deref(), m.module.build_id());
@@ -449,7 +451,7 @@ mod tests {
             .arg("5")
             .spawn()
             .unwrap();
-        let cpid = child.id();
+        let cpid = Pid(child.id());
         std::thread::sleep(Duration::from_millis(100));
         assert!(t.refresh(cpid));
         let libc_of = |t: &ProcessTable, p| {
@@ -472,8 +474,8 @@ mod tests {
     #[test]
     fn procs_unknown_pid() {
         let mut t = ProcessTable::new();
-        assert!(!t.ensure(u32::MAX - 1, 0x1000));
-        assert!(t.mapping_for(u32::MAX - 1, 0x1000).is_none());
-        t.mark_exited(u32::MAX - 1);
+        assert!(!t.ensure(Pid(u32::MAX - 1), 0x1000));
+        assert!(t.mapping_for(Pid(u32::MAX - 1), 0x1000).is_none());
+        t.mark_exited(Pid(u32::MAX - 1));
     }
 }

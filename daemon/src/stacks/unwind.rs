@@ -30,6 +30,7 @@ use std::collections::HashMap;
 use std::ops::Deref;
 use std::sync::Arc;
 
+use burstyd_common::addr::{Avma, FrameAddress, Pid};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, Unwinder as _};
 use tracing::debug;
@@ -39,6 +40,17 @@ use super::table::ProcessTable;
 
 /// Most frames [`Unwinder::unwind`] produces.
 const MAX_FRAMES: usize = 256;
+
+/// Frame `i` of a stack listed innermost first, as [`Unwinder::unwind`]
+/// (and the kernel's `bpf_get_stack`) give them: the instruction pointer at
+/// 0, a return address everywhere else.
+pub(crate) fn frame_address(i: usize, addr: u64) -> FrameAddress {
+    if i == 0 {
+        FrameAddress::InstructionPointer(Avma(addr))
+    } else {
+        FrameAddress::ReturnAddress(Avma(addr))
+    }
+}
 
 /// The registers unwinding starts from.
 #[derive(Clone, Copy, Debug)]
@@ -94,7 +106,7 @@ struct PidUnwinder {
 
 /// Unwinds user stacks of many processes. Not thread-safe by itself; keep one per sampling thread.
 pub(crate) struct Unwinder {
-    per_pid: HashMap<u32, PidUnwinder>,
+    per_pid: HashMap<Pid, PidUnwinder>,
     cache: CacheX86_64,
     /// For processes we know nothing about: frame-pointer unwinding only.
     empty: FhUnwinder,
@@ -106,7 +118,7 @@ impl Default for Unwinder {
     }
 }
 
-fn build_unwinder(procs: &ProcessTable, pid: u32) -> FhUnwinder {
+fn build_unwinder(procs: &ProcessTable, pid: Pid) -> FhUnwinder {
     let mut unwinder = FhUnwinder::new();
     for m in procs.exec_mappings(pid) {
         let module = &m.module;
@@ -136,7 +148,7 @@ fn build_unwinder(procs: &ProcessTable, pid: u32) -> FhUnwinder {
         unwinder.add_module(framehop::Module::new(
             m.path.to_string(),
             m.start..m.end,
-            m.bias,
+            m.bias.0,
             info,
         ));
     }
@@ -188,7 +200,7 @@ impl Unwinder {
     pub(crate) fn unwind(
         &mut self,
         procs: &mut ProcessTable,
-        pid: u32,
+        pid: Pid,
         regs: &UserRegs,
         stack: &[u8],
         out: &mut Vec<u64>,
@@ -197,8 +209,8 @@ impl Unwinder {
         let end = self.unwind_once(procs, pid, regs, stack, out);
         if let Some(c) = procs.clone_frames(pid) {
             for (i, a) in out.iter_mut().enumerate() {
-                if let Some(orig) = c.translate(*a, i > 0) {
-                    *a = orig;
+                if let Some(orig) = c.translate(frame_address(i, *a)) {
+                    *a = orig.address().0;
                 }
             }
         }
@@ -216,14 +228,14 @@ impl Unwinder {
         if procs.generation(pid) == before {
             return end;
         }
-        debug!(pid, "maps changed during unwinding; retrying");
+        debug!(%pid, "maps changed during unwinding; retrying");
         self.unwind_once(procs, pid, regs, stack, out)
     }
 
     fn unwind_once(
         &mut self,
         procs: &ProcessTable,
-        pid: u32,
+        pid: Pid,
         regs: &UserRegs,
         stack: &[u8],
         out: &mut Vec<u64>,
@@ -268,11 +280,8 @@ impl Unwinder {
                 Err(framehop::Error::ReturnAddressIsNull) => return UnwindEnd::Complete,
                 Err(e) => {
                     let last = out.last().copied().unwrap_or(regs.rip);
-                    let lookup = if out.len() > 1 {
-                        last.wrapping_sub(1)
-                    } else {
-                        last
-                    };
+                    let Avma(lookup) =
+                        frame_address(out.len().saturating_sub(1), last).lookup_address();
                     let described = procs
                         .exec_mapping(pid, lookup)
                         .is_some_and(|m| m.module.has_unwind_info());
@@ -300,7 +309,7 @@ pub(crate) mod tests {
     impl Drop for ChildGuard {
         fn drop(&mut self) {
             unsafe {
-                libc::kill(self.0.id() as i32, libc::SIGKILL);
+                libc::kill(Pid(self.0.id()).raw(), libc::SIGKILL);
             }
             let _ = self.0.wait();
         }
@@ -375,20 +384,21 @@ int main(int argc, char **argv) {
 
     /// Stops `pid` with PTRACE_SEIZE + PTRACE_INTERRUPT, returns its registers
     /// and up to `len` bytes of stack from rsp. The tracee stays stopped until detach.
-    pub(crate) fn seize_and_sample(pid: i32, len: usize) -> (UserRegs, Vec<u8>) {
+    pub(crate) fn seize_and_sample(pid: Pid, len: usize) -> (UserRegs, Vec<u8>) {
+        let tid = pid.raw();
         unsafe {
             assert_eq!(
-                libc::ptrace(libc::PTRACE_SEIZE, pid, 0usize, 0usize),
+                libc::ptrace(libc::PTRACE_SEIZE, tid, 0usize, 0usize),
                 0,
                 "PTRACE_SEIZE: {}",
                 std::io::Error::last_os_error()
             );
-            assert_eq!(libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0usize, 0usize), 0);
+            assert_eq!(libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0usize, 0usize), 0);
             let mut status = 0;
-            assert_eq!(libc::waitpid(pid, &mut status, libc::__WALL), pid);
+            assert_eq!(libc::waitpid(tid, &mut status, libc::__WALL), tid);
             let mut r: libc::user_regs_struct = std::mem::zeroed();
             assert_eq!(
-                libc::ptrace(libc::PTRACE_GETREGS, pid, 0usize, &mut r as *mut _ as usize),
+                libc::ptrace(libc::PTRACE_GETREGS, tid, 0usize, &mut r as *mut _ as usize),
                 0,
                 "PTRACE_GETREGS: {}",
                 std::io::Error::last_os_error()
@@ -399,7 +409,7 @@ int main(int argc, char **argv) {
                 rbp: r.rbp,
             };
             // Do not read past the end of the [stack] mapping.
-            let maps = crate::stacks::maps::read_maps(pid as u32).unwrap();
+            let maps = userspace_rewriter::inject::maps(pid).unwrap();
             let limit = maps
                 .iter()
                 .find(|m| m.start <= regs.rsp && regs.rsp < m.end)
@@ -414,9 +424,9 @@ int main(int argc, char **argv) {
         }
     }
 
-    pub(crate) fn detach(pid: i32) {
+    pub(crate) fn detach(pid: Pid) {
         unsafe {
-            libc::ptrace(libc::PTRACE_DETACH, pid, 0usize, 0usize);
+            libc::ptrace(libc::PTRACE_DETACH, pid.raw(), 0usize, 0usize);
         }
     }
 
@@ -425,7 +435,7 @@ int main(int argc, char **argv) {
         let mut procs = ProcessTable::new();
         let mut u = Unwinder::new();
         let mut out = Vec::new();
-        let pid = std::process::id();
+        let pid = Pid(std::process::id());
         let own = unwind_garbage_never_panics as fn() as usize as u64;
         let mut x = 0x9e3779b97f4a7c15u64;
         let mut rnd = || {
@@ -449,7 +459,7 @@ int main(int argc, char **argv) {
                 },
                 rbp: rnd(),
             };
-            let p = if i % 5 == 0 { u32::MAX - 3 } else { pid };
+            let p = if i % 5 == 0 { Pid(u32::MAX - 3) } else { pid };
             let end = u.unwind(&mut procs, p, &regs, &stack, &mut out);
             assert!(!out.is_empty() && out.len() <= MAX_FRAMES, "{end:?}");
             assert_eq!(out[0], regs.rip);
@@ -487,7 +497,7 @@ int main(int argc, char **argv) {
                 );
             }
             // Copy 256 KiB of our own stack (or up to its end).
-            let maps = crate::stacks::maps::read_maps(std::process::id()).unwrap();
+            let maps = userspace_rewriter::inject::maps(Pid(std::process::id())).unwrap();
             let end = maps
                 .iter()
                 .find(|m| m.start <= rsp && rsp < m.end)
@@ -504,7 +514,7 @@ int main(int argc, char **argv) {
         let mut procs = ProcessTable::new();
         let mut u = Unwinder::new();
         let mut out = Vec::new();
-        let end = u.unwind(&mut procs, std::process::id(), &regs, &stack, &mut out);
+        let end = u.unwind(&mut procs, Pid(std::process::id()), &regs, &stack, &mut out);
         // Test threads start in clone3 → start_thread, which are CFI-described as the end.
         assert!(out.len() >= 4, "{end:?} {out:x?}");
         assert!(
@@ -518,17 +528,17 @@ int main(int argc, char **argv) {
         let dir = scratch_dir("unwind");
         let exe = build_spin_fixture(&dir);
         let child = ChildGuard(Command::new(&exe).spawn().unwrap());
-        let pid = child.0.id() as i32;
+        let pid = Pid(child.0.id());
         std::thread::sleep(std::time::Duration::from_millis(200));
         let (regs, stack) = seize_and_sample(pid, 16 << 10);
         let mut procs = ProcessTable::new();
         let mut u = Unwinder::new();
         let mut out = Vec::new();
-        let end = u.unwind(&mut procs, pid as u32, &regs, &stack, &mut out);
+        let end = u.unwind(&mut procs, pid, &regs, &stack, &mut out);
         // The same with rbp zeroed: proves we do not depend on frame pointers.
         let mut out_no_fp = Vec::new();
         let regs_no_fp = UserRegs { rbp: 0, ..regs };
-        let end_no_fp = u.unwind(&mut procs, pid as u32, &regs_no_fp, &stack, &mut out_no_fp);
+        let end_no_fp = u.unwind(&mut procs, pid, &regs_no_fp, &stack, &mut out_no_fp);
         detach(pid);
         drop(child);
         let _ = std::fs::remove_dir_all(&dir);
@@ -539,7 +549,7 @@ int main(int argc, char **argv) {
         // leaf, b, a, main, __libc_start_call_main, __libc_start_main, _start
         assert!(out.len() >= 5, "{out:x?}");
         let exe_maps: Vec<_> = procs
-            .exec_mappings(pid as u32)
+            .exec_mappings(pid)
             .iter()
             .filter(|m| m.module.path().ends_with("/spin"))
             .collect();

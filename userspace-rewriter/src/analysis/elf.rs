@@ -40,10 +40,10 @@
 use object::read::elf::{ElfFile64, FileHeader, ProgramHeader};
 use object::{Endianness, Object};
 
+use crate::PAGE_SIZE;
+
 /// `p_flags` bit: segment is executable.
 const PF_X: u32 = object::elf::PF_X;
-/// The page size the kernel maps ELF segments with on x86-64.
-const PAGE_SIZE: u64 = 4096;
 
 /// Errors from reading ELF facts.
 #[derive(Debug, thiserror::Error)]

@@ -91,9 +91,9 @@
 //!   registers, memory through `/proc/PID/mem`, detach;
 //! - `remote.rs`: syscalls and function calls run in the target
 //!   ([`Tracee::syscall`], [`Tracee::mmap`], [`Tracee::call`], ...);
-//! - `procfs.rs`: `/proc` queries ([`maps`], [`find_gap_near`],
-//!   [`free_signal`], [`shadow_stack_enabled`], live threads, EPERM
-//!   diagnosis).
+//! - `procfs.rs`: `/proc` queries ([`maps`] and its [`MapEntry`] lines,
+//!   [`find_gap_near`], [`free_signal`], [`shadow_stack_enabled`], live
+//!   threads, EPERM diagnosis).
 
 mod procfs;
 mod ptrace;
@@ -102,29 +102,30 @@ mod tracee;
 
 use std::time::Duration;
 
-pub use procfs::{Mapping, find_gap_near, free_signal, maps, shadow_stack_enabled};
+pub use burstyd_common::addr::Pid;
+pub use procfs::{MapEntry, find_gap_near, free_signal, maps, parse_maps, shadow_stack_enabled};
 pub use tracee::Tracee;
 
 /// Errors of attaching to and injecting into a process.
 #[derive(Debug, thiserror::Error)]
 pub enum InjectError {
     #[error("no such process: {0}")]
-    NoSuchProcess(i32),
+    NoSuchProcess(Pid),
     #[error("{pid} is a thread of process {tgid}, not a process id")]
-    NotAProcess { pid: i32, tgid: i32 },
+    NotAProcess { pid: Pid, tgid: Pid },
     #[error("process {0} is a zombie (it has exited and waits to be reaped)")]
-    Zombie(i32),
+    Zombie(Pid),
     #[error(
         "process {pid} is already traced by process {tracer} (a debugger, strace, or another \
          burstyd); a process can have only one tracer"
     )]
-    AlreadyTraced { pid: i32, tracer: i32 },
+    AlreadyTraced { pid: Pid, tracer: i32 },
     #[error("not permitted to ptrace process {pid} (EPERM): {hint}")]
-    NotPermitted { pid: i32, hint: String },
+    NotPermitted { pid: Pid, hint: String },
     #[error("cannot attach to our own process ({0})")]
-    OwnProcess(i32),
+    OwnProcess(Pid),
     #[error("process {pid} ended while attached: {how}")]
-    Exited { pid: i32, how: String },
+    Exited { pid: Pid, how: String },
     #[error("{call} on thread {tid}: {source}")]
     Ptrace {
         call: &'static str,
@@ -139,16 +140,16 @@ pub enum InjectError {
         source: std::io::Error,
     },
     #[error("syscall {nr} in process {pid} failed: {}", std::io::Error::from_raw_os_error(*.errno))]
-    Syscall { pid: i32, nr: i64, errno: i32 },
+    Syscall { pid: Pid, nr: i64, errno: i32 },
     #[error("no `syscall` instruction (0f 05) in any executable mapping of process {0}")]
-    NoSyscallInstruction(i32),
+    NoSyscallInstruction(Pid),
     #[error(
         "call of {func:#x} in process {pid} did not return within {timeout:?} (waiting for a \
          lock another, stopped, thread holds?); the thread was put back, but whatever the \
          function did so far stays done"
     )]
     CallTimeout {
-        pid: i32,
+        pid: Pid,
         func: u64,
         timeout: Duration,
     },
@@ -157,7 +158,7 @@ pub enum InjectError {
          address {addr:#x}); the thread was put back"
     )]
     CallFaulted {
-        pid: i32,
+        pid: Pid,
         func: u64,
         signal: i32,
         rip: u64,
@@ -166,7 +167,7 @@ pub enum InjectError {
     #[error("{0} arguments given; at most 6 are supported")]
     TooManyArguments(usize),
     #[error("mmap in process {pid} asked for {wanted:#x} and got {got:#x}")]
-    MmapMoved { pid: i32, wanted: u64, got: u64 },
+    MmapMoved { pid: Pid, wanted: u64, got: u64 },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error(
@@ -174,7 +175,7 @@ pub enum InjectError {
          process {pid}"
     )]
     NoGap {
-        pid: i32,
+        pid: Pid,
         lo: u64,
         hi: u64,
         len: u64,
@@ -183,7 +184,7 @@ pub enum InjectError {
         "process {0} catches, ignores, blocks or has pending every signal from SIGRTMIN+2 (34) \
          to SIGRTMAX (64)"
     )]
-    NoFreeSignal(i32),
+    NoFreeSignal(Pid),
     #[error("thread {tid}: unexpected {what}")]
     Unexpected { tid: i32, what: String },
     #[error("cannot parse {what}: {text:?}")]
@@ -211,8 +212,6 @@ pub struct KernelSigaction {
 /// `SA_RESTORER` (not exported by libc for glibc targets).
 pub const SA_RESTORER: u64 = 0x0400_0000;
 
-const PAGE: u64 = 4096;
-
 /// Signals whose delivery is asynchronous: all but SIGKILL/SIGSTOP (not
 /// blockable) and the synchronous fault signals (blocking those and then
 /// faulting resets the program's handler).
@@ -231,7 +230,7 @@ const fn bit(sig: i32) -> u64 {
 }
 
 /// Offsets in the scratch page.
-const SCRATCH_LEN: u64 = PAGE;
+const SCRATCH_LEN: u64 = crate::PAGE_SIZE;
 const SCR_SIGACTION_NEW: u64 = 0;
 const SCR_SIGACTION_OLD: u64 = 64;
 const SCR_SIGINFO: u64 = 128;

@@ -3,7 +3,8 @@
 //! use for the bursts, whether CET shadow stacks are on, its live threads,
 //! and why ptrace said EPERM.
 
-use super::{InjectError, PAGE, Result, bit};
+use super::{InjectError, Pid, Result, bit};
+use crate::PAGE_SIZE;
 
 const TWO_GIB: u64 = 1 << 31;
 /// User address space top on x86-64 with 4-level paging (and the default
@@ -11,7 +12,7 @@ const TWO_GIB: u64 = 1 << 31;
 const USER_TOP: u64 = 0x7fff_ffff_f000;
 
 /// Thread ids in /proc/PID/task whose state is not zombie/dead.
-pub(super) fn live_tasks(pid: i32) -> Result<Vec<i32>> {
+pub(super) fn live_tasks(pid: Pid) -> Result<Vec<i32>> {
     let dir = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             InjectError::NoSuchProcess(pid)
@@ -46,7 +47,7 @@ pub(super) fn live_tasks(pid: i32) -> Result<Vec<i32>> {
     Ok(tids)
 }
 
-pub(super) fn read_proc(pid: i32, file: &str) -> Result<String> {
+pub(super) fn read_proc(pid: Pid, file: &str) -> Result<String> {
     std::fs::read_to_string(format!("/proc/{pid}/{file}")).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) {
             InjectError::NoSuchProcess(pid)
@@ -67,7 +68,7 @@ pub(super) fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
     })
 }
 
-pub(super) fn diagnose_eperm(pid: i32, tid: i32) -> InjectError {
+pub(super) fn diagnose_eperm(pid: Pid, tid: i32) -> InjectError {
     let Ok(status) = read_proc(pid, "status") else {
         return InjectError::NoSuchProcess(pid);
     };
@@ -99,48 +100,102 @@ pub(super) fn diagnose_eperm(pid: i32, tid: i32) -> InjectError {
     }
 }
 
-/// One line of /proc/PID/maps.
+/// One line of `/proc/PID/maps`: the one parser of it, for the injector
+/// (gaps, the `syscall` gadget, libraries) and the daemon (its process
+/// table, the executable and libgcc_s of a burst target).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Mapping {
+pub struct MapEntry {
+    /// First address (AVMA) of the mapping.
     pub start: u64,
+    /// One past the last address.
     pub end: u64,
-    /// `rwxp` / `r-xs` ...
-    pub perms: String,
+    /// File offset the mapping starts at.
     pub offset: u64,
-    /// The file path, `[heap]`, `[stack]`, `[vdso]`, ... or empty.
-    pub path: String,
+    /// Device major number of the file (hex in maps).
+    pub dev_major: u32,
+    /// Device minor number.
+    pub dev_minor: u32,
+    /// Inode of the file, 0 for anonymous mappings.
+    pub inode: u64,
+    /// `rwxp`/`rwxs` characters as printed, e.g. `*b"r-xp"`.
+    pub perms: [u8; 4],
+    /// The path or pseudo-path (`[heap]`, `[stack]`, `[vdso]`, ...), without a
+    /// ` (deleted)` suffix; `None` for anonymous mappings. A file replaced or
+    /// removed on disk is still the mapped file: compare paths on this.
+    pub path: Option<String>,
+    /// Whether the kernel marked the file ` (deleted)` (removed or replaced
+    /// on disk since it was mapped; memfds always are).
+    pub deleted: bool,
 }
 
-/// The mappings of process `pid`, in address order.
-pub fn maps(pid: i32) -> Result<Vec<Mapping>> {
-    parse_maps(&read_proc(pid, "maps")?)
-}
-
-fn parse_maps(text: &str) -> Result<Vec<Mapping>> {
-    let bad = |l: &str| InjectError::Parse {
-        what: "a /proc/PID/maps line".into(),
-        text: l.into(),
-    };
-    let mut out = Vec::new();
-    for l in text.lines() {
-        let mut f = l.splitn(6, ' ');
-        let range = f.next().ok_or_else(|| bad(l))?;
-        let perms = f.next().ok_or_else(|| bad(l))?;
-        let offset = f.next().ok_or_else(|| bad(l))?;
-        let _dev = f.next();
-        let _inode = f.next();
-        let path = f.next().unwrap_or("").trim_start();
-        let (s, e) = range.split_once('-').ok_or_else(|| bad(l))?;
-        let hex = |s: &str| u64::from_str_radix(s, 16).map_err(|_| bad(l));
-        out.push(Mapping {
-            start: hex(s)?,
-            end: hex(e)?,
-            perms: perms.to_string(),
-            offset: hex(offset)?,
-            path: path.to_string(),
-        });
+impl MapEntry {
+    /// Whether the mapping is executable.
+    pub fn is_exec(&self) -> bool {
+        self.perms[2] == b'x'
     }
-    Ok(out)
+
+    /// Whether the path is a kernel pseudo-path like `[heap]` or `[vdso]`.
+    pub fn is_pseudo(&self) -> bool {
+        self.path.as_deref().is_some_and(|p| p.starts_with('['))
+    }
+
+    /// Whether the path (without ` (deleted)`) is `path`.
+    pub fn is_path(&self, path: &str) -> bool {
+        self.path.as_deref() == Some(path)
+    }
+
+    /// Parse one line of `/proc/PID/maps`. `None` for malformed lines.
+    pub fn parse(line: &str) -> Option<MapEntry> {
+        // start-end perms offset major:minor inode [path]
+        let mut rest = line;
+        let mut field = || {
+            let s = rest.trim_start_matches(' ');
+            let end = s.find(' ').unwrap_or(s.len());
+            let (f, r) = s.split_at(end);
+            rest = r;
+            if f.is_empty() { None } else { Some(f) }
+        };
+        let range = field()?;
+        let perms = field()?;
+        let offset = field()?;
+        let dev = field()?;
+        let inode = field()?;
+        let (start, end) = range.split_once('-')?;
+        let (major, minor) = dev.split_once(':')?;
+        let perms: [u8; 4] = perms.as_bytes().try_into().ok()?;
+        let start = u64::from_str_radix(start, 16).ok()?;
+        let end = u64::from_str_radix(end, 16).ok()?;
+        if end < start {
+            return None;
+        }
+        let path = rest.trim_start_matches(' ');
+        let (path, deleted) = match path.strip_suffix(" (deleted)") {
+            Some(p) => (p, true),
+            None => (path, false),
+        };
+        Some(MapEntry {
+            start,
+            end,
+            offset: u64::from_str_radix(offset, 16).ok()?,
+            dev_major: u32::from_str_radix(major, 16).ok()?,
+            dev_minor: u32::from_str_radix(minor, 16).ok()?,
+            inode: inode.parse().ok()?,
+            perms,
+            path: (!path.is_empty()).then(|| path.to_owned()),
+            deleted,
+        })
+    }
+}
+
+/// The mappings of process `pid`, in address order (malformed lines are
+/// skipped).
+pub fn maps(pid: Pid) -> Result<Vec<MapEntry>> {
+    Ok(parse_maps(&read_proc(pid, "maps")?))
+}
+
+/// Parse the text of a `/proc/PID/maps` file, skipping malformed lines.
+pub fn parse_maps(text: &str) -> Vec<MapEntry> {
+    text.lines().filter_map(MapEntry::parse).collect()
 }
 
 /// A page-aligned address where `len` bytes (rounded up to pages) fit in
@@ -156,7 +211,7 @@ fn parse_maps(text: &str) -> Result<Vec<Mapping>> {
 /// 1 GiB past the heap's current end (then 64 MiB, then right after it, if
 /// nothing else fits); below the binary nothing grows. 256 MiB below
 /// `[stack]` are kept free for stack growth too.
-pub fn find_gap_near(pid: i32, lo: u64, hi: u64, len: u64) -> Result<u64> {
+pub fn find_gap_near(pid: Pid, lo: u64, hi: u64, len: u64) -> Result<u64> {
     let maps = maps(pid)?;
     let stat = read_proc(pid, "stat").unwrap_or_default();
     // Fields after "(comm)": state is field 3; start_brk is field 47.
@@ -169,12 +224,12 @@ pub fn find_gap_near(pid: i32, lo: u64, hi: u64, len: u64) -> Result<u64> {
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(65536)
-        .max(PAGE);
+        .max(PAGE_SIZE);
     gap_near(&maps, start_brk, min_addr, lo, hi, len).ok_or(InjectError::NoGap { pid, lo, hi, len })
 }
 
 fn gap_near(
-    maps: &[Mapping],
+    maps: &[MapEntry],
     start_brk: Option<u64>,
     min_addr: u64,
     lo: u64,
@@ -184,13 +239,13 @@ fn gap_near(
     if len == 0 || hi <= lo {
         return None;
     }
-    let len = len.checked_add(PAGE - 1)? & !(PAGE - 1);
+    let len = len.checked_add(PAGE_SIZE - 1)? & !(PAGE_SIZE - 1);
     // Every start g must satisfy max(hi, g+len) - min(lo, g) <= 2 GiB.
     let g_min = hi.saturating_sub(TWO_GIB);
     let g_max = lo.checked_add(TWO_GIB)?.checked_sub(len)?;
     let heap_end = maps
         .iter()
-        .filter(|m| m.path == "[heap]")
+        .filter(|m| m.is_path("[heap]"))
         .map(|m| m.end)
         .max()
         .into_iter()
@@ -200,7 +255,7 @@ fn gap_near(
         .iter()
         .filter(|m| m.start < USER_TOP)
         .map(|m| {
-            if m.path == "[stack]" {
+            if m.is_path("[stack]") {
                 (m.start.saturating_sub(256 << 20), m.end)
             } else {
                 (m.start, m.end)
@@ -228,7 +283,7 @@ fn gap_near(
         .into_iter()
         .filter_map(|(a, b)| {
             let b = b.min(lo);
-            let g = b.checked_sub(len)? & !(PAGE - 1);
+            let g = b.checked_sub(len)? & !(PAGE_SIZE - 1);
             (g >= a.max(g_min) && g <= g_max && g + len <= lo).then_some(g)
         })
         .max();
@@ -242,7 +297,7 @@ fn gap_near(
         let above = free(&busy)
             .into_iter()
             .filter_map(|(a, b)| {
-                let g = (a.max(hi).max(g_min) + PAGE - 1) & !(PAGE - 1);
+                let g = (a.max(hi).max(g_min) + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
                 (g + len <= b && g <= g_max).then_some(g)
             })
             .min();
@@ -261,7 +316,7 @@ fn gap_near(
 /// /proc/PID/status; `SigBlk`, `SigPnd` of each /proc/PID/task/*/status),
 /// chosen from SIGRTMAX (64) down to SIGRTMIN+2 (34): glibc reserves 32 and
 /// 33 for itself.
-pub fn free_signal(pid: i32) -> Result<i32> {
+pub fn free_signal(pid: Pid) -> Result<i32> {
     let status = read_proc(pid, "status")?;
     let mut threads = Vec::new();
     if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
@@ -296,7 +351,7 @@ fn pick_free_signal(process: &str, threads: &[String]) -> Result<Option<i32>> {
 /// lists `shstk`). A call or signal frame we set up would not match the
 /// shadow stack, so the caller must refuse to inject. False when the kernel
 /// has no shadow stack support or the process is gone.
-pub fn shadow_stack_enabled(pid: i32) -> bool {
+pub fn shadow_stack_enabled(pid: Pid) -> bool {
     let mut texts = vec![read_proc(pid, "status").unwrap_or_default()];
     if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for e in dir.flatten() {
@@ -315,13 +370,17 @@ fn status_has_shstk(status: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn m(start: u64, end: u64, path: &str) -> Mapping {
-        Mapping {
+    fn m(start: u64, end: u64, path: &str) -> MapEntry {
+        MapEntry {
             start,
             end,
-            perms: "r--p".into(),
             offset: 0,
-            path: path.into(),
+            dev_major: 0,
+            dev_minor: 0,
+            inode: 0,
+            perms: *b"r--p",
+            path: Some(path.into()),
+            deleted: false,
         }
     }
 
@@ -332,7 +391,7 @@ mod tests {
             m(0x5555_0000_4000, 0x5555_0000_8000, "/bin/x"),
         ];
         let g = gap_near(&bin, None, 65536, 0x5555_0000_0000, 0x5555_0000_8000, 100).unwrap();
-        assert_eq!(g, 0x5555_0000_0000 - PAGE);
+        assert_eq!(g, 0x5555_0000_0000 - PAGE_SIZE);
         // Non-PIE at 0x400000 with a mapping filling the space below.
         let maps = [
             m(0x10000, 0x400000, "/low"),
@@ -360,11 +419,68 @@ mod tests {
         let t = "55d0c0000000-55d0c0001000 r-xp 00001000 fe:00 1234    /usr/bin/x y\n\
                  7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]\n\
                  7f0000000000-7f0000001000 rw-p 00000000 00:00 0 \n";
-        let v = parse_maps(t).unwrap();
-        assert_eq!(v[0].path, "/usr/bin/x y");
+        let v = parse_maps(t);
+        assert_eq!(v.len(), 3);
+        assert_eq!(v[0].path.as_deref(), Some("/usr/bin/x y"));
         assert_eq!(v[0].offset, 0x1000);
-        assert_eq!(v[1].path, "[stack]");
-        assert_eq!(v[2].path, "");
+        assert_eq!(v[1].path.as_deref(), Some("[stack]"));
+        assert_eq!(v[2].path, None);
+    }
+
+    #[test]
+    fn maps_parse_lines() {
+        let text = "\
+55d0c0a00000-55d0c0a02000 r--p 00000000 fe:00 247774                     /usr/bin/sleep
+7ffd1c1d2000-7ffd1c1f3000 rw-p 00000000 00:00 0                          [stack]
+7f0000000000-7f0000001000 r-xp 00001000 08:11 42                         /tmp/a b (deleted)
+7f0000002000-7f0000003000 rw-p 00000000 00:00 0
+garbage line
+ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]
+";
+        let m = parse_maps(text);
+        assert_eq!(m.len(), 5);
+        assert_eq!(m[0].start, 0x55d0c0a00000);
+        assert_eq!(m[0].perms, *b"r--p");
+        assert_eq!(m[0].dev_major, 0xfe);
+        assert_eq!(m[0].inode, 247774);
+        assert_eq!(m[0].path.as_deref(), Some("/usr/bin/sleep"));
+        assert!(!m[0].deleted);
+        assert_eq!(m[1].path.as_deref(), Some("[stack]"));
+        assert!(m[1].is_pseudo() && m[1].is_path("[stack]"));
+        // A file removed or replaced on disk: the path without the suffix.
+        assert_eq!(m[2].path.as_deref(), Some("/tmp/a b"));
+        assert!(m[2].deleted && m[2].is_exec() && m[2].is_path("/tmp/a b"));
+        assert_eq!(
+            (m[2].dev_major, m[2].dev_minor, m[2].offset),
+            (8, 0x11, 0x1000)
+        );
+        assert_eq!(m[3].path, None);
+        assert!(m[4].is_exec());
+        assert!(MapEntry::parse("").is_none());
+        assert!(MapEntry::parse("1-0 r-xp 0 0:0 0").is_none());
+        // A memfd is always "deleted".
+        let memfd = MapEntry::parse(
+            "7f0000004000-7f0000005000 rw-s 00000000 00:01 9 /memfd:burstyd-bursts (deleted)",
+        )
+        .unwrap();
+        assert!(memfd.deleted && memfd.is_path("/memfd:burstyd-bursts"));
+    }
+
+    #[test]
+    fn maps_of_self_find_exe_and_libc() {
+        let maps = maps(Pid(std::process::id())).unwrap();
+        let exe = std::fs::canonicalize(std::env::current_exe().unwrap()).unwrap();
+        let exe = exe.to_str().unwrap();
+        assert!(
+            maps.iter().any(|m| m.is_exec() && m.is_path(exe)),
+            "no executable mapping of {exe}"
+        );
+        assert!(
+            maps.iter()
+                .any(|m| m.is_exec() && m.path.as_deref().is_some_and(|p| p.contains("libc.so"))),
+            "no libc"
+        );
+        assert!(maps.windows(2).all(|w| w[0].start < w[1].start));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::procfs::{Mapping, maps};
+use super::procfs::{MapEntry, maps};
 use super::ptrace::{
     Wait, get_fp, get_regs, get_siginfo, get_sigmask, is_fault, ptrace, resume, set_args, set_fp,
     set_regs, set_sigmask, wait_tid,
@@ -257,12 +257,14 @@ impl Tracee {
             return Ok(g);
         }
         let maps = maps(self.pid)?;
-        let mut order: Vec<&Mapping> = maps
+        let mut order: Vec<&MapEntry> = maps
             .iter()
-            .filter(|m| m.perms.contains('x') && m.path != "[vsyscall]")
+            .filter(|m| m.is_exec() && !m.is_path("[vsyscall]"))
             .collect();
-        // The vDSO first (always there, never unmapped), then libraries.
-        order.sort_by_key(|m| (m.path != "[vdso]", !m.path.starts_with('/')));
+        // The vDSO first (always there, never unmapped), then files
+        // (libraries, the executable; a deleted one is still mapped).
+        let is_file = |m: &MapEntry| m.path.as_deref().is_some_and(|p| p.starts_with('/'));
+        order.sort_by_key(|m| (!m.is_path("[vdso]"), !is_file(m)));
         for m in order {
             let len = (m.end - m.start).min(64 << 20) as usize;
             let Ok(bytes) = self.read_memory(m.start, len) else {

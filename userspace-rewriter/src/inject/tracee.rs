@@ -13,7 +13,7 @@ use super::procfs::{diagnose_eperm, live_tasks, read_proc, status_field};
 use super::ptrace::{
     Wait, get_regs, get_siginfo, get_sigmask, ptrace, set_regs, set_sigmask, wait_tid,
 };
-use super::{ALL_SIGNALS, InjectError, Result, SCR_SIGINFO, SCRATCH_LEN};
+use super::{ALL_SIGNALS, InjectError, Pid, Result, SCR_SIGINFO, SCRATCH_LEN};
 
 /// A signal taken from a thread that must be given back at detach.
 pub(super) struct Pending {
@@ -38,7 +38,7 @@ pub(super) struct Thread {
 /// effort) restores every thread's registers and lets the process go. Use
 /// it only from the thread that attached (see the module docs).
 pub struct Tracee {
-    pub(super) pid: i32,
+    pub(super) pid: Pid,
     /// Thread ids, the first thread first.
     pub(super) tids: Vec<i32>,
     pub(super) threads: Vec<Thread>,
@@ -72,16 +72,16 @@ impl Tracee {
     /// [`InjectError::NotPermitted`] (EPERM: needs `CAP_SYS_PTRACE` or the
     /// same user, and `kernel.yama.ptrace_scope` must allow it),
     /// [`InjectError::OwnProcess`], [`InjectError::NotAProcess`].
-    pub fn attach(pid: i32) -> Result<Tracee> {
-        if pid <= 0 {
+    pub fn attach(pid: Pid) -> Result<Tracee> {
+        if pid.raw() <= 0 {
             return Err(InjectError::NoSuchProcess(pid));
         }
         // SAFETY: getpid has no preconditions.
-        if pid == unsafe { libc::getpid() } {
+        if pid.raw() == unsafe { libc::getpid() } {
             return Err(InjectError::OwnProcess(pid));
         }
         let status = read_proc(pid, "status")?;
-        let tgid = status_field(&status, "Tgid").and_then(|v| v.parse::<i32>().ok());
+        let tgid = status_field(&status, "Tgid").and_then(|v| v.parse::<u32>().ok().map(Pid));
         if let Some(tgid) = tgid
             && tgid != pid
         {
@@ -107,7 +107,7 @@ impl Tracee {
             });
         }
         // The main thread first, then by tid.
-        threads.sort_by_key(|t| (t.tid != pid, t.tid));
+        threads.sort_by_key(|t| (t.tid != pid.raw(), t.tid));
         let mem = match std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -138,7 +138,7 @@ impl Tracee {
     }
 
     /// The process id.
-    pub fn pid(&self) -> i32 {
+    pub fn pid(&self) -> Pid {
         self.pid
     }
 
@@ -247,7 +247,7 @@ impl Tracee {
         }
         if self.stop_after {
             // SAFETY: kill has no memory preconditions.
-            unsafe { libc::kill(self.pid, libc::SIGSTOP) };
+            unsafe { libc::kill(self.pid.raw(), libc::SIGSTOP) };
         }
         first_err.map_or(Ok(()), Err)
     }
@@ -280,7 +280,7 @@ impl Tracee {
                             i,
                             libc::SYS_rt_tgsigqueueinfo,
                             &[
-                                self.pid as u64,
+                                u64::from(self.pid.0),
                                 tid as u64,
                                 p.signo as u64,
                                 scratch + SCR_SIGINFO,
@@ -291,7 +291,7 @@ impl Tracee {
                     // Fall back to a plain signal (its siginfo then says
                     // it came from us).
                     // SAFETY: tgkill has no memory preconditions.
-                    unsafe { libc::tgkill(self.pid, tid, p.signo) };
+                    unsafe { libc::tgkill(self.pid.raw(), tid, p.signo) };
                     first_err.get_or_insert(e);
                 }
             }
@@ -335,7 +335,7 @@ impl Drop for Tracee {
 
 /// Seize, interrupt and wait for every live thread of `pid`, re-reading the
 /// task list until it is stable.
-fn seize_all(pid: i32, threads: &mut Vec<Thread>) -> Result<()> {
+fn seize_all(pid: Pid, threads: &mut Vec<Thread>) -> Result<()> {
     let mut gone: Vec<i32> = Vec::new();
     loop {
         let tids = live_tasks(pid)?;

@@ -22,7 +22,7 @@ pub(super) const TABLE_PAIRS: usize = 256;
 pub(super) const CLONE_LO: u64 = 0x5555_0000_0000;
 pub(super) const CLONE_HI: u64 = CLONE_LO + 0x10_0000;
 
-const PAGE: usize = 4096;
+const PAGE: usize = crate::PAGE_SIZE as usize;
 const RING: usize = CONTROL_BYTES;
 const TABLE: usize = 24 * 1024;
 const FN_TABLE: usize = TABLE + TABLE_PAIRS * 16;
