@@ -58,7 +58,13 @@ impl Pipeline {
         // The sample's `#[repr(C)]` pid is the kernel's u32 tgid.
         let pid = Pid(s.pid);
         let thread_name = comm_str(&s.comm);
-        self.cct.process_names.entry(pid).or_insert_with(|| {
+        // The main thread's name at sample time is exact, and follows exec;
+        // another thread's name is not the process's.
+        let main_thread = s.tid == s.pid;
+        self.cct.name_process(pid, main_thread, || {
+            if main_thread {
+                return thread_name.to_owned();
+            }
             std::fs::read_to_string(format!("/proc/{pid}/comm"))
                 .map(|c| c.trim_end().to_owned())
                 .unwrap_or_else(|_| thread_name.to_owned())
@@ -113,10 +119,8 @@ impl Pipeline {
             *m.entry(pc).or_insert(0) += s.period.max(1);
         }
         for w in &mut self.windows {
-            if !w.cct.process_names.contains_key(&pid)
-                && let Some(n) = self.cct.process_names.get(&pid)
-            {
-                w.cct.process_names.insert(pid, n.clone());
+            if let Some(n) = self.cct.process_names.get(&pid) {
+                w.cct.name_process(pid, true, || n.clone());
             }
             w.cct.add(
                 pid,

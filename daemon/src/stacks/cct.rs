@@ -107,7 +107,9 @@ impl ThreadTree {
 pub(crate) struct Cct {
     /// Keyed by (process, thread id).
     pub(crate) threads: HashMap<(Pid, u32), ThreadTree>,
-    /// Process names (`/proc/PID/comm` at first sight).
+    /// Process names: the main thread's name at its latest sample (so a
+    /// process that `exec`s is named for the program it became), else
+    /// `/proc/PID/comm` at first sight.
     pub(crate) process_names: HashMap<Pid, String>,
     pub(crate) samples: u64,
 }
@@ -182,12 +184,28 @@ impl Cct {
                 dst.weight += n.weight;
             }
         }
+        // `other` is the later interval: its names are the newer ones.
         for (pid, name) in &other.process_names {
-            self.process_names
-                .entry(*pid)
-                .or_insert_with(|| name.clone());
+            self.name_process(*pid, true, || name.clone());
         }
         self.samples += other.samples;
+    }
+
+    /// Records the name of process `pid`: `exact` names (the main thread's
+    /// name at sample time) replace what is known; others only fill a gap.
+    pub(crate) fn name_process(&mut self, pid: Pid, exact: bool, name: impl FnOnce() -> String) {
+        match self.process_names.get_mut(&pid) {
+            Some(known) if exact => {
+                let name = name();
+                if *known != name {
+                    *known = name;
+                }
+            }
+            Some(_) => {}
+            None => {
+                self.process_names.insert(pid, name());
+            }
+        }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -198,6 +216,27 @@ impl Cct {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_is_named_for_the_program_its_main_thread_runs_now() {
+        let mut cct = Cct::new();
+        // `burstyd run`'s gate is sampled before it execs the command.
+        cct.name_process(Pid(5), true, || "burstyd".into());
+        // Another thread's view never renames a known process...
+        cct.name_process(Pid(5), false, || "worker".into());
+        assert_eq!(cct.process_names[&Pid(5)], "burstyd");
+        // ...the main thread after exec does.
+        cct.name_process(Pid(5), true, || "xz".into());
+        assert_eq!(cct.process_names[&Pid(5)], "xz");
+        // An unknown process takes whatever is offered first.
+        cct.name_process(Pid(6), false, || "from-proc".into());
+        assert_eq!(cct.process_names[&Pid(6)], "from-proc");
+        // Merging a later interval takes its names.
+        let mut total = Cct::new();
+        total.name_process(Pid(5), false, || "burstyd".into());
+        total.merge(&cct);
+        assert_eq!(total.process_names[&Pid(5)], "xz");
+    }
 
     #[test]
     fn shared_prefixes_share_nodes_and_weights_stay_in_their_context() {
