@@ -172,7 +172,25 @@ pub struct BurstTarget {
     /// The signal the injected handler is installed on.
     pub signal: u32,
     pub _pad: u32,
+    /// The injected handler's address: a signal whose disposition is
+    /// anything else is never sent.
+    pub handler: u64,
 }
+
+/// Key of the eBPF `CLONE_PAGES` set: a page of a traced process's
+/// original code that holds at least one rewritten instruction (where the
+/// handler can start a burst).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ClonePage {
+    pub pid: u32,
+    pub _pad: u32,
+    /// Address >> [`CLONE_PAGE_SHIFT`].
+    pub page: u64,
+}
+
+/// Granule of [`ClonePage`].
+pub const CLONE_PAGE_SHIFT: u32 = 12;
 
 /// Offset of `armed` (and `active` right after it).
 pub const ARMED_OFFSET: usize = core::mem::offset_of!(BurstControl, armed);

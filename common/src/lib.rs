@@ -102,6 +102,36 @@ pub struct Config {
     /// Non-zero: processes forked by a target become targets too
     /// (`burstyd run`, so that `run -- sh -c ...` profiles the real work).
     pub follow_children: u32,
+    /// Where the overflow program finds a task's signal state.
+    pub task: TaskLayout,
+}
+
+/// Byte offsets into the running kernel's `struct task_struct` and the
+/// structs it points to, read from its BTF by the daemon at start-up. The
+/// overflow program reads the fields with `bpf_probe_read_kernel` to send a
+/// burst signal only where the program cannot observe it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskLayout {
+    /// `task_struct.blocked` (a 64-bit `sigset_t`).
+    pub blocked: u32,
+    /// `task_struct.pending.signal`: signals pending for this thread.
+    pub pending: u32,
+    /// `task_struct.signal` (pointer to `signal_struct`).
+    pub signal: u32,
+    /// `signal_struct.shared_pending.signal`: pending for the process.
+    pub shared_pending: u32,
+    /// `task_struct.sighand` (pointer to `sighand_struct`).
+    pub sighand: u32,
+    /// `sighand_struct.action` (array of `k_sigaction`, signal 1 first).
+    pub action: u32,
+    /// `k_sigaction.sa.sa_handler`.
+    pub handler: u32,
+    /// `sizeof(struct k_sigaction)`.
+    pub action_size: u32,
+    /// `task_struct.sas_ss_sp` and `.sas_ss_size`: the alternate stack.
+    pub sas_ss_sp: u32,
+    pub sas_ss_size: u32,
 }
 
 /// Indexes into the per-CPU `COUNTERS` array.
@@ -120,8 +150,24 @@ pub mod counter {
     pub const BURST_BUSY: u32 = 5;
     /// `bpf_send_signal_thread` failed.
     pub const BURST_SIGNAL_FAILED: u32 = 6;
+    /// Burst signals not sent, by reason (the program would have noticed
+    /// the signal, or the handler would have declined it):
+    /// the overflow interrupted the kernel (a system call or a fault);
+    pub const DECLINED_IN_KERNEL: u32 = 7;
+    /// the pc is on no page with rewritten instructions;
+    pub const DECLINED_NO_CLONE: u32 = 8;
+    /// the thread blocks the burst signal;
+    pub const DECLINED_BLOCKED: u32 = 9;
+    /// the burst signal is already pending (thread or process);
+    pub const DECLINED_PENDING: u32 = 10;
+    /// the signal's disposition is no longer the injected handler;
+    pub const DECLINED_HANDLER: u32 = 11;
+    /// the thread runs on its alternate signal stack;
+    pub const DECLINED_ALTSTACK: u32 = 12;
+    /// the task's signal state could not be read.
+    pub const DECLINED_UNREADABLE: u32 = 13;
     /// Number of counters.
-    pub const COUNT: u32 = 7;
+    pub const COUNT: u32 = 14;
 }
 
 #[cfg(feature = "user")]
@@ -131,6 +177,7 @@ mod user {
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::Sample {}
     unsafe impl aya::Pod for super::burst::BurstTarget {}
+    unsafe impl aya::Pod for super::burst::ClonePage {}
 }
 
 pub mod addr;
@@ -181,7 +228,9 @@ mod sample_layout {
                 592 + USER_STACK_BYTES
             ]
         );
-        assert_eq!(size_of::<Config>(), 16);
-        assert_eq!(size_of::<burst::BurstTarget>(), 16);
+        assert_eq!(size_of::<Config>(), 56);
+        assert_eq!(offset_of!(Config, task), 16);
+        assert_eq!(size_of::<burst::BurstTarget>(), 24);
+        assert_eq!(size_of::<burst::ClonePage>(), 16);
     }
 }

@@ -19,8 +19,8 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
         generated::{
-            bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_get_stack, bpf_probe_read_user,
-            bpf_send_signal_thread, bpf_task_pt_regs,
+            bpf_get_current_task, bpf_get_current_task_btf, bpf_get_smp_processor_id,
+            bpf_get_stack, bpf_probe_read_user, bpf_send_signal_thread, bpf_task_pt_regs,
         },
     },
     macros::{map, perf_event, tracepoint},
@@ -30,8 +30,8 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use burstyd_common::{
     Config, FILTER_TARGETS, MAX_KERNEL_FRAMES, RING_BYTES, SAMPLE_USER_MODE, SAMPLE_USER_REGS,
-    SAMPLE_USTACK_SHORT, Sample, USER_STACK_BYTES, WAKEUP_BYTES,
-    burst::{ARMED_OFFSET, BurstTarget, CONTROL_MAGIC},
+    SAMPLE_USTACK_SHORT, Sample, TaskLayout, USER_STACK_BYTES, WAKEUP_BYTES,
+    burst::{ARMED_OFFSET, BurstTarget, CLONE_PAGE_SHIFT, CONTROL_MAGIC, ClonePage},
     counter,
 };
 
@@ -50,6 +50,11 @@ static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
 /// a burst (bursty tracing, `--pid`/`run` with the rewriter).
 #[map]
 static BURSTS: HashMap<u32, BurstTarget> = HashMap::with_max_entries(1024, 0);
+
+/// Pages of traced processes' original code that hold rewritten
+/// instructions ([`ClonePage`]): a pc elsewhere gets no burst signal.
+#[map]
+static CLONE_PAGES: HashMap<ClonePage, u8> = HashMap::with_max_entries(65536, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
@@ -95,40 +100,44 @@ pub fn on_newtask(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Whether the overflow interrupted the thread inside execve(2): a signal
-/// queued now would stay pending across the exec and reach the new image,
-/// whose disposition for it is back to the default (terminate). A signal
-/// queued in any other syscall is delivered when it returns, before the
-/// thread can exec.
+/// The hardware picked this moment: signal the overflowing thread, whose
+/// injected handler moves it into the instrumented clones, but only when
+/// the program cannot tell. Each check that fails is a counted decline,
+/// never a signal:
+/// - the overflow interrupted **user mode**: a signal that arrives in a
+///   system call makes it return short or fail with EINTR;
+/// - the pc is on a page with rewritten instructions (elsewhere the
+///   handler would only decline);
+/// - the process is armed and no burst runs in it (read from the control
+///   block in its own memory; the magic word must be there too: a process
+///   that exec'd keeps its pid but not our region);
+/// - the thread does not block the signal and it is not already pending
+///   (for the thread or the process): a blocked signal stays queued, and
+///   the program would receive it from `sigtimedwait` or after an exec;
+/// - the disposition is still the injected handler (a program that reset
+///   its handlers, or took the signal for itself, must never get ours);
+/// - the thread is not on its alternate signal stack (which may be too
+///   small for the signal frame; the handler is installed without
+///   `SA_ONSTACK`, so it runs on whatever stack the thread is on).
 #[inline(always)]
-fn in_exec(ctx: &PerfEventContext) -> bool {
+fn start_burst(ctx: &PerfEventContext, pid: u32, t: &BurstTarget, layout: &TaskLayout) {
     let regs = ctx.as_ptr() as *const pt_regs;
     // SAFETY: the perf_event context points at the interrupted registers.
-    if unsafe { (*regs).cs } & 3 == 3 {
-        return false;
+    let (cs, rip, rsp) = unsafe { ((*regs).cs, (*regs).rip, (*regs).rsp) };
+    if cs & 3 != 3 {
+        bump(counter::DECLINED_IN_KERNEL);
+        return;
     }
-    // SAFETY: helpers on the current task; the read is checked.
-    let nr = unsafe {
-        let task = bpf_get_current_task_btf();
-        let uregs = bpf_task_pt_regs(task) as *const pt_regs;
-        match bpf_probe_read_kernel(uregs) {
-            Ok(u) => u.orig_rax,
-            // Unknown: be safe.
-            Err(_) => return true,
-        }
+    let page = ClonePage {
+        pid,
+        _pad: 0,
+        page: rip >> CLONE_PAGE_SHIFT,
     };
-    nr == 59 || nr == 322 // execve, execveat
-}
-
-/// The hardware picked this moment: if the process is armed and no burst
-/// runs in it, signal the overflowing thread; the injected handler moves it
-/// into the instrumented clones. The words are read from the target's own
-/// memory (we are in its context); a page not present reads as busy. The
-/// control block's magic word must be there too: a process that exec'd
-/// since keeps its pid but not our region (nor our handler), and whatever
-/// it maps at that address now must never get the signal.
-#[inline(always)]
-fn start_burst(t: &BurstTarget) {
+    // SAFETY: a lookup; the value is not kept.
+    if unsafe { CLONE_PAGES.get(&page) }.is_none() {
+        bump(counter::DECLINED_NO_CLONE);
+        return;
+    }
     let mut words = [0u64; 2];
     // SAFETY: reads 16 bytes of the current process's memory into a local.
     let r = unsafe {
@@ -143,12 +152,59 @@ fn start_burst(t: &BurstTarget) {
         bump(counter::BURST_BUSY);
         return;
     }
+    if let Err(reason) = signal_state_allows(t, layout, rsp) {
+        bump(reason);
+        return;
+    }
     // SAFETY: plain helper call.
     if unsafe { bpf_send_signal_thread(t.signal) } == 0 {
         bump(counter::BURST_SIGNALS);
     } else {
         bump(counter::BURST_SIGNAL_FAILED);
     }
+}
+
+/// Reads a kernel word at `base + off`.
+#[inline(always)]
+fn kernel_word(base: u64, off: u64) -> Result<u64, u32> {
+    // SAFETY: a checked read of kernel memory into a local.
+    unsafe { bpf_probe_read_kernel((base.wrapping_add(off)) as *const u64) }
+        .map_err(|_| counter::DECLINED_UNREADABLE)
+}
+
+/// The current thread's signal state permits a burst signal (see
+/// [`start_burst`]); `Err` is the decline counter.
+#[inline(always)]
+fn signal_state_allows(t: &BurstTarget, l: &TaskLayout, rsp: u64) -> Result<(), u32> {
+    if l.action_size == 0 {
+        // The daemon could not read the kernel's task layout.
+        return Err(counter::DECLINED_UNREADABLE);
+    }
+    // SAFETY: plain helper call; the address is only used for checked reads.
+    let task = unsafe { bpf_get_current_task() };
+    let sig = (t.signal.wrapping_sub(1) & 63) as u64;
+    let bit = 1u64 << sig;
+    if kernel_word(task, l.blocked as u64)? & bit != 0 {
+        return Err(counter::DECLINED_BLOCKED);
+    }
+    let pending = kernel_word(task, l.pending as u64)?;
+    let signal = kernel_word(task, l.signal as u64)?;
+    let shared = kernel_word(signal, l.shared_pending as u64)?;
+    if (pending | shared) & bit != 0 {
+        return Err(counter::DECLINED_PENDING);
+    }
+    let sighand = kernel_word(task, l.sighand as u64)?;
+    let action = l.action as u64 + sig * l.action_size as u64 + l.handler as u64;
+    if kernel_word(sighand, action)? != t.handler {
+        return Err(counter::DECLINED_HANDLER);
+    }
+    // The kernel's `on_sig_stack()` for a downward-growing stack.
+    let ss_sp = kernel_word(task, l.sas_ss_sp as u64)?;
+    let ss_size = kernel_word(task, l.sas_ss_size as u64)?;
+    if ss_size != 0 && rsp > ss_sp && rsp - ss_sp <= ss_size {
+        return Err(counter::DECLINED_ALTSTACK);
+    }
+    Ok(())
 }
 
 #[inline(always)]
@@ -180,10 +236,8 @@ fn try_on_overflow(ctx: &PerfEventContext) -> Result<u32, u32> {
         return Ok(0);
     }
     bump(counter::SAMPLES);
-    if let Some(t) = unsafe { BURSTS.get(&pid) }
-        && !in_exec(ctx)
-    {
-        start_burst(t);
+    if let Some(t) = unsafe { BURSTS.get(&pid) } {
+        start_burst(ctx, pid, t, &config.task);
     }
 
     let Some(mut entry) = SAMPLES.reserve::<Sample>(0) else {

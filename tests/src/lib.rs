@@ -701,6 +701,27 @@ pub fn profile_fixture(name: &str) -> (BurstydRun, Finished, Scratch) {
     (run, untraced, scratch)
 }
 
+/// The daemon's per-process bursts summary line.
+pub fn bursts_line(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find(|l| l.contains("bursts: "))
+        .unwrap_or_else(|| panic!("no bursts summary line:\n{stderr}"))
+        .to_string()
+}
+
+/// The number after `label` in the summary line ("96 taken").
+pub fn stat(line: &str, after_word: &str) -> u64 {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let i = words
+        .iter()
+        .position(|w| w.trim_end_matches([',', ';']) == after_word)
+        .unwrap_or_else(|| panic!("no `{after_word}` in {line}"));
+    words[i - 1]
+        .parse()
+        .unwrap_or_else(|_| panic!("bad number before {after_word} in {line}"))
+}
+
 #[cfg(test)]
 mod unit {
     use super::*;

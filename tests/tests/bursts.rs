@@ -21,26 +21,6 @@ fn path_counts(path: &std::path::Path) -> BTreeMap<String, i64> {
     out
 }
 
-fn bursts_line(stderr: &str) -> String {
-    stderr
-        .lines()
-        .find(|l| l.contains("bursts: "))
-        .unwrap_or_else(|| panic!("no bursts summary line:\n{stderr}"))
-        .to_string()
-}
-
-/// The number after `label` in the summary line ("96 taken").
-fn stat(line: &str, after_word: &str) -> u64 {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let i = words
-        .iter()
-        .position(|w| w.trim_end_matches([',', ';']) == after_word)
-        .unwrap_or_else(|| panic!("no `{after_word}` in {line}"));
-    words[i - 1]
-        .parse()
-        .unwrap_or_else(|_| panic!("bad number before {after_word} in {line}"))
-}
-
 #[test]
 fn bursts_record_paths_and_keep_output_identical() {
     require_root();

@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context as _, bail};
 use burstyd_common::addr::Pid;
 use burstyd_common::burst::{
-    ARMED_OFFSET, BurstControl, BurstTarget, CONTROL_BYTES, CONTROL_MAGIC,
+    ARMED_OFFSET, BurstControl, BurstTarget, CLONE_PAGE_SHIFT, CONTROL_BYTES, CONTROL_MAGIC,
 };
 use tracing::{debug, info, warn};
 use userspace_rewriter::analysis::plan::{self, FunctionStatus, Plan, PlanOptions};
@@ -58,6 +58,9 @@ pub(crate) struct Attachment {
     /// same running burst make no progress.
     last_progress: (u64, u64),
     idle_drains: u32,
+    /// Pages (address >> `CLONE_PAGE_SHIFT`) of original code with a
+    /// rewritten instruction: the eBPF program signals only there.
+    pages: Vec<u64>,
 }
 
 /// What an attach produced: the attachment, and what the tracer keeps of
@@ -115,6 +118,12 @@ impl Injected {
             img.skipped.values().sum::<usize>() + plan.summary.skipped.values().sum::<usize>();
         let fdata = FdataFacts::new(data, &plan, analysis);
         let baseline = region.target_counters();
+        let mut pages: Vec<u64> = img
+            .table()
+            .iter()
+            .map(|&(orig, _)| orig >> CLONE_PAGE_SHIFT)
+            .collect();
+        pages.dedup();
         Attached {
             attachment: Attachment {
                 pid,
@@ -125,6 +134,7 @@ impl Injected {
                 baseline,
                 last_progress: (0, 0),
                 idle_drains: 0,
+                pages,
             },
             exe,
             plan,
@@ -460,7 +470,13 @@ impl Attachment {
             armed_addr: self.control_addr + ARMED_OFFSET as u64,
             signal: self.signal as u32,
             _pad: 0,
+            handler: self.region.control().handler,
         }
+    }
+
+    /// The pages of original code where a burst can start.
+    pub(crate) fn pages(&self) -> &[u64] {
+        &self.pages
     }
 
     /// The memory shared with the target (control block and record ring).
@@ -562,7 +578,11 @@ fn install_handler(
 ) -> anyhow::Result<KernelSigaction> {
     let act = KernelSigaction {
         handler,
-        flags: (libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK) as u64 | SA_RESTORER,
+        // No SA_ONSTACK: a program's alternate stack may be too small for
+        // the signal frame (MINSIGSTKSZ is 2 KiB, the x86-64 frame with
+        // AVX-512 state is larger). The eBPF program sends no signal to a
+        // thread already on its alternate stack.
+        flags: (libc::SA_SIGINFO | libc::SA_RESTART) as u64 | SA_RESTORER,
         restorer,
         // Block everything while it runs (it is short).
         mask: !0,

@@ -176,6 +176,12 @@ impl BurstTracer {
         self.attachment.target()
     }
 
+    /// The pages of original code where a burst can start (the eBPF
+    /// `CLONE_PAGES` set).
+    pub(crate) fn pages(&self) -> &[u64] {
+        self.attachment.pages()
+    }
+
     /// Consumes every record the target wrote. Returns how many.
     pub(crate) fn drain(&mut self) -> u64 {
         let (counts, trace) = (&mut self.counts, &mut self.trace);

@@ -14,6 +14,7 @@ use aya::{
     },
 };
 use burstyd_common::addr::Pid;
+use burstyd_common::burst::{BurstTarget, ClonePage};
 use burstyd_common::{Config, FILTER_ALL, FILTER_TARGETS, Sample, counter};
 use tokio::io::unix::AsyncFd;
 
@@ -66,6 +67,36 @@ pub(crate) struct KernelCounters {
     pub(crate) burst_signals: u64,
     pub(crate) burst_busy: u64,
     pub(crate) burst_signal_failed: u64,
+    /// Burst signals not sent, by reason (see `counter::DECLINED_*`).
+    pub(crate) declined: Declined,
+}
+
+/// Overflows in traced processes that sent no burst signal because the
+/// program could have noticed it (or the handler would have declined).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Declined {
+    pub(crate) in_kernel: u64,
+    pub(crate) no_clone: u64,
+    pub(crate) blocked: u64,
+    pub(crate) pending: u64,
+    pub(crate) handler: u64,
+    pub(crate) altstack: u64,
+    pub(crate) unreadable: u64,
+}
+
+impl Declined {
+    /// `(reason, count)` pairs, in a fixed order (summary and metrics).
+    pub(crate) fn reasons(&self) -> [(&'static str, u64); 7] {
+        [
+            ("in_kernel", self.in_kernel),
+            ("no_clone_on_page", self.no_clone),
+            ("signal_blocked", self.blocked),
+            ("signal_pending", self.pending),
+            ("handler_replaced", self.handler),
+            ("on_altstack", self.altstack),
+            ("task_unreadable", self.unreadable),
+        ]
+    }
 }
 
 pub(crate) struct SamplerOptions {
@@ -84,6 +115,8 @@ pub(crate) struct Sampler {
     counters: PerCpuArray<MapData, u64>,
     _logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     cpus: usize,
+    /// The `CLONE_PAGES` keys of each armed process, to take them out.
+    clone_pages: std::collections::HashMap<Pid, Vec<u64>>,
 }
 
 impl Sampler {
@@ -105,7 +138,17 @@ impl Sampler {
                     name: "CONFIG",
                     source,
                 })?;
+            let task = match crate::sampling::btf::kernel_task_layout() {
+                Ok(t) => t,
+                Err(e) => {
+                    // `action_size` 0 makes the program decline every
+                    // burst signal (it cannot tell whether one is safe).
+                    tracing::warn!("{e:#}: bursty tracing will not start bursts");
+                    Default::default()
+                }
+            };
             let cfg = Config {
+                task,
                 filter: if opts.targets.is_some() {
                     FILTER_TARGETS
                 } else {
@@ -145,6 +188,7 @@ impl Sampler {
             counters,
             _logger: logger,
             cpus: 0,
+            clone_pages: Default::default(),
         };
         if let Some(pids) = &opts.targets {
             for &pid in pids {
@@ -338,25 +382,73 @@ impl Sampler {
             burst_signals: get(counter::BURST_SIGNALS),
             burst_busy: get(counter::BURST_BUSY),
             burst_signal_failed: get(counter::BURST_SIGNAL_FAILED),
+            declined: Declined {
+                in_kernel: get(counter::DECLINED_IN_KERNEL),
+                no_clone: get(counter::DECLINED_NO_CLONE),
+                blocked: get(counter::DECLINED_BLOCKED),
+                pending: get(counter::DECLINED_PENDING),
+                handler: get(counter::DECLINED_HANDLER),
+                altstack: get(counter::DECLINED_ALTSTACK),
+                unreadable: get(counter::DECLINED_UNREADABLE),
+            },
         }
     }
 
-    /// Arms (`Some`) or disarms (`None`) the burst signal for `pid`.
+    /// Arms (`Some`: the `BURSTS` entry, and the pages of original code
+    /// where a burst can start) or disarms (`None`) the burst signal for
+    /// `pid`.
     pub(crate) fn set_burst_target(
         &mut self,
         pid: Pid,
-        target: Option<burstyd_common::burst::BurstTarget>,
+        target: Option<(BurstTarget, &[u64])>,
     ) -> Result<(), SamplerError> {
-        use burstyd_common::burst::BurstTarget;
-        match target {
-            Some(t) => self
-                .pid_map::<BurstTarget>("BURSTS")?
-                .insert(pid.0, t, 0)
-                .map_err(|source| SamplerError::Map {
-                    name: "BURSTS",
-                    source,
-                }),
-            None => self.remove_pid::<BurstTarget>("BURSTS", pid),
+        let map_err = |name| move |source| SamplerError::Map { name, source };
+        let Some((t, pages)) = target else {
+            let r = self.remove_pid::<BurstTarget>("BURSTS", pid);
+            for page in self.clone_pages.remove(&pid).unwrap_or_default() {
+                let _ = self.clone_page_map()?.remove(&ClonePage {
+                    pid: pid.0,
+                    _pad: 0,
+                    page,
+                });
+            }
+            return r;
+        };
+        let mut map = self.clone_page_map()?;
+        let mut added = Vec::with_capacity(pages.len());
+        let mut full = 0usize;
+        for &page in pages {
+            let key = ClonePage {
+                pid: pid.0,
+                _pad: 0,
+                page,
+            };
+            match map.insert(key, 1, 0) {
+                Ok(()) => added.push(page),
+                Err(_) => full += 1,
+            }
         }
+        if full > 0 {
+            tracing::warn!(
+                %pid,
+                "{full} of {} code pages with clones do not fit the eBPF page set: no bursts start there",
+                pages.len()
+            );
+        }
+        self.clone_pages.entry(pid).or_default().extend(added);
+        self.pid_map::<BurstTarget>("BURSTS")?
+            .insert(pid.0, t, 0)
+            .map_err(map_err("BURSTS"))
+    }
+
+    fn clone_page_map(
+        &mut self,
+    ) -> Result<HashMap<&mut aya::maps::MapData, ClonePage, u8>, SamplerError> {
+        let name = "CLONE_PAGES";
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(SamplerError::MissingMap(name))?;
+        HashMap::try_from(map).map_err(|source| SamplerError::Map { name, source })
     }
 }

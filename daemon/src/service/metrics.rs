@@ -6,6 +6,8 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::sampling::sampler::{Declined, KernelCounters};
+
 /// One counter (monotonic) or gauge (set).
 #[derive(Debug, Default)]
 pub(crate) struct Counter(AtomicU64);
@@ -59,6 +61,10 @@ pub(crate) struct Metrics {
     pub(crate) bursts_taken: Counter,
     pub(crate) bursts_truncated: Counter,
     pub(crate) bursts_declined: Counter,
+    /// Gauges mirroring the eBPF program's counters: burst signals sent,
+    /// and not sent by reason ([`Declined::reasons`] order).
+    pub(crate) burst_signals: Counter,
+    pub(crate) burst_signals_declined: [Counter; 7],
     pub(crate) functions_rewritten: Counter,
     pub(crate) functions_skipped: Counter,
     // Configuration.
@@ -82,10 +88,21 @@ impl Metrics {
             bursts_taken: Counter::new(),
             bursts_truncated: Counter::new(),
             bursts_declined: Counter::new(),
+            burst_signals: Counter::new(),
+            burst_signals_declined: [const { Counter::new() }; 7],
             functions_rewritten: Counter::new(),
             functions_skipped: Counter::new(),
             config_reloads: Counter::new(),
             config_reload_failures: Counter::new(),
+        }
+    }
+
+    /// Mirrors the eBPF program's counters.
+    pub(crate) fn set_kernel_counters(&self, k: &KernelCounters) {
+        self.ring_drops.set(k.ring_full);
+        self.burst_signals.set(k.burst_signals);
+        for (c, (_, n)) in self.burst_signals_declined.iter().zip(k.declined.reasons()) {
+            c.set(n);
         }
     }
 
@@ -183,6 +200,30 @@ impl Metrics {
             "Functions rewritten for bursty tracing.",
             c(&self.functions_rewritten),
         );
+        one(
+            "burstyd_burst_signals_total",
+            "counter",
+            "Burst signals sent by the eBPF program.",
+            c(&self.burst_signals),
+        );
+        let name = "burstyd_burst_signals_declined_total";
+        let _ = write!(
+            s,
+            "# HELP {name} Overflows in traced processes that sent no burst signal, by reason (the program could have noticed it).\n# TYPE {name} counter\n"
+        );
+        for (c, (reason, _)) in self
+            .burst_signals_declined
+            .iter()
+            .zip(Declined::default().reasons())
+        {
+            let _ = writeln!(s, "{name}{{reason=\"{reason}\"}} {}", c.get());
+        }
+        let mut one = |name: &str, kind: &str, help: &str, v: String| {
+            let _ = write!(
+                s,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+            );
+        };
         one(
             "burstyd_functions_skipped_total",
             "counter",

@@ -33,7 +33,10 @@ impl Session {
         // Also with --burst 0: every overflow still reaches the handler,
         // which returns to the original code at once (what being attached
         // costs without bursts).
-        if let Err(e) = self.sampler.set_burst_target(pid, Some(t.target())) {
+        if let Err(e) = self
+            .sampler
+            .set_burst_target(pid, Some((t.target(), t.pages())))
+        {
             warn!(%pid, "cannot arm bursts: {e}");
         }
         self.joined(t);
@@ -154,9 +157,16 @@ impl Session {
             METRICS
                 .bursts_declined
                 .add(stats.declined_busy + stats.declined_pc + stats.declined_budget);
+            let declined = counters
+                .declined
+                .reasons()
+                .iter()
+                .map(|(r, n)| format!("{} {n}", r.replace('_', " ")))
+                .collect::<Vec<_>>()
+                .join(", ");
             info!(
                 %pid,
-                "bursts: {} taken, {} truncated, {} declined (busy {}, PC not rewritten {}, budget 0 {}), {} reaped; {} signals sent, {} overflows during a burst; functions rewritten {}, skipped {}; {} paths recorded ({} partial), records lost: {}",
+                "bursts: {} taken, {} truncated, {} declined by the handler (busy {}, PC not rewritten {}, budget 0 {}), {} reaped; {} signals sent, {} overflows during a burst, signals not sent: {declined}; functions rewritten {}, skipped {}; {} complete paths recorded (and {} partial ones left out), records lost: {}, bad records: {}",
                 stats.bursts,
                 stats.bursts_truncated,
                 stats.declined_busy + stats.declined_pc + stats.declined_budget,
@@ -170,7 +180,8 @@ impl Session {
                 stats.functions_skipped,
                 stats.paths,
                 stats.partial_paths,
-                stats.records_lost
+                stats.records_lost,
+                stats.bad_records
             );
             debug!(
                 %pid,

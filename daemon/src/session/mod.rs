@@ -458,7 +458,7 @@ impl Session {
 
     /// Once a second: rescan /proc for configured targets, refresh metrics.
     fn on_second(&mut self) {
-        METRICS.ring_drops.set(self.sampler.counters().ring_full);
+        METRICS.set_kernel_counters(&self.sampler.counters());
         if let Some(s) = self.svc.scanner.as_mut() {
             reload::apply_scan(s, &mut self.sampler, &mut self.pipe.procs);
         }
@@ -506,7 +506,7 @@ impl Session {
         let mut out = self.out;
         let opts = self.opts;
         pipe.stats.ring_full = counters.ring_full;
-        METRICS.ring_drops.set(counters.ring_full);
+        METRICS.set_kernel_counters(&counters);
         pipe.finish_windows(true, &mut symbolizer, &out.meta);
         match reason {
             EndReason::Signal => tracing::info!("signal received; writing the profile"),

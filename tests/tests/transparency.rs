@@ -1,0 +1,110 @@
+//! A traced program cannot tell: each mode of the `transparency` fixture
+//! observes something a stray burst signal would change (a short read, a
+//! pending signal, a handler that runs too often, a death), and prints it.
+//! Traced (`burstyd run`, default settings and `--freq 2000`, bursts on)
+//! and untraced, stdout and exit status must be identical, and bursts must
+//! really have run in the traced runs (else the comparison proves nothing).
+
+use std::time::Duration;
+
+use burstyd_tests::*;
+
+/// The bursts summary's "signals not sent" count for `reason` ("signal
+/// blocked", "handler replaced", ...).
+fn not_sent(line: &str, reason: &str) -> u64 {
+    let rest = line
+        .split("signals not sent: ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no declines in {line}"));
+    let at = rest
+        .find(reason)
+        .unwrap_or_else(|| panic!("no `{reason}` in {line}"));
+    rest[at + reason.len()..]
+        .split(|c: char| !c.is_ascii_digit())
+        .find(|s| !s.is_empty())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no count after `{reason}` in {line}"))
+}
+
+/// Runs `transparency MODE UNITS` untraced, then traced at each setting;
+/// returns the traced runs' bursts summary lines.
+fn same_traced_and_untraced(mode: &str, units: &str) -> Vec<String> {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("transparency");
+    let prog = [exe.to_str().unwrap(), mode, units];
+    let untraced = run_untraced(&prog, Duration::from_secs(120));
+    assert!(
+        untraced.status.success(),
+        "{mode}: fails untraced\n{}",
+        untraced.describe()
+    );
+    let mut lines = Vec::new();
+    for settings in [&[][..], &["--freq", "2000"][..]] {
+        let scratch = Scratch::new(&format!("transparency-{mode}"));
+        let run = burstyd_run(&scratch, settings, &prog, Duration::from_secs(180));
+        let f = &run.finished;
+        assert_eq!(
+            (f.status.code(), f.stdout_str()),
+            (untraced.status.code(), untraced.stdout_str()),
+            "{mode} {settings:?}: traced differs from untraced\n{}",
+            f.describe()
+        );
+        let line = bursts_line(&f.stderr);
+        assert!(
+            stat(&line, "taken") >= 1,
+            "{mode} {settings:?}: no burst ran, nothing was tested: {line}"
+        );
+        lines.push(line);
+    }
+    lines
+}
+
+/// 32 MiB reads of /dev/zero, 1 MiB pipe writes to a slow reader,
+/// 4 MiB getrandom, poll with a timeout: never short, never EINTR.
+#[test]
+fn system_calls_return_in_full() {
+    for line in same_traced_and_untraced("syscalls", "40") {
+        assert!(not_sent(&line, "in kernel") >= 1, "{line}");
+    }
+}
+
+/// A program that resets every disposition to SIG_DFL mid-run is not
+/// killed by the next burst signal.
+#[test]
+fn reset_dispositions_are_respected() {
+    for line in same_traced_and_untraced("sigdfl", "60") {
+        assert!(not_sent(&line, "handler replaced") >= 1, "{line}");
+    }
+}
+
+/// A MINSIGSTKSZ alternate stack: the burst handler never runs on it.
+#[test]
+fn a_small_alternate_stack_is_not_used() {
+    same_traced_and_untraced("altstack", "60");
+}
+
+/// Signals blocked: none of ours is queued (the program drains its
+/// pending signals and finds none; its own sigqueue still fits).
+#[test]
+fn blocked_threads_get_no_signal() {
+    for line in same_traced_and_untraced("blocked", "60") {
+        assert!(not_sent(&line, "signal blocked") >= 1, "{line}");
+    }
+}
+
+/// Signals blocked, then exec: the new image (default dispositions,
+/// unblocked) does not die of a signal left pending.
+#[test]
+fn exec_after_blocking_inherits_no_pending_signal() {
+    same_traced_and_untraced("blockexec", "60");
+}
+
+/// The program takes every real-time signal for itself mid-run: its
+/// handler for our signal runs only when it raises it.
+#[test]
+fn a_taken_over_signal_is_not_sent() {
+    for line in same_traced_and_untraced("rt", "60") {
+        assert!(not_sent(&line, "handler replaced") >= 1, "{line}");
+    }
+}
