@@ -644,7 +644,7 @@ fn a_full_ring_truncates_the_burst_and_counts_it() {
         .rsplit("records lost: ")
         .next()
         .and_then(|t| t.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
+        .and_then(|n| n.trim_end_matches([',', ';']).parse().ok())
         .unwrap_or_else(|| panic!("no records lost count in {line}"));
     assert!(lost >= 1, "{line}");
     let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
