@@ -108,3 +108,70 @@ fn a_taken_over_signal_is_not_sent() {
         assert!(not_sent(&line, "handler replaced") >= 1, "{line}");
     }
 }
+
+/// Waits until thread `pid` is blocked in one of the system calls `nrs`
+/// (`/proc/PID/syscall` starts with the number while it is).
+fn wait_in_syscall(pid: u32, nrs: &[&str], what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let nr = std::fs::read_to_string(format!("/proc/{pid}/syscall"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().map(str::to_owned));
+        if nr.is_some_and(|nr| nrs.contains(&nr.as_str())) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never saw pid {pid} in {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `burstyd --pid` attaches while the program waits in `epoll_wait` and
+/// detaches (SIGINT) while it waits in `sigtimedwait`: both calls time out
+/// as they do untraced (the kernel restarts neither after a ptrace stop;
+/// attach and detach rerun them).
+#[test]
+fn blocking_waits_survive_attach_and_detach() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("transparency");
+    let prog = [exe.to_str().unwrap(), "idle", "3000"];
+    let untraced = run_untraced(&prog, Duration::from_secs(60));
+    let child = std::process::Command::new(&exe)
+        .args(&prog[1..])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    wait_in_syscall(pid, &["232", "281", "441"], "epoll_wait");
+    let scratch = Scratch::new("transparency-idle");
+    let out_dir = scratch.join("out");
+    let daemon = std::process::Command::new(burstyd_bin())
+        .args(["--pid", &pid.to_string(), "-o"])
+        .arg(&out_dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_in_syscall(pid, &["128"], "rt_sigtimedwait");
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGINT) };
+    let daemon = daemon.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&daemon.stderr);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        stderr.contains("functions rewritten") && stderr.contains("bursts: "),
+        "the clones were never injected and removed: nothing was tested\n{stderr}"
+    );
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        ),
+        (untraced.status.code(), untraced.stdout_str()),
+        "the waits noticed the attach or the detach\n{stderr}"
+    );
+}

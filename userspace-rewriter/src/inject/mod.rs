@@ -26,8 +26,13 @@
 //! `PTRACE_INTERRUPT` made the syscall return `-ERESTARTSYS`,
 //! `-ERESTART_RESTARTBLOCK`, ... and the saved `rax`/`orig_rax` still say
 //! so. When the thread leaves that stop with those registers, the kernel
-//! restarts the syscall (or returns `EINTR`) exactly as after any ptrace
-//! interrupt. An injection therefore:
+//! restarts the syscall exactly as after any ptrace interrupt. The few
+//! calls the kernel does not restart after a stop (`epoll_wait`,
+//! `sigtimedwait`, `semop`, `io_getevents`) return `EINTR` there instead;
+//! attach rewinds those threads (`rax = orig_rax`, `rip -= 2`) so that the
+//! call runs again, unless the thread has a signal of its own pending, so
+//! the program never sees a failure that only our stop caused (the call's
+//! timeout starts afresh). An injection therefore:
 //!
 //! 1. blocks every asynchronous signal (`PTRACE_SETSIGMASK`, restored after)
 //!    so no signal is taken from the program meanwhile;

@@ -122,6 +122,14 @@ impl Tracee {
                 });
             }
         };
+        for t in &mut threads {
+            if t.attach_signal.is_none() && stop_made_it_fail(pid, t.tid, &t.saved, &mem) {
+                // Run the call again at detach, as the kernel does for the
+                // calls it restarts after a stop.
+                t.saved.rax = t.saved.orig_rax;
+                t.saved.rip -= 2;
+            }
+        }
         Ok(Tracee {
             pid,
             tids: threads.iter().map(|t| t.tid).collect(),
@@ -404,6 +412,39 @@ fn seize_all(pid: Pid, threads: &mut Vec<Thread>) -> Result<()> {
                 attach_signal,
             });
         }
+    }
+}
+
+/// Whether our `PTRACE_INTERRUPT` made the system call thread `tid` was
+/// blocked in fail with EINTR. The kernel restarts most calls after a
+/// stop (`-ERESTART*`: `read`, `poll`, `nanosleep`, ...), but a few return
+/// EINTR instead (`epoll_wait`, `sigtimedwait`, `semop`, `io_getevents`;
+/// see signal(7), "Interruption of system calls and library functions by
+/// stop signals"): resumed as is, the program would see a failure it did
+/// not cause. The EINTR is ours when the thread stopped for our interrupt
+/// (not for a signal) and no signal it does not block is pending (else that
+/// signal's handler runs first and the EINTR is its own). A rerun call
+/// starts its timeout afresh.
+fn stop_made_it_fail(pid: Pid, tid: i32, regs: &libc::user_regs_struct, mem: &File) -> bool {
+    if regs.orig_rax as i64 <= 0 || regs.rax as i64 != -(libc::EINTR as i64) {
+        return false;
+    }
+    // The instruction before the pc must be the `syscall` that stopped.
+    let mut insn = [0u8; 2];
+    if mem
+        .read_exact_at(&mut insn, regs.rip.wrapping_sub(2))
+        .is_err()
+        || insn != [0x0f, 0x05]
+    {
+        return false;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")) else {
+        return false;
+    };
+    let mask = |key| status_field(&status, key).and_then(|v| u64::from_str_radix(v, 16).ok());
+    match (mask("SigPnd"), mask("ShdPnd"), mask("SigBlk")) {
+        (Some(pnd), Some(shd), Some(blk)) => (pnd | shd) & !blk == 0,
+        _ => false,
     }
 }
 
