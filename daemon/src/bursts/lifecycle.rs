@@ -302,32 +302,41 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
         }
     }
     let signal = inject::free_signal(pid)?;
+    // Ask the target's seccomp filters about every call below before
+    // making the first: a filter that kills on one must not see any.
+    let (rw, rx) = (
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::PROT_READ | libc::PROT_EXEC,
+    );
+    let shared = libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE | libc::MAP_POPULATE;
+    let private = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+    for (nr, args) in [
+        (libc::SYS_memfd_create, vec![0, libc::MFD_CLOEXEC as u64]),
+        (libc::SYS_ftruncate, vec![0, shm_len]),
+        (
+            libc::SYS_mmap,
+            vec![base, shm_len, rw as u64, shared as u64, 0, 0],
+        ),
+        (
+            libc::SYS_mmap,
+            vec![code, code_len, rx as u64, private as u64, u64::MAX, 0],
+        ),
+        (libc::SYS_close, vec![0]),
+        (libc::SYS_rt_sigaction, vec![signal as u64, 0, 0, 8]),
+    ] {
+        t.check_syscall(nr, &args)?;
+    }
     let fd = t.memfd_create(MEMFD_NAME, libc::MFD_CLOEXEC)?;
     t.syscall(libc::SYS_ftruncate, &[fd as u64, shm_len])?;
     // MAP_FIXED_NOREPLACE: if the program mapped something into the
     // gap since we looked, this fails cleanly and nothing is replaced.
-    t.mmap(
-        base,
-        shm_len,
-        libc::PROT_READ | libc::PROT_WRITE,
-        // Populated: the eBPF program reads `armed`/`active` with
-        // bpf_probe_read_user, which cannot fault a page in.
-        libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE | libc::MAP_POPULATE,
-        fd,
-        0,
-    )
-    .context(
+    // Populated: the eBPF program reads `armed`/`active` with
+    // bpf_probe_read_user, which cannot fault a page in.
+    t.mmap(base, shm_len, rw, shared, fd, 0).context(
         "mapping the burst region (the address space changed while the clones were generated?)",
     )?;
-    t.mmap(
-        code,
-        code_len,
-        libc::PROT_READ | libc::PROT_EXEC,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-        -1,
-        0,
-    )
-    .context("mapping the clone code")?;
+    t.mmap(code, code_len, rx, private, -1, 0)
+        .context("mapping the clone code")?;
     let shm_file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)

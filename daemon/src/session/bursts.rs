@@ -25,7 +25,7 @@ impl Session {
         let t = match tracer {
             Ok(t) => t,
             Err(e) => {
-                warn!(%pid, "bursty tracing disabled for this process: {e:#}");
+                warn!(%pid, "bursty tracing disabled for this process (it is sampled only): {e:#}");
                 self.pipe.leaf_weights.remove(&pid);
                 return;
             }
@@ -53,7 +53,9 @@ impl Session {
                 info!(%pid, "the session ended while attaching; detaching");
                 self.joined(t);
             }
-            Err(e) => warn!(%pid, "bursty tracing disabled for this process: {e:#}"),
+            Err(e) => {
+                warn!(%pid, "bursty tracing disabled for this process (it is sampled only): {e:#}")
+            }
         }
     }
 

@@ -82,8 +82,11 @@
 //!   (`NT_X86_XSTATE`) registers and signal mask, but not memory: a function
 //!   that changes `errno` (TLS) changes the interrupted code's `errno`.
 //!   `__register_frame`/`__deregister_frame` do not set `errno`.
-//! - A seccomp filter in the target applies to injected syscalls (a filter
-//!   that kills on `mmap` would kill the program).
+//! - A seccomp filter in the target applies to injected syscalls: attach
+//!   reads each thread's filters (`PTRACE_SECCOMP_GET_FILTER`) and every
+//!   injection first runs them on its exact call (`seccomp.rs`); a call they
+//!   would not allow is not made ([`InjectError::SeccompRefuses`], naming
+//!   the call). [`Tracee::check_syscall`] asks the same question up front.
 //! - If burstyd dies between two steps of an injection, the kernel detaches
 //!   the target with the registers of that moment. [`Tracee`]'s `Drop`
 //!   covers errors and panics, not `SIGKILL`.
@@ -96,6 +99,8 @@
 //!   registers, memory through `/proc/PID/mem`, detach;
 //! - `remote.rs`: syscalls and function calls run in the target
 //!   ([`Tracee::syscall`], [`Tracee::mmap`], [`Tracee::call`], ...);
+//! - `seccomp.rs`: the target's seccomp filters, run on our calls by a
+//!   classic-BPF interpreter before we make them;
 //! - `procfs.rs`: `/proc` queries ([`maps`] and its [`MapEntry`] lines,
 //!   [`find_gap_near`], [`free_signal`], [`shadow_stack_enabled`], live
 //!   threads, EPERM diagnosis).
@@ -103,6 +108,7 @@
 mod procfs;
 mod ptrace;
 mod remote;
+mod seccomp;
 mod tracee;
 
 use std::time::Duration;
@@ -192,6 +198,20 @@ pub enum InjectError {
     NoFreeSignal(Pid),
     #[error("thread {tid}: unexpected {what}")]
     Unexpected { tid: i32, what: String },
+    #[error(
+        "process {0} runs in seccomp strict mode: it may make no system call but read, write, \
+         exit and sigreturn, and injecting the clones needs others"
+    )]
+    SeccompStrict(Pid),
+    #[error(
+        "the seccomp filter of process {pid} {action} on {syscall}, which injecting the clones \
+         needs; nothing was injected"
+    )]
+    SeccompRefuses {
+        pid: Pid,
+        syscall: String,
+        action: String,
+    },
     #[error("cannot parse {what}: {text:?}")]
     Parse { what: String, text: String },
 }

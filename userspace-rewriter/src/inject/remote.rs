@@ -250,7 +250,7 @@ impl Tracee {
 
     /// The address of a `syscall` instruction in the target (cached;
     /// checked before each use).
-    fn gadget(&mut self) -> Result<u64> {
+    pub(super) fn gadget(&mut self) -> Result<u64> {
         if let Some(g) = self.gadget
             && self.read_memory(g, 2).is_ok_and(|b| b == [0x0f, 0x05])
         {
@@ -305,6 +305,11 @@ impl Tracee {
             return Err(InjectError::TooManyArguments(args.len()));
         }
         let gadget = self.gadget()?;
+        // `syscall` leaves the next instruction's address in the filter's
+        // view (`instruction_pointer`).
+        self.threads[i]
+            .seccomp
+            .check(self.pid, nr, args, gadget + 2)?;
         self.take_attach_signal(i);
         let tid = self.tids[i];
         let live = get_regs(tid)?;

@@ -13,6 +13,7 @@ use super::procfs::{diagnose_eperm, live_tasks, read_proc, status_field};
 use super::ptrace::{
     Wait, get_regs, get_siginfo, get_sigmask, ptrace, set_regs, set_sigmask, wait_tid,
 };
+use super::seccomp::Filters;
 use super::{ALL_SIGNALS, InjectError, Pid, Result, SCR_SIGINFO, SCRATCH_LEN};
 
 /// A signal taken from a thread that must be given back at detach.
@@ -30,6 +31,8 @@ pub(super) struct Thread {
     /// The thread was in a signal-delivery stop for this signal at attach
     /// and has not been resumed since: `PTRACE_DETACH` passes it on.
     pub(super) attach_signal: Option<Pending>,
+    /// Its seccomp filters: every call injected on it must pass them.
+    pub(super) seccomp: Filters,
 }
 
 /// A stopped process: every thread held in a ptrace stop, registers saved.
@@ -123,6 +126,19 @@ impl Tracee {
             }
         };
         for t in &mut threads {
+            let mode = read_proc(pid, &format!("task/{}/status", t.tid))
+                .ok()
+                .and_then(|s| status_field(&s, "Seccomp").and_then(|v| v.parse().ok()))
+                .unwrap_or(0);
+            match Filters::read(pid, t.tid, mode) {
+                Ok(f) => t.seccomp = f,
+                Err(e) => {
+                    release(&threads);
+                    return Err(e);
+                }
+            }
+        }
+        for t in &mut threads {
             if t.attach_signal.is_none() && stop_made_it_fail(pid, t.tid, &t.saved, &mem) {
                 // Run the call again at detach, as the kernel does for the
                 // calls it restarts after a stop.
@@ -167,6 +183,16 @@ impl Tracee {
     /// If `tid` is not one of [`Tracee::threads`].
     pub fn regs(&self, tid: i32) -> &libc::user_regs_struct {
         &self.threads[self.index(tid)].saved
+    }
+
+    /// Whether the seccomp filters of the first thread (where syscalls run)
+    /// would let the system call `nr` with `args` through; `Err`
+    /// ([`InjectError::SeccompRefuses`]) names the call and what the filter
+    /// would do. Every injected call is checked this way anyway; asking up
+    /// front keeps a multi-step injection from stopping half done.
+    pub fn check_syscall(&mut self, nr: i64, args: &[u64]) -> Result<()> {
+        let ip = self.gadget()? + 2;
+        self.threads[0].seccomp.check(self.pid, nr, args, ip)
     }
 
     /// How long [`Tracee::call`] waits for the function to return (5 s by
@@ -389,6 +415,7 @@ fn seize_all(pid: Pid, threads: &mut Vec<Thread>) -> Result<()> {
                     tid,
                     saved: get_regs(tid).unwrap_or(unsafe { std::mem::zeroed() }),
                     attach_signal: None,
+                    seccomp: Filters::default(),
                 });
                 return Err(e);
             }
@@ -410,6 +437,7 @@ fn seize_all(pid: Pid, threads: &mut Vec<Thread>) -> Result<()> {
                 tid,
                 saved: get_regs(tid)?,
                 attach_signal,
+                seccomp: Filters::default(),
             });
         }
     }
