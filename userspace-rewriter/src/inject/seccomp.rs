@@ -156,7 +156,9 @@ fn run(prog: &[Insn], data: &[u8; 64]) -> u32 {
                         // BPF_ABS | BPF_W
                         let o = k as usize;
                         match data.get(o..o + 4) {
-                            Some(b) if o % 4 == 0 => u32::from_le_bytes(b.try_into().unwrap()),
+                            Some(b) if o.is_multiple_of(4) => {
+                                u32::from_le_bytes(b.try_into().unwrap())
+                            }
                             _ => return RET_KILL_PROCESS,
                         }
                     }
