@@ -35,7 +35,7 @@ macro_rules! control_block {
 
 /// `BurstControl::magic`: the version of the layout. It changes whenever
 /// [`CONTROL_FIELDS`] does; the `layout` test below fails until it has.
-pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd2");
+pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd3");
 /// Saved path registers (one per instrumented activation in a burst).
 pub const SHADOW_DEPTH: usize = 1024;
 /// Set in the path register when the path's start was not observed (the
@@ -151,7 +151,16 @@ control_block! {
         pub declined_budget: u64,
         /// Words consumed by the daemon (consumer index), on its own line.
         pub tail: u64,
-        pub _pad: [u64; 7],
+        /// The pid of the daemon that armed the region, as the target's
+        /// pid namespace sees it (0: none, or not visible from there). A
+        /// second daemon refuses bursts while it lives; a full ring in a
+        /// full trace stops waiting once it has gone (`kill(tracer, 0)`
+        /// fails with ESRCH).
+        pub tracer: u64,
+        /// The pid the region was injected into: a child that inherited it
+        /// through fork shares it with its parent and is never armed.
+        pub made_for: u64,
+        pub _pad: [u64; 5],
         pub shadow: [ShadowEntry; SHADOW_DEPTH],
     }
 }
@@ -203,7 +212,7 @@ mod layout {
     /// `BurstControl` changed, give `CONTROL_MAGIC` a new value (a target
     /// still holding a region of the old layout must be recognised as
     /// foreign) and copy the new field list and magic here.
-    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd2");
+    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd3");
     const PINNED_FIELDS: &[(&str, usize, usize)] = &[
         ("magic", 0, 8),
         ("armed", 8, 4),
@@ -239,7 +248,9 @@ mod layout {
         ("eh_frame", 240, 8),
         ("declined_budget", 248, 8),
         ("tail", 256, 8),
-        ("_pad", 264, 56),
+        ("tracer", 264, 8),
+        ("made_for", 272, 8),
+        ("_pad", 280, 40),
         ("shadow", 320, 16384),
     ];
 

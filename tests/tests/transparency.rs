@@ -202,3 +202,61 @@ fn blocking_waits_survive_attach_and_detach() {
         "the waits noticed the attach or the detach\n{stderr}"
     );
 }
+
+/// Two burstyd instances on one pid: the second finds the first's region
+/// armed by a live burstyd, says so, and samples only; the first's bursts
+/// go on.
+#[test]
+fn a_second_burstyd_samples_only() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("transparency");
+    let mut target = std::process::Command::new(&exe)
+        .args(["blocked", "400"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = target.id().to_string();
+    let scratch = Scratch::new("two-tracers");
+    let first = std::process::Command::new(burstyd_bin())
+        .args(["--pid", &pid, "-o"])
+        .arg(scratch.join("first"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first instance's region appears in the target's maps; give it
+    // the moment to finish arming.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_default()
+        .contains("burstyd-bursts")
+    {
+        assert!(std::time::Instant::now() < deadline, "never injected");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let second = burstyd(
+        &scratch,
+        &["--pid", &pid, "--duration", "1"],
+        &[],
+        Duration::from_secs(60),
+    );
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(first.id() as i32, libc::SIGINT) };
+    let first = first.wait_with_output().unwrap();
+    let _ = target.kill();
+    let _ = target.wait();
+    let first_err = String::from_utf8_lossy(&first.stderr);
+    second.assert_ok();
+    assert!(
+        second
+            .finished
+            .stderr
+            .contains("already traced in bursts by another burstyd"),
+        "{}",
+        second.finished.describe()
+    );
+    let line = bursts_line(&first_err);
+    assert!(stat(&line, "taken") >= 1, "{line}");
+}

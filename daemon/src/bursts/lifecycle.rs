@@ -18,6 +18,7 @@
 //! threads may still hold return addresses into clones, which lead back to
 //! the original code at the next check. A later attach finds the memfd in
 //! `/proc/PID/maps` and reuses it.
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
@@ -152,6 +153,28 @@ impl Injected {
     }
 }
 
+/// Our pid for `BurstControl::tracer`: as the target's pid namespace
+/// sees it, which is ours only if we share it (0 otherwise: the target
+/// cannot check on us).
+fn tracer_as_seen_by(pid: Pid) -> u64 {
+    let ns = |p: &str| std::fs::metadata(format!("/proc/{p}/ns/pid")).map(|m| m.ino());
+    match (ns("self"), ns(&pid.to_string())) {
+        (Ok(a), Ok(b)) if a == b => std::process::id().into(),
+        _ => 0,
+    }
+}
+
+/// The daemon named by a region's `tracer`, if it is another burstyd that
+/// is still running.
+fn live_tracer(tracer: u64) -> Option<u64> {
+    let t = u32::try_from(tracer).ok().filter(|&t| t != 0)?;
+    if t == std::process::id() || !crate::sys::process_running(Pid(t)) {
+        return None;
+    }
+    let comm = std::fs::read_to_string(format!("/proc/{t}/comm")).ok()?;
+    comm.starts_with("burstyd").then_some(tracer)
+}
+
 /// A fast content hash of the executable (FNV-1a), to tell whether an
 /// injected region was made for this very file.
 fn exe_id(data: &[u8]) -> u64 {
@@ -232,6 +255,18 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
         // SAFETY: the mapping is at least a page, BurstControl fits.
         let (magic, old_id) = unsafe { ((*cb).magic, (*cb).exe_id) };
         if magic == CONTROL_MAGIC && old_id == id {
+            // SAFETY: as above.
+            let (made_for, tracer) = unsafe { ((*cb).made_for, (*cb).tracer) };
+            if made_for != u64::from(pid.0) {
+                bail!(
+                    "pid {pid} inherited its burst region through fork from pid {made_for}, which it still shares with it; tracing it in bursts would mix the two"
+                );
+            }
+            if let Some(other) = live_tracer(tracer) {
+                bail!(
+                    "pid {pid} is already traced in bursts by another burstyd (pid {other}); one tracer per process"
+                );
+            }
             return rearm(
                 pid,
                 exe,
@@ -326,6 +361,11 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
     ] {
         t.check_syscall(nr, &args)?;
     }
+    if opts.full_trace {
+        // What the runtime itself calls while a full ring waits.
+        t.check_syscall(libc::SYS_sched_yield, &[])?;
+        t.check_syscall(libc::SYS_kill, &[tracer_as_seen_by(pid), 0])?;
+    }
     let fd = t.memfd_create(MEMFD_NAME, libc::MFD_CLOEXEC)?;
     t.syscall(libc::SYS_ftruncate, &[fd as u64, shm_len])?;
     // MAP_FIXED_NOREPLACE: if the program mapped something into the
@@ -381,6 +421,8 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
         cb.signal = signal as u64;
         cb.exe_id = id;
         cb.eh_frame = if registered { eh_addr } else { 0 };
+        cb.made_for = pid.0.into();
+        cb.tracer = tracer_as_seen_by(pid);
     }
     let old_action = install_handler(&mut t, signal, img.handler, img.restorer)?;
     set_run_options(&mut region, opts);
@@ -450,6 +492,7 @@ fn rearm(
         // Whatever an interrupted earlier session left.
         cb.owner = 0;
         cb.active = 0;
+        cb.tracer = tracer_as_seen_by(pid);
     }
     set_run_options(&mut region, opts);
     t.detach()?;
@@ -497,6 +540,11 @@ impl Attachment {
     pub(crate) fn counters_since_attach(&self) -> TargetCounters {
         let now = self.region.target_counters();
         std::array::from_fn(|i| now[i].wrapping_sub(self.baseline[i]))
+    }
+
+    /// Clears `tracer`: the region is free for another burstyd.
+    pub(crate) fn release(&mut self) {
+        self.region.control_mut().tracer = 0;
     }
 
     /// No new bursts; a running one ends at its next check.

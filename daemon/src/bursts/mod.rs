@@ -248,6 +248,8 @@ impl BurstTracer {
             t.flush();
         }
         let restored = self.attachment.restore_signal();
+        // Another burstyd may trace it from now on.
+        self.attachment.release();
         Finished {
             traced: self.traced,
             counts: self.counts,

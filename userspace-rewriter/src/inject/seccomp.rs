@@ -251,6 +251,8 @@ pub(super) fn syscall_name(nr: i64) -> String {
         libc::SYS_ftruncate => "ftruncate",
         libc::SYS_memfd_create => "memfd_create",
         libc::SYS_getpid => "getpid",
+        libc::SYS_sched_yield => "sched_yield",
+        libc::SYS_kill => "kill",
         _ => return format!("system call {nr}"),
     };
     name.to_string()

@@ -2,7 +2,7 @@
 use iced_x86::Code;
 use iced_x86::IcedError;
 use iced_x86::code_asm::{
-    CodeAssembler, CodeLabel, eax, qword_ptr, r8, r8d, r11, rax, rcx, rdi, rdx, rsi,
+    CodeAssembler, CodeLabel, eax, esi, qword_ptr, r8, r8d, r11, rax, rcx, rdi, rdx, rsi,
 };
 
 use super::asm::{RipRel, field};
@@ -12,10 +12,17 @@ pub(super) const YIELDS: u32 = 1 << 22;
 
 /// `sched_yield`.
 const SYS_SCHED_YIELD: u32 = 24;
+/// `kill`.
+const SYS_KILL: u32 = 62;
+/// Yields between two checks that the daemon (`tracer`) is alive.
+const CHECK_TRACER_EVERY: u32 = 1 << 10;
 
 /// `rt_emit(rax = w0, rdx = w1)`; clobbers rcx. A full ring truncates the
 /// burst (its budget drops to 1) and counts the record as lost, unless
-/// `wait_when_full` (full trace), which yields (bounded) for the daemon.
+/// `wait_when_full` (full trace), which yields (bounded) for the daemon —
+/// as long as it lives: every [`CHECK_TRACER_EVERY`] yields (the first
+/// time at once) `kill(tracer, 0)`; ESRCH means nobody will ever consume,
+/// and `wait_when_full` is cleared so that later full rings lose at once.
 ///
 /// The ring holds `ring_mask + 1` words (a power of two) and `head` is
 /// always even, so a record never straddles the end: it goes to
@@ -59,17 +66,35 @@ pub(super) fn emit(
     a.set_label(&mut full)?;
     a.rip_mi(Code::Cmp_rm64_imm8, field!(control, wait_when_full), 0)?;
     a.je(lost)?;
-    a.sub(r8, 1)?;
-    a.je(lost)?;
-    // sched_yield(); rcx/r11 are clobbered by syscall: save rax, rdx, r11.
+    // rcx/r11 are clobbered by syscall: save rax, rdx, r11.
     a.push(rax)?;
     a.push(rdx)?;
     a.push(r11)?;
+    let mut yield_ = a.create_label();
+    a.test(r8d, CHECK_TRACER_EVERY - 1)?;
+    a.jne(yield_)?;
+    a.rip_rm(Code::Mov_r64_rm64, rdi, field!(control, tracer))?;
+    a.test(rdi, rdi)?;
+    a.je(yield_)?;
+    a.mov(eax, SYS_KILL)?;
+    a.xor(esi, esi)?;
+    a.syscall()?;
+    a.cmp(rax, -(libc::ESRCH as i32))?;
+    a.jne(yield_)?;
+    // The daemon is gone: stop waiting, now and from now on.
+    a.rip_mi(Code::Mov_rm64_imm32, field!(control, wait_when_full), 0)?;
+    a.pop(r11)?;
+    a.pop(rdx)?;
+    a.pop(rax)?;
+    a.jmp(lost)?;
+    a.set_label(&mut yield_)?;
     a.mov(eax, SYS_SCHED_YIELD)?;
     a.syscall()?;
     a.pop(r11)?;
     a.pop(rdx)?;
     a.pop(rax)?;
+    a.sub(r8, 1)?;
+    a.je(lost)?;
     a.jmp(retry)?;
 
     a.set_label(&mut lost)?;
@@ -200,6 +225,51 @@ mod tests {
             (c.head, c.lost_records, c.truncated, c.budget),
             (18, 0, 0, 1000)
         );
+    }
+
+    /// With `wait_when_full` and a daemon that is gone (`tracer` names no
+    /// process), a full ring loses the record at once and stops waiting
+    /// for good; a live tracer is waited for (the test above has none).
+    #[test]
+    fn a_dead_consumer_is_not_waited_for() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let mut h = Harness::new();
+        h.ctl_mut().wait_when_full = 1;
+        h.ctl_mut().budget = 1000;
+        h.ctl_mut().head = 16;
+        h.ctl_mut().tracer = dead.into();
+        let start = Instant::now();
+        emit(&mut h, 1, 2);
+        assert!(start.elapsed() < Duration::from_millis(100));
+        let c = h.ctl();
+        assert_eq!(
+            (
+                c.head,
+                c.lost_records,
+                c.truncated,
+                c.budget,
+                c.wait_when_full
+            ),
+            (16, 1, 1, 1, 0)
+        );
+
+        // A live one (ourselves) is waited for.
+        let mut h = Harness::new();
+        h.ctl_mut().wait_when_full = 1;
+        h.ctl_mut().budget = 1000;
+        h.ctl_mut().head = 16;
+        h.ctl_mut().tracer = std::process::id().into();
+        let tail = &raw mut h.ctl_mut().tail as usize;
+        let daemon = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            // SAFETY: as in `full_ring_waits_for_the_consumer`.
+            unsafe { AtomicU64::from_ptr(tail as *mut u64) }.store(2, Ordering::Release);
+        });
+        emit(&mut h, 0x77, 0x88);
+        daemon.join().unwrap();
+        assert_eq!((h.ctl().head, h.ctl().lost_records), (18, 0));
     }
 
     /// A full ring that stays full: after the yield bound the record is
