@@ -79,7 +79,7 @@ pub(super) fn emit(
     a.mov(eax, SYS_KILL)?;
     a.xor(esi, esi)?;
     a.syscall()?;
-    a.cmp(rax, -(libc::ESRCH as i32))?;
+    a.cmp(rax, -libc::ESRCH)?;
     a.jne(yield_)?;
     // The daemon is gone: stop waiting, now and from now on.
     a.rip_mi(Code::Mov_rm64_imm32, field!(control, wait_when_full), 0)?;
