@@ -76,6 +76,11 @@ pub struct Sample {
     pub kstack_len: u32,
     /// Number of valid bytes in `ustack`.
     pub ustack_len: u32,
+    /// The parent process's id (`real_parent->tgid`; 0 if unknown): a
+    /// forked child that is gone before its maps are read is symbolized
+    /// with its parent's.
+    pub ppid: u32,
+    pub _pad: u32,
     /// Kernel return addresses, innermost first.
     pub kstack: [u64; MAX_KERNEL_FRAMES],
     /// Copy of the user stack from `rsp` upwards.
@@ -132,6 +137,9 @@ pub struct TaskLayout {
     /// `task_struct.sas_ss_sp` and `.sas_ss_size`: the alternate stack.
     pub sas_ss_sp: u32,
     pub sas_ss_size: u32,
+    /// `task_struct.real_parent` (pointer) and `task_struct.tgid`.
+    pub real_parent: u32,
+    pub tgid: u32,
 }
 
 /// Indexes into the per-CPU `COUNTERS` array.
@@ -204,6 +212,7 @@ mod sample_layout {
             offset_of!(Sample, rbp),
             offset_of!(Sample, kstack_len),
             offset_of!(Sample, ustack_len),
+            offset_of!(Sample, ppid),
             offset_of!(Sample, kstack),
             offset_of!(Sample, ustack),
             size_of::<Sample>(),
@@ -224,11 +233,12 @@ mod sample_layout {
                 72,
                 76,
                 80,
-                592,
-                592 + USER_STACK_BYTES
+                88,
+                600,
+                600 + USER_STACK_BYTES
             ]
         );
-        assert_eq!(size_of::<Config>(), 56);
+        assert_eq!(size_of::<Config>(), 64);
         assert_eq!(offset_of!(Config, task), 16);
         assert_eq!(size_of::<burst::BurstTarget>(), 24);
         assert_eq!(size_of::<burst::ClonePage>(), 16);

@@ -164,6 +164,21 @@ fn start_burst(ctx: &PerfEventContext, pid: u32, t: &BurstTarget, layout: &TaskL
     }
 }
 
+/// The current task's parent process id (0 if the layout is unknown).
+#[inline(always)]
+fn parent_tgid(l: &TaskLayout) -> u32 {
+    if l.action_size == 0 {
+        return 0;
+    }
+    // SAFETY: plain helper call; the address is only used for checked reads.
+    let task = unsafe { bpf_get_current_task() };
+    let Ok(parent) = kernel_word(task, l.real_parent as u64) else {
+        return 0;
+    };
+    // SAFETY: a checked read of kernel memory into a local.
+    unsafe { bpf_probe_read_kernel(parent.wrapping_add(l.tgid as u64) as *const u32) }.unwrap_or(0)
+}
+
 /// Reads a kernel word at `base + off`.
 #[inline(always)]
 fn kernel_word(base: u64, off: u64) -> Result<u64, u32> {
@@ -267,6 +282,8 @@ fn try_on_overflow(ctx: &PerfEventContext) -> Result<u32, u32> {
         (*s).rbp = 0;
         (*s).kstack_len = 0;
         (*s).ustack_len = 0;
+        (*s).ppid = parent_tgid(&config.task);
+        (*s)._pad = 0;
 
         let regs = ctx.as_ptr() as *const pt_regs;
         let in_user = ((*regs).cs & 3) == 3;

@@ -260,3 +260,43 @@ fn a_second_burstyd_samples_only() {
     let line = bursts_line(&first_err);
     assert!(stat(&line, "taken") >= 1, "{line}");
 }
+
+/// `burstyd run` follows the command's children: 100 forked children that
+/// live ~30 ms each, mostly gone before the daemon reads their maps, are
+/// symbolized with their parent's maps (they forked without exec).
+#[test]
+fn short_lived_children_are_symbolized() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("transparency");
+    let scratch = Scratch::new("forks");
+    let run = burstyd_run(
+        &scratch,
+        &[],
+        &[exe.to_str().unwrap(), "forks", "100"],
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    assert_eq!(run.finished.stdout_str(), "100 children exited 0\n");
+    let traces = run.traces();
+    let parent = traces
+        .iter()
+        .filter_map(|t| t.label("pid"))
+        .min_by_key(|p| p.parse::<u32>().unwrap_or(u32::MAX))
+        .unwrap()
+        .to_string();
+    let children: Vec<_> = traces
+        .iter()
+        .filter(|t| t.label("pid") != Some(parent.as_str()))
+        .collect();
+    let named = children
+        .iter()
+        .filter(|t| t.has("work") || t.has("mix"))
+        .count();
+    assert!(
+        children.len() >= 50 && named * 10 >= children.len() * 9,
+        "{named} of {} children's stacks name work/mix\n{}",
+        children.len(),
+        describe_traces(&traces, 10)
+    );
+}

@@ -272,6 +272,8 @@ impl Btf {
             action_size: u32_of(self.size_of(k_sigaction)?, "k_sigaction")?,
             sas_ss_sp: u32_of(self.offset("task_struct", &["sas_ss_sp"])?, "sas_ss_sp")?,
             sas_ss_size: u32_of(self.offset("task_struct", &["sas_ss_size"])?, "sas_ss_size")?,
+            real_parent: u32_of(self.offset("task_struct", &["real_parent"])?, "real_parent")?,
+            tgid: u32_of(self.offset("task_struct", &["tgid"])?, "tgid")?,
         })
     }
 }
@@ -357,7 +359,15 @@ mod tests {
         let btf = Btf::parse(&bytes).unwrap();
         let l = btf.task_layout().unwrap();
         let task = btf.size_of(btf.struct_id("task_struct").unwrap()).unwrap() as u32;
-        for off in [l.blocked, l.pending, l.signal, l.sighand, l.sas_ss_sp] {
+        for off in [
+            l.blocked,
+            l.pending,
+            l.signal,
+            l.sighand,
+            l.sas_ss_sp,
+            l.real_parent,
+            l.tgid,
+        ] {
             assert!(off > 0 && off < task, "{l:?}");
         }
         // `struct sigaction`'s first member is the handler; 64 actions.

@@ -69,6 +69,9 @@ impl Pipeline {
                 .map(|c| c.trim_end().to_owned())
                 .unwrap_or_else(|_| thread_name.to_owned())
         });
+        if s.ppid != 0 {
+            self.procs.inherit(pid, Pid(s.ppid), thread_name);
+        }
         let kernel = &s.kstack[..(s.kstack_len as usize).min(s.kstack.len())];
         self.frames.clear();
         let mut truncated = false;

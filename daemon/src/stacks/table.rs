@@ -123,6 +123,7 @@ impl ExecMapping {
     }
 }
 
+#[derive(Clone)]
 struct ProcState {
     /// All mappings, sorted by start.
     maps: Vec<MapEntry>,
@@ -215,6 +216,34 @@ impl ProcessTable {
             return true;
         }
         self.refresh(pid)
+    }
+
+    /// A process first seen in a sample that also names its parent: if
+    /// its own maps cannot be read any more (a short-lived child, gone
+    /// before the daemon got to its samples) and it still runs the program
+    /// its parent runs (`comm` is the parent's name: it forked without
+    /// exec), it is given a copy of the parent's maps — a forked child
+    /// shares them until it execs or maps something new.
+    pub(crate) fn inherit(&mut self, child: Pid, parent: Pid, comm: &str) {
+        if self.procs.contains_key(&child) || parent == child || parent.0 == 0 {
+            return;
+        }
+        if self.refresh(child) {
+            return;
+        }
+        let parent_comm = std::fs::read_to_string(format!("/proc/{parent}/comm"))
+            .map(|c| c.trim_end().to_owned())
+            .unwrap_or_default();
+        if parent_comm != comm || !(self.procs.contains_key(&parent) || self.refresh(parent)) {
+            return;
+        }
+        let mut state = self.procs[&parent].clone();
+        state.exited = true;
+        self.procs.insert(child, state);
+        if let Some(c) = self.clones.get(&parent).cloned() {
+            self.clones.insert(child, c);
+        }
+        debug!(%child, %parent, "gone before its maps were read: symbolized with its parent's");
     }
 
     /// Re-read `/proc/PID/maps` now. Returns whether anything is known about `pid`.
