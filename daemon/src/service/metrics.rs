@@ -309,13 +309,29 @@ mod tests {
         assert!(t.contains("# TYPE burstyd_samples_total counter\nburstyd_samples_total 5\n"));
         assert!(t.contains("burstyd_push_queued 0\n"));
         assert!(t.contains("process_resident_memory_bytes "));
-        // Every line is a comment or `name value`.
+        // Declines by reason, as labels.
+        let mut k = KernelCounters::default();
+        k.declined.blocked = 7;
+        m.set_kernel_counters(&k);
+        let t = m.render();
+        assert!(
+            t.contains("burstyd_burst_signals_declined_total{reason=\"signal_blocked\"} 7\n"),
+            "{t}"
+        );
+        // Every line is a comment or `name value` / `name{label="v"} value`.
         for l in t.lines().filter(|l| !l.starts_with('#')) {
-            let (n, v) = l.split_once(' ').unwrap();
+            let (n, v) = l.rsplit_once(' ').unwrap();
+            let name = n.split('{').next().unwrap();
             assert!(
-                n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
                 "{l}"
             );
+            if let Some(labels) = n.strip_prefix(name) {
+                assert!(
+                    labels.is_empty() || (labels.starts_with('{') && labels.ends_with("\"}")),
+                    "{l}"
+                );
+            }
             assert!(v.parse::<f64>().is_ok(), "{l}");
         }
         let (cpu, rss) = self_cpu_and_rss();
