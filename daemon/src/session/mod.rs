@@ -388,7 +388,7 @@ impl Session {
         let now = SystemTime::now();
         let out = &mut self.out;
         let cct = std::mem::take(&mut self.pipe.cct);
-        let bytes = write_interval(
+        let interval = write_interval(
             &self.opts,
             &cct,
             &self.pipe.procs,
@@ -396,7 +396,8 @@ impl Session {
             &out.meta.span(out.interval_start, now),
             Some(&self.svc.notify),
         )?;
-        self.pipe.stats.profiles_written += 1;
+        self.pipe.stats.profiles_written += u64::from(interval.written);
+        let bytes = interval.bytes;
         if let Some(p) = &self.svc.pusher {
             push_interval(
                 p,
@@ -516,7 +517,7 @@ impl Session {
         let now = SystemTime::now();
         let last = std::mem::take(&mut pipe.cct);
         if opts.interval.is_some() && !last.is_empty() {
-            let bytes = write_interval(
+            let interval = write_interval(
                 &opts,
                 &last,
                 &pipe.procs,
@@ -524,7 +525,8 @@ impl Session {
                 &out.meta.span(out.interval_start, now),
                 None,
             )?;
-            pipe.stats.profiles_written += 1;
+            pipe.stats.profiles_written += u64::from(interval.written);
+            let bytes = interval.bytes;
             if let Some(p) = &self.svc.pusher {
                 push_interval(
                     p,
