@@ -96,10 +96,30 @@ fn main() {
     match rt.block_on(real_main(cli, args, overrides)) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("burstyd: error: {e:#}");
+            eprintln!("burstyd: error: {}", error_chain(&e));
             std::process::exit(1);
         }
     }
+}
+
+/// An error and its causes, `: `-separated like `{:#}`, but without a
+/// cause its parent's message already ends with (error types that both
+/// print their source and return it, as aya's `SyscallError` behind a
+/// transparent `ProgramError` does: "`perf_event_open` failed:
+/// `perf_event_open` failed: ...").
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let msg = cause.to_string();
+        if out.ends_with(&msg) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&msg);
+    }
+    out
 }
 
 fn init_logging(verbose: u8) {
@@ -219,6 +239,10 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
     };
     let duration = secs(args.duration, "duration")?;
     let interval = settings.interval;
+    // What would otherwise fail only once the command runs, or at the end.
+    events::check_sampling(sampling)?;
+    crate::export::check_output_dir(&settings.output)?;
+
 
     // `run`: fork the command now but hold it before exec until the sampler
     // records its pid, so its first instructions are already sampled.
@@ -390,4 +414,21 @@ fn spawn_gated(command: &[String]) -> anyhow::Result<(tokio::process::Child, Own
         .with_context(|| format!("cannot run `{}`", command[0]))?;
     drop(read_end);
     Ok((child, write_end))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn error_chain_drops_a_cause_its_parent_already_printed() {
+        let io = std::io::Error::from_raw_os_error(libc::EINVAL);
+        let e = anyhow::Error::new(io)
+            .context("`perf_event_open` failed")
+            .context("opening the cpu-clock sampling event on CPU 0: `perf_event_open` failed");
+        assert_eq!(
+            super::error_chain(&e),
+            "opening the cpu-clock sampling event on CPU 0: `perf_event_open` failed: Invalid argument (os error 22)"
+        );
+        let e = anyhow::anyhow!("disk full").context("writing x");
+        assert_eq!(super::error_chain(&e), "writing x: disk full");
+    }
 }

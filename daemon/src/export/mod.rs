@@ -26,6 +26,26 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Res
     Ok(path)
 }
 
+/// Checks, before anything runs, that profiles can be written to `dir`:
+/// creates it if needed, then creates and removes a file in it.
+pub(crate) fn check_output_dir(dir: &Path) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    if dir.is_file() {
+        anyhow::bail!("the output directory {} is a file", dir.display());
+    }
+    if dir.exists() && !dir.is_dir() {
+        anyhow::bail!("the output directory {} is not a directory", dir.display());
+    }
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the output directory {}", dir.display()))?;
+    let probe = dir.join(format!(".burstyd-write-test.{}", std::process::id()));
+    std::fs::File::create(&probe)
+        .with_context(|| format!("cannot write to the output directory {}", dir.display()))?;
+    std::fs::remove_file(&probe)
+        .with_context(|| format!("cannot write to the output directory {}", dir.display()))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -39,6 +59,8 @@ mod tests {
         assert!(!dir.join(".p.pb.gz.tmp").exists());
         let ok = super::write_atomic(&dir, "q.pb.gz", b"abc").unwrap();
         assert_eq!(std::fs::read(ok).unwrap(), b"abc");
+        assert!(super::check_output_dir(&dir.join("q.pb.gz")).is_err());
+        assert!(super::check_output_dir(&dir.join("new/sub")).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
