@@ -77,14 +77,47 @@ pub(crate) fn process_exists(pid: Pid) -> bool {
 /// is not running: ptrace cannot attach to it any more, and a configured
 /// target in that state has exited.
 pub(crate) fn process_running(pid: Pid) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rfind(')')
-                .and_then(|i| s[i + 1..].split_whitespace().next())
-                .map(|state| state != "Z" && state != "X")
-        })
-        .unwrap_or(false)
+    proc_stat(pid).is_some_and(|s| !s.exited())
+}
+
+/// `PF_KTHREAD` in `/proc/PID/stat`'s flags: a kernel thread.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// What `/proc/PID/stat` says about a process: its name, state and flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ProcStat {
+    pub(crate) comm: String,
+    /// `R`, `S`, `D`, `Z` (zombie), `X` (dead), ...
+    pub(crate) state: char,
+    pub(crate) flags: u64,
+}
+
+impl ProcStat {
+    /// A zombie or dead: the process has exited.
+    pub(crate) fn exited(&self) -> bool {
+        matches!(self.state, 'Z' | 'X')
+    }
+
+    pub(crate) fn kernel_thread(&self) -> bool {
+        self.flags & PF_KTHREAD != 0
+    }
+}
+
+/// `/proc/PID/stat`, or `None` when the process is gone.
+pub(crate) fn proc_stat(pid: Pid) -> Option<ProcStat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Parses `pid (comm) state ppid pgrp session tty_nr tpgid flags ...`
+/// (comm may hold spaces and parentheses: it ends at the last `)`).
+fn parse_stat(s: &str) -> Option<ProcStat> {
+    let (head, rest) = s.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_string();
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // Fields 4 to 8 (ppid ... tpgid), then 9: flags.
+    let flags = fields.nth(5)?.parse().ok()?;
+    Some(ProcStat { comm, state, flags })
 }
 
 /// CPU time (user + system) this process has used so far, in nanoseconds.
@@ -125,4 +158,29 @@ pub(crate) fn ensure_tracefs() -> io::Result<()> {
     }
     tracing::info!("mounted tracefs at /sys/kernel/tracing");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_after_an_odd_comm() {
+        let s = "42 (a) b (c)) S 2 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 3 0 0\n";
+        let st = parse_stat(s).unwrap();
+        assert_eq!(st.comm, "a) b (c)");
+        assert_eq!(st.state, 'S');
+        assert_eq!(st.flags, 2129984);
+        assert!(st.kernel_thread());
+        let z = parse_stat("7 (sh) Z 1 7 7 0 -1 4194316 0").unwrap();
+        assert!(z.exited() && !z.kernel_thread());
+    }
+
+    #[test]
+    fn kthreadd_is_a_kernel_thread_and_we_are_not() {
+        let k = proc_stat(Pid(2)).expect("pid 2 (kthreadd)");
+        assert!(k.kernel_thread(), "{k:?}");
+        let me = proc_stat(Pid(std::process::id())).unwrap();
+        assert!(!me.kernel_thread() && !me.exited(), "{me:?}");
+    }
 }

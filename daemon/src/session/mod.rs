@@ -622,12 +622,59 @@ async fn wait(child: &mut Option<Child>) -> std::io::Result<ExitStatus> {
     }
 }
 
-/// Checks `--pid` targets before anything is loaded.
+/// Checks `--pid` targets before anything is loaded: each must be a
+/// running user-space process other than burstyd itself.
 pub(crate) fn check_targets(pids: &[Pid]) -> anyhow::Result<()> {
+    let me = std::process::id();
     for &pid in pids {
+        if pid.0 == me {
+            bail!("--pid {pid} is burstyd itself");
+        }
         if !crate::sys::process_exists(pid) {
             bail!("no such process: {pid}");
         }
+        // Gone between the two checks: as good as never there.
+        let Some(st) = crate::sys::proc_stat(pid) else {
+            bail!("no such process: {pid}");
+        };
+        if st.exited() {
+            bail!("process {pid} has exited (zombie), nothing to profile");
+        }
+        // A kernel thread has no executable (and no user-space stack).
+        let no_exe = matches!(std::fs::read_link(format!("/proc/{pid}/exe")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+        if st.kernel_thread() || no_exe {
+            bail!(
+                "{pid} is a kernel thread ({}): burstyd profiles user-space programs; use system-wide mode to see kernel stacks",
+                st.comm
+            );
+        }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_targets_refuses_burstyd_itself() {
+        let me = Pid(std::process::id());
+        let e = check_targets(&[me]).unwrap_err().to_string();
+        assert_eq!(e, format!("--pid {me} is burstyd itself"));
+    }
+
+    #[test]
+    fn check_targets_refuses_kernel_threads_and_takes_a_process() {
+        let e = check_targets(&[Pid(2)]).unwrap_err().to_string();
+        assert!(e.starts_with("2 is a kernel thread (kthreadd)"), "{e}");
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let r = check_targets(&[Pid(child.id())]);
+        let _ = child.kill();
+        let _ = child.wait();
+        r.unwrap();
+    }
 }
