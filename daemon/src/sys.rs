@@ -160,6 +160,170 @@ pub(crate) fn ensure_tracefs() -> io::Result<()> {
     Ok(())
 }
 
+/// The signals a session handles itself: SIGINT/SIGTERM (stop, or in
+/// `run` passed on to the command), SIGHUP (reload, or passed on).
+pub(crate) const SESSION_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+fn session_sigset() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a sigset_t we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in SESSION_SIGNALS {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Blocks [`SESSION_SIGNALS`] in the calling thread and every thread it
+/// starts from now on; they stay pending until a [`SignalFd`] reads them.
+/// Call it before any other thread exists. Children inherit the mask,
+/// through exec too: see [`original_sigmask`].
+pub(crate) fn block_session_signals() -> io::Result<()> {
+    let set = session_sigset();
+    // SAFETY: a zeroed sigset_t is valid; pthread_sigmask overwrites it.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is initialised, `old` is ours to write.
+    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    let _ = ORIGINAL_MASK.set(Mask(old));
+    Ok(())
+}
+
+/// The signal mask burstyd started with (before
+/// [`block_session_signals`]), for `run`'s command: a blocked mask
+/// survives exec, and std's `Command` keeps it.
+pub(crate) fn original_sigmask() -> libc::sigset_t {
+    match ORIGINAL_MASK.get() {
+        Some(m) => m.0,
+        // SAFETY: sigemptyset initialises a sigset_t we own.
+        None => unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            set
+        },
+    }
+}
+
+/// Sets the calling thread's signal mask to `set`; async-signal-safe (for
+/// a forked child before exec).
+pub(crate) fn set_sigmask(set: &libc::sigset_t) -> io::Result<()> {
+    // SAFETY: `set` is an initialised sigset_t; no old mask is asked for.
+    if unsafe { libc::sigprocmask(libc::SIG_SETMASK, set, std::ptr::null_mut()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+struct Mask(libc::sigset_t);
+// SAFETY: a sigset_t is plain data, only read once stored.
+unsafe impl Sync for Mask {}
+unsafe impl Send for Mask {}
+static ORIGINAL_MASK: std::sync::OnceLock<Mask> = std::sync::OnceLock::new();
+
+/// One signal read from a [`SignalFd`], with who sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SigInfo {
+    pub(crate) signo: libc::c_int,
+    /// `si_code`: `SI_USER` from kill(2), `SI_KERNEL` from the kernel
+    /// (a terminal's ^C or hangup goes to its whole foreground group).
+    pub(crate) code: i32,
+    /// The sender, for `SI_USER`.
+    pub(crate) pid: u32,
+}
+
+/// A non-blocking signalfd for the (blocked) [`SESSION_SIGNALS`].
+pub(crate) struct SignalFd(std::os::fd::OwnedFd);
+
+impl SignalFd {
+    pub(crate) fn new() -> io::Result<Self> {
+        let set = session_sigset();
+        // SAFETY: -1 asks for a new descriptor; `set` is initialised.
+        let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: signalfd just returned this descriptor; we own it.
+        Ok(SignalFd(unsafe {
+            <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
+        }))
+    }
+
+    /// The next pending signal; `WouldBlock` when there is none.
+    pub(crate) fn read(&self) -> io::Result<SigInfo> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: signalfd_siginfo is plain data; all zeroes is valid.
+        let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+        let size = size_of::<libc::signalfd_siginfo>();
+        // SAFETY: reading at most `size` bytes into `info`.
+        let n = unsafe {
+            libc::read(
+                self.0.as_raw_fd(),
+                &mut info as *mut _ as *mut libc::c_void,
+                size,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n as usize != size {
+            return Err(io::Error::other(format!(
+                "signalfd: short read ({n} bytes)"
+            )));
+        }
+        Ok(SigInfo {
+            signo: info.ssi_signo as libc::c_int,
+            code: info.ssi_code,
+            pid: info.ssi_pid,
+        })
+    }
+}
+
+impl std::os::fd::AsRawFd for SignalFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// The process group of `pid` (`getpgid`; 0 is ours).
+pub(crate) fn process_group(pid: u32) -> io::Result<u32> {
+    // SAFETY: getpgid only reads.
+    let g = unsafe { libc::getpgid(pid as libc::pid_t) };
+    if g < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(g as u32)
+}
+
+/// Sends `signo` to `pid` (kill(2)).
+pub(crate) fn send_signal(pid: u32, signo: libc::c_int) -> io::Result<()> {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    if unsafe { libc::kill(pid as libc::pid_t, signo) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A signal's name (`SIGTERM`), or its number.
+pub(crate) fn signal_name(signo: libc::c_int) -> String {
+    match signo {
+        libc::SIGHUP => "SIGHUP".into(),
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGQUIT => "SIGQUIT".into(),
+        libc::SIGKILL => "SIGKILL".into(),
+        libc::SIGSEGV => "SIGSEGV".into(),
+        libc::SIGABRT => "SIGABRT".into(),
+        libc::SIGPIPE => "SIGPIPE".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        libc::SIGUSR1 => "SIGUSR1".into(),
+        libc::SIGUSR2 => "SIGUSR2".into(),
+        n => format!("signal {n}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
