@@ -54,7 +54,7 @@ pub(crate) struct Cli {
 
     /// Profile only this process and its threads (repeatable). Without
     /// --pid (and without `run`), every process on the host is sampled.
-    #[arg(short, long = "pid", value_name = "PID")]
+    #[arg(short, long = "pid", value_name = "PID", value_parser = parse_pid)]
     pub(crate) pids: Vec<u32>,
 
     /// Configuration file [default: /etc/burstyd/burstyd.toml if it
@@ -74,6 +74,16 @@ pub(crate) struct Cli {
 
     #[command(flatten)]
     pub(crate) profile: ProfileArgs,
+}
+
+/// A `--pid`: a positive number (0 is no process: kill(0, ...) means
+/// "my own process group").
+fn parse_pid(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(0) => Err("0 is not a process id (pids start at 1)".into()),
+        Ok(p) => Ok(p),
+        Err(e) => Err(format!("{e}")),
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -73,6 +73,14 @@ fn main() {
         }
         return;
     }
+    // SIGINT/SIGTERM/SIGHUP wait, pending, for the session to read them
+    // (see session::command): blocked now, before any thread starts, so
+    // that no thread takes them with their default action (which would
+    // kill burstyd and abandon `run`'s command).
+    if let Err(e) = crate::sys::block_session_signals() {
+        eprintln!("burstyd: error: blocking signals: {e}");
+        std::process::exit(1);
+    }
     let args = match &cli.command {
         Some(Command::Run { profile, .. }) => profile.clone(),
         _ => cli.profile.clone(),
@@ -96,10 +104,30 @@ fn main() {
     match rt.block_on(real_main(cli, args, overrides)) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("burstyd: error: {e:#}");
+            eprintln!("burstyd: error: {}", error_chain(&e));
             std::process::exit(1);
         }
     }
+}
+
+/// An error and its causes, `: `-separated like `{:#}`, but without a
+/// cause its parent's message already ends with (error types that both
+/// print their source and return it, as aya's `SyscallError` behind a
+/// transparent `ProgramError` does: "`perf_event_open` failed:
+/// `perf_event_open` failed: ...").
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let msg = cause.to_string();
+        if out.ends_with(&msg) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&msg);
+    }
+    out
 }
 
 fn init_logging(verbose: u8) {
@@ -219,6 +247,9 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
     };
     let duration = secs(args.duration, "duration")?;
     let interval = settings.interval;
+    // What would otherwise fail only once the command runs, or at the end.
+    events::check_sampling(sampling)?;
+    crate::export::check_output_dir(&settings.output)?;
 
     // `run`: fork the command now but hold it before exec until the sampler
     // records its pid, so its first instructions are already sampled.
@@ -245,13 +276,24 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
         initial = Some(found);
         scanner = Some(s);
     }
-    let sampler = Sampler::start(&SamplerOptions {
+    let sampler = match Sampler::start(&SamplerOptions {
         event: event.clone(),
         sampling,
         targets: initial.clone(),
         kernel_stacks: settings.kernel_stacks,
         follow_children: child.is_some(),
-    })?;
+    }) {
+        Ok(s) => s,
+        Err(e) => {
+            // The command has not started: its gate dies with the pipe
+            // still shut, so that it never runs unprofiled and unwaited.
+            if let Some(mut c) = child.take() {
+                let _ = c.start_kill();
+                let _ = c.wait().await;
+            }
+            return Err(e.into());
+        }
+    };
     match (&targets, &scanner) {
         (None, None) => tracing::info!(
             "sampling every process on {} CPUs on {} ({:?})",
@@ -270,7 +312,7 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
     }
     // Release the command.
     drop(gate.take());
-    let (_stats, status) = session::run(
+    let ended = session::run(
         SessionOptions {
             event,
             requested_event,
@@ -299,15 +341,31 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
             },
         },
         sampler,
-        child,
+        child.map(session::Command::new),
     )
-    .await?;
-    Ok(match status {
-        Some(s) => s.code().unwrap_or_else(|| {
-            128 + std::os::unix::process::ExitStatusExt::signal(&s).unwrap_or(0)
-        }),
-        None => 0,
-    })
+    .await;
+    let Some(command) = ended.command else {
+        ended.result?;
+        return Ok(0);
+    };
+    // `run`: the command's status, whatever became of the profile.
+    if let Err(e) = &ended.result {
+        eprintln!("burstyd: error: {}", error_chain(e));
+    }
+    let status = command?;
+    if ended.result.is_err() {
+        eprintln!("burstyd: the command ended ({status}); burstyd exits with its status");
+    }
+    Ok(exit_code(status))
+}
+
+/// A command's exit status as a shell reports it: its code, or 128 plus
+/// the signal that killed it.
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
 fn describe_specs(specs: &[crate::service::config::TargetSpec]) -> String {
@@ -374,10 +432,15 @@ fn spawn_gated(command: &[String]) -> anyhow::Result<(tokio::process::Child, Own
     let exe = std::env::current_exe().context("finding burstyd's own executable")?;
     let mut cmd = std::process::Command::new(exe);
     cmd.args(command).env(GATE_ENV, rfd.to_string());
-    // SAFETY: only async-signal-safe calls (close, fcntl) between fork and exec.
+    // The command starts with the signal mask burstyd was given, not the
+    // one that holds the session's signals back.
+    let mask = crate::sys::original_sigmask();
+    // SAFETY: only async-signal-safe calls (close, fcntl, sigprocmask)
+    // between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             libc::close(wfd);
+            crate::sys::set_sigmask(&mask)?;
             // Keep the read end open across exec.
             if libc::fcntl(rfd, libc::F_SETFD, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
@@ -390,4 +453,21 @@ fn spawn_gated(command: &[String]) -> anyhow::Result<(tokio::process::Child, Own
         .with_context(|| format!("cannot run `{}`", command[0]))?;
     drop(read_end);
     Ok((child, write_end))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn error_chain_drops_a_cause_its_parent_already_printed() {
+        let io = std::io::Error::from_raw_os_error(libc::EINVAL);
+        let e = anyhow::Error::new(io)
+            .context("`perf_event_open` failed")
+            .context("opening the cpu-clock sampling event on CPU 0: `perf_event_open` failed");
+        assert_eq!(
+            super::error_chain(&e),
+            "opening the cpu-clock sampling event on CPU 0: `perf_event_open` failed: Invalid argument (os error 22)"
+        );
+        let e = anyhow::anyhow!("disk full").context("writing x");
+        assert_eq!(super::error_chain(&e), "writing x: disk full");
+    }
 }

@@ -77,14 +77,47 @@ pub(crate) fn process_exists(pid: Pid) -> bool {
 /// is not running: ptrace cannot attach to it any more, and a configured
 /// target in that state has exited.
 pub(crate) fn process_running(pid: Pid) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rfind(')')
-                .and_then(|i| s[i + 1..].split_whitespace().next())
-                .map(|state| state != "Z" && state != "X")
-        })
-        .unwrap_or(false)
+    proc_stat(pid).is_some_and(|s| !s.exited())
+}
+
+/// `PF_KTHREAD` in `/proc/PID/stat`'s flags: a kernel thread.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// What `/proc/PID/stat` says about a process: its name, state and flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ProcStat {
+    pub(crate) comm: String,
+    /// `R`, `S`, `D`, `Z` (zombie), `X` (dead), ...
+    pub(crate) state: char,
+    pub(crate) flags: u64,
+}
+
+impl ProcStat {
+    /// A zombie or dead: the process has exited.
+    pub(crate) fn exited(&self) -> bool {
+        matches!(self.state, 'Z' | 'X')
+    }
+
+    pub(crate) fn kernel_thread(&self) -> bool {
+        self.flags & PF_KTHREAD != 0
+    }
+}
+
+/// `/proc/PID/stat`, or `None` when the process is gone.
+pub(crate) fn proc_stat(pid: Pid) -> Option<ProcStat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Parses `pid (comm) state ppid pgrp session tty_nr tpgid flags ...`
+/// (comm may hold spaces and parentheses: it ends at the last `)`).
+fn parse_stat(s: &str) -> Option<ProcStat> {
+    let (head, rest) = s.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_string();
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // Fields 4 to 8 (ppid ... tpgid), then 9: flags.
+    let flags = fields.nth(5)?.parse().ok()?;
+    Some(ProcStat { comm, state, flags })
 }
 
 /// CPU time (user + system) this process has used so far, in nanoseconds.
@@ -125,4 +158,193 @@ pub(crate) fn ensure_tracefs() -> io::Result<()> {
     }
     tracing::info!("mounted tracefs at /sys/kernel/tracing");
     Ok(())
+}
+
+/// The signals a session handles itself: SIGINT/SIGTERM (stop, or in
+/// `run` passed on to the command), SIGHUP (reload, or passed on).
+pub(crate) const SESSION_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+fn session_sigset() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a sigset_t we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in SESSION_SIGNALS {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Blocks [`SESSION_SIGNALS`] in the calling thread and every thread it
+/// starts from now on; they stay pending until a [`SignalFd`] reads them.
+/// Call it before any other thread exists. Children inherit the mask,
+/// through exec too: see [`original_sigmask`].
+pub(crate) fn block_session_signals() -> io::Result<()> {
+    let set = session_sigset();
+    // SAFETY: a zeroed sigset_t is valid; pthread_sigmask overwrites it.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is initialised, `old` is ours to write.
+    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    let _ = ORIGINAL_MASK.set(Mask(old));
+    Ok(())
+}
+
+/// The signal mask burstyd started with (before
+/// [`block_session_signals`]), for `run`'s command: a blocked mask
+/// survives exec, and std's `Command` keeps it.
+pub(crate) fn original_sigmask() -> libc::sigset_t {
+    match ORIGINAL_MASK.get() {
+        Some(m) => m.0,
+        // SAFETY: sigemptyset initialises a sigset_t we own.
+        None => unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            set
+        },
+    }
+}
+
+/// Sets the calling thread's signal mask to `set`; async-signal-safe (for
+/// a forked child before exec).
+pub(crate) fn set_sigmask(set: &libc::sigset_t) -> io::Result<()> {
+    // SAFETY: `set` is an initialised sigset_t; no old mask is asked for.
+    if unsafe { libc::sigprocmask(libc::SIG_SETMASK, set, std::ptr::null_mut()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+struct Mask(libc::sigset_t);
+// SAFETY: a sigset_t is plain data, only read once stored.
+unsafe impl Sync for Mask {}
+unsafe impl Send for Mask {}
+static ORIGINAL_MASK: std::sync::OnceLock<Mask> = std::sync::OnceLock::new();
+
+/// One signal read from a [`SignalFd`], with who sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SigInfo {
+    pub(crate) signo: libc::c_int,
+    /// `si_code`: `SI_USER` from kill(2), `SI_KERNEL` from the kernel
+    /// (a terminal's ^C or hangup goes to its whole foreground group).
+    pub(crate) code: i32,
+    /// The sender, for `SI_USER`.
+    pub(crate) pid: u32,
+}
+
+/// A non-blocking signalfd for the (blocked) [`SESSION_SIGNALS`].
+pub(crate) struct SignalFd(std::os::fd::OwnedFd);
+
+impl SignalFd {
+    pub(crate) fn new() -> io::Result<Self> {
+        let set = session_sigset();
+        // SAFETY: -1 asks for a new descriptor; `set` is initialised.
+        let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: signalfd just returned this descriptor; we own it.
+        Ok(SignalFd(unsafe {
+            <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
+        }))
+    }
+
+    /// The next pending signal; `WouldBlock` when there is none.
+    pub(crate) fn read(&self) -> io::Result<SigInfo> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: signalfd_siginfo is plain data; all zeroes is valid.
+        let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+        let size = size_of::<libc::signalfd_siginfo>();
+        // SAFETY: reading at most `size` bytes into `info`.
+        let n = unsafe {
+            libc::read(
+                self.0.as_raw_fd(),
+                &mut info as *mut _ as *mut libc::c_void,
+                size,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n as usize != size {
+            return Err(io::Error::other(format!(
+                "signalfd: short read ({n} bytes)"
+            )));
+        }
+        Ok(SigInfo {
+            signo: info.ssi_signo as libc::c_int,
+            code: info.ssi_code,
+            pid: info.ssi_pid,
+        })
+    }
+}
+
+impl std::os::fd::AsRawFd for SignalFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// The process group of `pid` (`getpgid`; 0 is ours).
+pub(crate) fn process_group(pid: u32) -> io::Result<u32> {
+    // SAFETY: getpgid only reads.
+    let g = unsafe { libc::getpgid(pid as libc::pid_t) };
+    if g < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(g as u32)
+}
+
+/// Sends `signo` to `pid` (kill(2)).
+pub(crate) fn send_signal(pid: u32, signo: libc::c_int) -> io::Result<()> {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    if unsafe { libc::kill(pid as libc::pid_t, signo) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A signal's name (`SIGTERM`), or its number.
+pub(crate) fn signal_name(signo: libc::c_int) -> String {
+    match signo {
+        libc::SIGHUP => "SIGHUP".into(),
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGQUIT => "SIGQUIT".into(),
+        libc::SIGKILL => "SIGKILL".into(),
+        libc::SIGSEGV => "SIGSEGV".into(),
+        libc::SIGABRT => "SIGABRT".into(),
+        libc::SIGPIPE => "SIGPIPE".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        libc::SIGUSR1 => "SIGUSR1".into(),
+        libc::SIGUSR2 => "SIGUSR2".into(),
+        n => format!("signal {n}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_after_an_odd_comm() {
+        let s = "42 (a) b (c)) S 2 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 3 0 0\n";
+        let st = parse_stat(s).unwrap();
+        assert_eq!(st.comm, "a) b (c)");
+        assert_eq!(st.state, 'S');
+        assert_eq!(st.flags, 2129984);
+        assert!(st.kernel_thread());
+        let z = parse_stat("7 (sh) Z 1 7 7 0 -1 4194316 0").unwrap();
+        assert!(z.exited() && !z.kernel_thread());
+    }
+
+    #[test]
+    fn kthreadd_is_a_kernel_thread_and_we_are_not() {
+        let k = proc_stat(Pid(2)).expect("pid 2 (kthreadd)");
+        assert!(k.kernel_thread(), "{k:?}");
+        let me = proc_stat(Pid(std::process::id())).unwrap();
+        assert!(!me.kernel_thread() && !me.exited(), "{me:?}");
+    }
 }

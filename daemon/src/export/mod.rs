@@ -11,12 +11,56 @@ pub(crate) mod paths;
 pub(crate) mod pprof;
 
 /// Writes `bytes` to `dir/name` atomically (a hidden temp file in `dir`,
-/// then rename), creating `dir` if needed. Returns the path written.
+/// then rename), creating `dir` if needed. Returns the path written. On
+/// failure (a full disk, EIO, a read-only file system) the temp file is
+/// removed: nothing but whole profiles is ever left in `dir`.
 pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     let path = dir.join(name);
     let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, &path)?;
+    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     Ok(path)
+}
+
+/// Checks, before anything runs, that profiles can be written to `dir`:
+/// creates it if needed, then creates and removes a file in it.
+pub(crate) fn check_output_dir(dir: &Path) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    if dir.is_file() {
+        anyhow::bail!("the output directory {} is a file", dir.display());
+    }
+    if dir.exists() && !dir.is_dir() {
+        anyhow::bail!("the output directory {} is not a directory", dir.display());
+    }
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the output directory {}", dir.display()))?;
+    let probe = dir.join(format!(".burstyd-write-test.{}", std::process::id()));
+    std::fs::File::create(&probe)
+        .with_context(|| format!("cannot write to the output directory {}", dir.display()))?;
+    std::fs::remove_file(&probe)
+        .with_context(|| format!("cannot write to the output directory {}", dir.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_failed_write_leaves_no_temp_file() {
+        let dir = std::env::temp_dir().join(format!("burstyd-write-atomic-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // The rename fails: the target is a non-empty directory.
+        std::fs::create_dir_all(dir.join("p.pb.gz/x")).unwrap();
+        assert!(super::write_atomic(&dir, "p.pb.gz", b"abc").is_err());
+        assert!(!dir.join(".p.pb.gz.tmp").exists());
+        let ok = super::write_atomic(&dir, "q.pb.gz", b"abc").unwrap();
+        assert_eq!(std::fs::read(ok).unwrap(), b"abc");
+        assert!(super::check_output_dir(&dir.join("q.pb.gz")).is_err());
+        assert!(super::check_output_dir(&dir.join("new/sub")).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -95,6 +95,41 @@ pub(crate) enum Sampling {
     Frequency(u64),
 }
 
+/// Where the kernel keeps its limit on sampling frequencies.
+const MAX_SAMPLE_RATE: &str = "/proc/sys/kernel/perf_event_max_sample_rate";
+
+/// Checks `sampling` against the kernel's limits before anything starts:
+/// a frequency above `kernel.perf_event_max_sample_rate` (which the kernel
+/// also lowers by itself when sampling interrupts take too long) makes
+/// `perf_event_open` fail with a bare EINVAL.
+pub(crate) fn check_sampling(sampling: Sampling) -> anyhow::Result<()> {
+    match sampling {
+        Sampling::Frequency(hz) => {
+            let max = std::fs::read_to_string(MAX_SAMPLE_RATE)
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok());
+            check_frequency(hz, max)
+        }
+        // The kernel refuses periods with the top bit set.
+        Sampling::Period(p) if p > i64::MAX as u64 => {
+            anyhow::bail!(
+                "--period {p} is too large: the kernel takes at most {}",
+                i64::MAX
+            )
+        }
+        Sampling::Period(_) => Ok(()),
+    }
+}
+
+fn check_frequency(hz: u64, max: Option<u64>) -> anyhow::Result<()> {
+    match max {
+        Some(max) if hz > max => anyhow::bail!(
+            "--freq {hz} is above kernel.perf_event_max_sample_rate ({max}): lower it, or raise the limit with sysctl kernel.perf_event_max_sample_rate={hz}"
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// Checks that the host can count `spec`; for an unsupported hardware
 /// event returns `cpu-clock` instead and logs why. Other errors (e.g.
 /// permissions) are returned as they are.
@@ -130,6 +165,22 @@ mod tests {
         assert_eq!((raw.type_, raw.raw_config), (PERF_TYPE_RAW, 0x01c2));
         assert!(parse_event("bogus").is_err());
         assert!(parse_event("rzz").is_err());
+    }
+
+    #[test]
+    fn frequency_above_the_kernel_limit_is_refused_by_name() {
+        assert!(check_frequency(1000, Some(1000)).is_ok());
+        assert!(check_frequency(1000, None).is_ok());
+        let e = check_frequency(200000, Some(100000))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--freq 200000"), "{e}");
+        assert!(
+            e.contains("kernel.perf_event_max_sample_rate (100000)"),
+            "{e}"
+        );
+        assert!(check_sampling(Sampling::Period(u64::MAX)).is_err());
+        assert!(check_sampling(Sampling::Period(1_000_000)).is_ok());
     }
 
     #[test]

@@ -79,7 +79,17 @@ pub(super) fn pusher_pending(p: &Option<Pusher>, start: SystemTime) -> Vec<(Cct,
         .unwrap_or_default()
 }
 
+/// An interval profile, encoded, and whether its file was written.
+pub(super) struct IntervalProfile {
+    pub(super) bytes: Vec<u8>,
+    pub(super) written: bool,
+}
+
 /// Writes one interval profile (and prunes old ones); returns its bytes.
+/// A file that cannot be written (a full disk, EIO, a read-only file
+/// system) is reported and the session goes on: the trees stay in memory,
+/// in the session total that becomes `context.pb.gz`, and the profile
+/// still goes to the push destinations and `/debug/pprof/context`.
 pub(super) fn write_interval(
     opts: &SessionOptions,
     cct: &Cct,
@@ -87,12 +97,24 @@ pub(super) fn write_interval(
     symbolizer: &mut Symbolizer,
     meta: &ProfileMeta,
     notify: Option<&crate::service::notify::Notifier>,
-) -> anyhow::Result<Vec<u8>> {
+) -> anyhow::Result<IntervalProfile> {
     let name = format!("context-{}.pb.gz", files::timestamp(meta.end));
     let profile = build_profile(cct, procs, symbolizer, meta);
-    let bytes = encode_gzip(&profile)?;
-    let path = crate::export::write_atomic(&opts.output, &name, &bytes)
-        .with_context(|| format!("writing {}", opts.output.join(&name).display()))?;
+    let bytes = encode_gzip(&profile).context("encoding an interval profile")?;
+    let path = match crate::export::write_atomic(&opts.output, &name, &bytes) {
+        Ok(path) => path,
+        Err(e) => {
+            tracing::warn!(
+                "cannot write the interval profile {}: {e}; its {} samples stay in memory for the final context.pb.gz",
+                opts.output.join(&name).display(),
+                cct.samples
+            );
+            return Ok(IntervalProfile {
+                bytes,
+                written: false,
+            });
+        }
+    };
     tracing::info!("wrote {} ({} samples)", path.display(), cct.samples);
     if let Some(n) = notify {
         n.status(&format!(
@@ -106,7 +128,10 @@ pub(super) fn write_interval(
     if s.keep.is_some() || s.max_age.is_some() {
         files::prune_output(&opts.output, s.keep, s.max_age);
     }
-    Ok(bytes)
+    Ok(IntervalProfile {
+        bytes,
+        written: true,
+    })
 }
 
 /// Hands an interval profile to each push target: as is when the target's

@@ -3,20 +3,25 @@
 //!
 //! The end comes from `--duration`, SIGINT/SIGTERM, or all targets exiting;
 //! whichever it is, what the ring buffer still holds is drained and the last
-//! profile is written before returning.
+//! profile is written before returning. `burstyd run` is a wrapper: its
+//! signals go to the command, the session ends when the command exits (or
+//! at `--duration`, and then burstyd still waits for the command), and
+//! burstyd exits with the command's status even when it failed itself.
 //!
 //! [`Session`] holds everything a session owns; [`run`] is its event loop,
 //! one `select!` arm per event source, each handled by one method
 //! (`on_samples`, `on_drain_tick`, `on_interval`, `on_reload`,
 //! `on_http_request`, `on_second`, `on_liveness`, `on_watchdog`,
-//! `on_burst_tick`, `on_attached`), then [`Session::shutdown`]. Nothing in
-//! the loop blocks for long: bursty tracing attaches on a thread of its
-//! own and detaches on tokio's blocking pool.
+//! `on_burst_tick`, `on_attached`, `on_signal`, `on_command_exit`), then
+//! [`Session::shutdown`]. Nothing in the loop blocks for long: bursty
+//! tracing attaches on a thread of its own and detaches on tokio's
+//! blocking pool.
 //!
 //! - `pipeline.rs`: samples → trees (and HTTP profile windows);
 //! - `intervals.rs`: interval profiles, and pushing them;
 //! - `files.rs`: interval file names and retention;
 //! - `reload.rs`: SIGHUP and the rescans of configured targets;
+//! - `command.rs`: the signals, and `run`'s command they are passed on to;
 //! - `bursts.rs`: finished attaches, detach at the end, path profiles.
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -25,8 +30,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, bail};
 use burstyd_common::addr::Pid;
-use tokio::process::Child;
-use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio::time::{Interval, MissedTickBehavior};
 
@@ -45,11 +48,14 @@ use crate::stacks::cct::Cct;
 use crate::stacks::symbolize::Symbolizer;
 
 mod bursts;
+mod command;
 mod files;
 mod intervals;
 mod pipeline;
 mod reload;
 
+pub(crate) use command::Command;
+use command::Signals;
 use intervals::{
     Meta, interval_timer, merge, push_interval, pusher_pending, start_pusher, write_interval,
 };
@@ -170,19 +176,13 @@ struct Timers {
     bursts: Option<Interval>,
 }
 
-struct Signals {
-    int: Signal,
-    term: Signal,
-    hup: Signal,
-}
-
 /// Everything a session owns.
 pub(crate) struct Session {
     opts: SessionOptions,
     sampler: Sampler,
-    /// `burstyd run`'s command, awaited as an end condition, and its exit.
-    child: Option<Child>,
-    exit_status: Option<ExitStatus>,
+    /// `burstyd run`'s command, awaited as an end condition; it gets the
+    /// session's signals.
+    command: Option<Command>,
     /// Samples → trees.
     pipe: Pipeline,
     symbolizer: Symbolizer,
@@ -193,21 +193,55 @@ pub(crate) struct Session {
     signals: Signals,
 }
 
-/// Runs a session until it ends; `child` (for `burstyd run`) is awaited as
-/// one of the end conditions and its exit status returned.
-pub(crate) async fn run(
-    opts: SessionOptions,
-    sampler: Sampler,
-    child: Option<Child>,
-) -> anyhow::Result<(SessionStats, Option<ExitStatus>)> {
-    let mut s = Session::start(opts, sampler, child)?;
-    match s.run_loop().await {
-        Ok(reason) => s.shutdown(reason).await,
-        Err(e) => {
-            s.abort().await;
-            Err(e)
+/// How a session went, and how `run`'s command exited.
+pub(crate) struct Ended {
+    /// The session: its counts, or why it failed (no profile then, or no
+    /// final one).
+    pub(crate) result: anyhow::Result<SessionStats>,
+    /// `run`'s command, always waited for, however the session went.
+    pub(crate) command: Option<anyhow::Result<ExitStatus>>,
+}
+
+/// Runs a session until it ends; `command` (for `burstyd run`) is one of
+/// the end conditions, gets the session's signals, and is waited for
+/// whatever happens to the session.
+pub(crate) async fn run(opts: SessionOptions, sampler: Sampler, command: Option<Command>) -> Ended {
+    let (result, command) = match Session::start(opts, sampler) {
+        Err(e) => (Err(e), command),
+        Ok(mut s) => {
+            s.command = command;
+            match s.run_loop().await {
+                Ok(reason) => {
+                    let command = s.command.take();
+                    if let Some(c) = command.as_ref().filter(|c| !c.exited()) {
+                        tracing::info!(
+                            "the command (pid {}) is still running: it runs on untraced, and burstyd waits for it to exit",
+                            c.pid()
+                        );
+                    }
+                    (s.shutdown(reason).await, command)
+                }
+                Err(e) => {
+                    let command = s.command.take();
+                    s.abort().await;
+                    (Err(e), command)
+                }
+            }
         }
+    };
+    if let (Err(e), Some(c)) = (&result, &command)
+        && !c.exited()
+    {
+        tracing::error!(
+            "{e:#}; profiling stopped, waiting for the command (pid {}) to exit",
+            c.pid()
+        );
     }
+    let command = match command {
+        Some(c) => Some(c.finish().await),
+        None => None,
+    };
+    Ended { result, command }
 }
 
 fn ticker(every: Duration) -> Interval {
@@ -230,16 +264,8 @@ impl Session {
     /// Everything up to the loop: signal handlers, timers, the HTTP
     /// endpoint (bound before READY=1, so a port in use fails the start),
     /// push tasks, READY=1, and the attach thread for bursty tracing.
-    fn start(
-        mut opts: SessionOptions,
-        sampler: Sampler,
-        child: Option<Child>,
-    ) -> anyhow::Result<Self> {
-        let signals = Signals {
-            int: signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
-            term: signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
-            hup: signal(SignalKind::hangup()).context("installing SIGHUP handler")?,
-        };
+    fn start(mut opts: SessionOptions, sampler: Sampler) -> anyhow::Result<Self> {
+        let signals = Signals::new().context("reading signals (signalfd)")?;
         let started = Instant::now();
         let cpu_start = crate::sys::self_cpu_ns();
         let session_start = SystemTime::now();
@@ -307,8 +333,7 @@ impl Session {
         Ok(Session {
             opts,
             sampler,
-            child,
-            exit_status: None,
+            command: None,
             pipe,
             symbolizer: Symbolizer::new(),
             out: Output {
@@ -343,27 +368,52 @@ impl Session {
                 Some(a) = self.bursts.next_attach(), if self.bursts.attaching() => self.on_attached(a),
                 r = self.sampler.drain(|s| self.pipe.handle(s)) => self.on_samples(r)?,
                 _ = self.timers.drain.tick() => self.on_drain_tick(),
-                _ = self.signals.int.recv() => return Ok(EndReason::Signal),
-                _ = self.signals.term.recv() => return Ok(EndReason::Signal),
-                _ = self.signals.hup.recv() => self.on_reload(),
+                sig = self.signals.recv() => {
+                    if let Some(end) = self.on_signal(sig.context("reading signals")?) {
+                        return Ok(end);
+                    }
+                }
                 Some(req) = self.svc.req_rx.recv() => self.on_http_request(req),
                 _ = until(self.timers.deadline), if self.timers.deadline.is_some() => {
                     return Ok(EndReason::Duration);
                 }
-                status = wait(&mut self.child), if self.child.is_some() && self.exit_status.is_none() => {
-                    self.exit_status = Some(status.context("waiting for the command")?);
-                    return Ok(EndReason::TargetsExited);
+                status = wait(&mut self.command), if self.command.is_some() => {
+                    return self.on_command_exit(status);
                 }
                 _ = tick(&mut self.timers.interval), if self.timers.interval.is_some() => self.on_interval()?,
                 _ = self.timers.watchdog.tick(), if self.timers.watchdog_on => self.on_watchdog(),
                 _ = self.timers.second.tick() => self.on_second(),
-                _ = self.timers.liveness.tick(), if self.child.is_none() => {
+                _ = self.timers.liveness.tick(), if self.command.is_none() => {
                     if self.on_liveness() {
                         return Ok(EndReason::TargetsExited);
                     }
                 }
             }
         }
+    }
+
+    /// SIGINT/SIGTERM end the session, SIGHUP reloads; under `run` all
+    /// three go to the command instead.
+    fn on_signal(&mut self, sig: crate::sys::SigInfo) -> Option<EndReason> {
+        if let Some(c) = &self.command {
+            c.forward(&sig);
+            return None;
+        }
+        if sig.signo == libc::SIGHUP {
+            self.on_reload();
+            return None;
+        }
+        Some(EndReason::Signal)
+    }
+
+    /// `run`'s command exited: the session ends.
+    fn on_command_exit(
+        &mut self,
+        status: std::io::Result<ExitStatus>,
+    ) -> anyhow::Result<EndReason> {
+        let status = status.context("waiting for the command")?;
+        tracing::debug!("the command exited: {status}");
+        Ok(EndReason::TargetsExited)
     }
 
     /// Samples arrived (the eBPF side woke us): `sampler.drain` handed each
@@ -388,7 +438,7 @@ impl Session {
         let now = SystemTime::now();
         let out = &mut self.out;
         let cct = std::mem::take(&mut self.pipe.cct);
-        let bytes = write_interval(
+        let interval = write_interval(
             &self.opts,
             &cct,
             &self.pipe.procs,
@@ -396,7 +446,8 @@ impl Session {
             &out.meta.span(out.interval_start, now),
             Some(&self.svc.notify),
         )?;
-        self.pipe.stats.profiles_written += 1;
+        self.pipe.stats.profiles_written += u64::from(interval.written);
+        let bytes = interval.bytes;
         if let Some(p) = &self.svc.pusher {
             push_interval(
                 p,
@@ -481,20 +532,11 @@ impl Session {
     /// The end: the last samples, bursty tracing's detach and path
     /// profiles, the last interval, the pushes, `context.pb.gz`, the
     /// summary.
-    async fn shutdown(
-        mut self,
-        reason: EndReason,
-    ) -> anyhow::Result<(SessionStats, Option<ExitStatus>)> {
+    async fn shutdown(mut self, reason: EndReason) -> anyhow::Result<SessionStats> {
         let cpu_loop_end = crate::sys::self_cpu_ns();
         self.svc.notify.stopping("writing the last profile");
         self.svc.http = None;
         self.pipe.stats.sampling_secs = self.out.started.elapsed().as_secs_f64();
-        if let (Some(c), None) = (&self.child, self.exit_status) {
-            tracing::info!(
-                "the command (pid {}) is still running; it is left to run untraced",
-                c.id().unwrap_or(0)
-            );
-        }
         // Whatever is still in the ring buffer belongs to this session.
         self.sampler.drain_now(|s| self.pipe.handle(s));
         let finished = self.stop_bursts().await;
@@ -516,7 +558,7 @@ impl Session {
         let now = SystemTime::now();
         let last = std::mem::take(&mut pipe.cct);
         if opts.interval.is_some() && !last.is_empty() {
-            let bytes = write_interval(
+            let interval = write_interval(
                 &opts,
                 &last,
                 &pipe.procs,
@@ -524,7 +566,8 @@ impl Session {
                 &out.meta.span(out.interval_start, now),
                 None,
             )?;
-            pipe.stats.profiles_written += 1;
+            pipe.stats.profiles_written += u64::from(interval.written);
+            let bytes = interval.bytes;
             if let Some(p) = &self.svc.pusher {
                 push_interval(
                     p,
@@ -594,7 +637,7 @@ impl Session {
                 "no samples were recorded: was the target idle, or did it exit at once?"
             );
         }
-        Ok((pipe.stats, self.exit_status))
+        Ok(pipe.stats)
     }
 
     /// The loop failed: no profiles, but no target is left armed either
@@ -613,19 +656,66 @@ async fn until(deadline: Option<tokio::time::Instant>) {
 }
 
 /// The exit of `run`'s command; never without one.
-async fn wait(child: &mut Option<Child>) -> std::io::Result<ExitStatus> {
-    match child {
+async fn wait(command: &mut Option<Command>) -> std::io::Result<ExitStatus> {
+    match command {
         Some(c) => c.wait().await,
         None => std::future::pending().await,
     }
 }
 
-/// Checks `--pid` targets before anything is loaded.
+/// Checks `--pid` targets before anything is loaded: each must be a
+/// running user-space process other than burstyd itself.
 pub(crate) fn check_targets(pids: &[Pid]) -> anyhow::Result<()> {
+    let me = std::process::id();
     for &pid in pids {
+        if pid.0 == me {
+            bail!("--pid {pid} is burstyd itself");
+        }
         if !crate::sys::process_exists(pid) {
             bail!("no such process: {pid}");
         }
+        // Gone between the two checks: as good as never there.
+        let Some(st) = crate::sys::proc_stat(pid) else {
+            bail!("no such process: {pid}");
+        };
+        if st.exited() {
+            bail!("process {pid} has exited (zombie), nothing to profile");
+        }
+        // A kernel thread has no executable (and no user-space stack).
+        let no_exe = matches!(std::fs::read_link(format!("/proc/{pid}/exe")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+        if st.kernel_thread() || no_exe {
+            bail!(
+                "{pid} is a kernel thread ({}): burstyd profiles user-space programs; use system-wide mode to see kernel stacks",
+                st.comm
+            );
+        }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_targets_refuses_burstyd_itself() {
+        let me = Pid(std::process::id());
+        let e = check_targets(&[me]).unwrap_err().to_string();
+        assert_eq!(e, format!("--pid {me} is burstyd itself"));
+    }
+
+    #[test]
+    fn check_targets_refuses_kernel_threads_and_takes_a_process() {
+        let e = check_targets(&[Pid(2)]).unwrap_err().to_string();
+        assert!(e.starts_with("2 is a kernel thread (kthreadd)"), "{e}");
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let r = check_targets(&[Pid(child.id())]);
+        let _ = child.kill();
+        let _ = child.wait();
+        r.unwrap();
+    }
 }
