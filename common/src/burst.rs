@@ -2,10 +2,12 @@
 //! shares with the daemon, and the eBPF map entry that arms it.
 //!
 //! The daemon maps a memfd into the target (`MAP_SHARED`) and into itself:
-//! page 0 holds a [`BurstControl`], then come `ring_words` u64 words of
-//! records. Only the thread that owns the current burst writes records
-//! (single producer); the daemon consumes (`tail`). The generated code in
-//! the target reaches every field RIP-relatively at fixed offsets, so the
+//! page 0 holds a [`BurstControl`], then come [`LOCAL_BYTES`] the target
+//! maps over with private memory of its own (a [`BurstLocal`], see there),
+//! then, from [`CONTROL_BYTES`], `ring_words` u64 words of records. Only
+//! the thread that owns the current burst writes records (single
+//! producer); the daemon consumes (`tail`). The generated code in the
+//! target reaches every field RIP-relatively at fixed offsets, so the
 //! layout is part of the contract between `userspace-rewriter::clone` and
 //! the daemon.
 
@@ -13,6 +15,7 @@
 /// that the list the `layout` test pins cannot miss a field.
 macro_rules! control_block {
     (
+        $fields:ident;
         $(#[$sm:meta])*
         pub struct $name:ident {
             $( $(#[$fm:meta])* pub $f:ident : $t:ty ),* $(,)?
@@ -25,9 +28,8 @@ macro_rules! control_block {
             $( $(#[$fm])* pub $f: $t ),*
         }
 
-        /// `(name, offset, size)` of every field of [`BurstControl`], in
-        /// declaration order.
-        pub const CONTROL_FIELDS: &[(&str, usize, usize)] = &[
+        /// `(name, offset, size)` of every field, in declaration order.
+        pub const $fields: &[(&str, usize, usize)] = &[
             $( (stringify!($f), core::mem::offset_of!($name, $f), core::mem::size_of::<$t>()) ),*
         ];
     };
@@ -35,7 +37,7 @@ macro_rules! control_block {
 
 /// `BurstControl::magic`: the version of the layout. It changes whenever
 /// [`CONTROL_FIELDS`] does; the `layout` test below fails until it has.
-pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd3");
+pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd4");
 /// Saved path registers (one per instrumented activation in a burst).
 pub const SHADOW_DEPTH: usize = 1024;
 /// Set in the path register when the path's start was not observed (the
@@ -77,6 +79,7 @@ pub struct ShadowEntry {
 }
 
 control_block! {
+    CONTROL_FIELDS;
     /// Page 0 of the shared memory. Field order is ABI (see the module doc):
     /// the injected runtime reaches every field at a fixed offset, the eBPF
     /// program reads `armed`/`active`. [`CONTROL_FIELDS`] lists them all and
@@ -90,17 +93,8 @@ control_block! {
         /// cmpxchg`, cleared when the burst ends). The eBPF program reads it
         /// to avoid signalling a busy process.
         pub active: u32,
-        /// `fs:[0]` (the thread's TCB address, unique per thread) of the
-        /// burst's thread; 0 when no burst runs.
-        pub owner: u64,
-        /// Checks left in the current burst.
-        pub budget: u64,
         /// Checks per burst (set by the daemon; `u64::MAX`: full trace).
         pub burst_len: u64,
-        /// The Ball-Larus path register of the innermost activation.
-        pub path: u64,
-        /// Valid entries in `shadow`.
-        pub depth: u64,
         /// Records written (in words; producer index).
         pub head: u64,
         /// `ring_words - 1` (a power of two minus one).
@@ -115,9 +109,6 @@ control_block! {
         /// functions: indirect calls in a burst go to the clone.
         pub fn_table_addr: u64,
         pub fn_table_len: u64,
-        /// Where a clone puts an indirect call's looked-up target (only the
-        /// burst's thread runs between two checks).
-        pub call_target: u64,
         /// Counters kept by the target side.
         pub bursts: u64,
         pub declined_busy: u64,
@@ -149,6 +140,7 @@ control_block! {
         /// Signals handled with `burst_len` 0 (`--burst 0`): the handler
         /// returned to the interrupted original code at once.
         pub declined_budget: u64,
+        pub _pad: [u64; 5],
         /// Words consumed by the daemon (consumer index), on its own line.
         pub tail: u64,
         /// The pid of the daemon that armed the region, as the target's
@@ -160,15 +152,50 @@ control_block! {
         /// The pid the region was injected into: a child that inherited it
         /// through fork shares it with its parent and is never armed.
         pub made_for: u64,
-        pub _pad: [u64; 5],
+    }
+}
+
+control_block! {
+    LOCAL_FIELDS;
+    /// The state of the running burst, in memory private to the process
+    /// (`MAP_PRIVATE | MAP_ANONYMOUS` over the shared region at
+    /// [`LOCAL_OFFSET`] from the [`BurstControl`], `MADV_WIPEONFORK`).
+    ///
+    /// Private, because a child forked in the middle of a burst must not carry
+    /// on its parent's burst: it would mix its paths into the parent's shadow
+    /// stack and path register and write records into the parent's ring. The
+    /// child's copy reads as zeros: `present` 0 (its handler starts no burst)
+    /// and `owner` 0 (no thread passes a check or writes a record), so it
+    /// leaves the clones at its next check having written nothing. The daemon
+    /// does not map it (it writes `owner` through `/proc/PID/mem` to end a
+    /// burst from outside).
+    pub struct BurstLocal {
+        /// 1 in the process the region was injected into (written at
+        /// injection); 0 in a forked child.
+        pub present: u64,
+        /// `fs:[0]` (the thread's TCB address, unique per thread) of the
+        /// burst's thread; 0 when no burst runs.
+        pub owner: u64,
+        /// Checks left in the current burst.
+        pub budget: u64,
+        /// The Ball-Larus path register of the innermost activation.
+        pub path: u64,
+        /// Valid entries in `shadow`.
+        pub depth: u64,
+        pub _pad: [u64; 3],
         pub shadow: [ShadowEntry; SHADOW_DEPTH],
     }
 }
 
-/// Bytes reserved for [`BurstControl`] at the start of the shared
-/// memory (the ring starts here).
-pub const CONTROL_BYTES: usize = 20 * 1024;
-const _: () = assert!(core::mem::size_of::<BurstControl>() <= CONTROL_BYTES);
+/// Where the [`BurstLocal`] lies, from the [`BurstControl`].
+pub const LOCAL_OFFSET: usize = 4096;
+/// Bytes (whole pages) of the private mapping for the [`BurstLocal`].
+pub const LOCAL_BYTES: usize = 20 * 1024;
+/// Bytes reserved at the start of the shared memory for [`BurstControl`]
+/// and the private [`BurstLocal`] mapped over it (the ring starts here).
+pub const CONTROL_BYTES: usize = LOCAL_OFFSET + LOCAL_BYTES;
+const _: () = assert!(core::mem::size_of::<BurstControl>() <= LOCAL_OFFSET);
+const _: () = assert!(core::mem::size_of::<BurstLocal>() <= LOCAL_BYTES);
 const _: () = assert!(core::mem::offset_of!(BurstControl, tail) % 64 == 0);
 
 /// The eBPF `BURSTS` map value for one traced process.
@@ -209,63 +236,67 @@ mod layout {
     use super::*;
 
     /// The layout `CONTROL_MAGIC` stands for. When this test fails because
-    /// `BurstControl` changed, give `CONTROL_MAGIC` a new value (a target
+    /// `BurstControl` or `BurstLocal` changed, give `CONTROL_MAGIC` a new value (a target
     /// still holding a region of the old layout must be recognised as
     /// foreign) and copy the new field list and magic here.
-    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd3");
+    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd4");
     const PINNED_FIELDS: &[(&str, usize, usize)] = &[
         ("magic", 0, 8),
         ("armed", 8, 4),
         ("active", 12, 4),
-        ("owner", 16, 8),
-        ("budget", 24, 8),
-        ("burst_len", 32, 8),
-        ("path", 40, 8),
-        ("depth", 48, 8),
-        ("head", 56, 8),
-        ("ring_mask", 64, 8),
-        ("ring_addr", 72, 8),
-        ("table_addr", 80, 8),
-        ("table_len", 88, 8),
-        ("fn_table_addr", 96, 8),
-        ("fn_table_len", 104, 8),
-        ("call_target", 112, 8),
-        ("bursts", 120, 8),
-        ("declined_busy", 128, 8),
-        ("declined_pc", 136, 8),
-        ("declined_disarmed", 144, 8),
-        ("lost_records", 152, 8),
-        ("shadow_overflow", 160, 8),
-        ("truncated", 168, 8),
-        ("ended", 176, 8),
-        ("clone_lo", 184, 8),
-        ("clone_hi", 192, 8),
-        ("wait_when_full", 200, 8),
-        ("handler", 208, 8),
-        ("restorer", 216, 8),
-        ("signal", 224, 8),
-        ("exe_id", 232, 8),
-        ("eh_frame", 240, 8),
-        ("declined_budget", 248, 8),
+        ("burst_len", 16, 8),
+        ("head", 24, 8),
+        ("ring_mask", 32, 8),
+        ("ring_addr", 40, 8),
+        ("table_addr", 48, 8),
+        ("table_len", 56, 8),
+        ("fn_table_addr", 64, 8),
+        ("fn_table_len", 72, 8),
+        ("bursts", 80, 8),
+        ("declined_busy", 88, 8),
+        ("declined_pc", 96, 8),
+        ("declined_disarmed", 104, 8),
+        ("lost_records", 112, 8),
+        ("shadow_overflow", 120, 8),
+        ("truncated", 128, 8),
+        ("ended", 136, 8),
+        ("clone_lo", 144, 8),
+        ("clone_hi", 152, 8),
+        ("wait_when_full", 160, 8),
+        ("handler", 168, 8),
+        ("restorer", 176, 8),
+        ("signal", 184, 8),
+        ("exe_id", 192, 8),
+        ("eh_frame", 200, 8),
+        ("declined_budget", 208, 8),
+        ("_pad", 216, 40),
         ("tail", 256, 8),
         ("tracer", 264, 8),
         ("made_for", 272, 8),
-        ("_pad", 280, 40),
-        ("shadow", 320, 16384),
+    ];
+    const PINNED_LOCAL_FIELDS: &[(&str, usize, usize)] = &[
+        ("present", 0, 8),
+        ("owner", 8, 8),
+        ("budget", 16, 8),
+        ("path", 24, 8),
+        ("depth", 32, 8),
+        ("_pad", 40, 24),
+        ("shadow", 64, 16384),
     ];
 
     #[test]
     fn control_block_layout_is_pinned_to_the_magic() {
-        let same_layout = CONTROL_FIELDS == PINNED_FIELDS;
+        let same_layout = CONTROL_FIELDS == PINNED_FIELDS && LOCAL_FIELDS == PINNED_LOCAL_FIELDS;
         assert!(
             same_layout || CONTROL_MAGIC != PINNED_MAGIC,
-            "BurstControl's layout changed but CONTROL_MAGIC did not: give it a \
+            "BurstControl's or BurstLocal's layout changed but CONTROL_MAGIC did not: give it a \
              new value, then pin the new layout here.\nnow: {CONTROL_FIELDS:?}"
         );
         assert!(
             same_layout && CONTROL_MAGIC == PINNED_MAGIC,
             "pin the new layout and magic in this test: \
-             PINNED_MAGIC = {CONTROL_MAGIC:#x}, PINNED_FIELDS = {CONTROL_FIELDS:?}"
+             PINNED_MAGIC = {CONTROL_MAGIC:#x}, PINNED_FIELDS = {CONTROL_FIELDS:?}, \
+             PINNED_LOCAL_FIELDS = {LOCAL_FIELDS:?}"
         );
     }
 

@@ -199,6 +199,73 @@ fn sigkilled_daemon_leaves_the_target_running_correctly() {
     assert_eq!(finish(child), untraced.stdout_str());
 }
 
+/// The control block word at `off` of `pid`'s burst region, read through
+/// `/proc/PID/map_files` (the memfd's first mapping is the control page).
+fn control_word(pid: u32, off: usize) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let range = maps
+        .lines()
+        .find(|l| l.contains("/memfd:burstyd-bursts"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("pid {pid} has no burst region:\n{maps}"));
+    let f = std::fs::File::open(format!("/proc/{pid}/map_files/{range}")).unwrap();
+    let mut w = [0u8; 8];
+    f.read_exact_at(&mut w, off as u64).unwrap();
+    u64::from_ne_bytes(w)
+}
+
+/// `--full-trace` makes a full ring wait for the daemon, but never for a
+/// dead one: after a SIGKILL the target finds the tracer gone at its next
+/// full ring (`kill(tracer, 0)`: ESRCH), stops waiting for good
+/// (`wait_when_full` cleared) and counts what it cannot write as lost; its
+/// output is unchanged.
+#[test]
+fn a_full_trace_does_not_wait_for_a_dead_daemon() {
+    use burstyd_common::burst::BurstControl;
+    use std::mem::offset_of;
+    require_root();
+    let _serial = serial();
+    let exe = fixture("bursty");
+    let exe_s = exe.to_str().unwrap();
+    let untraced = run_untraced(&[exe_s, "400"], Duration::from_secs(120));
+    let child = spawn_fixture(&[exe_s, "400"]);
+    let pid = child.id();
+    let scratch = Scratch::new("sigkill-full");
+    let mut daemon = Command::new(burstyd_bin())
+        .args(["--pid", &pid.to_string(), "--full-trace", "-o"])
+        .arg(scratch.join("out"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Armed for a full trace, and a burst (the trace) under way.
+    let t0 = Instant::now();
+    while control_word(pid, offset_of!(BurstControl, bursts)) == 0
+        || control_word(pid, offset_of!(BurstControl, wait_when_full)) == 0
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no full-trace burst started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
+    let t0 = Instant::now();
+    while control_word(pid, offset_of!(BurstControl, wait_when_full)) != 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the target still waits for the dead daemon after 30 s (lost records {})",
+            control_word(pid, offset_of!(BurstControl, lost_records))
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(control_word(pid, offset_of!(BurstControl, lost_records)) >= 1);
+    assert_eq!(finish(child), untraced.stdout_str());
+}
+
 #[test]
 fn cpp_exceptions_unwind_through_instrumented_frames() {
     require_root();

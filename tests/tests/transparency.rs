@@ -300,3 +300,132 @@ fn short_lived_children_are_symbolized() {
         describe_traces(&traces, 10)
     );
 }
+
+/// Children forked from a hot loop, in the middle of the parent's bursts:
+/// their results (exit statuses) are the same traced and untraced, and in
+/// a full trace — where every fork happens inside a burst — none of the
+/// work only children do reaches the parent's path profile (a child's
+/// private burst state reads as zeros: it writes no record and leaves the
+/// clones at its first check).
+#[test]
+fn children_forked_mid_burst_stay_out_of_the_parents_profile() {
+    same_traced_and_untraced("forkhot", "40");
+    let _serial = serial();
+    let exe = fixture("transparency");
+    let prog = [exe.to_str().unwrap(), "forkhot", "40"];
+    let untraced = run_untraced(&prog, Duration::from_secs(120));
+    let scratch = Scratch::new("transparency-forkhot-full");
+    let run = burstyd_run(&scratch, &["--full-trace"], &prog, Duration::from_secs(300));
+    run.assert_ok();
+    assert_eq!(
+        run.finished.stdout_str(),
+        untraced.stdout_str(),
+        "{}",
+        run.finished.describe()
+    );
+    let paths = burstyd_tests::pprof::read_profile(&run.out_dir.join("paths.pb.gz"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let mut names = std::collections::BTreeMap::<String, i64>::new();
+    for s in &paths.samples {
+        *names.entry(s.frames[0].name()).or_insert(0) += s.values[0];
+    }
+    let of = |f: &str| -> i64 {
+        names
+            .iter()
+            .filter(|(n, _)| {
+                // "childwork path 3: ..." or "childwork.constprop.0 path 3: ..."
+                n.strip_prefix(f)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('.'))
+            })
+            .map(|(_, c)| c)
+            .sum()
+    };
+    assert!(
+        of("forkhot") >= 1 && of("mix") >= 1000,
+        "the parent's own paths are missing: {names:#?}"
+    );
+    assert_eq!(
+        (of("childwork"), of("childmix")),
+        (0, 0),
+        "children's paths in the parent's profile: {names:#?}"
+    );
+}
+
+/// posix_spawn and vfork + exec from a hot loop (children that share the
+/// parent's memory until they exec): the same results traced.
+#[test]
+fn spawned_children_are_unaffected() {
+    same_traced_and_untraced("spawns", "40");
+}
+
+/// A pre-fork server: the worker inherits the master's burst region. A
+/// second burstyd on the worker refuses bursts with one clear line (the
+/// region is the master's) and samples it; the master's trace goes on.
+#[test]
+fn a_worker_of_a_traced_master_is_sampled_only() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("transparency");
+    let exe_s = exe.to_str().unwrap().to_string();
+    let scratch = Scratch::new("transparency-worker");
+    let master_scratch = Scratch::new("transparency-master");
+    let prog = exe_s.clone();
+    let master = std::thread::spawn(move || {
+        burstyd_run(
+            &master_scratch,
+            &[],
+            &[&prog, "worker", "400"],
+            Duration::from_secs(120),
+        )
+    });
+    // The worker: a `transparency worker` whose parent is one too.
+    let cmdline = |pid: &str| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let ours = |pid: &str| {
+        let c = cmdline(pid);
+        c.starts_with(exe_s.as_bytes()) && c.windows(7).any(|w| w == b"\0worker")
+    };
+    let t0 = std::time::Instant::now();
+    let (worker, master_pid) = loop {
+        let found = std::fs::read_dir("/proc").unwrap().find_map(|e| {
+            let pid = e.ok()?.file_name().into_string().ok()?;
+            if !ours(&pid) {
+                return None;
+            }
+            let ppid = sys_ppid(&pid)?;
+            ours(&ppid).then_some((pid, ppid))
+        });
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "no worker appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let second = burstyd(
+        &scratch,
+        &["--pid", &worker, "--duration", "1"],
+        &[],
+        Duration::from_secs(60),
+    );
+    let f = &second.finished;
+    assert!(f.status.success(), "{}", f.describe());
+    assert!(
+        f.stderr.contains(&format!(
+            "inherited its burst region through fork from pid {master_pid}"
+        )) && f.stderr.contains("sampled only"),
+        "{}",
+        f.describe()
+    );
+    assert!(f.stderr.contains("wrote "), "no profile\n{}", f.describe());
+    let first = master.join().unwrap();
+    first.assert_ok();
+    assert_eq!(first.finished.stdout_str(), "worker exited 0\n");
+    let line = bursts_line(&first.finished.stderr);
+    assert!(stat(&line, "taken") >= 1, "{line}");
+}
+
+/// The parent pid of `pid`, from `/proc/PID/stat`.
+fn sys_ppid(pid: &str) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(1).map(str::to_string)
+}

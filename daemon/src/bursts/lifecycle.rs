@@ -18,6 +18,7 @@
 //! threads may still hold return addresses into clones, which lead back to
 //! the original code at the next check. A later attach finds the memfd in
 //! `/proc/PID/maps` and reuses it.
+use std::mem::offset_of;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -25,7 +26,8 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context as _, bail};
 use burstyd_common::addr::Pid;
 use burstyd_common::burst::{
-    ARMED_OFFSET, BurstControl, BurstTarget, CLONE_PAGE_SHIFT, CONTROL_BYTES, CONTROL_MAGIC,
+    ARMED_OFFSET, BurstControl, BurstLocal, BurstTarget, CLONE_PAGE_SHIFT, CONTROL_BYTES,
+    CONTROL_MAGIC, LOCAL_BYTES, LOCAL_OFFSET,
 };
 use tracing::{debug, info, warn};
 use userspace_rewriter::analysis::plan::{self, FunctionStatus, Plan, PlanOptions};
@@ -43,6 +45,9 @@ const RING_WORDS: u64 = 1 << 19; // 4 MiB
 const RING_WORDS_FULL: u64 = 1 << 23; // 64 MiB
 
 const MEMFD_NAME: &str = "burstyd-bursts";
+
+/// `BurstLocal::owner`, from the control block.
+const OWNER_OFFSET: u64 = (LOCAL_OFFSET + offset_of!(BurstLocal, owner)) as u64;
 
 /// A target with the clones injected and the handler installed: what
 /// the session needs to arm, reap and detach it.
@@ -345,12 +350,30 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
     );
     let shared = libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE | libc::MAP_POPULATE;
     let private = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+    // Over our own fresh mapping, so MAP_FIXED replaces nothing else.
+    let local = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
+    let local_addr = base + LOCAL_OFFSET as u64;
     for (nr, args) in [
         (libc::SYS_memfd_create, vec![0, libc::MFD_CLOEXEC as u64]),
         (libc::SYS_ftruncate, vec![0, shm_len]),
         (
             libc::SYS_mmap,
             vec![base, shm_len, rw as u64, shared as u64, 0, 0],
+        ),
+        (
+            libc::SYS_mmap,
+            vec![
+                local_addr,
+                LOCAL_BYTES as u64,
+                rw as u64,
+                local as u64,
+                u64::MAX,
+                0,
+            ],
+        ),
+        (
+            libc::SYS_madvise,
+            vec![local_addr, LOCAL_BYTES as u64, libc::MADV_WIPEONFORK as u64],
         ),
         (
             libc::SYS_mmap,
@@ -374,6 +397,19 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
     // bpf_probe_read_user, which cannot fault a page in.
     t.mmap(base, shm_len, rw, shared, fd, 0).context(
         "mapping the burst region (the address space changed while the clones were generated?)",
+    )?;
+    // The burst's own state is private to the process and reads as
+    // zeros in a forked child (see `BurstLocal`).
+    t.mmap(local_addr, LOCAL_BYTES as u64, rw, local, -1, 0)
+        .context("mapping the private burst state")?;
+    t.syscall(
+        libc::SYS_madvise,
+        &[local_addr, LOCAL_BYTES as u64, libc::MADV_WIPEONFORK as u64],
+    )
+    .context("madvise(MADV_WIPEONFORK) on the private burst state")?;
+    t.write_memory(
+        local_addr + offset_of!(BurstLocal, present) as u64,
+        &1u64.to_ne_bytes(),
     )?;
     t.mmap(code, code_len, rx, private, -1, 0)
         .context("mapping the clone code")?;
@@ -487,10 +523,10 @@ fn rearm(
         bail!("pid {pid} now uses signal {signal} itself; cannot re-arm bursts");
     }
     let old_action = install_handler(&mut t, signal, handler, restorer)?;
+    // Whatever an interrupted earlier session left.
+    t.write_memory(base + OWNER_OFFSET, &0u64.to_ne_bytes())?;
     {
         let cb = region.control_mut();
-        // Whatever an interrupted earlier session left.
-        cb.owner = 0;
         cb.active = 0;
         cb.tracer = tracer_as_seen_by(pid);
     }
@@ -549,9 +585,23 @@ impl Attachment {
 
     /// No new bursts; a running one ends at its next check.
     pub(crate) fn disarm(&mut self) {
-        let cb = self.region.control_mut();
-        cb.armed = 0;
-        cb.owner = 0;
+        self.region.control_mut().armed = 0;
+        self.clear_owner();
+    }
+
+    /// Clears the private `owner` of the running burst (through
+    /// `/proc/PID/mem`: the daemon does not map the target's private
+    /// state), so that its thread fails its next check. Best effort: a
+    /// process that is gone has no burst to end.
+    fn clear_owner(&self) {
+        use std::os::unix::fs::FileExt;
+        let r = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/{}/mem", self.pid))
+            .and_then(|f| f.write_all_at(&0u64.to_ne_bytes(), self.control_addr + OWNER_OFFSET));
+        if let Err(e) = r {
+            debug!(pid = %self.pid, "clearing the burst owner: {e}");
+        }
     }
 
     /// A burst whose thread left the clones without passing a check (an
@@ -573,7 +623,10 @@ impl Attachment {
         if self.idle_drains < 2 {
             return false;
         }
-        self.region.clear_burst();
+        // The owner first (a return into a clone then fails its check),
+        // then `active`.
+        self.clear_owner();
+        self.region.clear_active();
         self.idle_drains = 0;
         true
     }

@@ -63,11 +63,9 @@ impl SharedRegion {
         )
     }
 
-    /// Ends the running burst from the daemon's side: the owner first (a
-    /// return into a clone then fails its check), then `active`.
-    pub(crate) fn clear_burst(&self) {
-        self.word(offset_of!(BurstControl, owner))
-            .store(0, Ordering::SeqCst);
+    /// Frees the process for the next burst (after the burst's private
+    /// `owner` was cleared: see `Attachment::reap_stuck_burst`).
+    pub(crate) fn clear_active(&self) {
         self.active_word().store(0, Ordering::SeqCst);
     }
 

@@ -3,7 +3,6 @@
 //! §3.1-3.3), the burst-budget checks of Hirzel & Chilimbi (entries, back
 //! edges, return sites), and the standard frame around runtime calls.
 
-use burstyd_common::burst::*;
 use iced_x86::{Code, IcedError, Instruction, MemoryOperand, Register};
 
 use super::emitter::{Emitter, rip};
@@ -68,7 +67,7 @@ impl FnGen<'_> {
         if !flags && inc <= i32::MAX as u64 {
             em.e(Instruction::with2(
                 Code::Add_rm64_imm32,
-                rip(field!(self.layout, path)),
+                rip(local!(self.layout, path)),
                 inc as u32 as i32,
             ))?;
             return Ok(());
@@ -91,14 +90,14 @@ impl FnGen<'_> {
         if v <= i32::MAX as u64 {
             em.e(Instruction::with2(
                 Code::Mov_rm64_imm32,
-                rip(field!(self.layout, path)),
+                rip(local!(self.layout, path)),
                 v as u32 as i32,
             ))?;
         } else {
             em.lea_rsp(-128)?;
             em.push(Register::RAX)?;
             em.mov_imm(Register::RAX, v)?;
-            em.mr(Code::Mov_rm64_r64, field!(self.layout, path), Register::RAX)?;
+            em.mr(Code::Mov_rm64_r64, local!(self.layout, path), Register::RAX)?;
             em.pop(Register::RAX)?;
             em.lea_rsp(128)?;
         }
@@ -122,11 +121,11 @@ impl FnGen<'_> {
             Register::RAX,
             MemoryOperand::new(Register::None, Register::None, 1, 0, 4, false, Register::FS),
         ))?;
-        em.rm(Code::Cmp_r64_rm64, Register::RAX, field!(l, owner))?;
+        em.rm(Code::Cmp_r64_rm64, Register::RAX, local!(l, owner))?;
         em.jcc(Code::Jne_rel32_64, exit)?;
         em.e(Instruction::with2(
             Code::Sub_rm64_imm8,
-            rip(field!(l, budget)),
+            rip(local!(l, budget)),
             1,
         ))?;
         em.jcc(Code::Je_rel32_64, expire)?;
@@ -178,13 +177,13 @@ pub(super) fn add_path(em: &mut Emitter, l: &Layout, v: u64) -> Result<(), IcedE
     if v <= i32::MAX as u64 {
         em.e(Instruction::with2(
             Code::Add_rm64_imm32,
-            rip(field!(l, path)),
+            rip(local!(l, path)),
             v as u32 as i32,
         ))
     } else {
         em.push(Register::RAX)?;
         em.mov_imm(Register::RAX, v)?;
-        em.mr(Code::Add_rm64_r64, field!(l, path), Register::RAX)?;
+        em.mr(Code::Add_rm64_r64, local!(l, path), Register::RAX)?;
         em.pop(Register::RAX)
     }
 }

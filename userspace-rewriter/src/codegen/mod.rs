@@ -27,9 +27,13 @@
 //!
 //! Every snippet preserves all registers and, unless liveness proves them
 //! dead, the flags, and skips the 128-byte red zone before pushing. The
-//! shared state lives in [`burstyd_common::burst::BurstControl`], reached
-//! RIP-relatively; only the thread that owns the burst gets past a check,
-//! so the single set of registers there is never shared.
+//! state shared with the daemon lives in
+//! [`burstyd_common::burst::BurstControl`], the burst's own (owner, budget,
+//! path register, shadow stack) in the process-private
+//! [`burstyd_common::burst::BurstLocal`] a forked child sees zeroed; both
+//! are reached RIP-relatively. Only the thread that owns the burst gets
+//! past a check or writes a record, so the single set of registers there
+//! is never shared.
 //!
 //! The runtime (signal handler, restorer, record writer, table lookup) is
 //! emitted at the start of the region. The handler maps the interrupted PC
@@ -58,14 +62,17 @@
 //!   file, each unit-tested in the test process;
 //! - [`unwind_info`]: `.eh_frame` for the clones.
 
-// Declared before `field!` below: the runtime has its own `field!`, which
+// Declared before `local!` below: the runtime has its own `local!`, which
 // takes the control block's address rather than a `Layout`.
 mod runtime;
 
-/// Offsets of [`BurstControl`](burstyd_common::burst::BurstControl) fields.
-macro_rules! field {
+/// Offsets of [`BurstLocal`](burstyd_common::burst::BurstLocal) fields
+/// (the private burst state at `LOCAL_OFFSET` from the control block).
+macro_rules! local {
     ($l:expr, $f:ident) => {
-        $l.control + core::mem::offset_of!(BurstControl, $f) as u64
+        $l.control
+            + burstyd_common::burst::LOCAL_OFFSET as u64
+            + core::mem::offset_of!(burstyd_common::burst::BurstLocal, $f) as u64
     };
 }
 

@@ -190,15 +190,16 @@ impl FnGen<'_> {
     /// `call reg` / `call [mem]`: the target is looked up among the cloned
     /// functions at run time, so a burst follows calls through function
     /// pointers (and vtables) into clones; anything else is called in the
-    /// original. The target goes through a control-block slot: only the
-    /// burst's thread runs here, between two checks. The stack pointer is
-    /// back in place at the call (stack-passed arguments stay where the
-    /// callee expects them).
+    /// original. The looked-up target goes through `[rsp - 8]`, the slot
+    /// the call's own push overwrites (dead at any call, and inside the red
+    /// zone no signal frame touches): `call [rsp - 8]` reads it before it
+    /// pushes. Nothing is shared, so no other thread or forked child can
+    /// change it in between. The stack pointer is back in place at the call
+    /// (stack-passed arguments stay where the callee expects them).
     fn indirect_call(&mut self, k: usize) -> Result<(), Skip> {
         let ins = self.reloc(k);
         // Bytes pushed below the program's rsp before the operand is read.
         const DEPTH: i64 = 128 + 8 * 4;
-        let l = *self.layout;
         let em = &mut *self.em;
         let operand = match ins.op0_kind() {
             OpKind::Register => {
@@ -243,7 +244,11 @@ impl FnGen<'_> {
         em.push(Register::RDX)?;
         em.emit(operand);
         em.call(self.rt.lookup_fn)?;
-        em.mr(Code::Mov_rm64_r64, field!(l, call_target), Register::RAX)?;
+        em.e(Instruction::with2(
+            Code::Mov_rm64_r64,
+            MemoryOperand::with_base_displ(Register::RSP, DEPTH - 8),
+            Register::RAX,
+        ))?;
         em.pop(Register::RDX)?;
         em.pop(Register::RCX)?;
         em.pop(Register::RAX)?;
@@ -251,7 +256,7 @@ impl FnGen<'_> {
         em.lea_rsp(128)?;
         em.e(Instruction::with1(
             Code::Call_rm64,
-            rip(field!(l, call_target)),
+            MemoryOperand::with_base_displ(Register::RSP, -8),
         ))?;
         Ok(())
     }

@@ -21,6 +21,17 @@ macro_rules! field {
 }
 pub(super) use field;
 
+/// The absolute address of a [`burstyd_common::burst::BurstLocal`] field
+/// (the process's private burst state), given the control block's address.
+macro_rules! local {
+    ($control:expr, $f:ident) => {
+        $control
+            + burstyd_common::burst::LOCAL_OFFSET as u64
+            + core::mem::offset_of!(burstyd_common::burst::BurstLocal, $f) as u64
+    };
+}
+pub(super) use local;
+
 /// `[rip + (addr - next_ip)]`.
 fn rip(addr: u64) -> MemoryOperand {
     MemoryOperand::with_base_displ(Register::RIP, addr as i64)
@@ -68,4 +79,21 @@ impl RipRel for CodeAssembler {
 /// A record's first word's tag bits.
 pub(super) const fn tag(t: u64) -> u64 {
     t << burstyd_common::burst::TAG_SHIFT
+}
+
+/// Jumps to `not_owner` unless the calling thread owns the running burst
+/// (`fs:[0]` = `owner`); clobbers `scratch` and the flags. Every routine
+/// that writes records or burst state starts with it: a thread that is not
+/// the burst's (one still in a clone after its burst was ended from
+/// outside, or any thread of a child forked in the middle of a burst,
+/// whose private `owner` reads 0) must change nothing.
+pub(super) fn owner_gate(
+    a: &mut CodeAssembler,
+    control: u64,
+    scratch: iced_x86::code_asm::AsmRegister64,
+    not_owner: iced_x86::code_asm::CodeLabel,
+) -> Result<(), IcedError> {
+    a.fs0_rm(Code::Mov_r64_rm64, scratch)?;
+    a.rip_rm(Code::Cmp_r64_rm64, scratch, local!(control, owner))?;
+    a.jne(not_owner)
 }

@@ -4,7 +4,7 @@ use iced_x86::Code;
 use iced_x86::IcedError;
 use iced_x86::code_asm::{CodeAssembler, CodeLabel, eax, rax, rdx};
 
-use super::asm::{RipRel, field, tag};
+use super::asm::{RipRel, local, tag};
 
 /// `rt_back(eax = fid)`: PATH record (`w0 = tag | BACK_EDGE << 32 | fid`,
 /// `w1 = path`). The caller then sets the restart value. Clobbers rax,
@@ -19,7 +19,7 @@ pub(super) fn back(
     a.mov(eax, eax)?;
     a.mov(rdx, tag(REC_PATH) | (PATH_END_BACK_EDGE << 32))?;
     a.or(rax, rdx)?;
-    a.rip_rm(Code::Mov_r64_rm64, rdx, field!(control, path))?;
+    a.rip_rm(Code::Mov_r64_rm64, rdx, local!(control, path))?;
     a.call(emit)?;
     a.ret()?;
     Ok(())
@@ -37,8 +37,8 @@ mod tests {
     #[test]
     fn writes_back_edge_path_record() {
         let mut h = Harness::new();
-        h.ctl_mut().path = 0x1234_5678_9abc;
-        h.ctl_mut().depth = 3;
+        h.loc_mut().path = 0x1234_5678_9abc;
+        h.loc_mut().depth = 3;
         h.ctl_mut().head = 2;
         let before = Regs {
             rax: 0xffff_0000_0000_0000 | 42,
@@ -54,6 +54,9 @@ mod tests {
             ]
         );
         let c = h.ctl();
-        assert_eq!((c.path, c.depth, c.head), (0x1234_5678_9abc, 3, 4));
+        assert_eq!(
+            (h.loc().path, h.loc().depth, c.head),
+            (0x1234_5678_9abc, 3, 4)
+        );
     }
 }

@@ -4,26 +4,30 @@ use iced_x86::Code;
 use iced_x86::IcedError;
 use iced_x86::code_asm::{CodeAssembler, CodeLabel, eax, edx, rax, rdx};
 
-use super::asm::{RipRel, field, tag};
+use super::asm::{RipRel, field, local, owner_gate, tag};
 
 /// `rt_end(eax = reason)`: END record (`w0 = tag | reason`, `w1 = 0`),
 /// `owner` = 0, `ended` + 1, `active` = 0 (in that order: `active` frees
-/// the process for the next burst last). Clobbers rax, rcx, rdx.
+/// the process for the next burst last). Nothing for a thread that does
+/// not own the burst. Clobbers rax, rcx, rdx.
 pub(super) fn end(
     a: &mut CodeAssembler,
     control: u64,
     entry: &mut CodeLabel,
     emit: CodeLabel,
 ) -> Result<(), IcedError> {
+    let mut not_owner = a.create_label();
     a.set_label(entry)?;
+    owner_gate(a, control, rdx, not_owner)?;
     a.mov(eax, eax)?;
     a.mov(rdx, tag(REC_END))?;
     a.or(rax, rdx)?;
     a.xor(edx, edx)?;
     a.call(emit)?;
-    a.rip_mi(Code::Mov_rm64_imm32, field!(control, owner), 0)?;
+    a.rip_mi(Code::Mov_rm64_imm32, local!(control, owner), 0)?;
     a.rip_m(Code::Inc_rm64, field!(control, ended))?;
     a.rip_mi(Code::Mov_rm32_imm32, field!(control, active), 0)?;
+    a.set_label(&mut not_owner)?;
     a.ret()?;
     Ok(())
 }
@@ -33,7 +37,7 @@ mod tests {
     use burstyd_common::burst::{END_BUDGET, END_LEFT_CLONES, REC_END};
 
     use super::super::asm::tag;
-    use super::super::testing::{FRAME_CLOBBERS, Harness, Regs};
+    use super::super::testing::{FRAME_CLOBBERS, Harness, Regs, fs0};
 
     fn end(h: &mut Harness, rax: u64) {
         let before = Regs {
@@ -48,10 +52,11 @@ mod tests {
         let c = h.ctl_mut();
         c.active = 1;
         c.armed = 1;
-        c.owner = 0x7f00_dead_0000;
-        c.budget = 7;
         c.ended = 5;
         c.head = 4;
+        let l = h.loc_mut();
+        l.owner = fs0();
+        l.budget = 7;
     }
 
     /// END record with the reason (eax only: the upper half of rax is
@@ -64,9 +69,21 @@ mod tests {
             end(&mut h, 0xffff_ffff_0000_0000 | reason);
             assert_eq!(h.ring()[4..6], [tag(REC_END) | reason, 0]);
             let c = h.ctl();
-            assert_eq!((c.owner, c.active, c.ended, c.head), (0, 0, 6, 6));
-            assert_eq!((c.armed, c.budget, c.lost_records), (1, 7, 0));
+            assert_eq!((h.loc().owner, c.active, c.ended, c.head), (0, 0, 6, 6));
+            assert_eq!((c.armed, h.loc().budget, c.lost_records), (1, 7, 0));
         }
+    }
+
+    /// Only the burst's thread ends it: for any other, nothing changes.
+    #[test]
+    fn only_the_bursts_thread_ends_it() {
+        let mut h = Harness::new();
+        in_burst(&mut h);
+        h.loc_mut().owner = fs0() ^ 0x1000;
+        end(&mut h, END_BUDGET);
+        let c = h.ctl();
+        assert_eq!((c.active, c.ended, c.head), (1, 5, 4));
+        assert_eq!(h.loc().owner, fs0() ^ 0x1000);
     }
 
     /// A full ring loses the END record (and, like any lost record,
@@ -78,7 +95,7 @@ mod tests {
         h.ctl_mut().head = 16;
         end(&mut h, END_LEFT_CLONES);
         let c = h.ctl();
-        assert_eq!((c.owner, c.active, c.ended, c.head), (0, 0, 6, 16));
-        assert_eq!((c.lost_records, c.budget, c.truncated), (1, 1, 1));
+        assert_eq!((h.loc().owner, c.active, c.ended, c.head), (0, 0, 6, 16));
+        assert_eq!((c.lost_records, h.loc().budget, c.truncated), (1, 1, 1));
     }
 }

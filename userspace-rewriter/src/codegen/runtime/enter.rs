@@ -7,13 +7,14 @@ use iced_x86::code_asm::{
 };
 
 use super::FRAME;
-use super::asm::{RipRel, field, tag};
+use super::asm::{RipRel, field, local, owner_gate, tag};
 
 /// `rt_enter(eax = fid | flags)`: push (rsp, caller's path), path = 0,
 /// ENTER record (`w0 = tag | fid`, the flags stripped; `w1 = 0`). Shadow
 /// entries at or below the new frame are dead (frames left by longjmp or
 /// unwinding) and are dropped first. With the shadow stack full nothing is
-/// pushed and `shadow_overflow` counts it. Clobbers rax, rcx, rdx.
+/// pushed and `shadow_overflow` counts it. Nothing for a thread that does
+/// not own the burst. Clobbers rax, rcx, rdx.
 ///
 /// "rsp" is the program's at the snippet, `[rsp + FRAME]` at entry: the
 /// address of the activation's return address.
@@ -27,14 +28,16 @@ pub(super) fn enter(
     let mut push = a.create_label();
     let mut store = a.create_label();
     let mut overflow = a.create_label();
+    let mut not_owner = a.create_label();
 
     a.set_label(entry)?;
+    owner_gate(a, control, rcx, not_owner)?;
     a.push(rsi)?;
     a.push(rdi)?;
     a.push(r8)?;
     a.lea(r8, qword_ptr(rsp + (FRAME + 24)))?; // the program's rsp
-    a.rip_rm(Code::Lea_r64_m, rdx, field!(control, shadow))?;
-    a.rip_rm(Code::Mov_r64_rm64, rsi, field!(control, depth))?;
+    a.rip_rm(Code::Lea_r64_m, rdx, local!(control, shadow))?;
+    a.rip_rm(Code::Mov_r64_rm64, rsi, local!(control, depth))?;
     // Drop entries whose rsp is at or below ours.
     a.set_label(&mut lp)?;
     a.test(rsi, rsi)?;
@@ -51,12 +54,12 @@ pub(super) fn enter(
     a.mov(rdi, rsi)?;
     a.shl(rdi, 4)?;
     a.mov(qword_ptr(rdx + rdi), r8)?;
-    a.rip_rm(Code::Mov_r64_rm64, rcx, field!(control, path))?;
+    a.rip_rm(Code::Mov_r64_rm64, rcx, local!(control, path))?;
     a.mov(qword_ptr(rdx + rdi + 8), rcx)?;
     a.inc(rsi)?;
     a.set_label(&mut store)?;
-    a.rip_mr(Code::Mov_rm64_r64, field!(control, depth), rsi)?;
-    a.rip_mi(Code::Mov_rm64_imm32, field!(control, path), 0)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, depth), rsi)?;
+    a.rip_mi(Code::Mov_rm64_imm32, local!(control, path), 0)?;
     a.and(eax, 0x7fff_ffff)?;
     a.mov(rdx, tag(REC_ENTER))?;
     a.or(rax, rdx)?;
@@ -69,6 +72,8 @@ pub(super) fn enter(
     a.set_label(&mut overflow)?;
     a.rip_m(Code::Inc_rm64, field!(control, shadow_overflow))?;
     a.jmp(store)?;
+    a.set_label(&mut not_owner)?;
+    a.ret()?;
     Ok(())
 }
 
@@ -91,14 +96,13 @@ mod tests {
 
     fn shadow(h: &mut Harness, entries: &[(u64, u64)]) {
         for (i, &(rsp, path)) in entries.iter().enumerate() {
-            h.ctl_mut().shadow[i] = ShadowEntry { rsp, path };
+            h.loc_mut().shadow[i] = ShadowEntry { rsp, path };
         }
-        h.ctl_mut().depth = entries.len() as u64;
+        h.loc_mut().depth = entries.len() as u64;
     }
 
     fn entries(h: &Harness) -> Vec<(u64, u64)> {
-        let c = h.ctl();
-        c.shadow[..c.depth as usize]
+        h.loc().shadow[..h.loc().depth as usize]
             .iter()
             .map(|e| (e.rsp, e.path))
             .collect()
@@ -111,12 +115,26 @@ mod tests {
         let mut h = Harness::new();
         let p = h.prog_rsp();
         shadow(&mut h, &[(p + 0x100, 5)]);
-        h.ctl_mut().path = 77;
+        h.loc_mut().path = 77;
         enter(&mut h, 0xffff_ffff_0000_0000 | u64::from(NO_PATH) | 9);
         assert_eq!(entries(&h), [(p + 0x100, 5), (p, 77)]);
-        assert_eq!(h.ctl().path, 0);
+        assert_eq!(h.loc().path, 0);
         assert_eq!(h.ring()[..2], [tag(REC_ENTER) | 9, 0]);
         assert_eq!((h.ctl().head, h.ctl().shadow_overflow), (2, 0));
+    }
+
+    /// A thread that does not own the burst pushes nothing and writes no
+    /// record.
+    #[test]
+    fn only_the_bursts_thread_enters() {
+        let mut h = Harness::new();
+        let p = h.prog_rsp();
+        shadow(&mut h, &[(p + 0x100, 5)]);
+        h.loc_mut().path = 77;
+        h.loc_mut().owner = 0;
+        enter(&mut h, 9);
+        assert_eq!(entries(&h), [(p + 0x100, 5)]);
+        assert_eq!((h.loc().path, h.ctl().head), (77, 0));
     }
 
     /// Entries at or below the new frame's rsp (frames that were left
@@ -135,13 +153,13 @@ mod tests {
                 (p - 0x80, 5),
             ],
         );
-        h.ctl_mut().path = 6;
+        h.loc_mut().path = 6;
         enter(&mut h, 1);
         assert_eq!(entries(&h), [(p + 0x200, 1), (p + 8, 2), (p, 6)]);
 
         // Every entry dead.
         shadow(&mut h, &[(p, 1), (p - 8, 2)]);
-        h.ctl_mut().path = 7;
+        h.loc_mut().path = 7;
         enter(&mut h, 1);
         assert_eq!(entries(&h), [(p, 7)]);
     }
@@ -156,19 +174,19 @@ mod tests {
             .map(|i| (p + 8 * (SHADOW_DEPTH as u64 - i), i))
             .collect();
         shadow(&mut h, &live);
-        h.ctl_mut().path = 99;
+        h.loc_mut().path = 99;
         enter(&mut h, 3);
-        assert_eq!(h.ctl().depth, SHADOW_DEPTH as u64);
+        assert_eq!(h.loc().depth, SHADOW_DEPTH as u64);
         assert_eq!(entries(&h), live);
-        assert_eq!((h.ctl().shadow_overflow, h.ctl().path), (1, 0));
+        assert_eq!((h.ctl().shadow_overflow, h.loc().path), (1, 0));
         assert_eq!(h.ring()[..2], [tag(REC_ENTER) | 3, 0]);
 
         // One dead entry on top makes room again.
-        h.ctl_mut().shadow[SHADOW_DEPTH - 1].rsp = p;
-        h.ctl_mut().path = 100;
+        h.loc_mut().shadow[SHADOW_DEPTH - 1].rsp = p;
+        h.loc_mut().path = 100;
         enter(&mut h, 3);
-        assert_eq!(h.ctl().depth, SHADOW_DEPTH as u64);
-        let top = h.ctl().shadow[SHADOW_DEPTH - 1];
+        assert_eq!(h.loc().depth, SHADOW_DEPTH as u64);
+        let top = h.loc().shadow[SHADOW_DEPTH - 1];
         assert_eq!((top.rsp, top.path), (p, 100));
         assert_eq!(h.ctl().shadow_overflow, 1);
     }

@@ -7,7 +7,7 @@ use iced_x86::code_asm::{
     CodeAssembler, CodeLabel, eax, ecx, qword_ptr, r8, rax, rcx, rdi, rdx, rsi, rsp,
 };
 
-use super::asm::{RipRel, field, tag};
+use super::asm::{RipRel, field, local, owner_gate, tag};
 use super::{FRAME, NO_PATH};
 
 /// `rt_exit(eax = fid | NO_PATH, ecx = kind)`: PATH record (`w0 = tag |
@@ -21,7 +21,10 @@ use super::{FRAME, NO_PATH};
 /// `PATH_INVALID`. The return address at the program's rsp (`[rsp +
 /// FRAME]` at entry): one in `[clone_lo, clone_hi)` needs nothing; an
 /// original one is translated in place (`rt_lookup`), or, when it was not
-/// rewritten, the burst ends (`rt_end(END_LEFT_CLONES)`).
+/// rewritten, the burst ends (`rt_end(END_LEFT_CLONES)`). A thread that
+/// does not own the burst changes nothing (its return goes wherever the
+/// return address says: a clone's next check sends it back to the
+/// original code).
 pub(super) fn exit(
     a: &mut CodeAssembler,
     control: u64,
@@ -38,8 +41,10 @@ pub(super) fn exit(
     let mut translate = a.create_label();
     let mut leave = a.create_label();
     let mut done = a.create_label();
+    let mut not_owner = a.create_label();
 
     a.set_label(entry)?;
+    owner_gate(a, control, rdx, not_owner)?;
     a.push(rsi)?;
     a.push(rdi)?;
     a.push(r8)?;
@@ -52,7 +57,7 @@ pub(super) fn exit(
     a.or(rax, rcx)?;
     a.mov(rdx, tag(REC_PATH))?;
     a.or(rax, rdx)?;
-    a.rip_rm(Code::Mov_r64_rm64, rdx, field!(control, path))?;
+    a.rip_rm(Code::Mov_r64_rm64, rdx, local!(control, path))?;
     a.call(emit)?;
     a.pop(rcx)?;
     a.set_label(&mut nopath)?;
@@ -60,8 +65,8 @@ pub(super) fn exit(
     a.je(done)?;
 
     // Pop: drop entries of dead deeper frames, match this one by rsp.
-    a.rip_rm(Code::Lea_r64_m, rdx, field!(control, shadow))?;
-    a.rip_rm(Code::Mov_r64_rm64, rsi, field!(control, depth))?;
+    a.rip_rm(Code::Lea_r64_m, rdx, local!(control, shadow))?;
+    a.rip_rm(Code::Mov_r64_rm64, rsi, local!(control, depth))?;
     a.set_label(&mut lp)?;
     a.test(rsi, rsi)?;
     a.je(nomatch)?;
@@ -72,17 +77,17 @@ pub(super) fn exit(
     a.jb(pop_dead)?;
     a.ja(nomatch)?;
     a.mov(rax, qword_ptr(rdx + rdi - 8))?;
-    a.rip_mr(Code::Mov_rm64_r64, field!(control, path), rax)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, path), rax)?;
     a.dec(rsi)?;
-    a.rip_mr(Code::Mov_rm64_r64, field!(control, depth), rsi)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, depth), rsi)?;
     a.jmp(fix)?;
     a.set_label(&mut pop_dead)?;
     a.dec(rsi)?;
     a.jmp(lp)?;
     a.set_label(&mut nomatch)?;
-    a.rip_mr(Code::Mov_rm64_r64, field!(control, depth), rsi)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, depth), rsi)?;
     a.mov(rax, PATH_INVALID)?;
-    a.rip_mr(Code::Mov_rm64_r64, field!(control, path), rax)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, path), rax)?;
 
     // The return address: a clone address needs nothing; an original one
     // is translated, or the burst ends.
@@ -105,6 +110,7 @@ pub(super) fn exit(
     a.pop(r8)?;
     a.pop(rdi)?;
     a.pop(rsi)?;
+    a.set_label(&mut not_owner)?;
     a.ret()?;
     Ok(())
 }
@@ -118,7 +124,7 @@ mod tests {
 
     use super::super::NO_PATH;
     use super::super::asm::tag;
-    use super::super::testing::{CLONE_HI, CLONE_LO, FRAME_CLOBBERS, Harness, Regs};
+    use super::super::testing::{CLONE_HI, CLONE_LO, FRAME_CLOBBERS, Harness, Regs, fs0};
 
     /// An original return address the table translates, and its clone.
     const ORIG: u64 = 0x40_2000;
@@ -140,14 +146,14 @@ mod tests {
         let mut h = Harness::new();
         let entries = entries(h.prog_rsp());
         for (i, &(rsp, path)) in entries.iter().enumerate() {
-            h.ctl_mut().shadow[i] = ShadowEntry { rsp, path };
+            h.loc_mut().shadow[i] = ShadowEntry { rsp, path };
         }
-        let c = h.ctl_mut();
-        c.depth = entries.len() as u64;
-        c.path = 5;
-        c.active = 1;
-        c.owner = 0x7f00_0000_1000;
-        c.budget = 50;
+        h.ctl_mut().active = 1;
+        let l = h.loc_mut();
+        l.depth = entries.len() as u64;
+        l.path = 5;
+        l.owner = fs0();
+        l.budget = 50;
         h.set_ret_slot(CLONE_LO + 0x40);
         h.set_table(&[
             (ORIG - 0x10, CLONE - 0x10),
@@ -158,7 +164,7 @@ mod tests {
     }
 
     fn state(h: &Harness) -> (u64, u64, u64) {
-        (h.ctl().depth, h.ctl().path, h.ret_slot())
+        (h.loc().depth, h.loc().path, h.ret_slot())
     }
 
     /// Return and tail call: PATH record `(tag | kind << 32 | fid, path)`,
@@ -198,6 +204,19 @@ mod tests {
         exit(&mut h, 7, PATH_END_RETURN);
         assert_eq!(state(&h), (0, PATH_INVALID, CLONE_LO + 0x40));
         assert_eq!(h.ring()[..2], [tag(REC_PATH) | 7, 5]);
+    }
+
+    /// A thread that does not own the burst changes nothing: no record, no
+    /// pop, and an original return address stays original (it leaves the
+    /// clones), with the burst left running.
+    #[test]
+    fn only_the_bursts_thread_exits() {
+        let mut h = setup(|p| vec![(p, 22)]);
+        h.set_ret_slot(ORIG);
+        h.loc_mut().owner = 0;
+        exit(&mut h, 7, PATH_END_RETURN);
+        assert_eq!(state(&h), (1, 5, ORIG));
+        assert_eq!((h.ctl().head, h.ctl().active, h.ctl().ended), (0, 1, 0));
     }
 
     /// NO_PATH: no record, the frame is still popped.
@@ -248,7 +267,7 @@ mod tests {
         );
         assert_eq!(state(&h), (0, 22, ORIG + 1));
         let c = h.ctl();
-        assert_eq!((c.active, c.owner, c.ended, c.head), (0, 0, 1, 4));
+        assert_eq!((c.active, h.loc().owner, c.ended, c.head), (0, 0, 1, 4));
     }
 
     /// `[clone_lo, clone_hi)` is the clone range: its bounds, whatever the

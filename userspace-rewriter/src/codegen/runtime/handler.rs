@@ -6,7 +6,7 @@ use iced_x86::code_asm::{
     CodeAssembler, CodeLabel, eax, ecx, edi, qword_ptr, r9, r10, rax, rdx, rsi, rsp,
 };
 
-use super::asm::{RipRel, field, tag};
+use super::asm::{RipRel, field, local, tag};
 
 /// `uc_mcontext.gregs[REG_RIP]`: ucontext (40) + 16 * 8.
 pub(super) const UC_RIP: i32 = 40 + 16 * 8;
@@ -20,7 +20,8 @@ const SYS_GETTID: u32 = 186;
 /// armed, idle, and the interrupted PC was rewritten. Everything it
 /// clobbers is restored by `rt_sigreturn` from the ucontext.
 ///
-/// In order: disarmed → `declined_disarmed`; `burst_len` 0 (`--burst 0`,
+/// In order: disarmed, or in a forked child (`present` is not 1) →
+/// `declined_disarmed`; `burst_len` 0 (`--burst 0`,
 /// back to the interrupted original code) → `declined_budget`; `active`
 /// already set (`lock cmpxchg` 0 → 1 fails) → `declined_busy`; `fs:[0]`
 /// is not the thread's TCB (`arch_prctl(ARCH_GET_FS)`: 0 before libc set up
@@ -42,6 +43,10 @@ pub(super) fn handler(
     let mut zero = a.create_label();
 
     a.set_label(entry)?;
+    // A child forked from the process reads its private `present` as 0
+    // (MADV_WIPEONFORK): never armed.
+    a.rip_mi(Code::Cmp_rm64_imm8, local!(control, present), 1)?;
+    a.jne(disarmed)?;
     a.rip_mi(Code::Cmp_rm32_imm8, field!(control, armed), 0)?;
     a.je(disarmed)?;
     // Budget zero (`--burst 0`): back to the interrupted original code.
@@ -73,12 +78,12 @@ pub(super) fn handler(
     a.je(notfound)?;
     a.mov(qword_ptr(r9 + UC_RIP), rax)?;
     a.fs0_rm(Code::Mov_r64_rm64, rax)?;
-    a.rip_mr(Code::Mov_rm64_r64, field!(control, owner), rax)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, owner), rax)?;
     a.rip_rm(Code::Mov_r64_rm64, rax, field!(control, burst_len))?;
-    a.rip_mr(Code::Mov_rm64_r64, field!(control, budget), rax)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, budget), rax)?;
     a.mov(rax, PATH_INVALID)?;
-    a.rip_mr(Code::Mov_rm64_r64, field!(control, path), rax)?;
-    a.rip_mi(Code::Mov_rm64_imm32, field!(control, depth), 0)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, path), rax)?;
+    a.rip_mi(Code::Mov_rm64_imm32, local!(control, depth), 0)?;
     a.rip_m(Code::Inc_rm64, field!(control, bursts))?;
     // START record: gettid(), interrupted PC.
     a.mov(eax, SYS_GETTID)?;
@@ -141,8 +146,10 @@ mod tests {
         let c = h.ctl_mut();
         c.armed = 1;
         c.burst_len = 50;
-        c.path = 3;
-        c.depth = 2;
+        let l = h.loc_mut();
+        l.owner = 0; // no burst runs
+        l.path = 3;
+        l.depth = 2;
         h.set_table(&[(PC - 4, CLONE - 8), (PC, CLONE), (PC + 3, CLONE + 6)]);
         for i in 0..UC_WORDS {
             h.set_uc_word(8 * i, 0xcc00 + i as u64);
@@ -185,7 +192,13 @@ mod tests {
         let c = h.ctl();
         assert_eq!(c.active, active);
         assert_eq!(
-            (c.owner, c.budget, c.path, c.depth, c.head),
+            (
+                h.loc().owner,
+                h.loc().budget,
+                h.loc().path,
+                h.loc().depth,
+                c.head
+            ),
             (0, 0, 3, 2, 0)
         );
         for i in 0..UC_WORDS {
@@ -206,8 +219,8 @@ mod tests {
         }
         assert_eq!(counters(&h), [1, 0, 0, 0, 0]);
         let c = h.ctl();
-        assert_eq!((c.active, c.owner, c.budget), (1, fs0(), 50));
-        assert_eq!((c.path, c.depth, c.head), (PATH_INVALID, 0, 2));
+        assert_eq!((c.active, h.loc().owner, h.loc().budget), (1, fs0(), 50));
+        assert_eq!((h.loc().path, h.loc().depth, c.head), (PATH_INVALID, 0, 2));
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() } as u64;
         assert_eq!(h.ring()[..2], [tag(REC_START) | tid, PC]);
@@ -217,6 +230,17 @@ mod tests {
     fn disarmed_declines() {
         let mut h = armed();
         h.ctl_mut().armed = 0;
+        handle(&mut h, None);
+        assert_declined(&h, 0, [0, 1, 0, 0, 0]);
+    }
+
+    /// A child forked from the process reads its private state as zeros
+    /// (`present` 0): it never starts a burst of its own in the region it
+    /// shares with its parent.
+    #[test]
+    fn a_forked_child_declines() {
+        let mut h = armed();
+        h.loc_mut().present = 0;
         handle(&mut h, None);
         assert_declined(&h, 0, [0, 1, 0, 0, 0]);
     }
@@ -245,13 +269,16 @@ mod tests {
     fn nested_signal_is_declined() {
         let mut h = armed();
         handle(&mut h, None);
-        h.ctl_mut().budget = 17;
+        h.loc_mut().budget = 17;
         h.set_uc_word(RIP, PC + 3);
         handle(&mut h, None);
         assert_eq!(h.uc_word(RIP), PC + 3);
         assert_eq!(counters(&h), [1, 0, 0, 1, 0]);
         let c = h.ctl();
-        assert_eq!((c.active, c.owner, c.budget, c.head), (1, fs0(), 17, 2));
+        assert_eq!(
+            (c.active, h.loc().owner, h.loc().budget, c.head),
+            (1, fs0(), 17, 2)
+        );
     }
 
     /// The PC is not rewritten: declined, `active` released.
@@ -281,7 +308,7 @@ mod tests {
         tcb[0] = at;
         handle(&mut h, Some(at));
         assert_eq!(h.uc_word(RIP), CLONE);
-        assert_eq!((h.ctl().active, h.ctl().owner), (1, at));
+        assert_eq!((h.ctl().active, h.loc().owner), (1, at));
         assert_eq!(counters(&h), [1, 0, 0, 0, 2]);
     }
 
@@ -295,6 +322,6 @@ mod tests {
         assert_eq!(h.uc_word(RIP), CLONE);
         let c = h.ctl();
         assert_eq!((c.active, c.bursts, c.head), (1, 1, 16));
-        assert_eq!((c.lost_records, c.budget, c.truncated), (1, 1, 1));
+        assert_eq!((c.lost_records, h.loc().budget, c.truncated), (1, 1, 1));
     }
 }

@@ -5,7 +5,7 @@ use iced_x86::code_asm::{
     CodeAssembler, CodeLabel, eax, esi, qword_ptr, r8, r8d, r11, rax, rcx, rdi, rdx, rsi,
 };
 
-use super::asm::{RipRel, field};
+use super::asm::{RipRel, field, local, owner_gate};
 
 /// Yields before a full ring with `wait_when_full` gives up.
 pub(super) const YIELDS: u32 = 1 << 22;
@@ -17,7 +17,8 @@ const SYS_KILL: u32 = 62;
 /// Yields between two checks that the daemon (`tracer`) is alive.
 const CHECK_TRACER_EVERY: u32 = 1 << 10;
 
-/// `rt_emit(rax = w0, rdx = w1)`; clobbers rcx. A full ring truncates the
+/// `rt_emit(rax = w0, rdx = w1)`; clobbers rcx. Only the burst's thread
+/// writes ([`owner_gate`]); for any other the call does nothing. A full ring truncates the
 /// burst (its budget drops to 1) and counts the record as lost, unless
 /// `wait_when_full` (full trace), which yields (bounded) for the daemon —
 /// as long as it lives: every [`CHECK_TRACER_EVERY`] yields (the first
@@ -36,8 +37,10 @@ pub(super) fn emit(
     let mut retry = a.create_label();
     let mut lost = a.create_label();
     let mut done = a.create_label();
+    let mut not_owner = a.create_label();
 
     a.set_label(entry)?;
+    owner_gate(a, control, rcx, not_owner)?;
     a.push(rsi)?;
     a.push(rdi)?;
     a.push(r8)?;
@@ -99,11 +102,13 @@ pub(super) fn emit(
 
     a.set_label(&mut lost)?;
     a.rip_m(Code::Inc_rm64, field!(control, lost_records))?;
-    a.rip_mi(Code::Cmp_rm64_imm8, field!(control, budget), 1)?;
+    a.rip_mi(Code::Cmp_rm64_imm8, local!(control, budget), 1)?;
     a.jbe(done)?;
-    a.rip_mi(Code::Mov_rm64_imm32, field!(control, budget), 1)?;
+    a.rip_mi(Code::Mov_rm64_imm32, local!(control, budget), 1)?;
     a.rip_m(Code::Inc_rm64, field!(control, truncated))?;
     a.jmp(done)?;
+    a.set_label(&mut not_owner)?;
+    a.ret()?;
     Ok(())
 }
 
@@ -112,7 +117,7 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{Duration, Instant};
 
-    use super::super::testing::{Harness, RING_WORDS, Regs};
+    use super::super::testing::{Harness, RING_WORDS, Regs, fs0};
 
     /// rt_emit(w0, w1), checking that only rcx is clobbered.
     fn emit(h: &mut Harness, w0: u64, w1: u64) {
@@ -128,7 +133,7 @@ mod tests {
     #[test]
     fn writes_two_words_at_head() {
         let mut h = Harness::new();
-        h.ctl_mut().budget = 10;
+        h.loc_mut().budget = 10;
         h.ctl_mut().head = 6;
         h.ctl_mut().tail = 4;
         emit(&mut h, 0x1111, 0x2222);
@@ -138,7 +143,23 @@ mod tests {
         assert_eq!(h.ring(), want);
         let c = h.ctl();
         assert_eq!((c.head, c.tail), (8, 4));
-        assert_eq!((c.lost_records, c.truncated, c.budget), (0, 0, 10));
+        assert_eq!((c.lost_records, c.truncated, h.loc().budget), (0, 0, 10));
+    }
+
+    /// A thread that does not own the burst (a forked child's, whose
+    /// private `owner` reads 0, or another thread) writes nothing.
+    #[test]
+    fn only_the_bursts_thread_writes() {
+        for owner in [0, fs0() ^ 0x1000] {
+            let mut h = Harness::new();
+            h.loc_mut().owner = owner;
+            h.loc_mut().budget = 10;
+            h.ctl_mut().head = 6;
+            emit(&mut h, 0x1111, 0x2222);
+            assert_eq!(h.ring(), [0u64; RING_WORDS]);
+            let c = h.ctl();
+            assert_eq!((c.head, c.lost_records, c.truncated), (6, 0, 0));
+        }
     }
 
     /// 40 records through a 16-word ring, the consumer freeing a record only
@@ -147,7 +168,7 @@ mod tests {
     #[test]
     fn wraps_around() {
         let mut h = Harness::new();
-        h.ctl_mut().budget = 1000;
+        h.loc_mut().budget = 1000;
         let mask = RING_WORDS as u64 - 1;
         for i in 0..40u64 {
             let (head, tail) = (h.ctl().head, h.ctl().tail);
@@ -179,17 +200,17 @@ mod tests {
         let ring: Vec<u64> = h.ring().to_vec();
         h.ctl_mut().head = 36;
         h.ctl_mut().tail = 20;
-        h.ctl_mut().budget = 1000;
+        h.loc_mut().budget = 1000;
         emit(&mut h, 1, 2);
         let c = h.ctl();
-        assert_eq!((c.lost_records, c.budget, c.truncated), (1, 1, 1));
+        assert_eq!((c.lost_records, h.loc().budget, c.truncated), (1, 1, 1));
         emit(&mut h, 3, 4);
         let c = h.ctl();
-        assert_eq!((c.lost_records, c.budget, c.truncated), (2, 1, 1));
-        h.ctl_mut().budget = 0;
+        assert_eq!((c.lost_records, h.loc().budget, c.truncated), (2, 1, 1));
+        h.loc_mut().budget = 0;
         emit(&mut h, 5, 6);
         let c = h.ctl();
-        assert_eq!((c.lost_records, c.budget, c.truncated), (3, 0, 1));
+        assert_eq!((c.lost_records, h.loc().budget, c.truncated), (3, 0, 1));
         assert_eq!((c.head, c.tail), (36, 20));
         assert_eq!(h.ring(), ring);
 
@@ -205,7 +226,7 @@ mod tests {
     fn full_ring_waits_for_the_consumer() {
         let mut h = Harness::new();
         h.ctl_mut().wait_when_full = 1;
-        h.ctl_mut().budget = 1000;
+        h.loc_mut().budget = 1000;
         h.ctl_mut().head = 16;
         let tail = &raw mut h.ctl_mut().tail as usize;
         let start = Instant::now();
@@ -222,7 +243,7 @@ mod tests {
         assert_eq!(h.ring()[0..2], [0x77, 0x88]);
         let c = h.ctl();
         assert_eq!(
-            (c.head, c.lost_records, c.truncated, c.budget),
+            (c.head, c.lost_records, c.truncated, h.loc().budget),
             (18, 0, 0, 1000)
         );
     }
@@ -237,7 +258,7 @@ mod tests {
         child.wait().unwrap();
         let mut h = Harness::new();
         h.ctl_mut().wait_when_full = 1;
-        h.ctl_mut().budget = 1000;
+        h.loc_mut().budget = 1000;
         h.ctl_mut().head = 16;
         h.ctl_mut().tracer = dead.into();
         let start = Instant::now();
@@ -249,7 +270,7 @@ mod tests {
                 c.head,
                 c.lost_records,
                 c.truncated,
-                c.budget,
+                h.loc().budget,
                 c.wait_when_full
             ),
             (16, 1, 1, 1, 0)
@@ -258,7 +279,7 @@ mod tests {
         // A live one (ourselves) is waited for.
         let mut h = Harness::new();
         h.ctl_mut().wait_when_full = 1;
-        h.ctl_mut().budget = 1000;
+        h.loc_mut().budget = 1000;
         h.ctl_mut().head = 16;
         h.ctl_mut().tracer = std::process::id().into();
         let tail = &raw mut h.ctl_mut().tail as usize;
@@ -280,14 +301,14 @@ mod tests {
     fn full_ring_wait_is_bounded() {
         let mut h = Harness::new();
         h.ctl_mut().wait_when_full = 1;
-        h.ctl_mut().budget = u64::MAX;
+        h.loc_mut().budget = u64::MAX;
         h.ctl_mut().head = 16;
         let start = Instant::now();
         emit(&mut h, 1, 2);
         eprintln!("gave up after {:?}", start.elapsed());
         let c = h.ctl();
         assert_eq!(
-            (c.head, c.lost_records, c.truncated, c.budget),
+            (c.head, c.lost_records, c.truncated, h.loc().budget),
             (16, 1, 1, 1)
         );
     }

@@ -114,7 +114,7 @@ fn handler_and_restorer_on_a_real_signal() {
     let c = h.ctl();
     assert_eq!((c.declined_disarmed, c.declined_pc, c.bursts), (1, 1, 1));
     assert_eq!(
-        (c.active, c.owner, c.budget, c.path),
+        (c.active, h.loc().owner, h.loc().budget, h.loc().path),
         (1, fs0(), 50, PATH_INVALID)
     );
     // SAFETY: gettid has no preconditions.

@@ -8,7 +8,7 @@
 //! from a [`Regs`], switches `rsp` to the harness stack so that the routine
 //! sees the clone's standard frame ([`FRAME`] bytes) above it, calls, and
 //! stores every register back.
-use burstyd_common::burst::{BurstControl, CONTROL_BYTES, CONTROL_MAGIC};
+use burstyd_common::burst::{BurstControl, BurstLocal, CONTROL_BYTES, CONTROL_MAGIC, LOCAL_OFFSET};
 
 use super::regs;
 pub(super) use super::regs::{FRAME_CLOBBERS, Regs, fs0};
@@ -24,7 +24,7 @@ pub(super) const CLONE_HI: u64 = CLONE_LO + 0x10_0000;
 
 const PAGE: usize = crate::PAGE_SIZE as usize;
 const RING: usize = CONTROL_BYTES;
-const TABLE: usize = 24 * 1024;
+const TABLE: usize = CONTROL_BYTES + 4 * 1024;
 const FN_TABLE: usize = TABLE + TABLE_PAIRS * 16;
 const UCONTEXT: usize = FN_TABLE + TABLE_PAIRS * 16;
 const STACK: usize = UCONTEXT + PAGE;
@@ -75,6 +75,10 @@ impl Harness {
         c.fn_table_addr = control + FN_TABLE as u64;
         c.clone_lo = CLONE_LO;
         c.clone_hi = CLONE_HI;
+        // The test thread owns a burst unless a test says otherwise.
+        let l = h.loc_mut();
+        l.present = 1;
+        l.owner = fs0();
         let bytes = h.rt.bytes.clone();
         h.load(0, &bytes);
         h
@@ -96,6 +100,18 @@ impl Harness {
     pub(super) fn ctl_mut(&mut self) -> &mut BurstControl {
         // SAFETY: as in `ctl`; `&mut self` makes the borrow unique.
         unsafe { &mut *(self.base as *mut BurstControl) }
+    }
+
+    /// The process-private burst state (here in the same mapping).
+    pub(super) fn loc(&self) -> &BurstLocal {
+        // SAFETY: as in `ctl`: LOCAL_OFFSET + the size of a BurstLocal is
+        // within CONTROL_BYTES, page aligned.
+        unsafe { &*(self.base.add(LOCAL_OFFSET) as *const BurstLocal) }
+    }
+
+    pub(super) fn loc_mut(&mut self) -> &mut BurstLocal {
+        // SAFETY: as in `loc`; `&mut self` makes the borrow unique.
+        unsafe { &mut *(self.base.add(LOCAL_OFFSET) as *mut BurstLocal) }
     }
 
     pub(super) fn ring(&self) -> &[u64] {
