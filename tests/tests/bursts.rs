@@ -200,19 +200,20 @@ fn sigkilled_daemon_leaves_the_target_running_correctly() {
 }
 
 /// The control block word at `off` of `pid`'s burst region, read through
-/// `/proc/PID/map_files` (the memfd's first mapping is the control page).
-fn control_word(pid: u32, off: usize) -> u64 {
+/// `/proc/PID/map_files` (the memfd's first mapping is the control page);
+/// None before the region is mapped.
+fn control_word(pid: u32, off: usize) -> Option<u64> {
     use std::os::unix::fs::FileExt;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
     let range = maps
         .lines()
-        .find(|l| l.contains("/memfd:burstyd-bursts"))
-        .and_then(|l| l.split_whitespace().next())
-        .unwrap_or_else(|| panic!("pid {pid} has no burst region:\n{maps}"));
-    let f = std::fs::File::open(format!("/proc/{pid}/map_files/{range}")).unwrap();
+        .find(|l| l.contains("/memfd:burstyd-bursts"))?
+        .split_whitespace()
+        .next()?;
+    let f = std::fs::File::open(format!("/proc/{pid}/map_files/{range}")).ok()?;
     let mut w = [0u8; 8];
-    f.read_exact_at(&mut w, off as u64).unwrap();
-    u64::from_ne_bytes(w)
+    f.read_exact_at(&mut w, off as u64).ok()?;
+    Some(u64::from_ne_bytes(w))
 }
 
 /// `--full-trace` makes a full ring wait for the daemon, but never for a
@@ -242,8 +243,9 @@ fn a_full_trace_does_not_wait_for_a_dead_daemon() {
         .unwrap();
     // Armed for a full trace, and a burst (the trace) under way.
     let t0 = Instant::now();
-    while control_word(pid, offset_of!(BurstControl, bursts)) == 0
-        || control_word(pid, offset_of!(BurstControl, wait_when_full)) == 0
+    let word = |f| control_word(pid, f).unwrap_or(0);
+    while word(offset_of!(BurstControl, bursts)) == 0
+        || word(offset_of!(BurstControl, wait_when_full)) == 0
     {
         assert!(
             t0.elapsed() < Duration::from_secs(30),
@@ -254,15 +256,20 @@ fn a_full_trace_does_not_wait_for_a_dead_daemon() {
     daemon.kill().unwrap();
     let _ = daemon.wait();
     let t0 = Instant::now();
-    while control_word(pid, offset_of!(BurstControl, wait_when_full)) != 0 {
+    loop {
+        let waits = control_word(pid, offset_of!(BurstControl, wait_when_full))
+            .expect("the target exited before it stopped waiting for the dead daemon");
+        if waits == 0 {
+            break;
+        }
         assert!(
             t0.elapsed() < Duration::from_secs(30),
             "the target still waits for the dead daemon after 30 s (lost records {})",
-            control_word(pid, offset_of!(BurstControl, lost_records))
+            word(offset_of!(BurstControl, lost_records))
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(control_word(pid, offset_of!(BurstControl, lost_records)) >= 1);
+    assert!(word(offset_of!(BurstControl, lost_records)) >= 1);
     assert_eq!(finish(child), untraced.stdout_str());
 }
 

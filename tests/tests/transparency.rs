@@ -371,12 +371,13 @@ fn a_worker_of_a_traced_master_is_sampled_only() {
     let master_scratch = Scratch::new("transparency-master");
     let prog = exe_s.clone();
     let master = std::thread::spawn(move || {
-        burstyd_run(
+        let run = burstyd_run(
             &master_scratch,
             &[],
             &[&prog, "worker", "400"],
             Duration::from_secs(120),
-        )
+        );
+        (run, master_scratch)
     });
     // The worker: a `transparency worker` whose parent is one too.
     let cmdline = |pid: &str| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
@@ -416,7 +417,7 @@ fn a_worker_of_a_traced_master_is_sampled_only() {
         f.describe()
     );
     assert!(f.stderr.contains("wrote "), "no profile\n{}", f.describe());
-    let first = master.join().unwrap();
+    let (first, _master_scratch) = master.join().unwrap();
     first.assert_ok();
     assert_eq!(first.finished.stdout_str(), "worker exited 0\n");
     let line = bursts_line(&first.finished.stderr);
