@@ -842,3 +842,55 @@ fn two_processes_traced_in_one_session() {
     }
     assert!(run.out_dir.join("edges.fdata").exists());
 }
+
+/// Hot coverage is measured by samples, not functions: `interp` has 10
+/// functions and only one is skipped (its computed-goto dispatch loop), but
+/// that one holds about half of the time, and the summary says so — by
+/// name and reason.
+#[test]
+fn hot_coverage_weighs_functions_by_their_samples() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("interp");
+    let scratch = Scratch::new("hot-coverage");
+    let run = burstyd_run(
+        &scratch,
+        &["--freq", "999"],
+        &[exe.to_str().unwrap(), "300"],
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    let line = run
+        .finished
+        .stderr
+        .lines()
+        .find(|l| l.contains("hot coverage: "))
+        .unwrap_or_else(|| panic!("no hot coverage line\n{}", run.finished.describe()))
+        .to_string();
+    let pct = |after: &str| -> f64 {
+        line.split(after)
+            .nth(1)
+            .and_then(|r| r.split('%').next())
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no percentage after `{after}` in {line}"))
+    };
+    let covered = pct("hot coverage: ");
+    assert!(
+        (15.0..=85.0).contains(&covered),
+        "instrumented share {covered}% is not about half: {line}"
+    );
+    assert!(pct("the executable holds ") >= 90.0, "{line}");
+    let missed = line
+        .split("most sampled uninstrumented: ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no uninstrumented list: {line}"));
+    assert!(
+        missed.starts_with("run ") && missed.contains("unresolved indirect jump"),
+        "{line}"
+    );
+    let run_pct = pct("most sampled uninstrumented: run ");
+    assert!(
+        (covered + run_pct - 100.0).abs() < 2.0,
+        "instrumented {covered}% + run {run_pct}% should make up the executable: {line}"
+    );
+}

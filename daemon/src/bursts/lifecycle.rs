@@ -36,6 +36,7 @@ use userspace_rewriter::codegen::{self, Layout};
 use userspace_rewriter::inject::{self, KernelSigaction, SA_RESTORER, Tracee};
 
 use super::BurstOptions;
+use super::coverage::CodeMap;
 use super::ring::{SharedRegion, TargetCounters};
 use crate::export::fdata::FdataFacts;
 use crate::stacks::clones::CloneFrames;
@@ -84,6 +85,9 @@ pub(crate) struct Attached {
     pub(crate) fdata: FdataFacts,
     pub(crate) functions_rewritten: usize,
     pub(crate) functions_skipped: usize,
+    /// What the hot coverage needs: where the executable and its cloned
+    /// functions are.
+    pub(crate) code: CodeMap,
 }
 
 /// What an attach put into the target.
@@ -92,6 +96,8 @@ struct Injected {
     exe: PathBuf,
     plan: Plan,
     bias: u64,
+    /// `[lo, hi)`: the executable's mappings (AVMAs).
+    exe_range: (u64, u64),
     /// Address of the control block in the target.
     control: u64,
     region: SharedRegion,
@@ -113,6 +119,7 @@ impl Injected {
             exe,
             plan,
             bias,
+            exe_range,
             control,
             region,
             img,
@@ -130,6 +137,12 @@ impl Injected {
             .map(|&(orig, _)| orig >> CLONE_PAGE_SHIFT)
             .collect();
         pages.dedup();
+        let code = CodeMap::new(
+            exe_range,
+            img.functions
+                .iter()
+                .map(|f| (f.orig(), f.orig() + plan.functions[f.fid() as usize].size)),
+        );
         Attached {
             attachment: Attachment {
                 pid,
@@ -154,6 +167,7 @@ impl Injected {
             fdata,
             functions_rewritten: img.functions.len(),
             functions_skipped,
+            code,
         }
     }
 }
@@ -219,6 +233,7 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
     ) else {
         bail!("pid {pid}: {exe_path} is not in /proc/{pid}/maps");
     };
+    let exe_range = (lo, hi);
     let elf = userspace_rewriter::analysis::elf::ElfInfo::parse(&data)?;
     let first = own.iter().min_by_key(|m| m.offset).unwrap();
     let bias = elf
@@ -276,7 +291,7 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
                 pid,
                 exe,
                 plan,
-                bias,
+                (bias, (lo, hi)),
                 m.start,
                 SharedRegion::new(shm),
                 opts,
@@ -476,6 +491,7 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
         exe,
         plan,
         bias,
+        exe_range,
         control: base,
         region,
         img,
@@ -492,7 +508,7 @@ fn rearm(
     pid: Pid,
     exe: PathBuf,
     plan: Plan,
-    bias: u64,
+    (bias, exe_range): (u64, (u64, u64)),
     base: u64,
     mut region: SharedRegion,
     opts: &BurstOptions,
@@ -541,6 +557,7 @@ fn rearm(
         exe,
         plan,
         bias,
+        exe_range,
         control: base,
         region,
         img,

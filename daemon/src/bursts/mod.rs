@@ -32,6 +32,7 @@ use crate::export::fdata::FdataFacts;
 use crate::stacks::clones::CloneFrames;
 
 pub(crate) mod counts;
+pub(crate) mod coverage;
 pub(crate) mod decode;
 pub(crate) mod lifecycle;
 pub(crate) mod ring;
@@ -86,6 +87,8 @@ pub(crate) struct Traced {
     /// DWARF lines of the executable, opened while the process lives.
     pub(crate) lines: Option<addr2line::Loader>,
     pub(crate) fdata: FdataFacts,
+    /// Where the executable and its clones' originals are (hot coverage).
+    pub(crate) code: coverage::CodeMap,
 }
 
 impl Traced {
@@ -133,6 +136,7 @@ impl BurstTracer {
             fdata,
             functions_rewritten,
             functions_skipped,
+            code,
         } = lifecycle::attach(pid, opts)?;
         let total_paths = plan
             .functions
@@ -158,6 +162,7 @@ impl BurstTracer {
                 plan,
                 bias,
                 fdata,
+                code,
             },
         })
     }

@@ -67,10 +67,17 @@ pub(crate) struct Metrics {
     pub(crate) burst_signals_declined: [Counter; 7],
     pub(crate) functions_rewritten: Counter,
     pub(crate) functions_skipped: Counter,
+    /// Event weight of traced processes' user-mode samples by where their
+    /// leaf lies ([`HOT_WHERE`] order), added when a process's tracing ends.
+    pub(crate) hot_weight: [Counter; 3],
     // Configuration.
     pub(crate) config_reloads: Counter,
     pub(crate) config_reload_failures: Counter,
 }
+
+/// `where` labels of `burstyd_hot_weight_total`.
+pub(crate) const HOT_WHERE: [&str; 3] =
+    ["instrumented", "executable_uninstrumented", "other_modules"];
 
 impl Metrics {
     pub(crate) const fn new() -> Self {
@@ -92,6 +99,7 @@ impl Metrics {
             burst_signals_declined: [const { Counter::new() }; 7],
             functions_rewritten: Counter::new(),
             functions_skipped: Counter::new(),
+            hot_weight: [const { Counter::new() }; 3],
             config_reloads: Counter::new(),
             config_reload_failures: Counter::new(),
         }
@@ -230,6 +238,20 @@ impl Metrics {
             "Functions the rewriter skipped.",
             c(&self.functions_skipped),
         );
+        let name = "burstyd_hot_weight_total";
+        let _ = write!(
+            s,
+            "# HELP {name} Event weight of bursty-traced processes' user-mode samples, by where the leaf PC lies (hot coverage = instrumented / (instrumented + executable_uninstrumented)).\n# TYPE {name} counter\n"
+        );
+        for (c, w) in self.hot_weight.iter().zip(HOT_WHERE) {
+            let _ = writeln!(s, "{name}{{where=\"{w}\"}} {}", c.get());
+        }
+        let mut one = |name: &str, kind: &str, help: &str, v: String| {
+            let _ = write!(
+                s,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+            );
+        };
         one(
             "burstyd_config_reloads_total",
             "counter",
@@ -316,6 +338,13 @@ mod tests {
         let t = m.render();
         assert!(
             t.contains("burstyd_burst_signals_declined_total{reason=\"signal_blocked\"} 7\n"),
+            "{t}"
+        );
+        // Hot coverage weights, by where the leaf lies.
+        m.hot_weight[1].add(30);
+        let t = m.render();
+        assert!(
+            t.contains("burstyd_hot_weight_total{where=\"executable_uninstrumented\"} 30\n"),
             "{t}"
         );
         // Every line is a comment or `name value` / `name{label="v"} value`.

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use tracing::{debug, info, warn};
 
 use super::{Session, ticker};
+use crate::bursts::coverage::HotCoverage;
 use crate::bursts::{Attach, BurstTracer, Finished};
 use crate::export::pprof::encode_gzip;
 use crate::sampling::sampler::KernelCounters;
@@ -185,6 +186,20 @@ impl Session {
                 stats.records_lost,
                 stats.bad_records
             );
+            let hot = HotCoverage::measure(
+                &traced.code,
+                &traced.plan,
+                traced.bias,
+                self.pipe.leaf_weights.get(&pid).unwrap_or(&empty),
+            );
+            for (c, w) in METRICS.hot_weight.iter().zip([
+                hot.instrumented,
+                hot.in_exe - hot.instrumented,
+                hot.total - hot.in_exe,
+            ]) {
+                c.add(w);
+            }
+            info!(%pid, "{}", hot.describe(5));
             debug!(
                 %pid,
                 "burst records: {} read, {} malformed or with a path number out of range",

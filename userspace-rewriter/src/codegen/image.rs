@@ -39,6 +39,18 @@ pub struct ClonedFunction {
     paths: bool,
 }
 
+impl ClonedFunction {
+    /// Index into the plan's `functions`.
+    pub fn fid(&self) -> u32 {
+        self.fid
+    }
+
+    /// AVMA of the original function.
+    pub fn orig(&self) -> u64 {
+        self.orig
+    }
+}
+
 /// The generated code and tables.
 #[derive(Debug)]
 pub struct CloneImage {
