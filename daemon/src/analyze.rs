@@ -6,11 +6,14 @@ use std::path::Path;
 use anyhow::{Context as _, bail};
 use userspace_rewriter::analysis::plan::{self, FunctionPlan, FunctionStatus, Plan, PlanOptions};
 
+use crate::bursts::coverage::{CodeMap, HotCoverage, ProfileLeaves};
+
 pub(crate) struct AnalyzeOptions<'a> {
     pub(crate) json: bool,
     pub(crate) function: Option<&'a str>,
     pub(crate) dot: bool,
     pub(crate) plan_out: Option<&'a Path>,
+    pub(crate) profile: Option<&'a Path>,
     pub(crate) k: u64,
 }
 
@@ -45,6 +48,10 @@ pub(crate) fn run(path: &Path, opts: &AnalyzeOptions) -> anyhow::Result<()> {
         print!("{}", dot(&data, f)?);
         return Ok(());
     }
+    let hot = match opts.profile {
+        Some(p) => Some(hot_coverage(&data, path, plan, p)?),
+        None => None,
+    };
     if opts.json {
         let mut v = match selected {
             Some(f) => serde_json::to_value(f)?,
@@ -53,6 +60,20 @@ pub(crate) fn run(path: &Path, opts: &AnalyzeOptions) -> anyhow::Result<()> {
         if let serde_json::Value::Object(m) = &mut v {
             m.insert("file".into(), path.display().to_string().into());
             m.insert("analysis_ms".into(), report.analysis_ms.into());
+            if let Some((hot, samples)) = &hot {
+                m.insert(
+                    "hot_coverage".into(),
+                    serde_json::json!({
+                        "samples_in_file": samples,
+                        "weight_total": hot.total,
+                        "weight_in_file": hot.in_exe,
+                        "weight_instrumented": hot.instrumented,
+                        "uninstrumented": hot.missed.iter().map(|(f, w, why)| serde_json::json!({
+                            "function": f, "weight": w, "why": why,
+                        })).collect::<Vec<_>>(),
+                    }),
+                );
+            }
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -61,7 +82,75 @@ pub(crate) fn run(path: &Path, opts: &AnalyzeOptions) -> anyhow::Result<()> {
         Some(f) => print!("{}", human_function(f)),
         None => print!("{}", human_summary(path, plan, report.analysis_ms)),
     }
+    if let (Some((hot, samples)), Some(p)) = (&hot, opts.profile) {
+        print!("{}", human_hot(hot, *samples, p));
+    }
     Ok(())
+}
+
+/// The hot coverage of `plan` (its analysed functions counting as
+/// instrumented) by the samples of the pprof profile at `profile`, and how
+/// many samples were in the file.
+fn hot_coverage(
+    data: &[u8],
+    path: &Path,
+    plan: &Plan,
+    profile: &Path,
+) -> anyhow::Result<(HotCoverage, u64)> {
+    use prost::Message as _;
+    let raw = std::fs::read(profile).with_context(|| format!("reading {}", profile.display()))?;
+    let mut bytes = Vec::new();
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&raw[..]), &mut bytes)
+            .with_context(|| format!("decompressing {}", profile.display()))?;
+    } else {
+        bytes = raw;
+    }
+    let prof = crate::export::pprof::Profile::decode(&bytes[..])
+        .with_context(|| format!("{} is not a pprof profile", profile.display()))?;
+    let elf = userspace_rewriter::analysis::elf::ElfInfo::parse(data)?;
+    let leaves = ProfileLeaves::read(&prof, path, &elf);
+    if leaves.samples == 0 {
+        bail!(
+            "no sample of {} has its leaf in {} (neither its build ID nor its path matches a mapping of the profile)",
+            profile.display(),
+            path.display()
+        );
+    }
+    let code = CodeMap::new(
+        leaves.exe,
+        plan.functions
+            .iter()
+            .filter(|f| matches!(f.status, FunctionStatus::Analyzed(_)))
+            .map(|f| (f.start, f.start + f.size)),
+    );
+    Ok((
+        HotCoverage::measure(&code, plan, 0, &leaves.weights),
+        leaves.samples,
+    ))
+}
+
+fn human_hot(hot: &HotCoverage, samples: u64, profile: &Path) -> String {
+    let mut o = String::new();
+    let pct = |w: u64| 100.0 * w as f64 / hot.in_exe.max(1) as f64;
+    let _ = writeln!(o, "hot coverage by the samples of {}", profile.display());
+    let _ = writeln!(
+        o,
+        "  {samples} samples with their leaf in this file ({:.1}% of its processes' user-mode event weight)",
+        100.0 * hot.in_exe as f64 / hot.total.max(1) as f64
+    );
+    let _ = writeln!(
+        o,
+        "  {:.1}% of their weight lands in functions the rewriter instruments",
+        pct(hot.instrumented)
+    );
+    if !hot.missed.is_empty() {
+        let _ = writeln!(o, "  most sampled uninstrumented functions:");
+        for (f, w, why) in hot.missed.iter().take(15) {
+            let _ = writeln!(o, "    {:>5.1}%  {f}  ({why})", pct(*w));
+        }
+    }
+    o
 }
 
 fn human_summary(path: &Path, plan: &Plan, ms: u64) -> String {

@@ -13,6 +13,7 @@ Examples:
   go tool pprof -top out/context.pb.gz                            read the result
   burstyd analyze /usr/bin/xz                                     what the rewriter sees in a binary
   burstyd analyze --function main --dot ./prog | dot -Tsvg        one function's CFG
+  burstyd analyze ./prog --profile out/context.pb.gz              hot coverage: samples in instrumented code
 
 As a service (see systemd/burstyd.toml for every key):
   burstyd --config /etc/burstyd/burstyd.toml                      targets, output, HTTP, push from the file
@@ -115,6 +116,12 @@ pub(crate) enum Command {
         /// Also write the full plan (CFGs, path numberings) as JSON here.
         #[arg(long, value_name = "FILE")]
         plan: Option<PathBuf>,
+        /// Hot coverage: weigh the functions by the samples of this pprof
+        /// profile (burstyd's context.pb.gz of a run of FILE): what share
+        /// of FILE's samples land in functions the rewriter instruments,
+        /// and which uninstrumented ones are sampled most, and why.
+        #[arg(long, value_name = "PROFILE", conflicts_with_all = ["function", "dot"])]
+        profile: Option<PathBuf>,
         /// Loops with no calls and at most K memory references are k-boring
         /// (no instrumentation, no back-edge check).
         #[arg(short, long, default_value_t = userspace_rewriter::analysis::plan::DEFAULT_K)]

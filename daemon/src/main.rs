@@ -57,6 +57,7 @@ fn main() {
         function,
         dot,
         plan,
+        profile,
         k,
     }) = &cli.command
     {
@@ -65,6 +66,7 @@ fn main() {
             function: function.as_deref(),
             dot: *dot,
             plan_out: plan.as_deref(),
+            profile: profile.as_deref(),
             k: *k,
         };
         if let Err(e) = crate::analyze::run(file, &opts) {

@@ -893,4 +893,34 @@ fn hot_coverage_weighs_functions_by_their_samples() {
         (covered + run_pct - 100.0).abs() < 2.0,
         "instrumented {covered}% + run {run_pct}% should make up the executable: {line}"
     );
+    // `burstyd analyze --profile` finds the same from the written profile
+    // (by the plan's analysed functions and the profile's addresses).
+    let out = std::process::Command::new(burstyd_bin())
+        .arg("analyze")
+        .arg(&exe)
+        .arg("--profile")
+        .arg(run.out_dir.join("context.pb.gz"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let offline: f64 = text
+        .lines()
+        .find(|l| l.contains("of their weight lands in functions the rewriter instruments"))
+        .and_then(|l| l.trim().split('%').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no hot coverage in analyze's output:\n{text}"));
+    assert!(
+        (offline - covered).abs() < 3.0,
+        "analyze --profile says {offline}%, the run said {covered}%\n{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("%  run  (skipped: unresolved indirect jump")),
+        "{text}"
+    );
 }
