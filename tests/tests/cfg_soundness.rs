@@ -770,6 +770,24 @@ fn xz_cfgs_are_sound() {
     );
 }
 
+/// Computed gotos: every transfer of `interp`'s dispatch loop (`goto
+/// *ops[*pc++]`) goes to a label its CFG lists as a target (the code
+/// pointers stored in `ops`).
+#[test]
+fn computed_goto_cfgs_are_sound() {
+    require_root();
+    let exe = fixture("interp");
+    let scratch = Scratch::new("cfg-soundness-interp");
+    let empty = scratch.join("empty");
+    std::fs::write(&empty, b"").unwrap();
+    let runs = [Run {
+        args: &["3", "500"],
+        input: empty,
+    }];
+    let (c, report) = soundness("interp", &exe, &runs, &scratch, Checker::new(&exe));
+    assert_sound(&c, &report, 10_000, &["run"]);
+}
+
 /// The check bites: with the edges and return points of `BZ2_decompress`
 /// removed from its CFG, tracing `bzip2 -d` reports both kinds of violation.
 #[test]

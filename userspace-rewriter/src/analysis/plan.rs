@@ -26,7 +26,7 @@ use crate::analysis::callgraph::{self, CallGraph, LoopSummary};
 use crate::analysis::cfg::{self, Cfg, SkipReason};
 use crate::analysis::disasm::{Flow, Insn};
 use crate::analysis::functions::{Function, FunctionKind, FunctionSources};
-use crate::analysis::graph::{self, Loops};
+use crate::analysis::graph::Loops;
 use crate::analysis::paths::{self, PathNumbering, PathsError};
 
 /// Default `k` for k-boring loops: the paper's experiments skip 4-boring
@@ -395,8 +395,7 @@ fn analyze_function(
     opts: &PlanOptions,
 ) -> FunctionAnalysis {
     let g = c.to_graph();
-    let dom = graph::dominators(&g);
-    let loops: Loops = graph::loops(&g, &dom);
+    let loops: Loops = c.loops();
     let block_has_call: Vec<bool> = c
         .blocks
         .iter()

@@ -204,9 +204,7 @@ pub fn generate_excluding(
         let mark = em.out.len();
         let tmark = table_idx.len();
         let label = entry_label[&f.start];
-        let g = cfg.to_graph();
-        let dom = crate::analysis::graph::dominators(&g);
-        let loops = crate::analysis::graph::loops(&g, &dom);
+        let loops = cfg.loops();
         let mut fg = FnGen {
             em: &mut em,
             rt: &rt,

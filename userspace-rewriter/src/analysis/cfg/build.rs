@@ -14,7 +14,8 @@ use iced_x86::{InstructionInfoFactory, OpAccess};
 
 use super::liveness::{CALLER_SAVED, gpr_index};
 use super::{
-    Block, CallSite, Cfg, CfgContext, Edge, EdgeKind, Exit, ExitKind, JumpTable, SkipReason,
+    Block, CallSite, Cfg, CfgContext, Edge, EdgeKind, Exit, ExitKind, JumpTable, JumpTableKind,
+    SkipReason,
 };
 use crate::analysis::disasm::{Flow, Insn};
 use crate::analysis::functions::Function;
@@ -113,6 +114,12 @@ pub(crate) fn build_cfg(
             break;
         }
     }
+    // Unexplained jumps in a function whose label addresses are stored or
+    // taken (computed gotos): dispatch over those. This comes before the
+    // tail-call test, which a frameless interpreter loop would pass (its
+    // jumps leave an empty frame); a jump that really is a tail call does
+    // reach none of the labels, and leaves the clones at run time.
+    w.dispatch_over_code_pointers()?;
     // What is left may be an indirect tail call through a function pointer.
     let left: Vec<usize> = w.pending.iter().copied().collect();
     for j in left {
@@ -128,7 +135,12 @@ pub(crate) fn build_cfg(
     }
     // Re-check every table with the final predecessor sets: a path found
     // later must not bypass the guard.
-    let js: Vec<usize> = w.tables.keys().copied().collect();
+    let js: Vec<usize> = w
+        .tables
+        .iter()
+        .filter(|(_, t)| t.kind != JumpTableKind::CodePointers)
+        .map(|(&j, _)| j)
+        .collect();
     for j in js {
         let again = w.match_jump_table(j)?;
         if again.as_ref() != w.tables.get(&j) {
@@ -151,6 +163,80 @@ pub(crate) fn build_cfg(
 }
 
 impl Walker<'_, '_> {
+    /// Gives every pending indirect jump the function's code pointers as
+    /// targets ([`JumpTableKind::CodePointers`]), walks what they reach, and
+    /// repeats for jumps found there (after trying them as switch tables). Targets that are not instruction boundaries are dropped
+    /// (a stored address is not necessarily a jump target). Without any
+    /// candidate the jumps stay pending.
+    fn dispatch_over_code_pointers(&mut self) -> Result<(), SkipReason> {
+        let mut targets: BTreeSet<u64> = self
+            .ctx
+            .code_pointers_in(self.func.start, self.func.end())
+            .collect();
+        // Label addresses taken in the function itself.
+        for (i, insn) in self.insns.iter().enumerate() {
+            let ins = &insn.instr;
+            if self.reached[i]
+                && ins.mnemonic() == iced_x86::Mnemonic::Lea
+                && ins.is_ip_rel_memory_operand()
+                && self.func.contains(ins.ip_rel_memory_address())
+            {
+                targets.insert(ins.ip_rel_memory_address());
+            }
+        }
+        let targets: Vec<(u64, usize)> = targets
+            .into_iter()
+            .filter_map(|t| {
+                self.insns
+                    .binary_search_by_key(&t, |i| i.addr)
+                    .ok()
+                    .map(|i| (t, i))
+            })
+            .collect();
+        if targets.is_empty() {
+            return Ok(());
+        }
+        while !self.pending.is_empty() {
+            let pending: Vec<usize> = std::mem::take(&mut self.pending).into_iter().collect();
+            for j in pending {
+                self.tables.insert(
+                    j,
+                    JumpTable {
+                        jump: self.insns[j].addr,
+                        table: 0,
+                        kind: JumpTableKind::CodePointers,
+                        targets: targets.iter().map(|&(t, _)| t).collect(),
+                    },
+                );
+                for &(_, ti) in &targets {
+                    self.leaders.insert(ti);
+                    self.branch_preds.entry(ti).or_default().push(j);
+                    self.work.push(ti);
+                }
+            }
+            self.drain()?;
+            // Jumps reached only now: switch tables, or more of the same.
+            let left: Vec<usize> = self.pending.iter().copied().collect();
+            for j in left {
+                if let Some(table) = self.match_jump_table(j)?
+                    && table.targets.iter().all(|&t| self.func.contains(t))
+                {
+                    self.pending.remove(&j);
+                    for &t in &table.targets {
+                        if let Some(Some(ti)) = self.intra_index(j, t) {
+                            self.leaders.insert(ti);
+                            self.branch_preds.entry(ti).or_default().push(j);
+                            self.work.push(ti);
+                        }
+                    }
+                    self.tables.insert(j, table);
+                }
+            }
+            self.drain()?;
+        }
+        Ok(())
+    }
+
     /// Index of the instruction at intra-function SVMA `t`:
     /// `Some(Some(i))` inside the function at an instruction boundary,
     /// `Some(None)` inside but not at a boundary (recorded as a bad target),

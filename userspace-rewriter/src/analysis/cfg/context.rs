@@ -43,6 +43,13 @@ pub struct CfgContext<'data> {
     ranges: Vec<(u64, u64, usize, bool)>,
     names: BTreeMap<u64, String>,
     pub(super) noreturn: BTreeSet<u64>,
+    /// Addresses in executable sections that the file stores as data:
+    /// 8-byte words of data sections and the addends of absolute dynamic
+    /// relocations (`R_X86_64_RELATIVE`, ...). Where an indirect jump no
+    /// pattern explains may go: a computed `goto *p` reaches only labels
+    /// whose address was taken, and a taken label address is one of these
+    /// (or a RIP-relative `lea` in the function itself).
+    pub(super) code_pointers: BTreeSet<u64>,
 }
 
 impl<'data> CfgContext<'data> {
@@ -90,13 +97,20 @@ impl<'data> CfgContext<'data> {
             })
             .map(|f| f.start)
             .collect();
+        let code_pointers = code_pointers(file);
         CfgContext {
             sections,
             eh_frame: parse_eh_frame(file),
             ranges,
             names,
             noreturn,
+            code_pointers,
         }
+    }
+
+    /// The stored code pointers in `[start, end)`.
+    pub(super) fn code_pointers_in(&self, start: u64, end: u64) -> impl Iterator<Item = u64> + '_ {
+        self.code_pointers.range(start..end).copied()
     }
 
     /// Whether, per `.eh_frame`, the canonical frame address at `addr` is
@@ -203,4 +217,41 @@ pub(crate) fn parse_eh_frame<'data>(file: &object::File<'data>) -> Option<EhFram
         bases,
         fdes,
     })
+}
+
+/// See [`CfgContext::code_pointers`].
+fn code_pointers(file: &object::File) -> BTreeSet<u64> {
+    use object::{Object as _, ObjectSection as _, SectionKind};
+    let exec: Vec<(u64, u64)> = file
+        .sections()
+        .filter(|s| s.kind() == SectionKind::Text)
+        .map(|s| (s.address(), s.address().saturating_add(s.size())))
+        .collect();
+    let in_code = |a: u64| exec.iter().any(|&(lo, hi)| (lo..hi).contains(&a));
+    let mut out = BTreeSet::new();
+    for section in file.sections() {
+        if matches!(
+            section.kind(),
+            SectionKind::Data | SectionKind::ReadOnlyData | SectionKind::ReadOnlyDataWithRel
+        ) && let Ok(data) = section.data()
+        {
+            for w in data.chunks_exact(8) {
+                let a = u64::from_le_bytes(w.try_into().unwrap_or_default());
+                if in_code(a) {
+                    out.insert(a);
+                }
+            }
+        }
+    }
+    if let Some(relocs) = file.dynamic_relocations() {
+        for (_, r) in relocs {
+            if let object::RelocationTarget::Absolute = r.target() {
+                let a = r.addend() as u64;
+                if in_code(a) {
+                    out.insert(a);
+                }
+            }
+        }
+    }
+    out
 }

@@ -94,6 +94,7 @@ impl Walker<'_, '_> {
         let entry_size = match kind {
             JumpTableKind::PicRelative32 => 4,
             JumpTableKind::Absolute64 => 8,
+            JumpTableKind::CodePointers => unreachable!("not a matched table shape"),
         };
         let Some(bytes) = self.ctx.bytes(table, entries * entry_size) else {
             return Ok(None);
@@ -112,6 +113,7 @@ impl Walker<'_, '_> {
                     table.wrapping_add(off as i64 as u64)
                 }
                 JumpTableKind::Absolute64 => u64::from_le_bytes(c.try_into().expect("8 bytes")),
+                JumpTableKind::CodePointers => unreachable!("not a matched table shape"),
             })
             .collect();
         Ok(Some(JumpTable {

@@ -251,6 +251,14 @@ pub enum JumpTableKind {
     /// `jmp [T+idx*8]` or `mov rX,[T+idx*8]; jmp rX`: entries are absolute
     /// 64-bit addresses (GCC without PIC).
     Absolute64,
+    /// No table the analysis recognises (a computed `goto *p`, or a switch
+    /// table of an unknown shape): the targets are every address inside the
+    /// function that the file stores as a code pointer or that the function
+    /// takes with a RIP-relative `lea`. A jump anywhere else leaves the
+    /// clones at run time (the dispatch compares the actual target with
+    /// each of these). Path numbering cuts these edges: the jump ends a
+    /// path, each target starts one.
+    CodePointers,
 }
 
 /// A recovered switch jump table.
@@ -307,6 +315,36 @@ impl Cfg {
     pub fn block_at(&self, addr: u64) -> Option<usize> {
         let i = self.blocks.partition_point(|b| b.start <= addr);
         (i > 0 && addr < self.blocks[i - 1].end).then(|| i - 1)
+    }
+
+    /// The loops path numbering and the checks are placed by:
+    /// [`graph::loops`](crate::analysis::graph::loops), with every edge out
+    /// of a [`JumpTableKind::CodePointers`] dispatch added to the cut
+    /// edges (`retreating_non_back`): such a jump ends a path and each
+    /// target starts one (so an interpreter's dispatch loop has one short
+    /// path per handler and successor, not one per sequence of handlers),
+    /// and each gets a burst check (the dispatch is the interpreter's loop).
+    pub fn loops(&self) -> crate::analysis::graph::Loops {
+        let g = self.to_graph();
+        let dom = crate::analysis::graph::dominators(&g);
+        let mut loops = crate::analysis::graph::loops(&g, &dom);
+        for jt in self
+            .jump_tables
+            .iter()
+            .filter(|t| t.kind == JumpTableKind::CodePointers)
+        {
+            let Some(b) = self.block_at(jt.jump) else {
+                continue;
+            };
+            let n = self.edges.iter().filter(|e| e.from == b).count();
+            for e in (0..n).map(|i| (b, i)) {
+                if !loops.back_edges.contains(&e) && !loops.retreating_non_back.contains(&e) {
+                    loops.retreating_non_back.push(e);
+                }
+            }
+        }
+        loops.retreating_non_back.sort_unstable();
+        loops
     }
 
     /// The shape of the CFG for [`graph`](crate::analysis::graph): nodes are
