@@ -201,8 +201,8 @@ fn human_summary(path: &Path, plan: &Plan, ms: u64) -> String {
     );
     let _ = writeln!(
         o,
-        "  Ball-Larus paths: {} in total; {} functions have more than 2^64 (no path numbers)",
-        s.paths_total, s.functions_too_many_paths
+        "  Ball-Larus paths: {} in total; {} functions with more than 2^62 cut into regions, {} without path numbers",
+        s.paths_total, s.functions_cut_into_regions, s.functions_too_many_paths
     );
     let _ = writeln!(
         o,
@@ -245,11 +245,21 @@ fn human_function(f: &FunctionPlan) -> String {
                 if a.irreducible { " (irreducible)" } else { "" }
             );
             match a.paths {
+                Some(p) if a.cut_edges > 0 => {
+                    let _ = writeln!(
+                        o,
+                        "  Ball-Larus paths: {p} (more than 2^62 in all: cut into regions at {} edges)",
+                        a.cut_edges
+                    );
+                }
                 Some(p) => {
                     let _ = writeln!(o, "  Ball-Larus paths: {p}");
                 }
                 None => {
-                    let _ = writeln!(o, "  Ball-Larus paths: more than 2^64 (no path numbers)");
+                    let _ = writeln!(
+                        o,
+                        "  Ball-Larus paths: cannot be numbered (no path numbers)"
+                    );
                 }
             }
             let _ = writeln!(

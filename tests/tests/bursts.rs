@@ -986,3 +986,51 @@ fn computed_goto_dispatch_is_traced_exactly() {
         "run is not instrumented: {hot_line}"
     );
 }
+
+/// A function with 2^70 paths (`manypaths`' `branchy`: 70 branches in a
+/// row) is cut into regions and gets path numbers: in a full trace its
+/// paths are recorded (each call crosses the same cut blocks, so the same
+/// number of path records per call), none is malformed, and the output is
+/// the same as untraced.
+#[test]
+fn functions_with_too_many_paths_are_cut_into_regions() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("manypaths");
+    let exe_s = exe.to_str().unwrap();
+    let out = std::process::Command::new(burstyd_bin())
+        .args(["analyze", "--function", "branchy", exe_s])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("cut into regions at"), "{text}");
+    let untraced = run_untraced(&[exe_s, "150000"], Duration::from_secs(60));
+    let scratch = Scratch::new("manypaths");
+    let run = burstyd_run(
+        &scratch,
+        &["--full-trace"],
+        &[exe_s, "150000"],
+        Duration::from_secs(300),
+    );
+    run.assert_ok();
+    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    let line = bursts_line(&run.finished.stderr);
+    let bad = line
+        .split("bad records: ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .unwrap_or_else(|| panic!("no bad records count in {line}"));
+    assert_eq!(bad, "0", "{line}");
+    let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
+    let branchy: i64 = counts
+        .iter()
+        .filter(|(n, _)| n.starts_with("branchy"))
+        .map(|(_, c)| c)
+        .sum();
+    // At least two path records (a region end, then the return) per call
+    // for most of the calls.
+    assert!(
+        branchy >= 150_000,
+        "{branchy} branchy paths for 150000 calls: {line}"
+    );
+}

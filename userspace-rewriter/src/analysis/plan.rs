@@ -80,9 +80,12 @@ pub struct Summary {
     pub irreducible_functions: usize,
     /// Sum of Ball-Larus path counts over functions that have a numbering.
     pub paths_total: u128,
-    /// Functions with more paths than a 64-bit path register holds: they are
-    /// still rewritten for edges, calls and checks, without path numbers.
+    /// Functions whose paths could not be numbered at all (none since
+    /// paths are cut into regions): still rewritten for edges, calls and
+    /// checks, without path numbers.
     pub functions_too_many_paths: usize,
+    /// Functions with more than [`MAX_PATHS`] paths, cut into regions.
+    pub functions_cut_into_regions: usize,
     pub checks_all: usize,
     pub checks_reduced: usize,
     pub entry_checks_all: usize,
@@ -111,8 +114,12 @@ pub struct FunctionAnalysis {
     pub edges: usize,
     pub loops: Vec<LoopPlan>,
     pub irreducible: bool,
-    /// Ball-Larus paths, `None` when they do not fit in 64 bits.
+    /// Ball-Larus paths, `None` when they cannot be numbered.
     pub paths: Option<u64>,
+    /// Edges cut to keep the paths under [`MAX_PATHS`] (0 for almost
+    /// every function): the function's paths also end there.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cut_edges: usize,
     /// In the entry-check set C.
     pub entry_check: bool,
     /// Back edges (and irreducible retreating edges) that keep a check.
@@ -349,6 +356,7 @@ pub fn analyze_with_insns(
                         Some(p) => summary.paths_total += u128::from(p),
                         None => summary.functions_too_many_paths += 1,
                     }
+                    summary.functions_cut_into_regions += usize::from(fa.cut_edges > 0);
                     summary.entry_checks_all += 1;
                     summary.entry_checks_reduced += usize::from(fa.entry_check);
                     summary.back_edge_checks_all += fa.back_edges;
@@ -386,6 +394,14 @@ pub fn analyze_with_insns(
         },
         analysis,
     ))
+}
+
+/// Path numbers at most this many per function (bit 63 of the path
+/// register is `PATH_INVALID`; the margin leaves room for increments).
+pub const MAX_PATHS: u64 = 1 << 62;
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 fn analyze_function(
@@ -441,12 +457,14 @@ fn analyze_function(
         .map(|(l, _)| l.back_edges.len())
         .sum::<usize>()
         + loops.retreating_non_back.len();
-    let numbering = match paths::number_paths(&g, &loops) {
-        Ok(p) => Some(p),
-        Err(PathsError::TooManyPaths { .. }) => None,
+    // Paths beyond MAX_PATHS are cut into regions (their path register
+    // keeps bit 63 for PATH_INVALID and a margin below it).
+    let (numbering, cut_edges) = match paths::number_paths_cutting(&g, &loops, MAX_PATHS) {
+        Ok((p, cut)) => (Some(p), cut.len()),
+        Err(PathsError::TooManyPaths { .. }) => (None, 0),
         // The CFG builder and the loop finder disagree: a bug, not an input
         // property. Keep the function without paths rather than guess.
-        Err(_) => None,
+        Err(_) => (None, 0),
     };
     FunctionAnalysis {
         blocks: c.blocks.len(),
@@ -454,6 +472,7 @@ fn analyze_function(
         irreducible: loops.irreducible,
         loops: loop_plans,
         paths: numbering.as_ref().map(|p| p.total_paths()),
+        cut_edges,
         entry_check,
         back_edge_checks,
         back_edges,

@@ -83,19 +83,16 @@
 //! rewrites the function for its other instrumentation (edges, calls, entry
 //! and back-edge checks).
 //!
-//! Why not break the DAG at chosen nodes ("path splitting")? Splitting would
-//! be sound (a split node acts like a truncated edge: count `r + end`, then
-//! `r = restart`), but it adds a third kind of instrumentation point that the
-//! rewriter must place inside blocks, changes what a "path" means for the
-//! function (paths no longer begin and end only at entry, exit and back
-//! edges, so PEP §3.1's categories no longer hold), and needs a node-choice
-//! heuristic whose result must stay deterministic. The case is rare: `N >
-//! 2^64` needs, e.g., 64 independent two-way branches in a row inside one
-//! acyclic region, and such functions are usually generated code whose
-//! individual paths are each executed almost never, so a path profile would
-//! be useless anyway (BL96 already switches from an array to a hash table
-//! for large `N`). Failing cleanly, with the block that overflowed, keeps the
-//! numbering simple and makes the skip visible.
+//! The rewriter does not stop there: [`number_paths_cutting`] breaks the
+//! DAG at the blocks where the count overflows ("path splitting", as PEP
+//! cuts paths at more points than BL96): every out-edge of such a block is
+//! truncated exactly like a back edge (count `r + end`, then `r =
+//! restart`), so no new kind of instrumentation is needed, the numbering
+//! and regeneration are unchanged, and every cloned function has path
+//! numbers. A path of such a function may then also end at a cut edge
+//! (recorded like a back edge); which blocks are cut is deterministic
+//! (the first overflowing block in the fixed reverse topological order,
+//! repeatedly).
 //!
 //! # Regeneration (BL96; PEP §3.3)
 //!
@@ -127,7 +124,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::analysis::graph::GraphError;
 
-pub use numbering::number_paths;
+pub use numbering::{number_paths, number_paths_cutting};
 #[cfg(test)]
 use numbering::{number_paths_bounded, number_paths_with_profile};
 

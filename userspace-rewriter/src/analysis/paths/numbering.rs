@@ -24,6 +24,70 @@ pub fn number_paths(g: &Graph, loops: &Loops) -> Result<PathNumbering, PathsErro
     number_paths_bounded(g, loops, None, u64::MAX)
 }
 
+/// [`number_paths`], where a function's DAG has more than `max_paths`
+/// paths: each time `NumPaths` of a block `v` would exceed the limit,
+/// every out-edge of `v` not yet cut is truncated like a back edge (the
+/// path ends at `v` with the edge taken; the successor starts one), and
+/// the numbering is retried (when only the sum over all path starts
+/// overflows, the out-edges of every path start are cut). `NumPaths(v)` then counts `v`'s out-edges
+/// alone, so each retry gets further up the DAG; it ends when the count
+/// fits. Returns the numbering and the edges cut this way (path ends that
+/// are neither exits nor loop edges). With every edge cut a function still
+/// has as many paths as path starts and path ends, so a limit below that
+/// fails with [`PathsError::TooManyPaths`].
+pub fn number_paths_cutting(
+    g: &Graph,
+    loops: &Loops,
+    max_paths: u64,
+) -> Result<(PathNumbering, Vec<(usize, usize)>), PathsError> {
+    let mut cut_loops = loops.clone();
+    let mut extra: Vec<(usize, usize)> = Vec::new();
+    loop {
+        match number_paths_bounded(g, &cut_loops, None, max_paths) {
+            Ok(n) => return Ok((n, extra)),
+            Err(PathsError::TooManyPaths { block, .. }) => {
+                let before = extra.len();
+                // A block's own count overflowed: cut its out-edges. ENTRY's
+                // sum did (each path start below the limit, not all of them
+                // together): cut the out-edges of every path start.
+                let blocks: Vec<usize> = match block {
+                    Some(v) => vec![v],
+                    None => {
+                        let mut starts: Vec<usize> = cut_loops
+                            .back_edges
+                            .iter()
+                            .chain(&cut_loops.retreating_non_back)
+                            .map(|&(v, i)| g.succs[v][i])
+                            .chain([g.entry])
+                            .collect();
+                        starts.sort_unstable();
+                        starts.dedup();
+                        starts
+                    }
+                };
+                for v in blocks {
+                    for e in (0..g.succs[v].len()).map(|i| (v, i)) {
+                        if !cut_loops.back_edges.contains(&e)
+                            && !cut_loops.retreating_non_back.contains(&e)
+                        {
+                            cut_loops.retreating_non_back.push(e);
+                            extra.push(e);
+                        }
+                    }
+                }
+                if extra.len() == before {
+                    // Everything out of v is cut already: v's own out-degree
+                    // is over the limit.
+                    return number_paths_bounded(g, &cut_loops, None, max_paths)
+                        .map(|n| (n, extra));
+                }
+                cut_loops.retreating_non_back.sort_unstable();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Smart path numbering (PEP §3.4, Figure 4): like [`number_paths`], but
 /// every block's DAG out-edges are numbered in decreasing order of
 /// `edge_freq(v, i)` (frequency of real edge `(v, i)` in the edge profile),

@@ -500,3 +500,36 @@ fn paths_serialization_is_deterministic() {
         );
     }
 }
+
+/// Too many paths, cut into regions: 70 diamonds in a row (2^70 paths)
+/// get numbers under 2^62 with a few cut edges; under small limits (so the
+/// paths can be enumerated) the numbering is still a bijection between
+/// `[0, N)` and the paths of the graph with those edges cut.
+#[test]
+fn too_many_paths_are_cut_into_regions() {
+    let g = diamond_chain(70);
+    let l = loops(&g, &dominators(&g));
+    let (pn, cut) = number_paths_cutting(&g, &l, 1 << 62).unwrap();
+    // A handful of the 280 edges.
+    assert!(!cut.is_empty() && cut.len() < 20, "{cut:?}");
+    assert!(pn.total_paths() <= 1 << 62);
+    // Nothing to cut: the same numbering as number_paths.
+    let small = diamond_chain(8);
+    let ls = loops(&small, &dominators(&small));
+    let (ps, none) = number_paths_cutting(&small, &ls, 1 << 62).unwrap();
+    assert!(none.is_empty());
+    assert_eq!(ps, number_paths(&small, &ls).unwrap());
+    for max in [1000, 300] {
+        let (pn, cut) = number_paths_cutting(&g, &l, max).unwrap();
+        assert!(pn.total_paths() <= max);
+        let mut cl = l.clone();
+        cl.retreating_non_back.extend(&cut);
+        cl.retreating_non_back.sort_unstable();
+        let all = enumerate_dag_paths(&g, &cl, 1_000_000).unwrap();
+        assert_eq!(all.len() as u64, pn.total_paths(), "max {max}");
+        let regenerated: BTreeSet<RegeneratedPath> = (0..pn.total_paths())
+            .map(|n| pn.regenerate(n).unwrap())
+            .collect();
+        assert_eq!(regenerated, all, "max {max}");
+    }
+}
