@@ -32,8 +32,12 @@ impl FnGen<'_> {
     /// gets one and a burst is bounded by `--burst` checks even inside a
     /// long loop without calls.
     fn is_checked_back_edge(&self, b: usize, idx: usize) -> bool {
-        self.loops.retreating_non_back.contains(&(b, idx))
-            || self.loops.back_edges.contains(&(b, idx))
+        // Both sorted.
+        self.loops
+            .retreating_non_back
+            .binary_search(&(b, idx))
+            .is_ok()
+            || self.loops.back_edges.binary_search(&(b, idx)).is_ok()
     }
 
     /// The code on edge `(b, idx)`: increment, or path end + restart + check

@@ -328,6 +328,7 @@ impl Cfg {
         let g = self.to_graph();
         let dom = crate::analysis::graph::dominators(&g);
         let mut loops = crate::analysis::graph::loops(&g, &dom);
+        let mut extra = Vec::new();
         for jt in self
             .jump_tables
             .iter()
@@ -337,13 +338,13 @@ impl Cfg {
                 continue;
             };
             let n = self.edges.iter().filter(|e| e.from == b).count();
-            for e in (0..n).map(|i| (b, i)) {
-                if !loops.back_edges.contains(&e) && !loops.retreating_non_back.contains(&e) {
-                    loops.retreating_non_back.push(e);
-                }
-            }
+            extra.extend((0..n).map(|i| (b, i)));
         }
+        // `back_edges` is sorted; so is `retreating_non_back` after this.
+        extra.retain(|e| loops.back_edges.binary_search(e).is_err());
+        loops.retreating_non_back.extend(extra);
         loops.retreating_non_back.sort_unstable();
+        loops.retreating_non_back.dedup();
         loops
     }
 
