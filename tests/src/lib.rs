@@ -722,6 +722,36 @@ pub fn stat(line: &str, after_word: &str) -> u64 {
         .unwrap_or_else(|_| panic!("bad number before {after_word} in {line}"))
 }
 
+/// Executions per path-frame name ("classify path 3: L14→L15→L16") in a
+/// `paths.pb.gz`.
+pub fn path_counts(path: &Path) -> std::collections::BTreeMap<String, i64> {
+    let p = pprof::read_profile(path).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(p.sample_types[0], ("executions".into(), "count".into()));
+    let mut out = std::collections::BTreeMap::new();
+    for s in &p.samples {
+        let leaf = s.frames[0].name();
+        *out.entry(leaf).or_insert(0) += s.values[0];
+    }
+    out
+}
+
+/// burstyd's "hot coverage: N% of the executable's user-mode samples ..."
+/// line in `stderr`, and N.
+pub fn hot_coverage(stderr: &str) -> (String, f64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("hot coverage: "))
+        .unwrap_or_else(|| panic!("no hot coverage line in:\n{stderr}"))
+        .to_string();
+    let pct = line
+        .split("hot coverage: ")
+        .nth(1)
+        .and_then(|r| r.split('%').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no percentage in {line}"));
+    (line, pct)
+}
+
 #[cfg(test)]
 mod unit {
     use super::*;

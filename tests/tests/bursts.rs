@@ -2,24 +2,11 @@
 //! eBPF overflow program, path profiles written; the traced program's output
 //! is byte-identical to its untraced output, across attach/detach cycles and
 //! a SIGKILLed daemon.
-use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use burstyd_tests::pprof::read_profile;
 use burstyd_tests::*;
-
-/// Executions per path-frame name ("classify path 3: L14→L15→L16").
-fn path_counts(path: &std::path::Path) -> BTreeMap<String, i64> {
-    let p = read_profile(path).unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(p.sample_types[0], ("executions".into(), "count".into()));
-    let mut out = BTreeMap::new();
-    for s in &p.samples {
-        let leaf = s.frames[0].name();
-        *out.entry(leaf).or_insert(0) += s.values[0];
-    }
-    out
-}
 
 #[test]
 fn bursts_record_paths_and_keep_output_identical() {

@@ -417,19 +417,7 @@ fn python_bytecode_loop_is_covered() {
         );
         let line = bursts_line(&run.finished.stderr);
         assert!(stat(&line, "taken") >= 1, "{label}: {line}");
-        let hot = run
-            .finished
-            .stderr
-            .lines()
-            .find(|l| l.contains("hot coverage: "))
-            .unwrap_or_else(|| panic!("{label}: no hot coverage line"))
-            .to_string();
-        let covered: f64 = hot
-            .split("hot coverage: ")
-            .nth(1)
-            .and_then(|r| r.split('%').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("{label}: {hot}"));
+        let (hot, covered) = hot_coverage(&run.finished.stderr);
         assert!(covered >= 97.0, "{label}: {hot}");
         assert!(!hot.contains("_PyEval_EvalFrameDefault"), "{label}: {hot}");
     }

@@ -323,12 +323,7 @@ fn children_forked_mid_burst_stay_out_of_the_parents_profile() {
         "{}",
         run.finished.describe()
     );
-    let paths = burstyd_tests::pprof::read_profile(&run.out_dir.join("paths.pb.gz"))
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let mut names = std::collections::BTreeMap::<String, i64>::new();
-    for s in &paths.samples {
-        *names.entry(s.frames[0].name()).or_insert(0) += s.values[0];
-    }
+    let names = path_counts(&run.out_dir.join("paths.pb.gz"));
     let of = |f: &str| -> i64 {
         names
             .iter()

@@ -309,6 +309,34 @@ impl ElfInfo {
     }
 }
 
+/// Every address the file stores as data: the 8-byte words of its data
+/// sections and the addends of its absolute dynamic relocations
+/// (`R_X86_64_RELATIVE`, ...), unfiltered (most are not addresses).
+pub(crate) fn stored_words(file: &object::File) -> Vec<u64> {
+    use object::{Object as _, ObjectSection as _, SectionKind};
+    let mut out = Vec::new();
+    for section in file.sections() {
+        if matches!(
+            section.kind(),
+            SectionKind::Data | SectionKind::ReadOnlyData | SectionKind::ReadOnlyDataWithRel
+        ) && let Ok(data) = section.data()
+        {
+            out.extend(
+                data.chunks_exact(8)
+                    .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default())),
+            );
+        }
+    }
+    if let Some(relocs) = file.dynamic_relocations() {
+        for (_, r) in relocs {
+            if let object::RelocationTarget::Absolute = r.target() {
+                out.push(r.addend() as u64);
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

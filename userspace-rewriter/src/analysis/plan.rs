@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use iced_x86::{Mnemonic, OpKind};
-use object::{Object, ObjectSection, SectionKind};
+use object::Object;
 use serde::Serialize;
 
 use crate::analysis::callgraph::{self, CallGraph, LoopSummary};
@@ -234,23 +234,8 @@ fn address_taken(file: &object::File, functions: &[Function], insns: &[Vec<Insn>
             }
         }
     }
-    for section in file.sections() {
-        if matches!(
-            section.kind(),
-            SectionKind::Data | SectionKind::ReadOnlyData | SectionKind::ReadOnlyDataWithRel
-        ) && let Ok(data) = section.data()
-        {
-            for w in data.chunks_exact(8) {
-                mark(u64::from_le_bytes(w.try_into().unwrap_or_default()));
-            }
-        }
-    }
-    if let Some(relocs) = file.dynamic_relocations() {
-        for (_, r) in relocs {
-            if let object::RelocationTarget::Absolute = r.target() {
-                mark(r.addend() as u64);
-            }
-        }
+    for w in crate::analysis::elf::stored_words(file) {
+        mark(w);
     }
     taken
 }

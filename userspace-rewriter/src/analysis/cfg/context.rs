@@ -227,31 +227,8 @@ fn code_pointers(file: &object::File) -> BTreeSet<u64> {
         .filter(|s| s.kind() == SectionKind::Text)
         .map(|s| (s.address(), s.address().saturating_add(s.size())))
         .collect();
-    let in_code = |a: u64| exec.iter().any(|&(lo, hi)| (lo..hi).contains(&a));
-    let mut out = BTreeSet::new();
-    for section in file.sections() {
-        if matches!(
-            section.kind(),
-            SectionKind::Data | SectionKind::ReadOnlyData | SectionKind::ReadOnlyDataWithRel
-        ) && let Ok(data) = section.data()
-        {
-            for w in data.chunks_exact(8) {
-                let a = u64::from_le_bytes(w.try_into().unwrap_or_default());
-                if in_code(a) {
-                    out.insert(a);
-                }
-            }
-        }
-    }
-    if let Some(relocs) = file.dynamic_relocations() {
-        for (_, r) in relocs {
-            if let object::RelocationTarget::Absolute = r.target() {
-                let a = r.addend() as u64;
-                if in_code(a) {
-                    out.insert(a);
-                }
-            }
-        }
-    }
-    out
+    crate::analysis::elf::stored_words(file)
+        .into_iter()
+        .filter(|&a| exec.iter().any(|&(lo, hi)| (lo..hi).contains(&a)))
+        .collect()
 }
