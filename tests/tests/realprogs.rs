@@ -229,13 +229,30 @@ fn assert_sane_stacks(o: &Outcome, prog: &Path, comm: &str) {
             .skip_while(|f| f.as_str() == TRUNCATED);
         it.next().map(|f| base_name(f).to_string())
     };
+    // Not counted: samples taken while burstyd itself had the process
+    // stopped under ptrace to inject the clones (the thread then runs the
+    // injected calls at a borrowed `syscall` instruction, whose unwind info
+    // does not describe that context), and samples of the exit path (the
+    // user stack is being unmapped). Each is a fraction of a percent, but
+    // enough to tip a 99% bound. (The borrowed instruction is the vdso's;
+    // a stop there shows as `get_signal` under `__vdso_gettimeofday`.)
+    let ours_or_exit = |t: &TraceSample| {
+        t.frames.iter().any(|f| {
+            matches!(
+                f.as_str(),
+                "ptrace_stop" | "ptrace_notify" | "ptrace_do_notify" | "do_exit"
+            )
+        }) || (t.has("get_signal") && t.has("__vdso_gettimeofday"))
+    };
+    let excluded = count_where(&traces, ours_or_exit);
+    let total = total - excluded;
     let rooted = count_where(&traces, |t| {
-        root_of(t).is_some_and(|f| ROOTS.contains(&f.as_str()))
+        !ours_or_exit(t) && root_of(t).is_some_and(|f| ROOTS.contains(&f.as_str()))
     });
-    let with_main = count_where(&traces, |t| t.has("main"));
+    let with_main = count_where(&traces, |t| !ours_or_exit(t) && t.has("main"));
     assert!(
         rooted as f64 >= 0.99 * total as f64,
-        "only {rooted} of {total} stacks end in one of {ROOTS:?}\n{}",
+        "only {rooted} of {total} stacks end in one of {ROOTS:?} ({excluded} in burstyd's ptrace stops or the exit path left out)\n{}",
         describe_traces(
             &traces
                 .iter()
