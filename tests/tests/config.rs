@@ -241,10 +241,12 @@ fn exited_target_is_dropped_and_a_new_instance_picked_up() {
         "burstyd must outlive its configured targets:\n{}",
         d.log()
     );
-    let second = Background::spawn(Command::new(&exe).arg("1.5"));
+    // Longer than the first: it is found by a rescan (up to a second
+    // late), and a loaded machine gives the spinner less than a core.
+    let second = Background::spawn(Command::new(&exe).arg("3"));
     let p2 = second.pid();
     d.wait_log(&format!("target pid {p2} (spin_exit) appeared"), 5);
-    d.wait_log(&format!("target pid {p2} exited"), 10);
+    d.wait_log(&format!("target pid {p2} exited"), 15);
     assert!(d.stop().success(), "{}", d.log());
     let p = pprof::read_profile(&out.join("context.pb.gz")).unwrap();
     let by_pid = |pid: u32| -> i64 {
