@@ -316,7 +316,13 @@ fn run_with_a_duration_still_waits_for_the_command() {
     let run = burstyd_run(
         &scratch,
         &["-e", "cpu-clock", "--duration", "1"],
-        &["/bin/sh", "-c", "sleep 3; exit 4"],
+        // Some CPU first, so that the second of sampling has samples
+        // (a shell that only sleeps may give none at 199 Hz).
+        &[
+            "/bin/sh",
+            "-c",
+            "i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; sleep 3; exit 4",
+        ],
         Duration::from_secs(60),
     );
     let f = &run.finished;
