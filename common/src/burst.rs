@@ -37,7 +37,7 @@ macro_rules! control_block {
 
 /// `BurstControl::magic`: the version of the layout. It changes whenever
 /// [`CONTROL_FIELDS`] does; the `layout` test below fails until it has.
-pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd4");
+pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd5");
 /// Saved path registers (one per instrumented activation in a burst).
 pub const SHADOW_DEPTH: usize = 1024;
 /// Set in the path register when the path's start was not observed (the
@@ -93,6 +93,14 @@ control_block! {
         /// cmpxchg`, cleared when the burst ends). The eBPF program reads it
         /// to avoid signalling a busy process.
         pub active: u32,
+        /// The thread id (`gettid()`) that started the running burst. The
+        /// eBPF program reads it beside `active`: an overflow of that very
+        /// thread while its pc is in original code means the burst's thread
+        /// left the clones without passing a check (a return into code that
+        /// is not instrumented, an exception that landed in an original
+        /// landing pad, `longjmp`); the handler then ends that burst and
+        /// starts a new one.
+        pub owner_tid: u64,
         /// Checks per burst (set by the daemon; `u64::MAX`: full trace).
         pub burst_len: u64,
         /// Records written (in words; producer index).
@@ -109,6 +117,12 @@ control_block! {
         /// functions: indirect calls in a burst go to the clone.
         pub fn_table_addr: u64,
         pub fn_table_len: u64,
+        /// Sorted `(original return address, clone return site)` pairs of
+        /// every call in the clones: calls push the original return address
+        /// (what `backtrace()`, `dladdr` and the C++ unwinder see), and a
+        /// return in a burst goes on at the call's clone return site.
+        pub ret_table_addr: u64,
+        pub ret_table_len: u64,
         /// Counters kept by the target side.
         pub bursts: u64,
         pub declined_busy: u64,
@@ -140,7 +154,7 @@ control_block! {
         /// Signals handled with `burst_len` 0 (`--burst 0`): the handler
         /// returned to the interrupted original code at once.
         pub declined_budget: u64,
-        pub _pad: [u64; 5],
+        pub _pad: [u64; 2],
         /// Words consumed by the daemon (consumer index), on its own line.
         pub tail: u64,
         /// The pid of the daemon that armed the region, as the target's
@@ -239,37 +253,40 @@ mod layout {
     /// `BurstControl` or `BurstLocal` changed, give `CONTROL_MAGIC` a new value (a target
     /// still holding a region of the old layout must be recognised as
     /// foreign) and copy the new field list and magic here.
-    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd4");
+    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd5");
     const PINNED_FIELDS: &[(&str, usize, usize)] = &[
         ("magic", 0, 8),
         ("armed", 8, 4),
         ("active", 12, 4),
-        ("burst_len", 16, 8),
-        ("head", 24, 8),
-        ("ring_mask", 32, 8),
-        ("ring_addr", 40, 8),
-        ("table_addr", 48, 8),
-        ("table_len", 56, 8),
-        ("fn_table_addr", 64, 8),
-        ("fn_table_len", 72, 8),
-        ("bursts", 80, 8),
-        ("declined_busy", 88, 8),
-        ("declined_pc", 96, 8),
-        ("declined_disarmed", 104, 8),
-        ("lost_records", 112, 8),
-        ("shadow_overflow", 120, 8),
-        ("truncated", 128, 8),
-        ("ended", 136, 8),
-        ("clone_lo", 144, 8),
-        ("clone_hi", 152, 8),
-        ("wait_when_full", 160, 8),
-        ("handler", 168, 8),
-        ("restorer", 176, 8),
-        ("signal", 184, 8),
-        ("exe_id", 192, 8),
-        ("eh_frame", 200, 8),
-        ("declined_budget", 208, 8),
-        ("_pad", 216, 40),
+        ("owner_tid", 16, 8),
+        ("burst_len", 24, 8),
+        ("head", 32, 8),
+        ("ring_mask", 40, 8),
+        ("ring_addr", 48, 8),
+        ("table_addr", 56, 8),
+        ("table_len", 64, 8),
+        ("fn_table_addr", 72, 8),
+        ("fn_table_len", 80, 8),
+        ("ret_table_addr", 88, 8),
+        ("ret_table_len", 96, 8),
+        ("bursts", 104, 8),
+        ("declined_busy", 112, 8),
+        ("declined_pc", 120, 8),
+        ("declined_disarmed", 128, 8),
+        ("lost_records", 136, 8),
+        ("shadow_overflow", 144, 8),
+        ("truncated", 152, 8),
+        ("ended", 160, 8),
+        ("clone_lo", 168, 8),
+        ("clone_hi", 176, 8),
+        ("wait_when_full", 184, 8),
+        ("handler", 192, 8),
+        ("restorer", 200, 8),
+        ("signal", 208, 8),
+        ("exe_id", 216, 8),
+        ("eh_frame", 224, 8),
+        ("declined_budget", 232, 8),
+        ("_pad", 240, 16),
         ("tail", 256, 8),
         ("tracer", 264, 8),
         ("made_for", 272, 8),

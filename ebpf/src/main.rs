@@ -108,7 +108,8 @@ pub fn on_newtask(ctx: TracePointContext) -> u32 {
 ///   system call makes it return short or fail with EINTR;
 /// - the pc is on a page with rewritten instructions (elsewhere the
 ///   handler would only decline);
-/// - the process is armed and no burst runs in it (read from the control
+/// - the process is armed and no burst runs in it, or the running burst is
+///   this thread's and it is back in original code (read from the control
 ///   block in its own memory; the magic word must be there too: a process
 ///   that exec'd keeps its pid but not our region);
 /// - the thread does not block the signal and it is not already pending
@@ -120,7 +121,13 @@ pub fn on_newtask(ctx: TracePointContext) -> u32 {
 ///   small for the signal frame; the handler is installed without
 ///   `SA_ONSTACK`, so it runs on whatever stack the thread is on).
 #[inline(always)]
-fn start_burst(ctx: &PerfEventContext, pid: u32, t: &BurstTarget, layout: &TaskLayout) {
+fn start_burst(
+    ctx: &PerfEventContext,
+    pid: u32,
+    tid: u32,
+    t: &BurstTarget,
+    layout: &TaskLayout,
+) {
     let regs = ctx.as_ptr() as *const pt_regs;
     // SAFETY: the perf_event context points at the interrupted registers.
     let (cs, rip, rsp) = unsafe { ((*regs).cs, (*regs).rip, (*regs).rsp) };
@@ -138,17 +145,24 @@ fn start_burst(ctx: &PerfEventContext, pid: u32, t: &BurstTarget, layout: &TaskL
         bump(counter::DECLINED_NO_CLONE);
         return;
     }
-    let mut words = [0u64; 2];
-    // SAFETY: reads 16 bytes of the current process's memory into a local.
+    let mut words = [0u64; 3];
+    // SAFETY: reads 24 bytes of the current process's memory into a local.
     let r = unsafe {
         bpf_probe_read_user(
             words.as_mut_ptr() as *mut core::ffi::c_void,
-            16,
+            24,
             t.armed_addr.wrapping_sub(ARMED_OFFSET as u64) as *const core::ffi::c_void,
         )
     };
     let (magic, armed, active) = (words[0], words[1] as u32, (words[1] >> 32) as u32);
-    if r != 0 || magic != CONTROL_MAGIC || armed == 0 || active != 0 {
+    if r != 0 || magic != CONTROL_MAGIC || armed == 0 {
+        bump(counter::BURST_BUSY);
+        return;
+    }
+    // A running burst whose own thread overflows here, in original code:
+    // it left the clones without passing a check (see `owner_tid`); the
+    // handler ends that burst and starts a new one. Any other thread waits.
+    if active != 0 && words[2] != tid as u64 {
         bump(counter::BURST_BUSY);
         return;
     }
@@ -252,7 +266,7 @@ fn try_on_overflow(ctx: &PerfEventContext) -> Result<u32, u32> {
     }
     bump(counter::SAMPLES);
     if let Some(t) = unsafe { BURSTS.get(&pid) } {
-        start_burst(ctx, pid, t, &config.task);
+        start_burst(ctx, pid, tid, t, &config.task);
     }
 
     let Some(mut entry) = SAMPLES.reserve::<Sample>(0) else {

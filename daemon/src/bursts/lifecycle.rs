@@ -465,6 +465,8 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
         cb.table_len = img.table_len;
         cb.fn_table_addr = img.fn_table_addr;
         cb.fn_table_len = img.fn_table_len;
+        cb.ret_table_addr = img.ret_table_addr;
+        cb.ret_table_len = img.ret_table_len;
         cb.clone_lo = img.code_range.0;
         cb.clone_hi = img.code_range.1;
         cb.handler = img.handler;

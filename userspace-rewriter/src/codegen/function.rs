@@ -41,6 +41,9 @@ pub(super) struct FnGen<'a> {
     pub(super) edges_of: Vec<Vec<cfg::Edge>>,
     pub(super) entry_label: &'a HashMap<u64, u64>,
     pub(super) table: &'a mut Vec<(u64, usize, u64)>,
+    /// `(original return address, instruction index of the clone's return
+    /// site)` of every call that returns.
+    pub(super) returns: &'a mut Vec<(u64, usize)>,
     pub(super) stats: GenStats,
     /// Code emitted after the function body: (label, what).
     pub(super) out_of_line: Vec<(u64, OutOfLine)>,

@@ -69,6 +69,10 @@ pub struct CloneImage {
     /// entry)` table of cloned functions.
     pub fn_table_addr: u64,
     pub fn_table_len: u64,
+    /// AVMA and length (pairs) of the sorted `(original return address,
+    /// clone return site)` table of the calls in the clones.
+    pub ret_table_addr: u64,
+    pub ret_table_len: u64,
     pub functions: Vec<ClonedFunction>,
     /// Functions the plan analysed but the generator left out, by reason.
     pub skipped: BTreeMap<String, usize>,
@@ -189,6 +193,8 @@ pub fn generate_excluding(
     let mut stats = GenStats::default();
     // (original AVMA, instruction index of its clone code, original end)
     let mut table_idx: Vec<(u64, usize, u64)> = Vec::new();
+    // (original return address, instruction index of the return site)
+    let mut returns_idx: Vec<(u64, usize)> = Vec::new();
     let mut funcs: Vec<(u32, u64, u64, bool)> = Vec::new(); // fid, orig, label, paths
     let mut removed: Vec<(u64, u64)> = Vec::new();
     for &i in &chosen {
@@ -203,6 +209,7 @@ pub fn generate_excluding(
             .filter(|n| n.total_paths() < (1 << 62));
         let mark = em.out.len();
         let tmark = table_idx.len();
+        let rmark = returns_idx.len();
         let label = entry_label[&f.start];
         let loops = cfg.loops();
         let mut fg = FnGen {
@@ -224,6 +231,7 @@ pub fn generate_excluding(
             },
             entry_label: &entry_label,
             table: &mut table_idx,
+            returns: &mut returns_idx,
             stats: GenStats::default(),
             out_of_line: Vec::new(),
         };
@@ -240,6 +248,7 @@ pub fn generate_excluding(
             Err(Skip(why)) => {
                 em.truncate(mark);
                 table_idx.truncate(tmark);
+                returns_idx.truncate(rmark);
                 *skipped.entry(why.into()).or_default() += 1;
                 // Calls to it now go to the original.
                 if let Some(l) = entry_label.remove(&f.start) {
@@ -306,6 +315,18 @@ pub fn generate_excluding(
         bytes.extend_from_slice(&o.to_le_bytes());
         bytes.extend_from_slice(&c.to_le_bytes());
     }
+    // Return sites: original return address -> the clone's return site.
+    let mut ret_table: Vec<(u64, u64)> = returns_idx
+        .iter()
+        .map(|&(o, idx)| (o, addr_of_index(idx)))
+        .collect();
+    ret_table.sort_unstable();
+    ret_table.dedup_by_key(|e| e.0);
+    let ret_table_addr = layout.code + bytes.len() as u64;
+    for &(o, c) in &ret_table {
+        bytes.extend_from_slice(&o.to_le_bytes());
+        bytes.extend_from_slice(&c.to_le_bytes());
+    }
     let functions = funcs
         .into_iter()
         .map(|(fid, orig, label, paths)| ClonedFunction {
@@ -324,6 +345,8 @@ pub fn generate_excluding(
         table_len: table.len() as u64,
         fn_table_addr,
         fn_table_len: fn_table.len() as u64,
+        ret_table_addr,
+        ret_table_len: ret_table.len() as u64,
         functions,
         skipped,
         stats,

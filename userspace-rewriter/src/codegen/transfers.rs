@@ -1,9 +1,10 @@
 //! Control transfers in a clone: each block's terminator, direct calls
-//! (to the callee's clone when there is one), indirect calls (looked up in
-//! the function-entry table at run time), exits (Ball-Larus path record,
-//! shadow-stack pop, then `ret`, tail call or noreturn call) and switch
-//! jumps (one comparison per case). Every call is followed by a Hirzel &
-//! Chilimbi check at the return site.
+//! (to the callee's clone when there is one), indirect calls and tail calls
+//! (looked up in the function-entry table at run time), exits (Ball-Larus
+//! path record, shadow-stack pop, then the return, tail call or noreturn
+//! call) and switch jumps (one comparison per case). Calls push the
+//! original return address; every call is followed by a Hirzel & Chilimbi
+//! check at the return site, where a return in a burst comes back.
 
 use std::collections::HashMap;
 
@@ -112,7 +113,7 @@ impl FnGen<'_> {
                     return Ok(());
                 }
                 self.record(last);
-                self.emit_call(last)?;
+                self.emit_call(last, true)?;
                 // Return site: the burst may have ended in the callee.
                 let next = last + 1;
                 let flags = self.flags_live(next.min(self.insns.len() - 1));
@@ -176,30 +177,55 @@ impl FnGen<'_> {
         }
     }
 
-    fn emit_call(&mut self, k: usize) -> Result<(), Skip> {
+    /// A call: push the *original* return address (so that the program's
+    /// stack holds no clone address: `backtrace()`, `dladdr` and the C++
+    /// unwinder see the original code), then jump to the callee's clone
+    /// (direct calls to a cloned function, indirect calls looked up at run
+    /// time) or to the original. A return in a burst comes back to the
+    /// return site that follows (see `rt_exit`), which `returns` records
+    /// unless the call does not return.
+    fn emit_call(&mut self, k: usize, returns: bool) -> Result<(), Skip> {
+        let ret = self.avma(self.insns[k].end());
         match self.insns[k].flow {
             Flow::Call(t) => {
                 let target = self.call_target(t);
-                self.em.call(target)?;
+                self.push_return(ret)?;
+                self.em.jmp(target)?;
             }
-            _ => self.indirect_call(k)?,
+            _ => self.indirect_transfer(k, Some(ret))?,
+        }
+        if returns {
+            self.returns.push((ret, self.em.out.len()));
         }
         Ok(())
     }
 
-    /// `call reg` / `call [mem]`: the target is looked up among the cloned
-    /// functions at run time, so a burst follows calls through function
-    /// pointers (and vtables) into clones; anything else is called in the
-    /// original. The looked-up target goes through `[rsp - 8]`, the slot
-    /// the call's own push overwrites (dead at any call, and inside the red
-    /// zone no signal frame touches): `call [rsp - 8]` reads it before it
-    /// pushes. Nothing is shared, so no other thread or forked child can
-    /// change it in between. The stack pointer is back in place at the call
-    /// (stack-passed arguments stay where the callee expects them).
-    fn indirect_call(&mut self, k: usize) -> Result<(), Skip> {
+    /// `push qword [rip + slot]` with the slot holding `ret`.
+    fn push_return(&mut self, ret: u64) -> Result<(), Skip> {
+        let slot = self.em.label();
+        self.out_of_line.push((slot, OutOfLine::Slot(ret)));
+        self.em
+            .e(Instruction::with1(Code::Push_rm64, rip(slot)))
+            .map_err(Skip::from)
+    }
+
+    /// `call reg` / `call [mem]` (`ret` = its original return address) or
+    /// `jmp reg` / `jmp [mem]` (an indirect tail call, `ret` = None): the
+    /// target is looked up among the cloned functions at run time, so a
+    /// burst follows calls through function pointers (and vtables) into
+    /// clones; anything else goes to the original. The looked-up target is
+    /// kept in the program's red zone below where the return address goes
+    /// (`[rsp - 16]` for a call, `[rsp - 8]` for a jump: slots no signal
+    /// frame touches, and dead at any call or tail call), and read back by
+    /// `jmp [rsp - 8]` once the return address is pushed. Nothing is shared,
+    /// so no other thread or forked child can change it in between. The
+    /// stack pointer is back in place at the transfer (stack-passed
+    /// arguments stay where the callee expects them).
+    fn indirect_transfer(&mut self, k: usize, ret: Option<u64>) -> Result<(), Skip> {
         let ins = self.reloc(k);
         // Bytes pushed below the program's rsp before the operand is read.
         const DEPTH: i64 = 128 + 8 * 4;
+        let keep_at = if ret.is_some() { -16 } else { -8 };
         let em = &mut *self.em;
         let operand = match ins.op0_kind() {
             OpKind::Register => {
@@ -246,7 +272,7 @@ impl FnGen<'_> {
         em.call(self.rt.lookup_fn)?;
         em.e(Instruction::with2(
             Code::Mov_rm64_r64,
-            MemoryOperand::with_base_displ(Register::RSP, DEPTH - 8),
+            MemoryOperand::with_base_displ(Register::RSP, DEPTH + keep_at),
             Register::RAX,
         ))?;
         em.pop(Register::RDX)?;
@@ -254,9 +280,30 @@ impl FnGen<'_> {
         em.pop(Register::RAX)?;
         em.popf();
         em.lea_rsp(128)?;
-        em.e(Instruction::with1(
-            Code::Call_rm64,
+        if let Some(ret) = ret {
+            self.push_return(ret)?;
+        }
+        self.em.e(Instruction::with1(
+            Code::Jmp_rm64,
             MemoryOperand::with_base_displ(Register::RSP, -8),
+        ))?;
+        Ok(())
+    }
+
+    /// A `ret` (or `ret n`): `rt_exit` has written where it goes into the
+    /// slot below the return address; pop the return address (and `n`
+    /// bytes) and jump through that slot.
+    fn emit_return(&mut self, k: usize) -> Result<(), Skip> {
+        let ins = &self.insns[k].instr;
+        let n = if ins.op_count() == 1 {
+            i64::from(ins.immediate16())
+        } else {
+            0
+        };
+        self.em.lea_rsp(8 + n)?;
+        self.em.e(Instruction::with1(
+            Code::Jmp_rm64,
+            MemoryOperand::with_base_displ(Register::RSP, -16 - n),
         ))?;
         Ok(())
     }
@@ -291,15 +338,13 @@ impl FnGen<'_> {
             Ok(())
         })?;
         match kind {
-            ExitKind::Return | ExitKind::IndirectTailCall => {
-                let ins = self.reloc(k);
-                self.em.emit(ins);
-            }
+            ExitKind::Return => self.emit_return(k)?,
+            ExitKind::IndirectTailCall => self.indirect_transfer(k, None)?,
             ExitKind::TailCall { target } => {
                 let t = self.call_target(target);
                 self.em.jmp(t)?;
             }
-            ExitKind::NoReturnCall { .. } => self.emit_call(k)?,
+            ExitKind::NoReturnCall { .. } => self.emit_call(k, false)?,
             ExitKind::ColdJump { target } => {
                 // Leaving the clones: end the burst, continue in the original.
                 self.rt_call(self.rt.end, END_LEFT_CLONES as u32, None, |_| Ok(()))?;

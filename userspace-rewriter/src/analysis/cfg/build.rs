@@ -56,9 +56,6 @@ pub(crate) fn build_cfg(
     insns: &[Insn],
     ctx: &CfgContext,
 ) -> Result<Cfg, SkipReason> {
-    if func.has_lsda {
-        return Err(SkipReason::HasLandingPads);
-    }
     if insns.first().map(|i| i.addr) != Some(func.start) {
         return Err(SkipReason::NoBytes);
     }

@@ -34,9 +34,13 @@
 //!
 //! ## Non-goals
 //!
-//! No C++ exception landing pads (functions with an LSDA are skipped), no
-//! computed gotos, no indirect jumps other than the GCC table shapes and GOT
-//! tail calls, no resynchronising a linear sweep that data desynchronised
+//! C++ exception landing pads are not in the CFG: only the unwinder
+//! reaches them, and an exception thrown through a clone lands in the
+//! *original* landing pad (calls in the clones push original return
+//! addresses, so the unwinder finds the original function's own FDE and
+//! call-site table); a clone never runs them. No indirect jumps other than
+//! the GCC table shapes, dispatch over the code pointers the binary states
+//! (computed gotos) and GOT tail calls, no resynchronising a linear sweep that data desynchronised
 //! (those are skip reasons), no interprocedural liveness (calls are modelled
 //! by the SysV ABI).
 //!
@@ -154,10 +158,6 @@ pub enum SkipReason {
         /// Its target.
         target: u64,
     },
-    /// The function's FDE has an LSDA: C++ landing pads are reached by the
-    /// unwinder, not by control flow, so the CFG would miss them.
-    #[error("has exception landing pads (LSDA)")]
-    HasLandingPads,
 }
 
 /// The kind of an intra-function edge.

@@ -1,30 +1,38 @@
 //! `rt_exit`: an instrumented function is left (return, tail call, call
 //! that does not return).
-use burstyd_common::burst::{END_LEFT_CLONES, PATH_END_NORETURN, PATH_INVALID, REC_PATH};
+use burstyd_common::burst::{
+    END_LEFT_CLONES, PATH_END_NORETURN, PATH_END_RETURN, PATH_INVALID, REC_PATH,
+};
 use iced_x86::Code;
 use iced_x86::IcedError;
 use iced_x86::code_asm::{
-    CodeAssembler, CodeLabel, eax, ecx, qword_ptr, r8, rax, rcx, rdi, rdx, rsi, rsp,
+    CodeAssembler, CodeLabel, dword_ptr, eax, ecx, qword_ptr, r8, rax, rcx, rdi, rdx, rsi, rsp,
 };
 
-use super::asm::{RipRel, field, local, owner_gate, tag};
+use super::asm::{RipRel, local, owner_gate, tag};
 use super::{FRAME, NO_PATH};
 
 /// `rt_exit(eax = fid | NO_PATH, ecx = kind)`: PATH record (`w0 = tag |
 /// kind << 32 | fid`, `w1 = path`; none with `NO_PATH`); for returns and
 /// tail calls (not `PATH_END_NORETURN`), pop the shadow entry of this
-/// frame (restoring the caller's path register) and make sure the return
-/// goes to a clone. Clobbers rax, rcx, rdx.
+/// frame (restoring the caller's path register); for returns, say where
+/// the return goes. Clobbers rax, rcx, rdx.
 ///
 /// The pop drops the entries of dead deeper frames (rsp below ours) and
 /// matches this frame by rsp; without a match the path becomes
-/// `PATH_INVALID`. The return address at the program's rsp (`[rsp +
-/// FRAME]` at entry): one in `[clone_lo, clone_hi)` needs nothing; an
-/// original one is translated in place (`rt_lookup`), or, when it was not
-/// rewritten, the burst ends (`rt_end(END_LEFT_CLONES)`). A thread that
-/// does not own the burst changes nothing (its return goes wherever the
-/// return address says: a clone's next check sends it back to the
-/// original code).
+/// `PATH_INVALID`.
+///
+/// Where a return goes: calls in the clones push the *original* return
+/// address, so the program's stack never holds a clone address. The clone
+/// returns with `lea rsp, [rsp + 8 + n]; jmp [rsp - 16 - n]` through the
+/// slot below the return address (`[program rsp - 8]`, in the returning
+/// frame's dead red zone, which no signal frame touches): `rt_exit` writes
+/// there the clone return site of the original return address (the
+/// `ret_table` lookup), or, when the caller was not instrumented, the
+/// original return address itself and the burst ends
+/// (`rt_end(END_LEFT_CLONES)`). A thread that does not own the burst
+/// changes nothing but the slot, which gets the original return address:
+/// it returns to the original code.
 pub(super) fn exit(
     a: &mut CodeAssembler,
     control: u64,
@@ -38,17 +46,17 @@ pub(super) fn exit(
     let mut pop_dead = a.create_label();
     let mut nomatch = a.create_label();
     let mut fix = a.create_label();
-    let mut translate = a.create_label();
     let mut leave = a.create_label();
     let mut done = a.create_label();
     let mut not_owner = a.create_label();
 
     a.set_label(entry)?;
     owner_gate(a, control, rdx, not_owner)?;
+    a.push(rcx)?; // the kind, for after the pop
     a.push(rsi)?;
     a.push(rdi)?;
     a.push(r8)?;
-    a.lea(r8, qword_ptr(rsp + (FRAME + 24)))?; // the program's rsp
+    a.lea(r8, qword_ptr(rsp + (FRAME + 32)))?; // the program's rsp
     a.test(eax, NO_PATH)?;
     a.jne(nopath)?;
     a.push(rcx)?;
@@ -89,28 +97,30 @@ pub(super) fn exit(
     a.mov(rax, PATH_INVALID)?;
     a.rip_mr(Code::Mov_rm64_r64, local!(control, path), rax)?;
 
-    // The return address: a clone address needs nothing; an original one
-    // is translated, or the burst ends.
+    // A return: its clone return site, or the original and the burst ends.
     a.set_label(&mut fix)?;
+    a.cmp(dword_ptr(rsp + 24), PATH_END_RETURN as i32)?;
+    a.jne(done)?;
     a.mov(rax, qword_ptr(r8))?;
-    a.rip_rm(Code::Cmp_r64_rm64, rax, field!(control, clone_lo))?;
-    a.jb(translate)?;
-    a.rip_rm(Code::Cmp_r64_rm64, rax, field!(control, clone_hi))?;
-    a.jb(done)?;
-    a.set_label(&mut translate)?;
     a.call(lookup)?;
     a.test(rax, rax)?;
     a.je(leave)?;
-    a.mov(qword_ptr(r8), rax)?;
+    a.mov(qword_ptr(r8 - 8), rax)?;
     a.jmp(done)?;
     a.set_label(&mut leave)?;
+    a.mov(rax, qword_ptr(r8))?;
+    a.mov(qword_ptr(r8 - 8), rax)?;
     a.mov(eax, END_LEFT_CLONES as u32)?;
     a.call(end)?;
     a.set_label(&mut done)?;
     a.pop(r8)?;
     a.pop(rdi)?;
     a.pop(rsi)?;
+    a.pop(rcx)?;
+    a.ret()?;
     a.set_label(&mut not_owner)?;
+    a.mov(rax, qword_ptr(rsp + FRAME))?;
+    a.mov(qword_ptr(rsp + (FRAME - 8)), rax)?;
     a.ret()?;
     Ok(())
 }
@@ -124,7 +134,7 @@ mod tests {
 
     use super::super::NO_PATH;
     use super::super::asm::tag;
-    use super::super::testing::{CLONE_HI, CLONE_LO, FRAME_CLOBBERS, Harness, Regs, fs0};
+    use super::super::testing::{CLONE_LO, FRAME_CLOBBERS, Harness, Regs, fs0};
 
     /// An original return address the table translates, and its clone.
     const ORIG: u64 = 0x40_2000;
@@ -140,8 +150,12 @@ mod tests {
         before.assert_preserved(&after, FRAME_CLOBBERS);
     }
 
-    /// A burst with the shadow stack `entries`, path 5, a clone return
-    /// address, and a table with `ORIG` → `CLONE`.
+    /// What the jump slot holds before `rt_exit` runs.
+    const UNTOUCHED: u64 = 0xdead_beef;
+
+    /// A burst with the shadow stack `entries`, path 5, the original
+    /// return address `ORIG`, and a return-site table with `ORIG` →
+    /// `CLONE`.
     fn setup(entries: impl FnOnce(u64) -> Vec<(u64, u64)>) -> Harness {
         let mut h = Harness::new();
         let entries = entries(h.prog_rsp());
@@ -154,8 +168,9 @@ mod tests {
         l.path = 5;
         l.owner = fs0();
         l.budget = 50;
-        h.set_ret_slot(CLONE_LO + 0x40);
-        h.set_table(&[
+        h.set_ret_slot(ORIG);
+        h.set_jump_slot(UNTOUCHED);
+        h.set_ret_table(&[
             (ORIG - 0x10, CLONE - 0x10),
             (ORIG, CLONE),
             (ORIG + 4, CLONE + 8),
@@ -163,20 +178,24 @@ mod tests {
         h
     }
 
-    fn state(h: &Harness) -> (u64, u64, u64) {
-        (h.loc().depth, h.loc().path, h.ret_slot())
+    /// (depth, path, jump slot); the return address itself is never
+    /// written (the program's stack holds original addresses only).
+    fn state(h: &Harness, ret: u64) -> (u64, u64, u64) {
+        assert_eq!(h.ret_slot(), ret, "the return address was written");
+        (h.loc().depth, h.loc().path, h.jump_slot())
     }
 
     /// Return and tail call: PATH record `(tag | kind << 32 | fid, path)`,
-    /// the matching entry popped (the caller's path restored), a clone
-    /// return address left alone.
+    /// the matching entry popped (the caller's path restored); a return
+    /// goes to the clone return site of its original return address, a
+    /// tail call leaves the slot alone (its callee returns on its own).
     #[test]
     fn return_pops_the_matching_frame() {
-        for kind in [PATH_END_RETURN, PATH_END_TAIL] {
+        for (kind, slot) in [(PATH_END_RETURN, CLONE), (PATH_END_TAIL, UNTOUCHED)] {
             let mut h = setup(|p| vec![(p + 0x100, 11), (p, 22)]);
             exit(&mut h, 7, kind);
             assert_eq!(h.ring()[..2], [tag(REC_PATH) | (kind << 32) | 7, 5]);
-            assert_eq!(state(&h), (1, 22, CLONE_LO + 0x40));
+            assert_eq!(state(&h, ORIG), (1, 22, slot));
             assert_eq!((h.ctl().head, h.ctl().active, h.ctl().ended), (2, 1, 0));
         }
     }
@@ -185,7 +204,7 @@ mod tests {
     fn drops_dead_deeper_entries() {
         let mut h = setup(|p| vec![(p + 0x100, 11), (p, 22), (p - 0x40, 33), (p - 0x80, 44)]);
         exit(&mut h, 7, PATH_END_RETURN);
-        assert_eq!(state(&h), (1, 22, CLONE_LO + 0x40));
+        assert_eq!(state(&h, ORIG), (1, 22, CLONE));
     }
 
     /// No entry for this frame: the dead ones are dropped, live outer ones
@@ -194,29 +213,30 @@ mod tests {
     fn no_match_invalidates_the_path() {
         let mut h = setup(|p| vec![(p + 0x100, 11), (p + 8, 22)]);
         exit(&mut h, 7, PATH_END_RETURN);
-        assert_eq!(state(&h), (2, PATH_INVALID, CLONE_LO + 0x40));
+        assert_eq!(state(&h, ORIG), (2, PATH_INVALID, CLONE));
 
         let mut h = setup(|p| vec![(p + 0x100, 11), (p - 8, 22)]);
         exit(&mut h, 7, PATH_END_RETURN);
-        assert_eq!(state(&h), (1, PATH_INVALID, CLONE_LO + 0x40));
+        assert_eq!(state(&h, ORIG), (1, PATH_INVALID, CLONE));
 
         let mut h = setup(|_| vec![]);
         exit(&mut h, 7, PATH_END_RETURN);
-        assert_eq!(state(&h), (0, PATH_INVALID, CLONE_LO + 0x40));
+        assert_eq!(state(&h, ORIG), (0, PATH_INVALID, CLONE));
         assert_eq!(h.ring()[..2], [tag(REC_PATH) | 7, 5]);
     }
 
-    /// A thread that does not own the burst changes nothing: no record, no
-    /// pop, and an original return address stays original (it leaves the
+    /// A thread that does not own the burst changes nothing but the jump
+    /// slot, which gets the original return address (it leaves the
     /// clones), with the burst left running.
     #[test]
     fn only_the_bursts_thread_exits() {
-        let mut h = setup(|p| vec![(p, 22)]);
-        h.set_ret_slot(ORIG);
-        h.loc_mut().owner = 0;
-        exit(&mut h, 7, PATH_END_RETURN);
-        assert_eq!(state(&h), (1, 5, ORIG));
-        assert_eq!((h.ctl().head, h.ctl().active, h.ctl().ended), (0, 1, 0));
+        for kind in [PATH_END_RETURN, PATH_END_TAIL] {
+            let mut h = setup(|p| vec![(p, 22)]);
+            h.loc_mut().owner = 0;
+            exit(&mut h, 7, kind);
+            assert_eq!(state(&h, ORIG), (1, 5, ORIG));
+            assert_eq!((h.ctl().head, h.ctl().active, h.ctl().ended), (0, 1, 0));
+        }
     }
 
     /// NO_PATH: no record, the frame is still popped.
@@ -225,73 +245,39 @@ mod tests {
         let mut h = setup(|p| vec![(p, 22)]);
         exit(&mut h, u64::from(NO_PATH) | 7, PATH_END_RETURN);
         assert_eq!(h.ctl().head, 0);
-        assert_eq!(state(&h), (0, 22, CLONE_LO + 0x40));
+        assert_eq!(state(&h, ORIG), (0, 22, CLONE));
     }
 
     /// A call that does not return: the record only; the shadow stack, the
-    /// path and even an original return address are left alone.
+    /// path and the slot are left alone.
     #[test]
     fn noreturn_only_records() {
         let mut h = setup(|p| vec![(p, 22)]);
-        h.set_ret_slot(ORIG);
         exit(&mut h, 7, PATH_END_NORETURN);
         assert_eq!(
             h.ring()[..2],
             [tag(REC_PATH) | (PATH_END_NORETURN << 32) | 7, 5]
         );
-        assert_eq!(state(&h), (1, 5, ORIG));
+        assert_eq!(state(&h, ORIG), (1, 5, UNTOUCHED));
         assert_eq!((h.ctl().head, h.ctl().active), (2, 1));
     }
 
-    /// An original return address that was rewritten is replaced by its
-    /// clone, so the return stays in the clones.
-    #[test]
-    fn translates_an_original_return_address() {
-        let mut h = setup(|p| vec![(p, 22)]);
-        h.set_ret_slot(ORIG);
-        exit(&mut h, 7, PATH_END_RETURN);
-        assert_eq!(state(&h), (0, 22, CLONE));
-        assert_eq!((h.ctl().head, h.ctl().active, h.ctl().ended), (2, 1, 0));
-    }
-
-    /// An original return address that was not rewritten ends the burst
-    /// (END_LEFT_CLONES after the PATH record); the address is left alone.
+    /// A return address that is no call's in the clones (the caller was
+    /// not instrumented) ends the burst (END_LEFT_CLONES after the PATH
+    /// record) and returns to it. Only the return-site table counts: an
+    /// address the instruction table knows is not a return site.
     #[test]
     fn untranslatable_return_ends_the_burst() {
         let mut h = setup(|p| vec![(p, 22)]);
         h.set_ret_slot(ORIG + 1);
+        h.set_table(&[(ORIG + 1, CLONE + 1)]);
         exit(&mut h, 7, PATH_END_RETURN);
         assert_eq!(
             h.ring()[..4],
             [tag(REC_PATH) | 7, 5, tag(REC_END) | END_LEFT_CLONES, 0]
         );
-        assert_eq!(state(&h), (0, 22, ORIG + 1));
+        assert_eq!(state(&h, ORIG + 1), (0, 22, ORIG + 1));
         let c = h.ctl();
         assert_eq!((c.active, h.loc().owner, c.ended, c.head), (0, 0, 1, 4));
-    }
-
-    /// `[clone_lo, clone_hi)` is the clone range: its bounds, whatever the
-    /// table says about them.
-    #[test]
-    fn clone_range_is_half_open() {
-        let cases = [
-            (CLONE_LO, CLONE_LO),
-            (CLONE_HI - 1, CLONE_HI - 1),
-            (CLONE_HI, 0xc1),
-            (CLONE_LO - 1, 0xc2),
-        ];
-        for (ret, want) in cases {
-            let mut h = setup(|p| vec![(p, 22)]);
-            h.set_table(&[
-                (CLONE_LO - 1, 0xc2),
-                (CLONE_LO, 0xc3),
-                (CLONE_HI - 1, 0xc4),
-                (CLONE_HI, 0xc1),
-            ]);
-            h.set_ret_slot(ret);
-            exit(&mut h, 7, PATH_END_RETURN);
-            assert_eq!(h.ret_slot(), want, "return address {ret:#x}");
-            assert_eq!(h.ctl().ended, 0);
-        }
     }
 }

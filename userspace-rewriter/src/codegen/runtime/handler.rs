@@ -1,5 +1,5 @@
 //! The burst signal handler and its `rt_sigreturn` restorer.
-use burstyd_common::burst::{PATH_INVALID, REC_START};
+use burstyd_common::burst::{END_LEFT_CLONES, PATH_INVALID, REC_START};
 use iced_x86::Code;
 use iced_x86::IcedError;
 use iced_x86::code_asm::{
@@ -23,12 +23,15 @@ const SYS_GETTID: u32 = 186;
 /// In order: disarmed, or in a forked child (`present` is not 1) →
 /// `declined_disarmed`; `burst_len` 0 (`--burst 0`,
 /// back to the interrupted original code) → `declined_budget`; `active`
-/// already set (`lock cmpxchg` 0 → 1 fails) → `declined_busy`; `fs:[0]`
+/// already set (`lock cmpxchg` 0 → 1 fails) → `declined_busy`, unless the
+/// running burst is this thread's (`owner` = `fs:[0]`) and the interrupted
+/// PC is outside the clones: that burst is ended (`rt_end(END_LEFT_CLONES)`)
+/// and the claim tried again; `fs:[0]`
 /// is not the thread's TCB (`arch_prctl(ARCH_GET_FS)`: 0 before libc set up
 /// TLS) or the PC is not in the instruction table → `active` = 0,
 /// `declined_pc`. Else the PC in the ucontext becomes the clone's, `owner` =
 /// `fs:[0]`, `budget` = `burst_len`, `path` = `PATH_INVALID`, `depth` = 0,
-/// `bursts` + 1, and a START record (`w0 = tag | gettid()`, `w1` = the
+/// `bursts` + 1, `owner_tid` = `gettid()`, and a START record (`w0 = tag | gettid()`, `w1` = the
 /// interrupted PC).
 pub(super) fn handler(
     a: &mut CodeAssembler,
@@ -36,8 +39,12 @@ pub(super) fn handler(
     entry: &mut CodeLabel,
     emit: CodeLabel,
     lookup: CodeLabel,
+    end: CodeLabel,
 ) -> Result<(), IcedError> {
+    let mut claim = a.create_label();
     let mut busy = a.create_label();
+    let mut declined_busy = a.create_label();
+    let mut stale = a.create_label();
     let mut disarmed = a.create_label();
     let mut notfound = a.create_label();
     let mut zero = a.create_label();
@@ -52,12 +59,13 @@ pub(super) fn handler(
     // Budget zero (`--burst 0`): back to the interrupted original code.
     a.rip_mi(Code::Cmp_rm64_imm8, field!(control, burst_len), 0)?;
     a.je(zero)?;
+    a.mov(r9, rdx)?; // ucontext
+    a.set_label(&mut claim)?;
     a.xor(eax, eax)?;
     a.mov(ecx, 1u32)?;
     a.lock()
         .rip_mr(Code::Cmpxchg_rm32_r32, field!(control, active), ecx)?;
     a.jne(busy)?;
-    a.mov(r9, rdx)?; // ucontext
     // fs:[0] must be the thread's TCB (the x86-64 TLS ABI): not yet so
     // before libc set up TLS, and then no burst may start.
     a.lea(rsp, qword_ptr(rsp - 16))?;
@@ -89,6 +97,7 @@ pub(super) fn handler(
     a.mov(eax, SYS_GETTID)?;
     a.syscall()?;
     a.mov(eax, eax)?;
+    a.rip_mr(Code::Mov_rm64_r64, field!(control, owner_tid), rax)?;
     a.mov(rdx, tag(REC_START))?;
     a.or(rax, rdx)?;
     a.mov(rdx, r10)?;
@@ -99,7 +108,26 @@ pub(super) fn handler(
     a.rip_mi(Code::Mov_rm32_imm32, field!(control, active), 0)?;
     a.rip_m(Code::Inc_rm64, field!(control, declined_pc))?;
     a.ret()?;
+    // Busy. The burst is this thread's own and the thread is back in
+    // original code (it left the clones without passing a check: a return
+    // into code that is not instrumented, an exception that landed in an
+    // original landing pad, `longjmp`): end that burst, then claim anew.
     a.set_label(&mut busy)?;
+    a.fs0_rm(Code::Mov_r64_rm64, rax)?;
+    a.test(rax, rax)?;
+    a.je(declined_busy)?;
+    a.rip_rm(Code::Cmp_r64_rm64, rax, local!(control, owner))?;
+    a.jne(declined_busy)?;
+    a.mov(rax, qword_ptr(r9 + UC_RIP))?;
+    a.rip_rm(Code::Cmp_r64_rm64, rax, field!(control, clone_lo))?;
+    a.jb(stale)?;
+    a.rip_rm(Code::Cmp_r64_rm64, rax, field!(control, clone_hi))?;
+    a.jb(declined_busy)?;
+    a.set_label(&mut stale)?;
+    a.mov(eax, END_LEFT_CLONES as u32)?;
+    a.call(end)?;
+    a.jmp(claim)?;
+    a.set_label(&mut declined_busy)?;
     a.rip_m(Code::Inc_rm64, field!(control, declined_busy))?;
     a.ret()?;
     a.set_label(&mut zero)?;
@@ -123,10 +151,10 @@ pub(super) fn restorer(a: &mut CodeAssembler, entry: &mut CodeLabel) -> Result<(
 
 #[cfg(test)]
 mod tests {
-    use burstyd_common::burst::{PATH_INVALID, REC_START};
+    use burstyd_common::burst::{END_LEFT_CLONES, PATH_INVALID, REC_END, REC_START};
 
     use super::super::asm::tag;
-    use super::super::testing::{CLONE_LO, Harness, Regs, fs0};
+    use super::super::testing::{CLONE_HI, CLONE_LO, Harness, Regs, fs0};
     use super::UC_RIP;
 
     /// The interrupted PC and its clone.
@@ -224,6 +252,7 @@ mod tests {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() } as u64;
         assert_eq!(h.ring()[..2], [tag(REC_START) | tid, PC]);
+        assert_eq!(c.owner_tid, tid);
     }
 
     #[test]
@@ -263,21 +292,53 @@ mod tests {
         assert_declined(&h, 1, [0, 0, 0, 1, 0]);
     }
 
-    /// A second signal during a burst (the thread's own or another's) leaves
-    /// the running burst alone.
+    /// A second signal during a burst, while the thread runs in the
+    /// clones, leaves the running burst alone.
     #[test]
     fn nested_signal_is_declined() {
         let mut h = armed();
         handle(&mut h, None);
         h.loc_mut().budget = 17;
-        h.set_uc_word(RIP, PC + 3);
-        handle(&mut h, None);
-        assert_eq!(h.uc_word(RIP), PC + 3);
-        assert_eq!(counters(&h), [1, 0, 0, 1, 0]);
+        for pc in [CLONE_LO, CLONE + 2, CLONE_HI - 1] {
+            h.set_uc_word(RIP, pc);
+            handle(&mut h, None);
+            assert_eq!(h.uc_word(RIP), pc);
+        }
+        assert_eq!(counters(&h), [1, 0, 0, 3, 0]);
         let c = h.ctl();
         assert_eq!(
-            (c.active, h.loc().owner, h.loc().budget, c.head),
-            (1, fs0(), 17, 2)
+            (c.active, h.loc().owner, h.loc().budget, c.head, c.ended),
+            (1, fs0(), 17, 2, 0)
+        );
+    }
+
+    /// The burst's own thread interrupted in original code (it left the
+    /// clones without a check: an exception into an original landing pad,
+    /// a return into code that is not instrumented): that burst ends
+    /// (END_LEFT_CLONES) and a fresh one starts there. Another thread at
+    /// the same PC is declined.
+    #[test]
+    fn a_stale_burst_of_the_same_thread_is_replaced() {
+        let mut h = armed();
+        handle(&mut h, None);
+        h.loc_mut().budget = 17;
+        h.loc_mut().depth = 3;
+        h.set_uc_word(RIP, PC + 3);
+        handle(&mut h, Some(fs0() + 64));
+        assert_eq!(h.uc_word(RIP), PC + 3);
+        assert_eq!(counters(&h), [1, 0, 0, 1, 0]);
+
+        handle(&mut h, None);
+        assert_eq!(h.uc_word(RIP), CLONE + 6);
+        assert_eq!(counters(&h), [2, 0, 0, 1, 0]);
+        let c = h.ctl();
+        assert_eq!((c.active, c.ended, c.head), (1, 1, 6));
+        assert_eq!((h.loc().owner, h.loc().budget, h.loc().depth), (fs0(), 50, 0));
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() } as u64;
+        assert_eq!(
+            h.ring()[2..6],
+            [tag(REC_END) | END_LEFT_CLONES, 0, tag(REC_START) | tid, PC + 3]
         );
     }
 

@@ -52,21 +52,26 @@
 //! - `rt_back(eax = fid)` (`back.rs`): PATH record (back edge) with the path
 //!   register. The caller then sets the restart value. Clobbers rax, rcx,
 //!   rdx.
+//! - `rt_lookup_ret(rax)` (`lookup.rs`): the same over the calls' return
+//!   sites (`ret_table_addr`/`ret_table_len`, original return address →
+//!   the clone's return site), 0 when not found.
 //! - `rt_exit(eax = fid | NO_PATH, ecx = kind)` (`exit.rs`): PATH record
 //!   (none with [`NO_PATH`]); for returns and tail calls, pop the shadow
 //!   entry of this frame (restoring the caller's path register; dead
 //!   deeper entries are dropped, no match leaves the path
-//!   `PATH_INVALID`) and make sure the return goes to a clone: a return
-//!   address in `[clone_lo, clone_hi)` needs nothing, an original one is
-//!   translated in place with `rt_lookup`, or the burst ends
-//!   (`END_LEFT_CLONES`). Clobbers rax, rcx, rdx.
+//!   `PATH_INVALID`); for returns, write where the return goes into the
+//!   slot below the return address (`[program rsp - 8]`, which the clone's
+//!   `lea rsp, [rsp + 8]; jmp [rsp - 16]` reads): the clone return site of
+//!   the original return address (`rt_lookup_ret`), or the original itself
+//!   and the burst ends (`END_LEFT_CLONES`). Clobbers rax, rcx, rdx.
 //! - `handler(sig, info, ucontext)` (`handler.rs`): the `SA_SIGINFO` handler.
 //!   Starts a burst when armed, `burst_len` is not 0, no burst is active
 //!   (`lock cmpxchg` on `active`), `fs:[0]` is the thread's TCB, and the
 //!   interrupted PC was rewritten: the PC in the ucontext becomes the
 //!   clone's, `owner` = `fs:[0]`, `budget` = `burst_len`, path =
-//!   `PATH_INVALID`, `depth` = 0, `bursts` + 1, START record (`gettid()`,
-//!   interrupted PC). Otherwise it counts why it declined. Everything it
+//!   `PATH_INVALID`, `depth` = 0, `bursts` + 1, `owner_tid` = `gettid()`,
+//!   START record (`gettid()`, interrupted PC). A running burst of the
+//!   same thread whose PC is back in original code is ended first. Otherwise it counts why it declined. Everything it
 //!   clobbers is restored by `rt_sigreturn` from the ucontext.
 //! - `restorer` (`handler.rs`): `rt_sigreturn` (`SA_RESTORER`), then `int3`.
 //!
@@ -125,6 +130,8 @@ pub struct Runtime {
     #[cfg_attr(not(test), allow(dead_code))]
     pub lookup: u64,
     pub lookup_fn: u64,
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub lookup_ret: u64,
     pub enter: u64,
     pub exit: u64,
     pub back: u64,
@@ -158,6 +165,7 @@ struct Entries {
     emit: CodeLabel,
     lookup: CodeLabel,
     lookup_fn: CodeLabel,
+    lookup_ret: CodeLabel,
     end: CodeLabel,
     enter: CodeLabel,
     back: CodeLabel,
@@ -180,6 +188,7 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
         emit: a.create_label(),
         lookup: a.create_label(),
         lookup_fn: a.create_label(),
+        lookup_ret: a.create_label(),
         end: a.create_label(),
         enter: a.create_label(),
         back: a.create_label(),
@@ -202,11 +211,18 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
         field!(control, fn_table_len),
         lookup::Miss::Keep,
     )?;
+    lookup::lookup(
+        &mut a,
+        &mut e.lookup_ret,
+        field!(control, ret_table_addr),
+        field!(control, ret_table_len),
+        lookup::Miss::Zero,
+    )?;
     end::end(&mut a, control, &mut e.end, e.emit)?;
     enter::enter(&mut a, control, &mut e.enter, e.emit)?;
     back::back(&mut a, control, &mut e.back, e.emit)?;
-    exit::exit(&mut a, control, &mut e.exit, e.emit, e.lookup, e.end)?;
-    handler::handler(&mut a, control, &mut e.handler, e.emit, e.lookup)?;
+    exit::exit(&mut a, control, &mut e.exit, e.emit, e.lookup_ret, e.end)?;
+    handler::handler(&mut a, control, &mut e.handler, e.emit, e.lookup, e.end)?;
     handler::restorer(&mut a, &mut e.restorer)?;
 
     let r = a.assemble_options(at, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
@@ -214,6 +230,7 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
         emit: r.label_ip(&e.emit)?,
         lookup: r.label_ip(&e.lookup)?,
         lookup_fn: r.label_ip(&e.lookup_fn)?,
+        lookup_ret: r.label_ip(&e.lookup_ret)?,
         enter: r.label_ip(&e.enter)?,
         exit: r.label_ip(&e.exit)?,
         back: r.label_ip(&e.back)?,
@@ -271,6 +288,7 @@ mod tests {
             rt.emit,
             rt.lookup,
             rt.lookup_fn,
+            rt.lookup_ret,
             rt.end,
             rt.enter,
             rt.back,
@@ -327,9 +345,10 @@ mod tests {
                 .iter()
                 .filter(|i| i.segment_prefix() == Register::FS)
                 .collect();
-            // The handler's two, and the owner gates of rt_emit, rt_end,
+            // The handler's three (its TCB check, its stale-burst check,
+            // the new owner), and the owner gates of rt_emit, rt_end,
             // rt_enter and rt_exit.
-            assert_eq!(fs.len(), 6);
+            assert_eq!(fs.len(), 7);
             for i in fs {
                 assert_eq!(i.memory_base(), Register::None);
                 assert_eq!(i.memory_index(), Register::None);

@@ -26,7 +26,8 @@ const PAGE: usize = crate::PAGE_SIZE as usize;
 const RING: usize = CONTROL_BYTES;
 const TABLE: usize = CONTROL_BYTES + 4 * 1024;
 const FN_TABLE: usize = TABLE + TABLE_PAIRS * 16;
-const UCONTEXT: usize = FN_TABLE + TABLE_PAIRS * 16;
+const RET_TABLE: usize = FN_TABLE + TABLE_PAIRS * 16;
+const UCONTEXT: usize = RET_TABLE + TABLE_PAIRS * 16;
 const STACK: usize = UCONTEXT + PAGE;
 const STACK_END: usize = STACK + 64 * 1024;
 /// Code pages: 0 for the runtime, 1 for a test's own code.
@@ -73,6 +74,7 @@ impl Harness {
         c.ring_addr = control + RING as u64;
         c.table_addr = control + TABLE as u64;
         c.fn_table_addr = control + FN_TABLE as u64;
+        c.ret_table_addr = control + RET_TABLE as u64;
         c.clone_lo = CLONE_LO;
         c.clone_hi = CLONE_HI;
         // The test thread owns a burst unless a test says otherwise.
@@ -147,6 +149,24 @@ impl Harness {
     pub(super) fn set_fn_table(&mut self, pairs: &[(u64, u64)]) {
         self.write_table(FN_TABLE, pairs);
         self.ctl_mut().fn_table_len = pairs.len() as u64;
+    }
+
+    /// The return-site table (`ret_table_addr`, `ret_table_len`).
+    pub(super) fn set_ret_table(&mut self, pairs: &[(u64, u64)]) {
+        self.write_table(RET_TABLE, pairs);
+        self.ctl_mut().ret_table_len = pairs.len() as u64;
+    }
+
+    /// The word below the return address (`[program rsp - 8]`), where
+    /// `rt_exit` says where a return goes.
+    pub(super) fn jump_slot(&self) -> u64 {
+        // SAFETY: PROG_RSP - 8 is an aligned word inside the stack area.
+        unsafe { (self.base.add(PROG_RSP - 8) as *const u64).read() }
+    }
+
+    pub(super) fn set_jump_slot(&mut self, v: u64) {
+        // SAFETY: as in `jump_slot`.
+        unsafe { (self.base.add(PROG_RSP - 8) as *mut u64).write(v) }
     }
 
     /// The program's rsp at the snippet (`[rsp + FRAME]` in a routine).
