@@ -138,6 +138,40 @@ fn a_taken_over_signal_is_not_sent() {
 
 /// Waits until thread `pid` is blocked in one of the system calls `nrs`
 /// (`/proc/PID/syscall` starts with the number while it is).
+/// What a program can see of its own code: calls in the clones push the
+/// original return address, so `backtrace()` + `dladdr` name every caller;
+/// a division that would fault in a clone leaves the clones first and
+/// faults at its original address, which the SIGFPE handler's `dladdr`
+/// names. Under a full trace too, where the thread spends most of the run
+/// in the clones (thousands of faults and backtraces in bursts).
+#[test]
+fn return_and_fault_addresses_are_original() {
+    let lines = same_traced_and_untraced("observe", "20");
+    for l in &lines {
+        assert!(stat(l, "taken") >= 20, "{l}");
+    }
+    let _serial = serial();
+    let exe = fixture("transparency");
+    let prog = [exe.to_str().unwrap(), "observe", "20"];
+    let untraced = run_untraced(&prog, Duration::from_secs(120));
+    assert!(untraced.stdout_str().contains(" unnamed 0\n"));
+    let scratch = Scratch::new("transparency-observe-full");
+    let run = burstyd_run(
+        &scratch,
+        &["--freq", "2000", "--full-trace"],
+        &prog,
+        Duration::from_secs(180),
+    );
+    let f = &run.finished;
+    assert_eq!(
+        (f.status.code(), f.stdout_str()),
+        (untraced.status.code(), untraced.stdout_str()),
+        "full trace: traced differs from untraced\n{}",
+        f.describe()
+    );
+    assert!(stat(&bursts_line(&f.stderr), "taken") >= 20, "{}", f.stderr);
+}
+
 fn wait_in_syscall(pid: u32, nrs: &[&str], what: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {

@@ -62,6 +62,9 @@ pub(super) enum OutOfLine {
     Case { flags: bool, edge: u64 },
     /// Data: one u64.
     Slot(u64),
+    /// A division that might fault: restore (flags, rcx), end the burst,
+    /// run the original instruction.
+    DivisionExit { orig: u64 },
 }
 
 impl FnGen<'_> {
@@ -186,6 +189,13 @@ impl FnGen<'_> {
                     self.em.lea_rsp(128)?;
                     self.em.jmp(edge)?;
                 }
+                OutOfLine::DivisionExit { orig } => {
+                    self.em.pop(Register::RCX)?;
+                    self.em.popf();
+                    self.em.lea_rsp(128)?;
+                    self.rt_call(self.rt.end, END_LEFT_CLONES as u32, None, |_| Ok(()))?;
+                    self.em.jmp(orig)?;
+                }
                 OutOfLine::Slot(v) => {
                     self.em.e(Instruction::with_declare_qword(&[v]))?;
                 }
@@ -203,6 +213,12 @@ impl FnGen<'_> {
     /// absolute targets; the encoder recomputes the displacement).
     pub(super) fn copy(&mut self, k: usize) -> Result<(), Skip> {
         self.record(k);
+        if matches!(
+            self.insns[k].instr.mnemonic(),
+            iced_x86::Mnemonic::Div | iced_x86::Mnemonic::Idiv
+        ) {
+            self.division_guard(k)?;
+        }
         let ins = self.reloc(k);
         self.em.emit(ins);
         Ok(())

@@ -308,6 +308,112 @@ impl FnGen<'_> {
         Ok(())
     }
 
+    /// Before a copied `div`/`idiv`: a division that would fault must fault
+    /// at its original address, where the program's SIGFPE handler (which
+    /// may name the function with `dladdr`, or skip the instruction) expects
+    /// it. The guard proves the division cannot fault (divisor not 0, and
+    /// the quotient fits: for `div`, the high half of the dividend below
+    /// the divisor; for `idiv`, a divisor other than -1 and a dividend that
+    /// is the sign extension of its low half); otherwise the burst ends and
+    /// the original instruction runs. 8- and 16-bit divisions always go to
+    /// the original.
+    pub(super) fn division_guard(&mut self, k: usize) -> Result<(), Skip> {
+        let ins = self.reloc(k);
+        let signed = ins.mnemonic() == iced_x86::Mnemonic::Idiv;
+        let orig = self.avma(self.insns[k].addr);
+        let leave = self.em.label();
+        let size = match ins.op0_kind() {
+            OpKind::Register => ins.op0_register().size(),
+            OpKind::Memory => ins.memory_size().size(),
+            _ => return Err(Skip("unusual division")),
+        };
+        // Bytes pushed below the program's rsp before the operand is read.
+        const DEPTH: i64 = 128 + 8 * 2;
+        let em = &mut *self.em;
+        em.lea_rsp(-128)?;
+        em.pushf();
+        em.push(Register::RCX)?;
+        if size == 8 || size == 4 {
+            let wide = size == 8;
+            let (rcx, rax, rdx) = if wide {
+                (Register::RCX, Register::RAX, Register::RDX)
+            } else {
+                (Register::ECX, Register::EAX, Register::EDX)
+            };
+            let mov = if wide {
+                Code::Mov_r64_rm64
+            } else {
+                Code::Mov_r32_rm32
+            };
+            let read = match ins.op0_kind() {
+                OpKind::Register => Instruction::with2(mov, rcx, ins.op0_register())?,
+                _ => {
+                    if ins.memory_index() == Register::RSP {
+                        return Err(Skip("unusual division"));
+                    }
+                    let mut d = ins.memory_displacement64() as i64;
+                    if ins.memory_base() == Register::RSP {
+                        d += DEPTH;
+                    }
+                    let op = MemoryOperand::new(
+                        ins.memory_base(),
+                        ins.memory_index(),
+                        ins.memory_index_scale(),
+                        d,
+                        if ins.memory_base() == Register::RIP {
+                            8
+                        } else if d == 0 {
+                            0
+                        } else {
+                            1
+                        },
+                        false,
+                        ins.segment_prefix(),
+                    );
+                    Instruction::with2(mov, rcx, op)?
+                }
+            };
+            em.emit(read);
+            let (test, cmp, sar, cmp_imm) = if wide {
+                (
+                    Code::Test_rm64_r64,
+                    Code::Cmp_r64_rm64,
+                    Code::Sar_rm64_imm8,
+                    Code::Cmp_rm64_imm8,
+                )
+            } else {
+                (
+                    Code::Test_rm32_r32,
+                    Code::Cmp_r32_rm32,
+                    Code::Sar_rm32_imm8,
+                    Code::Cmp_rm32_imm8,
+                )
+            };
+            em.e(Instruction::with2(test, rcx, rcx))?;
+            em.jcc(Code::Je_rel32_64, leave)?;
+            if signed {
+                em.e(Instruction::with2(cmp_imm, rcx, -1))?;
+                em.jcc(Code::Je_rel32_64, leave)?;
+                em.e(Instruction::with2(mov, rcx, rax))?;
+                em.e(Instruction::with2(sar, rcx, (size * 8 - 1) as u32))?;
+                em.e(Instruction::with2(cmp, rcx, rdx))?;
+                em.jcc(Code::Jne_rel32_64, leave)?;
+            } else {
+                // The high half below the divisor (unsigned), else leave.
+                em.e(Instruction::with2(cmp, rdx, rcx))?;
+                em.jcc(Code::Jae_rel32_64, leave)?;
+            }
+        } else {
+            em.jmp(leave)?;
+        }
+        em.pop(Register::RCX)?;
+        em.popf();
+        em.lea_rsp(128)?;
+        self.out_of_line
+            .push((leave, OutOfLine::DivisionExit { orig }));
+        Ok(())
+    }
+
     /// Leaving the function at instruction `k` (already recorded).
     pub(super) fn exit_code(
         &mut self,
