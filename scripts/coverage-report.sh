@@ -91,9 +91,6 @@ with open(out, "w") as o:
     o.write(f"- files analysed: {files} ({errs} rejected with a clean error)\n")
     o.write(f"- crashes or hangs: {len(fail)}\n")
     o.write(f"- functions analysable: {ok} of {tot} ({100.0*ok/max(tot,1):.2f}%)\n")
-    lp = reasons.get("HasLandingPads", 0)
-    o.write(f"- functions without C++ exception landing pads (skipped until clones carry unwind info, issue 4): "
-            f"{ok} of {tot - lp} ({100.0*ok/max(tot - lp,1):.2f}%)\n")
     o.write(f"- skip reasons: " + ", ".join(f"{k} {n}" for k, n in reasons.most_common()) + "\n")
     slow.sort(reverse=True)
     o.write("- slowest: " + ", ".join(f"`{f}` {ms} ms" for ms, f in slow[:5]) + "\n\n")
