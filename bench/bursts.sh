@@ -138,6 +138,9 @@ for prog in $PROGRAMS; do
         ests+=("$WORK/def$i/paths.pb.gz"); fdatas+=("$WORK/def$i/edges.fdata")
         printf '  run %d: untraced %.3fs default %.3fs (%s bursts) --burst 0 %.3fs --no-bursts %.3fs\n' "$i" "$u" "$d" "$b" "$o" "$n" >&2
     done
+    # The last default-rate --burst 0 run: its log ($WORK/off.log) and its
+    # time go together (the loop below reuses $o).
+    OFF_LAST=$o
     read -r DEF_MED DEF_MIN DEF_MAX < <(stats <"$WORK/r_def")
     read -r OFF_MED OFF_MIN OFF_MAX < <(stats <"$WORK/r_off")
     read -r SMP_MED _ _ < <(stats <"$WORK/r_smp")
@@ -163,7 +166,7 @@ for prog in $PROGRAMS; do
     done
     C_BURST=$(median <"$WORK/c_burst"); C_SIGNAL=$(median <"$WORK/c_signal")
     # Signals per second at the default rate: bursts plus declined ones.
-    SPS=$(awk -v s="$(budget0_signals "$WORK/off.log")" -v t="$o" 'BEGIN { printf "%.1f", s / t }')
+    SPS=$(awk -v s="$(budget0_signals "$WORK/off.log")" -v t="$OFF_LAST" 'BEGIN { printf "%.1f", s / t }')
     IMPL_DEF=$(awk -v c="$C_BURST" -v r="$BPS_MED" 'BEGIN { printf "%.4f", 1 + c * r / 1e6 }')
     IMPL_OFF=$(awk -v c="$C_SIGNAL" -v r="$SPS" 'BEGIN { printf "%.4f", 1 + c * r / 1e6 }')
 

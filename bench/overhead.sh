@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # burstyd overhead benchmark: bzip2 -9 (built from source by
 # scripts/realprogs.sh, -O2 -g, no frame pointers) on a fixed generated input,
-# untraced vs traced with `burstyd run --` at default settings, alternately.
+# untraced vs traced with `burstyd --pid` on the program at default settings, alternately.
 #
 # Usage (from the workspace root, as root, after `cargo build --release -p burstyd`):
 #   bash bench/overhead.sh [--runs N] [--size-mb MB]
@@ -56,18 +56,28 @@ kv() { tr ' ' '\n' <"$1" | awk -F= -v k="$2" '$1 == k { print $2 }'; }
 # Warm-up (page cache, CPU frequency): one untraced run, not counted.
 "$BZIP2" -9 -c "$INPUT" >/dev/null
 
-echo "== $RUNS alternating runs: bzip2 -9 on ${SIZE_MB} MiB, untraced vs \`burstyd run\` (default settings)" >&2
+echo "== $RUNS alternating runs: bzip2 -9 on ${SIZE_MB} MiB, untraced vs \`burstyd --pid\` on it (default settings)" >&2
 : >"$WORK/untraced" ; : >"$WORK/traced" ; : >"$WORK/ratios" ; : >"$WORK/sps" ; : >"$WORK/pdur"
 for i in $(seq 1 "$RUNS"); do
     # Both sides time bzip2 itself (wait4 in bench_tool), so the ratio is the
-    # program's slowdown; burstyd's own start-up and profile writing happen
-    # before the program is released and after it exited.
+    # program's slowdown. The traced side is `burstyd --pid` on bzip2 itself
+    # (bench_tool's child), attached as soon as it exists, until it exits:
+    # bursts go to bzip2, and the attach's stop counts against it.
     "$TOOL" rusage "$WORK/ru-untraced" -- "$BZIP2" -9 -c "$INPUT" >/dev/null
     u=$(kv "$WORK/ru-untraced" wall_s)
     rm -rf "$WORK/out"
-    "$BURSTYD" run -o "$WORK/out" -- "$TOOL" rusage "$WORK/ru-traced" -- "$BZIP2" -9 -c "$INPUT" \
-        >/dev/null 2>"$WORK/burstyd-run.log" \
-        || { tail -20 "$WORK/burstyd-run.log" >&2; die "burstyd run failed (run $i)"; }
+    "$TOOL" rusage "$WORK/ru-traced" -- "$BZIP2" -9 -c "$INPUT" >/dev/null &
+    RU_PID=$!
+    BZ_PID=
+    for _ in $(seq 1 2000); do
+        BZ_PID=$(pgrep -P "$RU_PID" || true)
+        [ -n "$BZ_PID" ] && break
+        sleep 0.001
+    done
+    [ -n "$BZ_PID" ] || die "bzip2 did not start under bench_tool (run $i)"
+    "$BURSTYD" --pid "$BZ_PID" -o "$WORK/out" 2>"$WORK/burstyd-run.log" \
+        || { kill "$RU_PID" 2>/dev/null || true; tail -20 "$WORK/burstyd-run.log" >&2; die "burstyd --pid failed (run $i)"; }
+    wait "$RU_PID" || die "bzip2 failed under burstyd (run $i)"
     t=$(kv "$WORK/ru-traced" wall_s)
     echo "$u" >>"$WORK/untraced"; echo "$t" >>"$WORK/traced"
     awk -v t="$t" -v u="$u" 'BEGIN { printf "%.4f\n", t / u }' >>"$WORK/ratios"
@@ -113,10 +123,10 @@ ok() { awk -v v="$1" -v t="$2" 'BEGIN { print (v <= t) ? "ok" : "OVER" }'; }
 cat <<REPORT
 burstyd overhead: bzip2 -9 on ${SIZE_MB} MiB generated text, ${RUNS} alternating runs ($(nproc) cores, $(uname -r))
   wall untraced (median)        ${U_MED} s   [min ${U_MIN}, max ${U_MAX}]
-  wall traced   (median)        ${T_MED} s   [min ${T_MIN}, max ${T_MAX}]   (burstyd run, default settings)
+  wall traced   (median)        ${T_MED} s   [min ${T_MIN}, max ${T_MAX}]   (burstyd --pid, default settings)
   ratio traced/untraced         ${R_MED}   [min ${R_MIN}, max ${R_MAX}]   slowdown ${SLOW_PCT}%   target <= 1%: $(ok "$SLOW_PCT" 1)
   profiled window (median)      ${PD_MED} s   (profile duration_nanos: sampling start to target exit; /untraced = ${PD_RATIO})
-  samples/s (burstyd run)       ${S_MED}
+  samples/s (burstyd --pid)     ${S_MED}
   daemon CPU while sampling     ${ST_SAMP} ms over ${ST_SECS} s = ${ST_PCT}% of one core   target <= 1%: $(ok "$ST_PCT" 1)
   daemon CPU one-off            start-up ${ST_START} ms (eBPF load, attach), final profile ${ST_FINAL} ms (symbolization, write)
   daemon CPU (attach, whole run) ${D_USER}+${D_SYS} s over ${D_WALL} s wall = ${CPU_PCT}% of one core (${CPU_PCT_DUR}% of the ${DUR} s window)

@@ -31,6 +31,10 @@ fi
 
 need=()
 command -v gcc >/dev/null || need+=(gcc)
+command -v g++ >/dev/null || need+=(g++)
+# Real programs the tests trace: troff (C++ with landing pads), python3.11.
+command -v troff >/dev/null || need+=(groff-base)
+command -v python3.11 >/dev/null || need+=(python3.11)
 command -v go >/dev/null || need+=(golang-go)
 # llvm-bolt: the test that feeds burstyd's edges.fdata to BOLT.
 command -v llvm-bolt-19 >/dev/null || command -v llvm-bolt >/dev/null || need+=(bolt-19)

@@ -439,3 +439,52 @@ fn python_bytecode_loop_is_covered() {
         assert!(!hot.contains("_PyEval_EvalFrameDefault"), "{label}: {hot}");
     }
 }
+
+/// A C++ program whose functions nearly all have landing pads (destructors
+/// of its node and string classes): Debian's `troff` (groff-base) setting
+/// a generated man page. Before functions with an LSDA were cloned, 601 of
+/// its 1,964 functions were skipped for their landing pads; now its hot
+/// coverage must be at least 97% of the executable's samples, and the
+/// output the same untraced, with default bursts and with a full trace.
+#[test]
+fn cpp_troff_with_landing_pads_is_covered() {
+    require_root();
+    let troff = Path::new("/usr/bin/troff");
+    if !troff.exists() {
+        eprintln!("skipping: {} is not installed (groff-base)", troff.display());
+        return;
+    }
+    let _serial = serial();
+    let scratch = Scratch::new("troff-input");
+    let input = scratch.join("syn.1");
+    let mut text = String::from(".TH TEST 1\n");
+    for i in 0..40_000u64 {
+        text.push_str(&format!(
+            ".SH SECTION {i}\n.PP\nParagraph {i} with \\fBbold\\fR and \\fIitalic\\fR words, \
+             a number {} and some filler text to fill the line and wrap it around.\n\
+             .TP\n.B item{i}\nDescription of item {i}, which is indented.\n",
+            i * 7919 % 10007
+        ));
+    }
+    std::fs::write(&input, text).unwrap();
+    let input = input.to_str().unwrap();
+    let prog = ["/usr/bin/troff", "-man", "-Tutf8", input];
+    let untraced = run_untraced(&prog, Duration::from_secs(120));
+    for (label, extra) in [
+        ("bursts", &["--freq", "999"][..]),
+        ("full-trace", &["--full-trace"][..]),
+    ] {
+        let scratch = Scratch::new(&format!("troff-{label}"));
+        let run = burstyd_run(&scratch, extra, &prog, Duration::from_secs(300));
+        run.assert_ok();
+        assert!(
+            run.finished.stdout == untraced.stdout,
+            "{label}: output differs\n{}",
+            run.finished.describe()
+        );
+        let line = bursts_line(&run.finished.stderr);
+        assert!(stat(&line, "taken") >= 10, "{label}: {line}");
+        let (hot, covered) = hot_coverage(&run.finished.stderr);
+        assert!(covered >= 97.0, "{label}: {hot}");
+    }
+}
