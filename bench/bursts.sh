@@ -16,6 +16,11 @@
 #   - path-profile accuracy of the default runs against the full trace:
 #     PEP's Wall weight matching (hot threshold 0.125% of flow) and edge
 #     relative overlap (bench_tool path-accuracy),
+#   - edge relative overlap of the default runs and of the full trace
+#     against callgrind's exact branch counts on the same input
+#     (`--collect-jumps=yes`; bench_tool callgrind-accuracy), a ground
+#     truth that shares none of burstyd's code, and the hot coverage of
+#     the first default run (share of the executable's samples in clones),
 #   - the speed of the binary optimized by llvm-bolt with the edge profile
 #     of the default runs (edges.fdata, merged with merge-fdata) relative to
 #     the original binary.
@@ -55,6 +60,7 @@ BURSTYD="${BURSTYD_BIN:-$ROOT/target/release/burstyd}"
 BOLT="$(command -v llvm-bolt-19 || command -v llvm-bolt || true)"
 MERGE="$(command -v merge-fdata-19 || command -v merge-fdata || true)"
 [[ -n "$BOLT" && -n "$MERGE" ]] || die "llvm-bolt / merge-fdata not found: scripts/setup.sh installs bolt-19"
+command -v valgrind >/dev/null || die "valgrind not found (the callgrind ground truth): apt-get install -y valgrind"
 
 echo "== preparing" >&2
 bash "$ROOT/scripts/realprogs.sh" >&2 || die "scripts/realprogs.sh failed"
@@ -64,6 +70,7 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/burstyd-bursts.XXXXXX")"
 if [[ "${KEEP:-0}" != 1 ]]; then trap 'rm -rf "$WORK"' EXIT; fi
 
 kv() { tr ' ' '\n' <"$1" | awk -F= -v k="$2" '$1 == k { print $2 }'; }
+kv_of() { echo "$2" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
 stats() { sort -g | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.4f %.4f %.4f\n", m, v[1], v[NR] }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.4f\n", a / b }'; }
 minof() { sort -g "$1" | head -1; }
@@ -174,6 +181,15 @@ for prog in $PROGRAMS; do
     fa=$(traced "$WORK/full" --full-trace -- "${CMD[@]}" "$IN")
     acc=$("$TOOL" path-accuracy "$BIN" "$WORK/full/paths.pb.gz" "${ests[@]}")
 
+    echo "== $prog: callgrind --collect-jumps=yes on the same input: the independent ground truth (slow: valgrind runs it ~50x slower)" >&2
+    valgrind --tool=callgrind --collect-jumps=yes --dump-instr=yes --compress-pos=no --compress-strings=no \
+        --callgrind-out-file="$WORK/callgrind.out" "${CMD[@]}" "$IN" >/dev/null 2>"$WORK/callgrind.log" \
+        || { tail -5 "$WORK/callgrind.log" >&2; die "callgrind failed for $prog"; }
+    cg_def=$("$TOOL" callgrind-accuracy "$BIN" "$WORK/callgrind.out" "${ests[@]}")
+    cg_full=$("$TOOL" callgrind-accuracy "$BIN" "$WORK/callgrind.out" "$WORK/full/paths.pb.gz")
+    cg="callgrind: default $(kv_of overlap "$cg_def") full-trace $(kv_of overlap "$cg_full") ($(kv_of branches "$cg_def") branches)"
+    hot=$(grep -o 'hot coverage: [0-9.]*%' "$WORK/def1.log" | head -1 | sed 's/hot coverage: //')
+
     echo "== $prog: llvm-bolt with the default runs' edge profile; $RUNS alternating runs original vs BOLTed" >&2
     "$MERGE" "${fdatas[@]}" >"$WORK/merged.fdata" 2>"$WORK/merge.log" \
         || { cat "$WORK/merge.log" >&2; die "merge-fdata failed for $prog"; }
@@ -193,8 +209,8 @@ for prog in $PROGRAMS; do
     BOLT_BEST=$(ratio "$(minof "$WORK/t_bolt")" "$(minof "$WORK/t_orig")")
     stale=$(grep -o '[0-9]* out of [0-9]* functions in the binary ([0-9.]*%) have non-empty execution profile' "$WORK/bolt.log" | head -1 || true)
 
-    REPORT+=("$(printf '%-6s %4d MiB %5.2fs | default %.4f %.4f (%.4f-%.4f) | --burst 0 %.4f %.4f (%.4f-%.4f) | --no-bursts %.4f %.4f | full-trace %.2fx | bursts/s %.0f | burst %.1fus signal %.1fus: bursts add %.4f, --burst 0 adds %.4f | %s | BOLTed %.4f %.4f' \
-        "$prog" "$mb" "$U_MED" "$DEF_BEST" "$DEF_MED" "$DEF_MIN" "$DEF_MAX" "$OFF_BEST" "$OFF_MED" "$OFF_MIN" "$OFF_MAX" "$SMP_BEST" "$SMP_MED" "$(ratio "$fa" "$U_MED")" "$BPS_MED" "$C_BURST" "$C_SIGNAL" "$IMPL_DEF" "$IMPL_OFF" "$acc" "$BOLT_BEST" "$BOLT_MED")")
+    REPORT+=("$(printf '%-6s %4d MiB %5.2fs | default %.4f %.4f (%.4f-%.4f) | --burst 0 %.4f %.4f (%.4f-%.4f) | --no-bursts %.4f %.4f | full-trace %.2fx | bursts/s %.0f | burst %.1fus signal %.1fus: bursts add %.4f, --burst 0 adds %.4f | %s | %s | hot coverage %s | BOLTed %.4f %.4f' \
+        "$prog" "$mb" "$U_MED" "$DEF_BEST" "$DEF_MED" "$DEF_MIN" "$DEF_MAX" "$OFF_BEST" "$OFF_MED" "$OFF_MIN" "$OFF_MAX" "$SMP_BEST" "$SMP_MED" "$(ratio "$fa" "$U_MED")" "$BPS_MED" "$C_BURST" "$C_SIGNAL" "$IMPL_DEF" "$IMPL_OFF" "$acc" "$cg" "$hot" "$BOLT_BEST" "$BOLT_MED")")
     [[ -n "$stale" ]] && echo "  bolt: $stale" >&2
 done
 echo
@@ -202,4 +218,4 @@ echo "bursty tracing on $(nproc) CPUs, wall time traced/untraced over $RUNS alte
 echo "per-event costs (median over $RUNS runs at --freq $HIFREQ vs --no-bursts) and the slowdown they imply at the default rate;"
 echo "accuracy of the $RUNS default runs together vs a full trace; BOLTed/original wall time (best/best, median):"
 for l in "${REPORT[@]}"; do echo "  $l"; done
-echo "targets: default <= 1.02, --burst 0 <= 1.005, wall >= 0.95, overlap >= 0.97"
+echo "targets: default <= 1.02, --burst 0 <= 1.005, wall >= 0.95, overlap >= 0.97 (vs full trace), callgrind overlap >= 0.95, hot coverage >= 97%"

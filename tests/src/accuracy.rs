@@ -14,6 +14,13 @@
 //!
 //! Paths and edges come from `paths.pb.gz` (sample labels `symbol` and
 //! `path`) regenerated with the rewriter's plan of the binary.
+//!
+//! An independent ground truth: [`callgrind_edges`] reads the exact branch
+//! counts of valgrind's callgrind (`--collect-jumps=yes --dump-instr=yes`)
+//! and names each outcome as the plan's CFG does (the branch's block, the
+//! index of the successor edge), so the same [`relative_overlap`] compares
+//! an estimate with counts that share none of burstyd's instrumentation,
+//! decoding or path regeneration.
 use std::collections::{BTreeMap, HashMap};
 
 use userspace_rewriter::analysis::plan::{FunctionStatus, Plan, PlanOptions, analyze};
@@ -46,6 +53,8 @@ type PathEdges = (Vec<(usize, usize)>, Vec<usize>);
 pub struct Regenerator {
     plan: Plan,
     by_name: HashMap<String, usize>,
+    /// `(start, function index)`, sorted.
+    by_start: Vec<(u64, usize)>,
 }
 
 impl Regenerator {
@@ -57,7 +66,18 @@ impl Regenerator {
             .enumerate()
             .map(|(i, f)| (f.name.clone(), i))
             .collect();
-        Ok(Regenerator { plan, by_name })
+        let mut by_start: Vec<(u64, usize)> = plan
+            .functions
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.start, i))
+            .collect();
+        by_start.sort_unstable();
+        Ok(Regenerator {
+            plan,
+            by_name,
+            by_start,
+        })
     }
 
     /// Taken edges `(block, successor index)` of a path (the truncated edge
@@ -76,6 +96,24 @@ impl Regenerator {
             outdeg[e.from] += 1;
         }
         Some((edges, outdeg))
+    }
+
+    /// The outcome `(function, block, successor index)` of the branch at
+    /// SVMA `from` that goes to `to` (the block ending at `from` and its
+    /// edge to the block starting at `to`), and the block's number of
+    /// successors.
+    fn outcome(&self, from: u64, to: u64) -> Option<(EdgeId, usize)> {
+        let k = self.by_start.partition_point(|&(s, _)| s <= from);
+        let &(_, fi) = self.by_start.get(k.checked_sub(1)?)?;
+        let f = &self.plan.functions[fi];
+        let FunctionStatus::Analyzed(fa) = &f.status else {
+            return None;
+        };
+        let cfg = fa.cfg.as_ref()?;
+        let b = cfg.block_at(from)?;
+        let succs: Vec<usize> = cfg.succs(b).collect();
+        let i = succs.iter().position(|&t| cfg.blocks[t].start == to)?;
+        Some(((f.name.clone(), b, i), succs.len()))
     }
 
     /// Branches on the path: taken edges out of blocks with two or more
@@ -102,6 +140,80 @@ impl Regenerator {
         }
         out
     }
+}
+
+/// The edge profile of the object `object` (its path as callgrind names
+/// it in `ob=` lines) in a callgrind output file written with
+/// `--collect-jumps=yes --dump-instr=yes --compress-strings=no
+/// --compress-pos=no`: for every branch with two or more successors in the
+/// plan's CFGs, the exact count of each outcome. A conditional jump line
+/// `jcnd=J/E target` (J jumps of E executions) gives the taken edge J and
+/// the other edge E − J; `jump=N target` lines of an indirect jump give
+/// each target's count. The jump's own position is the line after it.
+/// Also returns how many branch lines it could not place in a CFG (code
+/// the plan did not analyse).
+pub fn callgrind_edges(
+    text: &str,
+    object: &str,
+    r: &Regenerator,
+) -> (HashMap<EdgeId, u64>, usize) {
+    let mut out: HashMap<EdgeId, u64> = HashMap::new();
+    let mut unplaced = 0;
+    let mut in_object = false;
+    // (jumps, executions or None for `jump=`, target) awaiting its source.
+    let mut pending: Option<(u64, Option<u64>, u64)> = None;
+    let hex = |t: &str| u64::from_str_radix(t.trim_start_matches("0x"), 16).ok();
+    for line in text.lines() {
+        if let Some(ob) = line.strip_prefix("ob=") {
+            in_object = ob == object || ob.ends_with(&format!("/{object}"));
+            continue;
+        }
+        if !in_object {
+            pending = None;
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("jcnd=") {
+            let mut it = rest.split_whitespace();
+            let counts = it.next().unwrap_or("");
+            let target = it.next().and_then(hex);
+            let (j, e) = counts.split_once('/').unwrap_or(("", ""));
+            pending = match (j.parse().ok(), e.parse().ok(), target) {
+                (Some(j), Some(e), Some(t)) => Some((j, Some(e), t)),
+                _ => None,
+            };
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("jump=") {
+            let mut it = rest.split_whitespace();
+            pending = match (it.next().and_then(|n| n.parse().ok()), it.next().and_then(hex)) {
+                (Some(n), Some(t)) => Some((n, None, t)),
+                _ => None,
+            };
+            continue;
+        }
+        if line.starts_with("0x") {
+            if let Some((j, e, target)) = pending.take()
+                && let Some(from) = line.split_whitespace().next().and_then(hex)
+            {
+                match r.outcome(from, target) {
+                    // Only branches: blocks with two or more successors.
+                    Some(((f, b, i), n)) if n >= 2 => {
+                        *out.entry((f.clone(), b, i)).or_insert(0) += j;
+                        if let Some(e) = e
+                            && n == 2
+                        {
+                            *out.entry((f, b, 1 - i)).or_insert(0) += e.saturating_sub(j);
+                        }
+                    }
+                    Some(_) => {}
+                    None => unplaced += 1,
+                }
+            }
+            continue;
+        }
+        pending = None;
+    }
+    (out, unplaced)
 }
 
 /// Wall weight matching of `estimate` against `truth`; `flow_of` gives a

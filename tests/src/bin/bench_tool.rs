@@ -8,6 +8,11 @@
 //!       prints `wall=F overlap=F hot_paths=N truth_paths=N estimate_paths=N`:
 //!       PEP's Wall weight matching (hot threshold 0.125%) and edge
 //!       relative overlap of two paths.pb.gz of BINARY
+//!   bench_tool callgrind-accuracy BINARY CALLGRIND_OUT ESTIMATE.pb.gz...
+//!       prints `overlap=F branches=N unplaced=N`: edge relative overlap of
+//!       the estimates' paths (added up) against callgrind's exact branch
+//!       counts of BINARY (`--collect-jumps=yes --dump-instr=yes
+//!       --compress-strings=no --compress-pos=no`), an independent truth
 //!   bench_tool rusage OUT_FILE -- CMD ARGS...
 //!       runs CMD, waits for it with wait4(2) and writes its own rusage
 //!       (`wall_s= user_s= sys_s= maxrss_kb= status=`) to OUT_FILE; exits
@@ -73,6 +78,33 @@ fn main() {
                 "wall={wall:.4} overlap={overlap:.4} hot_paths={hot} truth_paths={} estimate_paths={}",
                 truth.len(),
                 est.len()
+            );
+        }
+        Some("callgrind-accuracy") if args.len() >= 5 => {
+            use burstyd_tests::accuracy::*;
+            let bin = std::fs::read(&args[2]).expect("BINARY");
+            let text = std::fs::read_to_string(&args[3]).expect("CALLGRIND_OUT");
+            let mut est = std::collections::HashMap::new();
+            for p in &args[4..] {
+                let prof = burstyd_tests::pprof::read_profile(std::path::Path::new(p))
+                    .unwrap_or_else(|e| panic!("{p}: {e:#}"));
+                for (k, v) in path_counts(&prof) {
+                    *est.entry(k).or_insert(0) += v;
+                }
+            }
+            let r = Regenerator::new(&bin).expect("analysing BINARY");
+            let name = std::path::Path::new(&args[2])
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let (truth, unplaced) = callgrind_edges(&text, &name, &r);
+            let branches: std::collections::HashSet<_> =
+                truth.keys().map(|(f, b, _)| (f.clone(), *b)).collect();
+            let overlap = relative_overlap(&truth, &r.edge_profile(&est));
+            println!(
+                "overlap={overlap:.4} branches={} unplaced={unplaced}",
+                branches.len()
             );
         }
         Some("rusage") if args.len() >= 5 && args[3] == "--" => {
