@@ -121,13 +121,7 @@ pub fn on_newtask(ctx: TracePointContext) -> u32 {
 ///   small for the signal frame; the handler is installed without
 ///   `SA_ONSTACK`, so it runs on whatever stack the thread is on).
 #[inline(always)]
-fn start_burst(
-    ctx: &PerfEventContext,
-    pid: u32,
-    tid: u32,
-    t: &BurstTarget,
-    layout: &TaskLayout,
-) {
+fn start_burst(ctx: &PerfEventContext, pid: u32, tid: u32, t: &BurstTarget, layout: &TaskLayout) {
     let regs = ctx.as_ptr() as *const pt_regs;
     // SAFETY: the perf_event context points at the interrupted registers.
     let (cs, rip, rsp) = unsafe { ((*regs).cs, (*regs).rip, (*regs).rsp) };

@@ -359,7 +359,12 @@ fn exceptions_through_cloned_frames_with_landing_pads() {
         assert!(stat(&line, "taken") >= 10, "{name}: {line}");
         // The functions with landing pads are cloned and traced.
         let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
-        for f in ["nested(long)", "catcher(long)", "middle(long)", "leaf(long)"] {
+        for f in [
+            "nested(long)",
+            "catcher(long)",
+            "middle(long)",
+            "leaf(long)",
+        ] {
             assert!(
                 counts.keys().any(|k| k.starts_with(&format!("{f} path "))),
                 "{name}: no paths of {f}: {counts:#?}"

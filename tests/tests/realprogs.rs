@@ -451,7 +451,10 @@ fn cpp_troff_with_landing_pads_is_covered() {
     require_root();
     let troff = Path::new("/usr/bin/troff");
     if !troff.exists() {
-        eprintln!("skipping: {} is not installed (groff-base)", troff.display());
+        eprintln!(
+            "skipping: {} is not installed (groff-base)",
+            troff.display()
+        );
         return;
     }
     let _serial = serial();

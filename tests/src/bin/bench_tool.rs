@@ -101,11 +101,32 @@ fn main() {
             let (truth, unplaced) = callgrind_edges(&text, &name, &r);
             let branches: std::collections::HashSet<_> =
                 truth.keys().map(|(f, b, _)| (f.clone(), *b)).collect();
-            let overlap = relative_overlap(&truth, &r.edge_profile(&est));
+            let est_edges = r.edge_profile(&est);
+            let overlap = relative_overlap(&truth, &est_edges);
             println!(
                 "overlap={overlap:.4} branches={} unplaced={unplaced}",
                 branches.len()
             );
+            // BENCH_DETAIL=N: the N branches that lose the most (frequency
+            // times inaccuracy), on stderr.
+            if let Some(n) = std::env::var("BENCH_DETAIL")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+            {
+                let per = branch_accuracy(&truth, &est_edges);
+                let total: u64 = per.iter().map(|p| p.1).sum();
+                let mut loss: Vec<_> = per
+                    .iter()
+                    .map(|(b, f, a)| (b, *f, *a, *f as f64 * (1.0 - a) / total.max(1) as f64))
+                    .collect();
+                loss.sort_by(|a, b| b.3.total_cmp(&a.3));
+                for (b, f, a, l) in loss.iter().take(n) {
+                    eprintln!(
+                        "  {:>7.4} lost  {} block {}  freq {f}  accuracy {a:.3}",
+                        l, b.0, b.1
+                    );
+                }
+            }
         }
         Some("rusage") if args.len() >= 5 && args[3] == "--" => {
             let out = &args[2];

@@ -333,12 +333,20 @@ mod tests {
         assert_eq!(counters(&h), [2, 0, 0, 1, 0]);
         let c = h.ctl();
         assert_eq!((c.active, c.ended, c.head), (1, 1, 6));
-        assert_eq!((h.loc().owner, h.loc().budget, h.loc().depth), (fs0(), 50, 0));
+        assert_eq!(
+            (h.loc().owner, h.loc().budget, h.loc().depth),
+            (fs0(), 50, 0)
+        );
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() } as u64;
         assert_eq!(
             h.ring()[2..6],
-            [tag(REC_END) | END_LEFT_CLONES, 0, tag(REC_START) | tid, PC + 3]
+            [
+                tag(REC_END) | END_LEFT_CLONES,
+                0,
+                tag(REC_START) | tid,
+                PC + 3
+            ]
         );
     }
 
