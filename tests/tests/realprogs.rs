@@ -398,6 +398,41 @@ fn xz_compress() {
     );
 }
 
+/// Runs `prog` under `burstyd run` with default bursts (`bursts_args`) and
+/// with a full trace: each run must print exactly `untraced` (stdout), take
+/// at least `min_bursts` bursts, and land at least 97% of the executable's
+/// samples in instrumented code, none of them in `hot_fn`.
+fn covered_like_untraced(
+    name: &str,
+    prog: &[&str],
+    untraced: &[u8],
+    bursts_args: &[&str],
+    min_bursts: u64,
+    hot_fn: &str,
+) {
+    for (label, extra) in [
+        ("bursts", bursts_args),
+        ("full-trace", &["--full-trace"][..]),
+    ] {
+        let scratch = Scratch::new(&format!("{name}-{label}"));
+        let run = burstyd_run(&scratch, extra, prog, Duration::from_secs(300));
+        run.assert_ok();
+        assert!(
+            run.finished.stdout == untraced,
+            "{name} {label}: output differs\n{}",
+            run.finished.describe()
+        );
+        let line = bursts_line(&run.finished.stderr);
+        assert!(stat(&line, "taken") >= min_bursts, "{name} {label}: {line}");
+        let (hot, covered) = hot_coverage(&run.finished.stderr);
+        assert!(covered >= 97.0, "{name} {label}: {hot}");
+        assert!(
+            hot_fn.is_empty() || !hot.contains(hot_fn),
+            "{name} {label}: {hot}"
+        );
+    }
+}
+
 /// Debian's python3.11: its bytecode loop `_PyEval_EvalFrameDefault`
 /// dispatches with computed gotos. Instrumented, it lets bursts cover the
 /// interpreter's time: hot coverage at least 97% of the executable's
@@ -417,27 +452,14 @@ fn python_bytecode_loop_is_covered() {
     let script = script.to_str().unwrap();
     let py = py.to_str().unwrap();
     let untraced = run_untraced(&[py, script, "nowait", "200"], Duration::from_secs(120));
-    for (label, extra) in [("bursts", &[][..]), ("full-trace", &["--full-trace"][..])] {
-        let scratch = Scratch::new(&format!("python-{label}"));
-        let run = burstyd_run(
-            &scratch,
-            extra,
-            &[py, script, "wait", "200"],
-            Duration::from_secs(300),
-        );
-        run.assert_ok();
-        assert_eq!(
-            run.finished.stdout_str(),
-            untraced.stdout_str(),
-            "{label}: {}",
-            run.finished.describe()
-        );
-        let line = bursts_line(&run.finished.stderr);
-        assert!(stat(&line, "taken") >= 1, "{label}: {line}");
-        let (hot, covered) = hot_coverage(&run.finished.stderr);
-        assert!(covered >= 97.0, "{label}: {hot}");
-        assert!(!hot.contains("_PyEval_EvalFrameDefault"), "{label}: {hot}");
-    }
+    covered_like_untraced(
+        "python",
+        &[py, script, "wait", "200"],
+        &untraced.stdout,
+        &[],
+        1,
+        "_PyEval_EvalFrameDefault",
+    );
 }
 
 /// A C++ program whose functions nearly all have landing pads (destructors
@@ -473,23 +495,7 @@ fn cpp_troff_with_landing_pads_is_covered() {
     let input = input.to_str().unwrap();
     let prog = ["/usr/bin/troff", "-man", "-Tutf8", input];
     let untraced = run_untraced(&prog, Duration::from_secs(120));
-    for (label, extra) in [
-        ("bursts", &["--freq", "999"][..]),
-        ("full-trace", &["--full-trace"][..]),
-    ] {
-        let scratch = Scratch::new(&format!("troff-{label}"));
-        let run = burstyd_run(&scratch, extra, &prog, Duration::from_secs(300));
-        run.assert_ok();
-        assert!(
-            run.finished.stdout == untraced.stdout,
-            "{label}: output differs\n{}",
-            run.finished.describe()
-        );
-        let line = bursts_line(&run.finished.stderr);
-        assert!(stat(&line, "taken") >= 10, "{label}: {line}");
-        let (hot, covered) = hot_coverage(&run.finished.stderr);
-        assert!(covered >= 97.0, "{label}: {hot}");
-    }
+    covered_like_untraced("troff", &prog, &untraced.stdout, &["--freq", "999"], 10, "");
 }
 
 /// Lua 5.4 built from Debian's sources (`scripts/realprogs.sh`): a PIE whose
@@ -507,23 +513,12 @@ fn lua_computed_goto_loop_is_covered() {
     let script = script.to_str().unwrap();
     let prog = [lua, script, "300"];
     let untraced = run_untraced(&prog, Duration::from_secs(120));
-    for (label, extra) in [
-        ("bursts", &["--freq", "999"][..]),
-        ("full-trace", &["--full-trace"][..]),
-    ] {
-        let scratch = Scratch::new(&format!("lua-{label}"));
-        let run = burstyd_run(&scratch, extra, &prog, Duration::from_secs(300));
-        run.assert_ok();
-        assert_eq!(
-            run.finished.stdout_str(),
-            untraced.stdout_str(),
-            "{label}: {}",
-            run.finished.describe()
-        );
-        let line = bursts_line(&run.finished.stderr);
-        assert!(stat(&line, "taken") >= 10, "{label}: {line}");
-        let (hot, covered) = hot_coverage(&run.finished.stderr);
-        assert!(covered >= 97.0, "{label}: {hot}");
-        assert!(!hot.contains("luaV_execute"), "{label}: {hot}");
-    }
+    covered_like_untraced(
+        "lua",
+        &prog,
+        &untraced.stdout,
+        &["--freq", "999"],
+        10,
+        "luaV_execute",
+    );
 }

@@ -298,11 +298,7 @@ pub fn generate_excluding(
     while bytes.len() % 16 != 0 {
         bytes.push(0xcc);
     }
-    let table_addr = layout.code + bytes.len() as u64;
-    for &(o, c) in &table {
-        bytes.extend_from_slice(&o.to_le_bytes());
-        bytes.extend_from_slice(&c.to_le_bytes());
-    }
+    let table_addr = append_pairs(&mut bytes, layout.code, &table);
     // Function entries: original start -> clone entry (indirect calls).
     let mut fn_table: Vec<(u64, u64)> = funcs
         .iter()
@@ -310,11 +306,7 @@ pub fn generate_excluding(
         .collect();
     fn_table.sort_unstable();
     fn_table.dedup_by_key(|e| e.0);
-    let fn_table_addr = layout.code + bytes.len() as u64;
-    for &(o, c) in &fn_table {
-        bytes.extend_from_slice(&o.to_le_bytes());
-        bytes.extend_from_slice(&c.to_le_bytes());
-    }
+    let fn_table_addr = append_pairs(&mut bytes, layout.code, &fn_table);
     // Return sites: original return address -> the clone's return site.
     let mut ret_table: Vec<(u64, u64)> = returns_idx
         .iter()
@@ -322,11 +314,7 @@ pub fn generate_excluding(
         .collect();
     ret_table.sort_unstable();
     ret_table.dedup_by_key(|e| e.0);
-    let ret_table_addr = layout.code + bytes.len() as u64;
-    for &(o, c) in &ret_table {
-        bytes.extend_from_slice(&o.to_le_bytes());
-        bytes.extend_from_slice(&c.to_le_bytes());
-    }
+    let ret_table_addr = append_pairs(&mut bytes, layout.code, &ret_table);
     let functions = funcs
         .into_iter()
         .map(|(fid, orig, label, paths)| ClonedFunction {
@@ -352,6 +340,17 @@ pub fn generate_excluding(
         stats,
         reverse,
     })
+}
+
+/// Appends a table of `(original, clone)` pairs (16 bytes each) to the
+/// image placed at `code`; returns its address.
+fn append_pairs(bytes: &mut Vec<u8>, code: u64, pairs: &[(u64, u64)]) -> u64 {
+    let at = code + bytes.len() as u64;
+    for &(o, c) in pairs {
+        bytes.extend_from_slice(&o.to_le_bytes());
+        bytes.extend_from_slice(&c.to_le_bytes());
+    }
+    at
 }
 
 /// Shapes the generator does not handle (checked before emitting).

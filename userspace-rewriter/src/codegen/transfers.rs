@@ -235,32 +235,11 @@ impl FnGen<'_> {
                 }
                 Instruction::with2(Code::Mov_r64_rm64, Register::RAX, r)?
             }
-            OpKind::Memory => {
-                if ins.memory_index() == Register::RSP {
-                    return Err(Skip("unusual indirect call"));
-                }
-                let mut d = ins.memory_displacement64() as i64;
-                if ins.memory_base() == Register::RSP {
-                    d += DEPTH;
-                }
-                let op = MemoryOperand::new(
-                    ins.memory_base(),
-                    ins.memory_index(),
-                    ins.memory_index_scale(),
-                    d,
-                    // 1: the encoder picks disp8 or disp32 as needed.
-                    if ins.memory_base() == Register::RIP {
-                        8
-                    } else if d == 0 {
-                        0
-                    } else {
-                        1
-                    },
-                    false,
-                    ins.segment_prefix(),
-                );
-                Instruction::with2(Code::Mov_r64_rm64, Register::RAX, op)?
-            }
+            OpKind::Memory => Instruction::with2(
+                Code::Mov_r64_rm64,
+                Register::RAX,
+                operand_below(&ins, DEPTH).ok_or(Skip("unusual indirect call"))?,
+            )?,
             _ => return Err(Skip("unusual indirect call")),
         };
         em.lea_rsp(-128)?;
@@ -347,31 +326,11 @@ impl FnGen<'_> {
             };
             let read = match ins.op0_kind() {
                 OpKind::Register => Instruction::with2(mov, rcx, ins.op0_register())?,
-                _ => {
-                    if ins.memory_index() == Register::RSP {
-                        return Err(Skip("unusual division"));
-                    }
-                    let mut d = ins.memory_displacement64() as i64;
-                    if ins.memory_base() == Register::RSP {
-                        d += DEPTH;
-                    }
-                    let op = MemoryOperand::new(
-                        ins.memory_base(),
-                        ins.memory_index(),
-                        ins.memory_index_scale(),
-                        d,
-                        if ins.memory_base() == Register::RIP {
-                            8
-                        } else if d == 0 {
-                            0
-                        } else {
-                            1
-                        },
-                        false,
-                        ins.segment_prefix(),
-                    );
-                    Instruction::with2(mov, rcx, op)?
-                }
+                _ => Instruction::with2(
+                    mov,
+                    rcx,
+                    operand_below(&ins, DEPTH).ok_or(Skip("unusual division"))?,
+                )?,
             };
             em.emit(read);
             let (test, cmp, sar, cmp_imm) = if wide {
@@ -547,4 +506,33 @@ impl FnGen<'_> {
         self.em.emit(ins);
         Ok(())
     }
+}
+
+/// The memory operand of `ins` (relocated), as read from inside a snippet
+/// that has pushed `depth` bytes below the program's rsp: an rsp-based
+/// address moves by `depth`. None for an rsp index (not expressible).
+fn operand_below(ins: &Instruction, depth: i64) -> Option<MemoryOperand> {
+    if ins.memory_index() == Register::RSP {
+        return None;
+    }
+    let mut d = ins.memory_displacement64() as i64;
+    if ins.memory_base() == Register::RSP {
+        d += depth;
+    }
+    Some(MemoryOperand::new(
+        ins.memory_base(),
+        ins.memory_index(),
+        ins.memory_index_scale(),
+        d,
+        // 1: the encoder picks disp8 or disp32 as needed.
+        if ins.memory_base() == Register::RIP {
+            8
+        } else if d == 0 {
+            0
+        } else {
+            1
+        },
+        false,
+        ins.segment_prefix(),
+    ))
 }
