@@ -5,8 +5,9 @@
 #   bzip2 1.0.8, xz 5.4.1 (static liblzma), gzip 1.12, zstd 1.5.4 (CLI on its
 #   own static lib, built with threads: even `-T1` runs a worker and two async
 #   I/O threads; `--single-thread --no-asyncio` runs in one thread) -- all C --
-#   and lzip 1.23, the C++ one; and Lua 5.4.4, an interpreter whose loop
-#   dispatches with computed gotos (PIE).
+#   and lzip 1.23, the C++ one; and two interpreters: Lua 5.4.4, whose loop
+#   dispatches with computed gotos (PIE), and gawk 5.2.1, whose loop is a
+#   switch over a jump table (non-PIE).
 # All are linked with `-Wl,--emit-relocs`: the relocations stay in the
 # executable (.rela.text etc.), which llvm-bolt needs to rewrite (optimize) it.
 #
@@ -15,7 +16,7 @@
 # archive (needs a deb-src entry; added below if missing) and checked against
 # pinned SHA-256 sums. Debian's own patches are not applied.
 #
-# Output: target/realprogs/bin/{bzip2,xz,gzip,zstd,lzip,lua} (build logs:
+# Output: target/realprogs/bin/{bzip2,xz,gzip,zstd,lzip,lua,gawk} (build logs:
 # target/realprogs/src/*-build.log). Idempotent: a second run with the
 # binaries present and the same pins and flags does nothing.
 #
@@ -52,14 +53,17 @@ LZIP_SHA=d269d8e204579cb7047d6187bce741acb484a27e24cf24f20cf017c48574147c
 LUA_VER=5.4.4
 LUA_TAR=lua5.4_5.4.4.orig.tar.gz
 LUA_SHA=164c7849653b80ae67bec4b7473b884bf5cc8d2dca05653475ec2ed27b9ebf61
+GAWK_VER=5.2.1
+GAWK_TAR=gawk_5.2.1.orig.tar.xz
+GAWK_SHA=2337a0283b180ec1b9c727973a34781c6478b3ae9bcbdcca0a4dc49861d75a65
 
 CFLAGS_REAL="-O2 -g"      # also CXXFLAGS for lzip
 LDFLAGS_REAL="-Wl,--emit-relocs"
-PROGS=(bzip2 xz gzip zstd lzip lua)
+PROGS=(bzip2 xz gzip zstd lzip lua gawk)
 STAMP_WANT="bzip2=$BZIP2_VER:$BZIP2_SHA xz=$XZ_VER:$XZ_SHA gzip=$GZIP_VER:$GZIP_SHA"
-STAMP_WANT+=" zstd=$ZSTD_VER:$ZSTD_SHA lzip=$LZIP_VER:$LZIP_SHA lua=$LUA_VER:$LUA_SHA"
+STAMP_WANT+=" zstd=$ZSTD_VER:$ZSTD_SHA lzip=$LZIP_VER:$LZIP_SHA lua=$LUA_VER:$LUA_SHA gawk=$GAWK_VER:$GAWK_SHA"
 STAMP_WANT+=" cflags=$CFLAGS_REAL ldflags=$LDFLAGS_REAL"
-BUILT_MSG="$BIN/{bzip2 $BZIP2_VER, xz $XZ_VER, gzip $GZIP_VER, zstd $ZSTD_VER, lzip $LZIP_VER, lua $LUA_VER}"
+BUILT_MSG="$BIN/{bzip2 $BZIP2_VER, xz $XZ_VER, gzip $GZIP_VER, zstd $ZSTD_VER, lzip $LZIP_VER, lua $LUA_VER, gawk $GAWK_VER}"
 
 die() { echo "realprogs.sh: error: $*" >&2; exit 1; }
 log() { echo "realprogs.sh: $*" >&2; }
@@ -152,6 +156,7 @@ fetch_sources gzip "$GZIP_TAR" "$GZIP_SHA"
 fetch_sources libzstd "$ZSTD_TAR" "$ZSTD_SHA"
 fetch_sources lzip "$LZIP_TAR" "$LZIP_SHA"
 fetch_sources lua5.4 "$LUA_TAR" "$LUA_SHA"
+fetch_sources gawk "$GAWK_TAR" "$GAWK_SHA"
 
 JOBS="$(nproc 2>/dev/null || echo 2)"
 
@@ -227,6 +232,20 @@ D="$(unpack "$LUA_TAR")"
 build_logged lua make -C "$D/src" -j"$JOBS" posix MYCFLAGS="-g" MYLDFLAGS="$LDFLAGS_REAL"
 install -m 0755 "$D/src/lua" "$BIN/lua"
 
+# --- gawk (interpreter, switch dispatch) -------------------------------------
+log "building gawk $GAWK_VER with CFLAGS='$CFLAGS_REAL' LDFLAGS='$LDFLAGS_REAL'"
+D="$(unpack "$GAWK_TAR")"
+[[ -f "$D/interpret.h" ]] || die "interpret.h missing from $GAWK_TAR"
+build_gawk() {
+    cd "$D" &&
+        ./configure -q CFLAGS="$CFLAGS_REAL" LDFLAGS="$LDFLAGS_REAL" \
+            --disable-nls --disable-mpfr --without-readline &&
+        make -j"$JOBS" -C support &&
+        make -j"$JOBS" gawk
+}
+(build_logged gawk build_gawk)
+install -m 0755 "$D/gawk" "$BIN/gawk"
+
 # (grep >/dev/null, not grep -q: an early exit could SIGPIPE the writer, which
 # pipefail would count as a failure.)
 "$BIN/bzip2" --help 2>&1 | grep "$BZIP2_VER" >/dev/null || die "built bzip2 does not run"
@@ -235,6 +254,7 @@ install -m 0755 "$D/src/lua" "$BIN/lua"
 "$BIN/zstd" --version | grep "v$ZSTD_VER" >/dev/null || die "built zstd does not run"
 "$BIN/lzip" --version | grep "^lzip $LZIP_VER" >/dev/null || die "built lzip does not run"
 "$BIN/lua" -v | grep "^Lua $LUA_VER" >/dev/null || die "built lua does not run"
+"$BIN/gawk" --version | grep "^GNU Awk $GAWK_VER" >/dev/null || die "built gawk does not run"
 for p in "${PROGS[@]}"; do
     readelf -S "$BIN/$p" | grep '\.rela\.text' >/dev/null \
         || die "$BIN/$p has no .rela.text: not linked with $LDFLAGS_REAL?"

@@ -788,6 +788,28 @@ fn computed_goto_cfgs_are_sound() {
     assert_sound(&c, &report, 10_000, &["run"]);
 }
 
+/// gawk's byte-code loop `r_interpret`: a 121-case `switch` over a
+/// PIC-relative table whose base register is loaded at the function's
+/// entry, far from the jump (see `gawk_switch_loop_is_covered`). Every
+/// dispatch the program makes must be an edge of the CFG.
+#[test]
+fn gawk_switch_cfgs_are_sound() {
+    require_root();
+    let exe = realprogs().join("gawk");
+    let scratch = Scratch::new("cfg-soundness-gawk");
+    let empty = scratch.join("empty");
+    std::fs::write(&empty, b"").unwrap();
+    let runs = [Run {
+        args: &[
+            "BEGIN { for (i = 0; i < 300; i++) { a[i % 7] += i; s = s substr(i, 1, 1) } \
+             n = split(s, p, \"3\"); for (k in a) t += a[k]; print t, n, length(s) }",
+        ],
+        input: empty,
+    }];
+    let (c, report) = soundness("gawk", &exe, &runs, &scratch, Checker::new(&exe));
+    assert_sound(&c, &report, 10_000, &["r_interpret"]);
+}
+
 /// The check bites: with the edges and return points of `BZ2_decompress`
 /// removed from its CFG, tracing `bzip2 -d` reports both kinds of violation.
 #[test]

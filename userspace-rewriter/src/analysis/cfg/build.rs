@@ -181,6 +181,10 @@ impl Walker<'_, '_> {
                 targets.insert(ins.ip_rel_memory_address());
             }
         }
+        // The function's own start is a function pointer (a jump there is
+        // a tail call to itself, e.g. through a table of methods), not a
+        // label: with it alone the jumps are tail calls.
+        targets.remove(&self.func.start);
         let targets: Vec<(u64, usize)> = targets
             .into_iter()
             .filter_map(|t| {

@@ -293,6 +293,17 @@ impl Walker<'_, '_> {
                     let dst_ok = ins.op0_kind() == OpKind::Register
                         && gpr_index(ins.op0_register()) == Some(n)
                         && ins.op0_register().size() >= 4;
+                    // A mask bounds the index as well as a guard does:
+                    // `and idx, 2^k - 1` (Duff's device, `switch (n & 7)`);
+                    // a 32-bit `and` clears the upper half too.
+                    if bound.is_none()
+                        && dst_ok
+                        && ins.mnemonic() == Mnemonic::And
+                        && is_immediate(ins.op1_kind())
+                    {
+                        let m = ins.immediate(1);
+                        return (m < 1 << 16 && (m + 1).is_power_of_two()).then_some(m + 1);
+                    }
                     idx = match (ins.mnemonic(), ins.op1_kind()) {
                         // mov r32, r32 / mov r64, r64 / movzx r, r8|r16
                         (Mnemonic::Mov, OpKind::Register)
@@ -393,11 +404,12 @@ impl Walker<'_, '_> {
         let mut stack = self.all_preds(from);
         let mut found = None;
         while let Some(p) = stack.pop() {
+            // Each instruction is visited once: the walk is bounded by the
+            // function's size. (It used to stop after 4096 instructions,
+            // which left gawk's 23 KB interpreter loop, whose table base is
+            // loaded at its entry, unresolved.)
             if !seen.insert(p) {
                 continue;
-            }
-            if seen.len() > 4096 {
-                return None;
             }
             if self.gprs_written(p) & (1 << reg) != 0 {
                 let t = self.rip_lea(p)?;
