@@ -395,6 +395,42 @@ fn exceptions_through_cloned_frames_with_landing_pads() {
     assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
 }
 
+/// A jump table the analysis cannot bound (no guard, no mask: written in
+/// assembly, `tests/fixtures/unguarded.c`): its entries are code pointers
+/// the binary states, so the clone dispatches over them and each entry
+/// starts a path. In a full trace the four cases' paths (and the four
+/// paths from the entry to the jump that end there) count exactly 2, 2, 2
+/// and 1 million for 7 million calls; the output is the same as untraced.
+#[test]
+fn an_unguarded_jump_table_is_traced_exactly() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("unguarded");
+    let exe_s = exe.to_str().unwrap();
+    let untraced = run_untraced(&[exe_s, "7000000"], Duration::from_secs(60));
+    let scratch = Scratch::new("unguarded");
+    let run = burstyd_run(
+        &scratch,
+        &["--full-trace"],
+        &[exe_s, "7000000"],
+        Duration::from_secs(300),
+    );
+    run.assert_ok();
+    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
+    let mut hot: Vec<i64> = counts
+        .iter()
+        .filter(|(n, c)| n.starts_with("dispatch4 path ") && **c > 1000)
+        .map(|(_, &c)| c)
+        .collect();
+    hot.sort_unstable();
+    assert_eq!(
+        hot,
+        [1, 1, 2, 2, 2, 2, 2, 2].map(|m| m * 1_000_000),
+        "dispatch4's paths: {counts:#?}"
+    );
+}
+
 #[test]
 fn full_trace_path_counts_are_exact() {
     require_root();
