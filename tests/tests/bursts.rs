@@ -292,9 +292,10 @@ fn cpp_exceptions_unwind_through_instrumented_frames() {
     );
     let line = bursts_line(&run.finished.stderr);
     assert!(stat(&line, "taken") >= 20, "{line}");
-    // Long bursts: many stack samples land in the clones (and callers keep
-    // clone return addresses after a burst); they must still unwind to
-    // main and name the original functions.
+    // Long bursts: many stack samples land in the clones; they must still
+    // unwind (through the clones' registered unwind info, then the
+    // original return addresses above) to main and name the original
+    // functions.
     // (Stacks outside them -- the loader before main, the exit after it,
     // the injection's own mmap -- do not count.)
     let traces = run.traces();
