@@ -1,8 +1,9 @@
 //! The instrumented clones bursty tracing injects into a process, as the
 //! unwinder needs them: a sample taken during a burst has a clone pc (calls
 //! in the clones push original return addresses, so only the innermost
-//! frames are: the clone's, and a runtime routine's it called). Registered with [`super::table::ProcessTable::set_clone_frames`]
-//! by the session once an attach finished; used by [`super::unwind`].
+//! frames are: the clone's, and a runtime routine's it called).
+//! Registered with [`super::table::ProcessTable::set_clone_frames`] by the
+//! session once an attach finished; used by [`super::unwind`].
 //!
 //! It lives here, below both the table and the unwinder, so that neither
 //! imports the other for it.
