@@ -37,7 +37,7 @@ macro_rules! control_block {
 
 /// `BurstControl::magic`: the version of the layout. It changes whenever
 /// [`CONTROL_FIELDS`] does; the `layout` test below fails until it has.
-pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd5");
+pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd6");
 /// Saved path registers (one per instrumented activation in a burst).
 pub const SHADOW_DEPTH: usize = 1024;
 /// Set in the path register when the path's start was not observed (the
@@ -166,7 +166,29 @@ control_block! {
         /// The pid the region was injected into: a child that inherited it
         /// through fork shares it with its parent and is never armed.
         pub made_for: u64,
+        /// The modules (executable, libraries) with clones, in `fid`
+        /// order: a later attach re-arms them without mapping anything.
+        pub n_modules: u64,
+        pub modules: [ModuleEntry; MAX_MODULES],
     }
+}
+
+/// Modules a region can hold clones for.
+pub const MAX_MODULES: usize = 64;
+
+/// One module's clones in a region ([`BurstControl::modules`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ModuleEntry {
+    /// Content hash of the module's file (FNV-1a of its bytes).
+    pub id: u64,
+    /// Where its runtime and clones start.
+    pub code: u64,
+    /// Its functions' `fid`s start here (index in its plan + `fid_base`).
+    pub fid_base: u64,
+    /// Its load bias when injected (a module mapped elsewhere since is
+    /// another mapping).
+    pub bias: u64,
 }
 
 control_block! {
@@ -253,7 +275,7 @@ mod layout {
     /// `BurstControl` or `BurstLocal` changed, give `CONTROL_MAGIC` a new value (a target
     /// still holding a region of the old layout must be recognised as
     /// foreign) and copy the new field list and magic here.
-    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd5");
+    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd6");
     const PINNED_FIELDS: &[(&str, usize, usize)] = &[
         ("magic", 0, 8),
         ("armed", 8, 4),
@@ -290,6 +312,8 @@ mod layout {
         ("tail", 256, 8),
         ("tracer", 264, 8),
         ("made_for", 272, 8),
+        ("n_modules", 280, 8),
+        ("modules", 288, 2048),
     ];
     const PINNED_LOCAL_FIELDS: &[(&str, usize, usize)] = &[
         ("present", 0, 8),

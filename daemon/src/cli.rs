@@ -178,6 +178,12 @@ pub(crate) struct ProfileArgs {
     #[arg(long)]
     pub(crate) full_trace: bool,
 
+    /// Bursts rewrite only the executable, not the shared libraries it
+    /// has mapped (libc, libstdc++, ...): a burst then pauses whenever
+    /// the program calls into a library.
+    #[arg(long, conflicts_with = "no_bursts")]
+    pub(crate) exe_only: bool,
+
     /// Also write the raw burst traces to <OUTPUT>/bursts.jsonl.
     #[arg(long)]
     pub(crate) save_bursts: bool,

@@ -327,6 +327,7 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
                 crate::bursts::BurstOptions {
                     burst_len: args.burst,
                     full_trace: args.full_trace,
+                    libraries: !args.exe_only,
                     save_bursts: args
                         .save_bursts
                         .then(|| settings.output.join("bursts.jsonl")),

@@ -13,6 +13,7 @@ fn gen_for(path: &str) {
         bias,
         control: bias + 0x4000_0000,
         code: bias + 0x4001_0000,
+        fid_base: 0,
     };
     let t = std::time::Instant::now();
     let img = generate(&report.plan, &analysis, &layout).unwrap();

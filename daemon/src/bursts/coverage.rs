@@ -14,15 +14,29 @@ use userspace_rewriter::analysis::plan::{FunctionStatus, Plan};
 pub(crate) struct CodeMap {
     /// `[lo, hi)` of the executable's mappings (AVMAs).
     exe: (u64, u64),
-    /// `[start, end)` AVMAs of the cloned functions, sorted.
+    /// `[start, end)` AVMAs of the cloned functions (of every module),
+    /// sorted.
     cloned: Vec<(u64, u64)>,
+    /// The shared libraries with clones: name, `[lo, hi)`.
+    libraries: Vec<(String, (u64, u64))>,
 }
 
 impl CodeMap {
     pub(crate) fn new(exe: (u64, u64), cloned: impl IntoIterator<Item = (u64, u64)>) -> Self {
         let mut cloned: Vec<_> = cloned.into_iter().collect();
         cloned.sort_unstable();
-        CodeMap { exe, cloned }
+        CodeMap {
+            exe,
+            cloned,
+            libraries: Vec::new(),
+        }
+    }
+
+    /// The shared libraries with clones (name, `[lo, hi)`), for the
+    /// coverage of the whole process.
+    pub(crate) fn with_libraries(mut self, libs: impl IntoIterator<Item = (String, (u64, u64))>) -> Self {
+        self.libraries = libs.into_iter().collect();
+        self
     }
 
     fn is_cloned(&self, pc: u64) -> bool {
@@ -43,8 +57,13 @@ pub(crate) struct HotCoverage {
     pub(crate) total: u64,
     /// Those in the executable.
     pub(crate) in_exe: u64,
-    /// Those in a cloned function.
+    /// Those in a cloned function of the executable.
     pub(crate) instrumented: u64,
+    /// Those in a cloned function of any module.
+    pub(crate) instrumented_all: u64,
+    /// Per shared library with clones: (name, weight there, weight in its
+    /// cloned functions).
+    pub(crate) libraries: Vec<(String, u64, u64)>,
     /// The executable's uninstrumented code that was sampled, heaviest
     /// first: (function, weight, why it is not instrumented).
     pub(crate) missed: Vec<(String, u64, String)>,
@@ -68,13 +87,28 @@ impl HotCoverage {
         starts.sort_unstable();
         let mut c = HotCoverage::default();
         let mut missed: HashMap<Option<usize>, u64> = HashMap::new();
+        c.libraries = code
+            .libraries
+            .iter()
+            .map(|(n, _)| (n.clone(), 0, 0))
+            .collect();
         for (&pc, &w) in leaf_weights {
             c.total += w;
+            let cloned = code.is_cloned(pc);
+            if cloned {
+                c.instrumented_all += w;
+            }
             if !code.in_exe(pc) {
+                if let Some(i) = code.libraries.iter().position(|(_, r)| (r.0..r.1).contains(&pc)) {
+                    c.libraries[i].1 += w;
+                    if cloned {
+                        c.libraries[i].2 += w;
+                    }
+                }
                 continue;
             }
             c.in_exe += w;
-            if code.is_cloned(pc) {
+            if cloned {
                 c.instrumented += w;
                 continue;
             }
@@ -135,6 +169,22 @@ impl HotCoverage {
                 .map(|(f, w, why)| format!("{f} {:.1}% ({why})", pct(*w, self.in_exe)))
                 .collect();
             s += &format!("; most sampled uninstrumented: {}", list.join(", "));
+        }
+        if !self.libraries.is_empty() {
+            let mut libs: Vec<_> = self.libraries.iter().filter(|l| l.1 > 0).collect();
+            libs.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            let list: Vec<_> = libs
+                .iter()
+                .take(top)
+                .map(|(n, w, i)| format!("{n} {:.1}% of them in instrumented code", pct(*i, *w)))
+                .collect();
+            s += &format!(
+                ". Over all modules: {:.1}% of the process's user-mode samples land in instrumented code",
+                pct(self.instrumented_all, self.total)
+            );
+            if !list.is_empty() {
+                s += &format!(" (libraries: {})", list.join(", "));
+            }
         }
         s
     }
@@ -267,17 +317,24 @@ mod tests {
             .collect();
         let (a, b) = (analysed[0], analysed[1]);
         // a is cloned, b is not.
+        // A library with one cloned function at 0x7fff_0000_0000.
+        let lib = 0x7fff_0000_0000;
         let code = CodeMap::new(
             (bias, bias + (1 << 40)),
-            [(bias + a.start, bias + a.start + a.size)],
-        );
+            [(bias + a.start, bias + a.start + a.size), (lib, lib + 0x100)],
+        )
+        .with_libraries([("libc.so.6".to_owned(), (lib - 0x1000, lib + 0x10000))]);
         let weights = HashMap::from([
             (bias + a.start + 1, 60),
             (bias + b.start + 1, 30),
-            (0x7fff_0000_0000, 10), // a shared library
+            (lib + 0x10, 6),   // the library's cloned function
+            (lib + 0x200, 4),  // the library, not cloned
+            (0x7ffe_0000_0000, 1), // elsewhere (the vdso)
         ]);
         let c = HotCoverage::measure(&code, &plan, bias, &weights);
-        assert_eq!((c.total, c.in_exe, c.instrumented), (100, 90, 60));
+        assert_eq!((c.total, c.in_exe, c.instrumented), (101, 90, 60));
+        assert_eq!(c.instrumented_all, 66);
+        assert_eq!(c.libraries, [("libc.so.6".to_owned(), 10, 6)]);
         assert_eq!(
             c.missed,
             [(b.name.clone(), 30, "analysed, not cloned".to_owned())]
@@ -285,7 +342,9 @@ mod tests {
         let line = c.describe(3);
         assert!(
             line.contains("66.7% of the executable's")
-                && line.contains("holds 90.0%")
+                && line.contains("holds 89.1%")
+                && line.contains("Over all modules: 65.3% of the process's")
+                && line.contains("libc.so.6 60.0% of them in instrumented code")
                 && line.contains(&format!("{} 33.3% (analysed, not cloned)", b.name)),
             "{line}"
         );

@@ -27,19 +27,21 @@ use anyhow::{Context as _, bail};
 use burstyd_common::addr::Pid;
 use burstyd_common::burst::{
     ARMED_OFFSET, BurstControl, BurstLocal, BurstTarget, CLONE_PAGE_SHIFT, CONTROL_BYTES,
-    CONTROL_MAGIC, LOCAL_BYTES, LOCAL_OFFSET,
+    CONTROL_MAGIC, LOCAL_BYTES, LOCAL_OFFSET, MAX_MODULES, ModuleEntry,
 };
 use tracing::{debug, info, warn};
 use userspace_rewriter::analysis::plan::{self, FunctionStatus, Plan, PlanOptions};
 use userspace_rewriter::codegen::unwind_info;
-use userspace_rewriter::codegen::{self, Layout};
+use userspace_rewriter::PAGE_SIZE;
+use userspace_rewriter::codegen::{self, LOW_STATE_LIMIT, Layout, NO_PATH, Tables};
 use userspace_rewriter::inject::{self, KernelSigaction, SA_RESTORER, Tracee};
 
 use super::BurstOptions;
 use super::coverage::CodeMap;
+use super::modules::{self, Module};
 use super::ring::{SharedRegion, TargetCounters};
 use crate::export::fdata::FdataFacts;
-use crate::stacks::clones::CloneFrames;
+use crate::stacks::clones::{CloneFrames, CloneRegion};
 
 /// Record ring sizes (words of 8 bytes).
 const RING_WORDS: u64 = 1 << 19; // 4 MiB
@@ -71,78 +73,228 @@ pub(crate) struct Attachment {
 }
 
 /// What an attach produced: the attachment, and what the tracer keeps of
-/// the analysis (the analysis itself and the file's bytes are dropped).
+/// the analysis (the analyses themselves and the files' bytes are dropped).
 pub(crate) struct Attached {
     pub(crate) attachment: Attachment,
     /// `/proc/PID/exe`.
     pub(crate) exe: PathBuf,
-    pub(crate) plan: Plan,
-    /// Load bias of the executable (AVMA − SVMA).
-    pub(crate) bias: u64,
+    /// The modules with clones, the executable first, in `fid` order.
+    pub(crate) modules: Vec<ModuleFacts>,
     /// The clones, for unwinding samples taken during bursts.
     pub(crate) frames: CloneFrames,
-    /// What `edges.fdata` needs from the file and the analysis.
-    pub(crate) fdata: FdataFacts,
     pub(crate) functions_rewritten: usize,
     pub(crate) functions_skipped: usize,
-    /// What the hot coverage needs: where the executable and its cloned
+    /// What the hot coverage needs: where the modules and their cloned
     /// functions are.
     pub(crate) code: CodeMap,
+}
+
+/// What the exporters need of one module with clones.
+pub(crate) struct ModuleFacts {
+    /// Its path as `/proc/PID/maps` shows it.
+    pub(crate) path: String,
+    pub(crate) is_exe: bool,
+    pub(crate) plan: Plan,
+    /// AVMA − SVMA.
+    pub(crate) bias: u64,
+    /// `[lo, hi)` of its mappings.
+    pub(crate) range: (u64, u64),
+    /// Its functions' `fid`s are `fid_base + index in plan`.
+    pub(crate) fid_base: u32,
+    /// What `edges.fdata` needs from the file and the analysis.
+    pub(crate) fdata: FdataFacts,
+}
+
+/// One module analysed, before generation.
+struct Analysed {
+    module: Module,
+    plan: Plan,
+    analysis: userspace_rewriter::analysis::cfg::Analysis,
+    /// Functions whose unwind info cannot be restated: not cloned (C++
+    /// exceptions and backtraces must unwind through every clone).
+    exclude: std::collections::BTreeSet<u64>,
+    /// `exe_id` of its bytes.
+    id: u64,
+    fid_base: u32,
+}
+
+/// One module's clones, generated for their address (the analysis is
+/// dropped once the exporters' facts are taken from it).
+struct Generated {
+    facts: ModuleFacts,
+    id: u64,
+    img: codegen::CloneImage,
+    /// Where the runtime and clones go, and the mapping's length (code,
+    /// then the unwind info, in whole pages).
+    code: u64,
+    code_len: u64,
+    /// The clones' `.eh_frame`: address in the target and bytes.
+    eh: (u64, Vec<u8>),
+    /// The module throws C++ exceptions (or unwinds with libgcc).
+    exceptions: bool,
+}
+
+fn analyse(module: Module) -> anyhow::Result<Analysed> {
+    let (report, analysis) = plan::analyze_with_insns(&module.data, &PlanOptions::default())
+        .with_context(|| format!("analysing {}", module.path))?;
+    let plan = report.plan;
+    let exclude = unwind_info::untranslatable(
+        &module.data,
+        plan.functions.iter().filter_map(|f| match f.status {
+            FunctionStatus::Analyzed(_) => Some(f.start),
+            _ => None,
+        }),
+    );
+    Ok(Analysed {
+        id: exe_id(&module.data),
+        module,
+        plan,
+        analysis,
+        exclude,
+        fid_base: 0,
+    })
+}
+
+/// Generates `a`'s clones against the control block at `control`: at
+/// `fixed` (a re-arm regenerates what an earlier attach wrote there), or
+/// in a gap near the module that avoids `reserved` (and is added to it).
+/// The gap is sized for a generous bound on the code (clones plus unwind
+/// info run at 6-10x the original bytes); in the rare case the code
+/// outgrows it, a second generation at a gap of the exact size follows.
+fn generate(
+    pid: Pid,
+    a: Analysed,
+    control: u64,
+    fixed: Option<u64>,
+    reserved: &mut Vec<(u64, u64)>,
+) -> anyhow::Result<Generated> {
+    let (lo, hi) = a.module.range;
+    let original: u64 = a
+        .plan
+        .functions
+        .iter()
+        .filter(|f| matches!(f.status, FunctionStatus::Analyzed(_)))
+        .map(|f| f.size)
+        .sum();
+    let mut code_len = (32 * original + (2 << 20)).min(256 << 20);
+    let (img, eh, code) = loop {
+        let code = match fixed {
+            Some(c) => c,
+            None => inject::find_gap_near(pid, lo, hi, code_len, reserved)?,
+        };
+        let layout = Layout {
+            bias: a.module.bias,
+            control,
+            code,
+            fid_base: a.fid_base,
+        };
+        let img = codegen::generate_excluding(&a.plan, &a.analysis, &layout, &a.exclude)?;
+        let eh = unwind_info::eh_frame(&a.module.data, &img, a.module.bias)
+            .map_err(anyhow::Error::msg)?;
+        let need = (((img.bytes.len() as u64 + 15) & !15) + eh.bytes.len() as u64 + 0xfff) & !0xfff;
+        if need <= code_len || fixed.is_some() {
+            code_len = need;
+            break (img, eh, code);
+        }
+        if need > 1 << 31 {
+            bail!(
+                "the clones of {} would take {need} bytes: too large to map near it",
+                a.module.path
+            );
+        }
+        code_len = need;
+    };
+    if fixed.is_none() {
+        reserved.push((code, code + code_len));
+    }
+    let eh_addr = code + ((img.bytes.len() as u64 + 15) & !15);
+    let exceptions = uses_exceptions(&a.module.data, &a.analysis);
+    let fdata = FdataFacts::new(&a.module.data, &a.plan, &a.analysis);
+    Ok(Generated {
+        facts: ModuleFacts {
+            path: a.module.path,
+            is_exe: a.module.is_exe,
+            plan: a.plan,
+            bias: a.module.bias,
+            range: a.module.range,
+            fid_base: a.fid_base,
+            fdata,
+        },
+        id: a.id,
+        img,
+        code,
+        code_len,
+        eh: (eh_addr, eh.bytes),
+        exceptions,
+    })
 }
 
 /// What an attach put into the target.
 struct Injected {
     pid: Pid,
     exe: PathBuf,
-    plan: Plan,
-    bias: u64,
-    /// `[lo, hi)`: the executable's mappings (AVMAs).
-    exe_range: (u64, u64),
+    /// The executable first.
+    modules: Vec<Generated>,
     /// Address of the control block in the target.
     control: u64,
     region: SharedRegion,
-    img: codegen::CloneImage,
-    /// The clones' `.eh_frame`: address in the target and bytes.
-    eh: (u64, Vec<u8>),
     signal: i32,
     old_action: KernelSigaction,
 }
 
 impl Injected {
-    fn attached(
-        self,
-        data: &[u8],
-        analysis: &userspace_rewriter::analysis::cfg::Analysis,
-    ) -> Attached {
+    fn attached(self) -> Attached {
         let Injected {
             pid,
             exe,
-            plan,
-            bias,
-            exe_range,
+            modules,
             control,
             region,
-            img,
-            eh,
             signal,
             old_action,
         } = self;
-        let functions_skipped =
-            img.skipped.values().sum::<usize>() + plan.summary.skipped.values().sum::<usize>();
-        let fdata = FdataFacts::new(data, &plan, analysis);
         let baseline = region.target_counters();
-        let mut pages: Vec<u64> = img
-            .table()
+        let mut pages: Vec<u64> = modules
             .iter()
-            .map(|&(orig, _)| orig >> CLONE_PAGE_SHIFT)
+            .flat_map(|g| g.img.table().iter().map(|&(orig, _)| orig >> CLONE_PAGE_SHIFT))
             .collect();
+        pages.sort_unstable();
         pages.dedup();
+        let exe_range = modules[0].facts.range;
         let code = CodeMap::new(
             exe_range,
-            img.functions
+            modules.iter().flat_map(|g| {
+                g.img
+                    .functions
+                    .iter()
+                    .map(|f| (f.orig(), f.orig() + g.facts.plan.functions[f.fid() as usize].size))
+            }),
+        )
+        .with_libraries(
+            modules
                 .iter()
-                .map(|f| (f.orig(), f.orig() + plan.functions[f.fid() as usize].size)),
+                .filter(|g| !g.facts.is_exe)
+                .map(|g| (g.facts.name().to_owned(), g.facts.range)),
         );
+        let functions_rewritten = modules.iter().map(|g| g.img.functions.len()).sum();
+        let functions_skipped = modules
+            .iter()
+            .map(|g| {
+                g.img.skipped.values().sum::<usize>()
+                    + g.facts.plan.summary.skipped.values().sum::<usize>()
+            })
+            .sum();
+        let mut regions = Vec::new();
+        let mut facts = Vec::new();
+        for g in modules {
+            regions.push(CloneRegion {
+                range: g.img.code_range.0..g.img.code_range.1,
+                eh_frame: g.eh.1.into(),
+                eh_frame_addr: g.eh.0,
+                map: g.img.reverse,
+            });
+            facts.push(g.facts);
+        }
         Attached {
             attachment: Attachment {
                 pid,
@@ -156,19 +308,22 @@ impl Injected {
                 pages,
             },
             exe,
-            plan,
-            bias,
-            frames: CloneFrames {
-                range: img.code_range.0..img.code_range.1,
-                eh_frame: eh.1.into(),
-                eh_frame_addr: eh.0,
-                map: img.reverse,
-            },
-            fdata,
-            functions_rewritten: img.functions.len(),
+            modules: facts,
+            frames: CloneFrames { regions },
+            functions_rewritten,
             functions_skipped,
             code,
         }
+    }
+}
+
+impl ModuleFacts {
+    /// The file name.
+    pub(crate) fn name(&self) -> &str {
+        Path::new(&self.path)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or(&self.path)
     }
 }
 
@@ -204,7 +359,8 @@ fn exe_id(data: &[u8]) -> u64 {
     h
 }
 
-/// Injects (or re-arms) the clones in `pid`.
+/// Injects (or re-arms) the clones in `pid`: of its executable and, with
+/// `opts.libraries`, of every shared library it has mapped.
 pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> {
     let exe = PathBuf::from(format!("/proc/{pid}/exe"));
     let data = std::fs::read(&exe)
@@ -213,56 +369,43 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
         bail!("pid {pid} runs with CET shadow stacks; bursty tracing cannot redirect its returns");
     }
     let t0 = std::time::Instant::now();
-    let (report, analysis) = plan::analyze_with_insns(&data, &PlanOptions::default())
-        .with_context(|| format!("analysing {}", exe.display()))?;
-    let plan = report.plan;
     let id = exe_id(&data);
-    let analysis_ms = t0.elapsed().as_secs_f64() * 1e3;
 
-    // Where the executable is mapped. One removed or replaced on disk since
-    // it started is still the mapped one: `/proc/PID/exe` and the maps
-    // lines then end in " (deleted)", which the paths compared here lack.
+    // Where the modules are mapped. An executable removed or replaced on
+    // disk since it started is still the mapped one: `/proc/PID/exe` and
+    // the maps lines then end in " (deleted)", which the paths compared
+    // here lack.
     let maps = inject::maps(pid)?;
     let exe_link = std::fs::read_link(&exe).unwrap_or_default();
     let exe_link = exe_link.to_string_lossy();
     let exe_path = exe_link.strip_suffix(" (deleted)").unwrap_or(&exe_link);
-    let own: Vec<_> = maps.iter().filter(|m| m.is_path(exe_path)).collect();
-    let (Some(lo), Some(hi)) = (
-        own.iter().map(|m| m.start).min(),
-        own.iter().map(|m| m.end).max(),
-    ) else {
-        bail!("pid {pid}: {exe_path} is not in /proc/{pid}/maps");
-    };
-    let exe_range = (lo, hi);
-    let elf = userspace_rewriter::analysis::elf::ElfInfo::parse(&data)?;
-    let first = own.iter().min_by_key(|m| m.offset).unwrap();
-    let bias = elf
-        .load_bias_for(first.start, first.offset, first.is_exec())
-        .context("no PT_LOAD segment for the executable's first mapping")?;
+    let mut analysed = Vec::new();
+    let mut fid_base = 0u32;
+    for module in modules::mapped_modules(pid, &maps, exe_path, data, opts.libraries)? {
+        let is_exe = module.is_exe;
+        let path = module.path.clone();
+        match analyse(module) {
+            Ok(mut a) => {
+                a.fid_base = fid_base;
+                fid_base = fid_base
+                    .checked_add(a.plan.functions.len() as u32)
+                    .filter(|&b| b < NO_PATH)
+                    .context("too many functions to number")?;
+                analysed.push(a);
+            }
+            Err(e) if is_exe => return Err(e),
+            Err(e) => warn!(%pid, "{path} is not cloned: {e:#}"),
+        }
+    }
+    let analysis_ms = t0.elapsed().as_secs_f64() * 1e3;
 
-    let ring_words = if opts.full_trace {
-        RING_WORDS_FULL
-    } else {
-        RING_WORDS
-    };
-    let shm_len = CONTROL_BYTES as u64 + ring_words * 8;
-
-    // Functions whose unwind info cannot be restated are not cloned:
-    // C++ exceptions and backtraces must unwind through every clone.
-    let exclude = unwind_info::untranslatable(
-        &data,
-        plan.functions.iter().filter_map(|f| match f.status {
-            FunctionStatus::Analyzed(_) => Some(f.start),
-            _ => None,
-        }),
-    );
     // An earlier attach's region, if it was made for this file (a memfd's
-    // maps line says " (deleted)"; the path here is without it).
+    // maps line says " (deleted)"; the path here is without it). Its
+    // control block is the mapping at offset 0.
     let memfd = format!("/memfd:{MEMFD_NAME}");
-    if let Some(m) = maps
-        .iter()
-        .find(|m| m.path.as_deref().is_some_and(|p| p.starts_with(&memfd)))
-    {
+    if let Some(m) = maps.iter().find(|m| {
+        m.offset == 0 && m.path.as_deref().is_some_and(|p| p.starts_with(&memfd))
+    }) {
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -287,18 +430,7 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
                     "pid {pid} is already traced in bursts by another burstyd (pid {other}); one tracer per process"
                 );
             }
-            return rearm(
-                pid,
-                exe,
-                plan,
-                (bias, (lo, hi)),
-                m.start,
-                SharedRegion::new(shm),
-                opts,
-                &analysis,
-                &exclude,
-                &data,
-            );
+            return rearm(pid, exe, analysed, m.start, SharedRegion::new(shm), opts);
         }
         if magic != CONTROL_MAGIC {
             bail!(
@@ -310,43 +442,44 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
         );
     }
 
-    // Everything that takes time happens before the process is stopped:
-    // pick the address, generate the clones and their unwind info for
-    // it. Only the mapping, the writes and the handler installation
-    // stop the target. The gap is sized for a generous bound on the
-    // code (clones plus address tables run at 6-10x the original
-    // bytes); in the rare case the code outgrows it, a second
-    // generation at a gap of the exact size follows.
-    let exceptions = uses_exceptions(&data, &analysis);
-    let register_frame = register_frame_fn(pid, &maps, &plan, bias);
-    let original: u64 = plan
-        .functions
-        .iter()
-        .filter(|f| matches!(f.status, FunctionStatus::Analyzed(_)))
-        .map(|f| f.size)
-        .sum();
-    let mut code_len = (32 * original + (2 << 20)).min(256 << 20);
-    let (img, eh, base) = loop {
-        let base = inject::find_gap_near(pid, lo, hi, shm_len + code_len)?;
-        let layout = Layout {
-            bias,
-            control: base,
-            code: base + shm_len,
-        };
-        let img = codegen::generate_excluding(&plan, &analysis, &layout, &exclude)?;
-        let eh = unwind_info::eh_frame(&data, &img, bias).map_err(anyhow::Error::msg)?;
-        let need = (((img.bytes.len() as u64 + 15) & !15) + eh.bytes.len() as u64 + 0xfff) & !0xfff;
-        if need <= code_len {
-            code_len = need;
-            break (img, eh, base);
-        }
-        if need > 1 << 31 {
-            bail!("the clones would take {need} bytes: too large to map near the binary");
-        }
-        code_len = need;
+    let ring_words = if opts.full_trace {
+        RING_WORDS_FULL
+    } else {
+        RING_WORDS
     };
-    let code = base + shm_len;
-    let eh_addr = code + ((img.bytes.len() as u64 + 15) & !15);
+    let shm_len = CONTROL_BYTES as u64 + ring_words * 8;
+
+    // Everything that takes time happens before the process is stopped:
+    // pick the addresses, generate the clones and their unwind info for
+    // them. Only the mappings, the writes and the handler installation
+    // stop the target. The control block goes into the low 2 GiB, where
+    // the clones of every module reach it with absolute operands; without
+    // room there, next to the executable, whose clones alone then reach it.
+    let control = match inject::find_low_gap(pid, CONTROL_BYTES as u64, LOW_STATE_LIMIT, &[])? {
+        Some(c) => c,
+        None => {
+            if analysed.len() > 1 {
+                warn!(%pid, "no room for the burst state in the low 2 GiB: only the executable is cloned");
+                analysed.truncate(1);
+            }
+            let (lo, hi) = analysed[0].module.range;
+            inject::find_gap_near(pid, lo, hi, CONTROL_BYTES as u64, &[])?
+        }
+    };
+    let register_frame = register_frame_fn(pid, &maps, &analysed[0].plan, analysed[0].module.bias);
+    let mut reserved = vec![(control, control + CONTROL_BYTES as u64)];
+    let mut gens: Vec<Generated> = Vec::new();
+    for a in analysed {
+        let (is_exe, path) = (a.module.is_exe, a.module.path.clone());
+        match generate(pid, a, control, None, &mut reserved) {
+            Ok(g) => gens.push(g),
+            Err(e) if is_exe => return Err(e),
+            Err(e) => warn!(%pid, "{path} is not cloned: {e:#}"),
+        }
+    }
+    let tables = Tables::merge(gens.iter().map(|g| &g.img.tables));
+    let (table_bytes, tl) = tables.bytes();
+    let tables_len = (table_bytes.len() as u64).max(1).next_multiple_of(PAGE_SIZE);
 
     let generation_ms = t0.elapsed().as_secs_f64() * 1e3 - analysis_ms;
     let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
@@ -359,21 +492,24 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
     let signal = inject::free_signal(pid)?;
     // Ask the target's seccomp filters about every call below before
     // making the first: a filter that kills on one must not see any.
-    let (rw, rx) = (
+    let (rw, rx, ro) = (
         libc::PROT_READ | libc::PROT_WRITE,
         libc::PROT_READ | libc::PROT_EXEC,
+        libc::PROT_READ,
     );
     let shared = libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE | libc::MAP_POPULATE;
     let private = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+    let anywhere = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
     // Over our own fresh mapping, so MAP_FIXED replaces nothing else.
     let local = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
-    let local_addr = base + LOCAL_OFFSET as u64;
-    for (nr, args) in [
+    let local_addr = control + LOCAL_OFFSET as u64;
+    let ring_bytes = ring_words * 8;
+    let mut calls = vec![
         (libc::SYS_memfd_create, vec![0, libc::MFD_CLOEXEC as u64]),
         (libc::SYS_ftruncate, vec![0, shm_len]),
         (
             libc::SYS_mmap,
-            vec![base, shm_len, rw as u64, shared as u64, 0, 0],
+            vec![control, CONTROL_BYTES as u64, rw as u64, shared as u64, 0, 0],
         ),
         (
             libc::SYS_mmap,
@@ -392,11 +528,29 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
         ),
         (
             libc::SYS_mmap,
-            vec![code, code_len, rx as u64, private as u64, u64::MAX, 0],
+            vec![
+                0,
+                ring_bytes,
+                rw as u64,
+                libc::MAP_SHARED as u64,
+                0,
+                CONTROL_BYTES as u64,
+            ],
+        ),
+        (
+            libc::SYS_mmap,
+            vec![0, tables_len, ro as u64, anywhere as u64, u64::MAX, 0],
         ),
         (libc::SYS_close, vec![0]),
         (libc::SYS_rt_sigaction, vec![signal as u64, 0, 0, 8]),
-    ] {
+    ];
+    for g in &gens {
+        calls.push((
+            libc::SYS_mmap,
+            vec![g.code, g.code_len, rx as u64, private as u64, u64::MAX, 0],
+        ));
+    }
+    for (nr, args) in calls {
         t.check_syscall(nr, &args)?;
     }
     if opts.full_trace {
@@ -410,8 +564,8 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
     // gap since we looked, this fails cleanly and nothing is replaced.
     // Populated: the eBPF program reads `armed`/`active` with
     // bpf_probe_read_user, which cannot fault a page in.
-    t.mmap(base, shm_len, rw, shared, fd, 0).context(
-        "mapping the burst region (the address space changed while the clones were generated?)",
+    t.mmap(control, CONTROL_BYTES as u64, rw, shared, fd, 0).context(
+        "mapping the burst control block (the address space changed while the clones were generated?)",
     )?;
     // The burst's own state is private to the process and reads as
     // zeros in a forked child (see `BurstLocal`).
@@ -426,8 +580,18 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
         local_addr + offset_of!(BurstLocal, present) as u64,
         &1u64.to_ne_bytes(),
     )?;
-    t.mmap(code, code_len, rx, private, -1, 0)
-        .context("mapping the clone code")?;
+    // The record ring and the lookup tables are reached through pointers
+    // in the control block: anywhere the kernel puts them.
+    let ring_at = t
+        .mmap(0, ring_bytes, rw, libc::MAP_SHARED, fd, CONTROL_BYTES as u64)
+        .context("mapping the record ring")?;
+    let tables_at = t
+        .mmap(0, tables_len, ro, anywhere, -1, 0)
+        .context("mapping the lookup tables")?;
+    for g in &gens {
+        t.mmap(g.code, g.code_len, rx, private, -1, 0)
+            .with_context(|| format!("mapping the clone code of {}", g.facts.path))?;
+    }
     let shm_file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -436,105 +600,137 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
     t.close(fd)?;
     // SAFETY: as above.
     let mut region = SharedRegion::new(unsafe { memmap2::MmapMut::map_mut(&shm_file)? });
-    t.write_memory(code, &img.bytes)?;
-    t.write_memory(eh_addr, &eh.bytes)?;
-    // Register the clones' unwind info with the target's unwinder, so
-    // that exceptions and backtraces pass through clone frames.
-    let registered = match register_frame {
-        Some(f) => match t.call(f, &[eh_addr]) {
-            Ok(_) => true,
-            Err(e) => {
-                warn!(%pid, "registering the clones' unwind info failed: {e}");
-                false
-            }
-        },
-        None => false,
-    };
-    if exceptions && !registered {
-        bail!(
-            "pid {pid} uses C++ exceptions but its unwinder (__register_frame in libgcc_s) could not take the clones' unwind info; not tracing it in bursts"
-        );
+    t.write_memory(tables_at, &table_bytes)?;
+    let mut exe_eh = 0;
+    for g in &gens {
+        t.write_memory(g.code, &g.img.bytes)?;
+        t.write_memory(g.eh.0, &g.eh.1)?;
+        // Register the clones' unwind info with the target's unwinder, so
+        // that exceptions and backtraces pass through clone frames.
+        let registered = match register_frame {
+            Some(f) => match t.call(f, &[g.eh.0]) {
+                Ok(_) => true,
+                Err(e) => {
+                    warn!(%pid, "registering the unwind info of the clones of {} failed: {e}", g.facts.path);
+                    false
+                }
+            },
+            None => false,
+        };
+        // Not fatal: calls in clones push original return addresses, so
+        // an exception thrown in a burst unwinds through original frames
+        // only (the unwinder starts in its own frame, whose return
+        // address is original too). The clones' FDEs matter only to an
+        // unwinder starting at a clone pc: from a signal frame
+        // (asynchronous cancellation, -fnon-call-exceptions) or a
+        // debugger's backtrace.
+        if g.exceptions && !registered {
+            debug!(
+                %pid,
+                "{} has landing pads but the clones' unwind info is not registered (no __register_frame)",
+                g.facts.path
+            );
+        }
+        if g.facts.is_exe && registered {
+            exe_eh = g.eh.0;
+        }
     }
-    debug!(%pid, fdes = eh.fdes, registered, "clone unwind info");
     {
         let cb = region.control_mut();
         cb.magic = CONTROL_MAGIC;
         cb.ring_mask = ring_words - 1;
-        cb.ring_addr = base + CONTROL_BYTES as u64;
-        cb.table_addr = img.table_addr;
-        cb.table_len = img.table_len;
-        cb.fn_table_addr = img.fn_table_addr;
-        cb.fn_table_len = img.fn_table_len;
-        cb.ret_table_addr = img.ret_table_addr;
-        cb.ret_table_len = img.ret_table_len;
-        cb.clone_lo = img.code_range.0;
-        cb.clone_hi = img.code_range.1;
-        cb.handler = img.handler;
-        cb.restorer = img.restorer;
+        cb.ring_addr = ring_at;
+        cb.table_addr = tables_at + tl.insns.0;
+        cb.table_len = tl.insns.1;
+        cb.fn_table_addr = tables_at + tl.functions.0;
+        cb.fn_table_len = tl.functions.1;
+        cb.ret_table_addr = tables_at + tl.returns.0;
+        cb.ret_table_len = tl.returns.1;
+        cb.clone_lo = gens[0].img.code_range.0;
+        cb.clone_hi = gens[0].img.code_range.1;
+        cb.handler = gens[0].img.handler;
+        cb.restorer = gens[0].img.restorer;
         cb.signal = signal as u64;
         cb.exe_id = id;
-        cb.eh_frame = if registered { eh_addr } else { 0 };
+        cb.eh_frame = exe_eh;
         cb.made_for = pid.0.into();
         cb.tracer = tracer_as_seen_by(pid);
+        cb.n_modules = gens.len().min(MAX_MODULES) as u64;
+        for (e, g) in cb.modules.iter_mut().zip(&gens) {
+            *e = ModuleEntry {
+                id: g.id,
+                code: g.code,
+                fid_base: g.facts.fid_base.into(),
+                bias: g.facts.bias,
+            };
+        }
     }
-    let old_action = install_handler(&mut t, signal, img.handler, img.restorer)?;
+    let (handler, restorer) = (gens[0].img.handler, gens[0].img.restorer);
+    let old_action = install_handler(&mut t, signal, handler, restorer)?;
     set_run_options(&mut region, opts);
     t.detach()?;
     let stopped_ms = stopped.elapsed().as_secs_f64() * 1e3;
+    let rewritten: usize = gens.iter().map(|g| g.img.functions.len()).sum();
+    let skipped: usize = gens
+        .iter()
+        .map(|g| g.img.skipped.values().sum::<usize>() + g.facts.plan.summary.skipped.values().sum::<usize>())
+        .sum();
+    let kib: usize = gens.iter().map(|g| g.img.bytes.len()).sum::<usize>() / 1024;
+    let names: Vec<&str> = gens.iter().map(|g| g.facts.name()).collect();
     info!(
         %pid,
-        "bursty tracing: {} functions rewritten ({} skipped), {} KiB of clones at {code:#x}, signal {signal}; analysis {analysis_ms:.0} ms, generation {generation_ms:.0} ms, target stopped {stopped_ms:.1} ms",
-        img.functions.len(),
-        img.skipped.values().sum::<usize>() + plan.summary.skipped.values().sum::<usize>(),
-        img.bytes.len() / 1024
+        "bursty tracing: {rewritten} functions rewritten ({skipped} skipped) in {} module(s) ({}), {kib} KiB of clones, signal {signal}; analysis {analysis_ms:.0} ms, generation {generation_ms:.0} ms, target stopped {stopped_ms:.1} ms",
+        gens.len(),
+        names.join(", "),
     );
     Ok(Injected {
         pid,
         exe,
-        plan,
-        bias,
-        exe_range,
-        control: base,
+        modules: gens,
+        control,
         region,
-        img,
-        eh: (eh_addr, eh.bytes),
         signal,
         old_action,
     }
-    .attached(&data, &analysis))
+    .attached())
 }
 
-/// Re-arms the clones an earlier attach injected for this very file.
-#[allow(clippy::too_many_arguments)]
+/// Re-arms the clones an earlier attach injected for this very
+/// executable: each module it recorded (same file, same load bias) is
+/// regenerated at its recorded address, which is a pure function of the
+/// plan and the layout; nothing is mapped or written but the handler.
 fn rearm(
     pid: Pid,
     exe: PathBuf,
-    plan: Plan,
-    (bias, exe_range): (u64, (u64, u64)),
-    base: u64,
+    analysed: Vec<Analysed>,
+    control: u64,
     mut region: SharedRegion,
     opts: &BurstOptions,
-    analysis: &userspace_rewriter::analysis::cfg::Analysis,
-    exclude: &std::collections::BTreeSet<u64>,
-    data: &[u8],
 ) -> anyhow::Result<Attached> {
-    let (handler, restorer, signal, code) = {
+    let (handler, restorer, signal, entries) = {
         let cb = region.control_mut();
-        (cb.handler, cb.restorer, cb.signal as i32, cb.clone_lo)
+        let n = (cb.n_modules as usize).min(MAX_MODULES);
+        (
+            cb.handler,
+            cb.restorer,
+            cb.signal as i32,
+            cb.modules[..n].to_vec(),
+        )
     };
-    // The function table is a pure function of the plan and the layout.
-    let img = codegen::generate_excluding(
-        &plan,
-        analysis,
-        &Layout {
-            bias,
-            control: base,
-            code,
-        },
-        exclude,
-    )?;
-    let eh = unwind_info::eh_frame(data, &img, bias).map_err(anyhow::Error::msg)?;
-    let eh_addr = code + ((img.bytes.len() as u64 + 15) & !15);
+    let mut gens = Vec::new();
+    for mut a in analysed {
+        let Some(e) = entries
+            .iter()
+            .find(|e| e.id == a.id && e.bias == a.module.bias)
+        else {
+            continue;
+        };
+        a.fid_base = e.fid_base as u32;
+        gens.push(generate(pid, a, control, Some(e.code), &mut Vec::new())?);
+    }
+    if !gens.first().is_some_and(|g| g.facts.is_exe) {
+        bail!("pid {pid}: the burst region injected earlier has no clones of its executable");
+    }
     let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
     let current = t.rt_sigaction(signal, None)?;
     if current.handler > 1 && current.handler != handler {
@@ -542,7 +738,7 @@ fn rearm(
     }
     let old_action = install_handler(&mut t, signal, handler, restorer)?;
     // Whatever an interrupted earlier session left.
-    t.write_memory(base + OWNER_OFFSET, &0u64.to_ne_bytes())?;
+    t.write_memory(control + OWNER_OFFSET, &0u64.to_ne_bytes())?;
     {
         let cb = region.control_mut();
         cb.active = 0;
@@ -552,22 +748,19 @@ fn rearm(
     t.detach()?;
     info!(
         %pid,
-        "bursty tracing: re-armed the clones injected earlier (signal {signal})"
+        "bursty tracing: re-armed the clones injected earlier in {} module(s) (signal {signal})",
+        gens.len()
     );
     Ok(Injected {
         pid,
         exe,
-        plan,
-        bias,
-        exe_range,
-        control: base,
+        modules: gens,
+        control,
         region,
-        img,
-        eh: (eh_addr, eh.bytes),
         signal,
         old_action,
     }
-    .attached(data, analysis))
+    .attached())
 }
 
 impl Attachment {

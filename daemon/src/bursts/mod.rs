@@ -26,15 +26,15 @@ use burstyd_common::burst::BurstTarget;
 use tokio::sync::mpsc;
 use tracing::warn;
 use userspace_rewriter::analysis::paths::PathNumbering;
-use userspace_rewriter::analysis::plan::{FunctionStatus, Plan};
+use userspace_rewriter::analysis::plan::FunctionStatus;
 
-use crate::export::fdata::FdataFacts;
 use crate::stacks::clones::CloneFrames;
 
 pub(crate) mod counts;
 pub(crate) mod coverage;
 pub(crate) mod decode;
 pub(crate) mod lifecycle;
+pub(crate) mod modules;
 pub(crate) mod ring;
 
 use counts::{PathCounts, TraceFile};
@@ -47,6 +47,8 @@ pub(crate) struct BurstOptions {
     pub(crate) burst_len: u64,
     /// Every event, from the first burst on, for ground truth.
     pub(crate) full_trace: bool,
+    /// Clone the shared libraries too, not only the executable.
+    pub(crate) libraries: bool,
     /// Write raw burst traces here (`--save-bursts`).
     pub(crate) save_bursts: Option<PathBuf>,
 }
@@ -76,25 +78,49 @@ pub(crate) struct BurstStats {
 }
 
 /// What the exporters need to know about a traced process and its
-/// executable.
+/// modules with clones.
 pub(crate) struct Traced {
     pub(crate) pid: Pid,
     /// `/proc/PID/exe`.
     pub(crate) exe: PathBuf,
-    pub(crate) plan: Plan,
-    /// Load bias of the executable (AVMA − SVMA).
-    pub(crate) bias: u64,
-    /// DWARF lines of the executable, opened while the process lives.
-    pub(crate) lines: Option<addr2line::Loader>,
-    pub(crate) fdata: FdataFacts,
-    /// Where the executable and its clones' originals are (hot coverage).
+    /// The executable first, then the libraries, in `fid` order.
+    pub(crate) modules: Vec<TracedModule>,
+    /// Where the modules and their clones' originals are (hot coverage).
     pub(crate) code: coverage::CodeMap,
 }
 
+/// One module with clones.
+pub(crate) struct TracedModule {
+    pub(crate) facts: lifecycle::ModuleFacts,
+    /// DWARF lines of the module, opened while the process lives.
+    pub(crate) lines: Option<addr2line::Loader>,
+}
+
+impl std::ops::Deref for TracedModule {
+    type Target = lifecycle::ModuleFacts;
+    fn deref(&self) -> &lifecycle::ModuleFacts {
+        &self.facts
+    }
+}
+
 impl Traced {
+    /// The module of record `fid`, and the function's index in its plan.
+    pub(crate) fn function(&self, fid: u32) -> Option<(&TracedModule, usize)> {
+        let i = self.modules.partition_point(|m| m.fid_base <= fid).checked_sub(1)?;
+        let m = &self.modules[i];
+        let local = (fid - m.fid_base) as usize;
+        (local < m.plan.functions.len()).then_some((m, local))
+    }
+
+    /// The executable.
+    pub(crate) fn exe_module(&self) -> &TracedModule {
+        &self.modules[0]
+    }
+
     /// The path numbering of function `fid`, if it has one.
     pub(crate) fn numbering(&self, fid: u32) -> Option<&PathNumbering> {
-        match &self.plan.functions.get(fid as usize)?.status {
+        let (m, i) = self.function(fid)?;
+        match &m.plan.functions[i].status {
             FunctionStatus::Analyzed(fa) => fa.numbering.as_ref(),
             _ => None,
         }
@@ -130,20 +156,31 @@ impl BurstTracer {
         let Attached {
             attachment,
             exe,
-            plan,
-            bias,
+            modules,
             frames,
-            fdata,
             functions_rewritten,
             functions_skipped,
             code,
         } = lifecycle::attach(pid, opts)?;
-        let total_paths = plan
-            .functions
-            .iter()
-            .map(|f| match &f.status {
+        // Path counts per fid, over every module's range of them.
+        let mut total_paths = Vec::new();
+        for m in &modules {
+            total_paths.resize(m.fid_base as usize, None);
+            total_paths.extend(m.plan.functions.iter().map(|f| match &f.status {
                 FunctionStatus::Analyzed(fa) => fa.numbering.as_ref().map(|n| n.total_paths()),
                 _ => None,
+            }));
+        }
+        let modules = modules
+            .into_iter()
+            .map(|facts| TracedModule {
+                lines: addr2line::Loader::new(if facts.is_exe {
+                    exe.clone()
+                } else {
+                    PathBuf::from(format!("/proc/{pid}/root{}", facts.path))
+                })
+                .ok(),
+                facts,
             })
             .collect();
         Ok(BurstTracer {
@@ -157,11 +194,8 @@ impl BurstTracer {
             reaped: 0,
             traced: Traced {
                 pid,
-                lines: addr2line::Loader::new(&exe).ok(),
                 exe,
-                plan,
-                bias,
-                fdata,
+                modules,
                 code,
             },
         })

@@ -36,10 +36,17 @@ impl FdataFacts {
 /// FROM is the last byte of the source block (inside its branch), TO the
 /// target block's start; call fall-throughs are not branches for BOLT
 /// and are left out.
-pub(crate) fn fdata(plan: &Plan, facts: &FdataFacts, counts: &PathCounts) -> String {
+///
+/// `counts` may hold several modules' functions: those of this `plan` are
+/// its `fid_base + index`.
+pub(crate) fn fdata(plan: &Plan, facts: &FdataFacts, counts: &PathCounts, fid_base: u32) -> String {
     use userspace_rewriter::analysis::cfg::EdgeKind;
     let mut edges: std::collections::BTreeMap<(u32, u64, u64), u64> = Default::default();
-    for ((_, fid, path), n) in counts.iter() {
+    for ((_, gfid, path), n) in counts.iter() {
+        let Some(fid) = gfid.checked_sub(fid_base).filter(|&f| (f as usize) < plan.functions.len()) else {
+            continue;
+        };
+        let fid = &fid;
         let f = &plan.functions[*fid as usize];
         let FunctionStatus::Analyzed(fa) = &f.status else {
             continue;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use userspace_rewriter::analysis::plan::FunctionStatus;
 
 use super::pprof::{LineKey, MappingKey, ProfileBuilder};
-use crate::bursts::Traced;
+use crate::bursts::{Traced, TracedModule};
 use crate::bursts::counts::PathCounts;
 use crate::stacks::symbolize::demangle;
 
@@ -59,32 +59,42 @@ fn path_events(
             through.entry((fid, blk)).or_default().push((path, n));
         }
     }
+    // Every analysed function of every module: (AVMA start, end, fid).
     let starts: Vec<(u64, u64, u32)> = {
         let mut v: Vec<_> = traced
-            .plan
-            .functions
+            .modules
             .iter()
-            .enumerate()
-            .filter(|(_, f)| matches!(f.status, FunctionStatus::Analyzed(_)))
-            .map(|(i, f)| (f.start, f.start + f.size, i as u32))
+            .flat_map(|m| {
+                m.plan
+                    .functions
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, f)| matches!(f.status, FunctionStatus::Analyzed(_)))
+                    .map(|(i, f)| {
+                        let a = f.start.wrapping_add(m.bias);
+                        (a, a + f.size, m.fid_base + i as u32)
+                    })
+            })
             .collect();
         v.sort_unstable();
         v
     };
     let mut out: HashMap<(u32, u64), f64> = HashMap::new();
     for (&pc, &w) in leaf_weights {
-        let svma = pc.wrapping_sub(traced.bias);
-        let i = starts.partition_point(|s| s.0 <= svma);
+        let i = starts.partition_point(|s| s.0 <= pc);
         let Some(&(_, end, fid)) = i.checked_sub(1).and_then(|i| starts.get(i)) else {
             continue;
         };
-        if svma >= end {
+        if pc >= end {
             continue;
         }
-        let FunctionStatus::Analyzed(fa) = &traced.plan.functions[fid as usize].status else {
+        let Some((m, local)) = traced.function(fid) else {
             continue;
         };
-        let Some(blk) = fa.cfg.as_ref().and_then(|c| c.block_at(svma)) else {
+        let FunctionStatus::Analyzed(fa) = &m.plan.functions[local].status else {
+            continue;
+        };
+        let Some(blk) = fa.cfg.as_ref().and_then(|c| c.block_at(pc.wrapping_sub(m.bias))) else {
             continue;
         };
         let Some(paths) = through.get(&(fid, blk)) else {
@@ -108,32 +118,52 @@ pub(crate) fn add_paths(
 ) {
     let events = path_events(traced, counts, leaf_weights);
     let execs = executions(counts);
-    let line_of = |svma: u64| -> (Option<String>, u32) {
-        traced
-            .lines
+    let line_of = |m: &TracedModule, svma: u64| -> (Option<String>, u32) {
+        m.lines
             .as_ref()
             .and_then(|l| l.find_location(svma).ok().flatten())
             .map(|loc| (loc.file.map(str::to_owned), loc.line.unwrap_or(0)))
             .unwrap_or((None, 0))
     };
+    // One mapping per module, named as the process maps it. Each spans
+    // the whole address space, as the executable's always did: a path's
+    // location address (the function's AVMA xor the path number) is a key,
+    // not a place in the file.
     let exe_name = std::fs::read_link(&traced.exe)
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let mapping = b.mapping(
-        &MappingKey {
-            start: 0,
-            limit: u64::MAX,
-            file_offset: 0,
-            filename: exe_name,
-            build_id: traced.plan.build_id.clone().unwrap_or_default(),
-        },
-        true,
-    );
+    let mappings: Vec<u64> = traced
+        .modules
+        .iter()
+        .map(|m| {
+            b.mapping(
+                &MappingKey {
+                    start: 0,
+                    limit: u64::MAX,
+                    file_offset: 0,
+                    filename: if m.is_exe { exe_name.clone() } else { m.path.clone() },
+                    build_id: m.plan.build_id.clone().unwrap_or_default(),
+                },
+                true,
+            )
+        })
+        .collect();
+    let module_index = |m: &TracedModule| {
+        traced
+            .modules
+            .iter()
+            .position(|x| std::ptr::eq(x, m))
+            .unwrap_or(0)
+    };
     let mut func_loc: HashMap<u32, u64> = HashMap::new();
     let mut entries: Vec<_> = counts.iter().collect();
     entries.sort();
     for ((ctx, fid, path), n) in entries {
-        let f = &traced.plan.functions[*fid as usize];
+        let Some((m, local)) = traced.function(*fid) else {
+            continue;
+        };
+        let mapping = mappings[module_index(m)];
+        let f = &m.plan.functions[local];
         let Some(numbering) = traced.numbering(*fid) else {
             continue;
         };
@@ -147,16 +177,16 @@ pub(crate) fn add_paths(
         let mut lines = Vec::new();
         let mut file = None;
         for &blk in &p.blocks {
-            let (fl, line) = line_of(cfg.blocks[blk].start);
+            let (fl, line) = line_of(m, cfg.blocks[blk].start);
             file = file.or(fl);
             lines.push(format!("L{line}"));
         }
-        let (ffile, fline) = line_of(f.start);
+        let (ffile, fline) = line_of(m, f.start);
         let fname = demangle(&f.name);
         let name = format!("{fname} path {path}: {}", lines.join("→"));
         let leaf = b.location(
             mapping,
-            f.start.wrapping_add(traced.bias) ^ (*path << 1),
+            f.start.wrapping_add(m.bias) ^ (*path << 1),
             &[
                 LineKey {
                     function: name,
@@ -172,12 +202,15 @@ pub(crate) fn add_paths(
         );
         let mut locs = vec![leaf];
         for c in counts.contexts().fids(*ctx).iter().rev() {
+            let Some((cm, clocal)) = traced.function(*c) else {
+                continue;
+            };
             let id = *func_loc.entry(*c).or_insert_with(|| {
-                let cf = &traced.plan.functions[*c as usize];
-                let (cfile, cline) = line_of(cf.start);
+                let cf = &cm.plan.functions[clocal];
+                let (cfile, cline) = line_of(cm, cf.start);
                 b.location(
-                    mapping,
-                    cf.start.wrapping_add(traced.bias),
+                    mappings[module_index(cm)],
+                    cf.start.wrapping_add(cm.bias),
                     &[LineKey {
                         function: demangle(&cf.name),
                         file: cfile.unwrap_or_default(),

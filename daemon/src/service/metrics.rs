@@ -69,15 +69,19 @@ pub(crate) struct Metrics {
     pub(crate) functions_skipped: Counter,
     /// Event weight of traced processes' user-mode samples by where their
     /// leaf lies ([`HOT_WHERE`] order), added when a process's tracing ends.
-    pub(crate) hot_weight: [Counter; 3],
+    pub(crate) hot_weight: [Counter; 4],
     // Configuration.
     pub(crate) config_reloads: Counter,
     pub(crate) config_reload_failures: Counter,
 }
 
 /// `where` labels of `burstyd_hot_weight_total`.
-pub(crate) const HOT_WHERE: [&str; 3] =
-    ["instrumented", "executable_uninstrumented", "other_modules"];
+pub(crate) const HOT_WHERE: [&str; 4] = [
+    "instrumented",
+    "executable_uninstrumented",
+    "library_instrumented",
+    "other_modules",
+];
 
 impl Metrics {
     pub(crate) const fn new() -> Self {
@@ -99,7 +103,7 @@ impl Metrics {
             burst_signals_declined: [const { Counter::new() }; 7],
             functions_rewritten: Counter::new(),
             functions_skipped: Counter::new(),
-            hot_weight: [const { Counter::new() }; 3],
+            hot_weight: [const { Counter::new() }; 4],
             config_reloads: Counter::new(),
             config_reload_failures: Counter::new(),
         }
@@ -241,7 +245,7 @@ impl Metrics {
         let name = "burstyd_hot_weight_total";
         let _ = write!(
             s,
-            "# HELP {name} Event weight of bursty-traced processes' user-mode samples, by where the leaf PC lies (hot coverage = instrumented / (instrumented + executable_uninstrumented)).\n# TYPE {name} counter\n"
+            "# HELP {name} Event weight of bursty-traced processes' user-mode samples, by where the leaf PC lies (the executable's hot coverage = instrumented / (instrumented + executable_uninstrumented); the process's = (instrumented + library_instrumented) / all; other_modules holds what is not instrumented outside the executable).\n# TYPE {name} counter\n"
         );
         for (c, w) in self.hot_weight.iter().zip(HOT_WHERE) {
             let _ = writeln!(s, "{name}{{where=\"{w}\"}} {}", c.get());

@@ -144,10 +144,14 @@ impl Session {
                 &counts,
                 self.pipe.leaf_weights.get(&pid).unwrap_or(&empty),
             );
-            fdatas.push((
-                pid,
-                crate::export::fdata::fdata(&traced.plan, &traced.fdata, &counts),
-            ));
+            // One BOLT profile per module: llvm-bolt optimises one binary
+            // at a time.
+            for m in &traced.modules {
+                let text = crate::export::fdata::fdata(&m.plan, &m.fdata, &counts, m.fid_base);
+                if m.is_exe || !text.is_empty() {
+                    fdatas.push((pid, (!m.is_exe).then(|| m.name().to_owned()), text));
+                }
+            }
             let stats = match stats {
                 Ok(s) => s,
                 Err(e) => {
@@ -186,16 +190,19 @@ impl Session {
                 stats.records_lost,
                 stats.bad_records
             );
+            let exe = traced.exe_module();
             let hot = HotCoverage::measure(
                 &traced.code,
-                &traced.plan,
-                traced.bias,
+                &exe.plan,
+                exe.bias,
                 self.pipe.leaf_weights.get(&pid).unwrap_or(&empty),
             );
+            let in_libs = hot.instrumented_all - hot.instrumented;
             for (c, w) in METRICS.hot_weight.iter().zip([
                 hot.instrumented,
                 hot.in_exe - hot.instrumented,
-                hot.total - hot.in_exe,
+                in_libs,
+                hot.total - hot.in_exe - in_libs,
             ]) {
                 c.add(w);
             }
@@ -208,16 +215,24 @@ impl Session {
             );
         }
         let _ = std::fs::create_dir_all(output);
-        // edges.fdata is for one binary: the first process's; with several
-        // processes each also gets edges-<pid>.fdata.
-        let several = fdatas.len() > 1;
-        for (i, (pid, fdata)) in fdatas.iter().enumerate() {
+        // edges.fdata is for one binary: the first process's executable;
+        // each library's is edges-<library>.fdata; with several processes
+        // each also gets edges-<pid>.fdata (edges-<pid>-<library>.fdata).
+        let first = fdatas.first().map(|f| f.0);
+        let several = fdatas.iter().any(|f| Some(f.0) != first);
+        for (pid, lib, fdata) in &fdatas {
             let mut names = Vec::new();
-            if i == 0 {
-                names.push("edges.fdata".to_string());
+            if Some(*pid) == first {
+                names.push(match lib {
+                    None => "edges.fdata".to_string(),
+                    Some(l) => format!("edges-{l}.fdata"),
+                });
             }
             if several {
-                names.push(format!("edges-{pid}.fdata"));
+                names.push(match lib {
+                    None => format!("edges-{pid}.fdata"),
+                    Some(l) => format!("edges-{pid}-{l}.fdata"),
+                });
             }
             for name in names {
                 if let Err(e) = crate::export::write_atomic(output, &name, fdata.as_bytes()) {

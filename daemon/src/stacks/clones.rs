@@ -11,12 +11,18 @@ use std::sync::Arc;
 
 use burstyd_common::addr::{Avma, FrameAddress};
 
-/// The instrumented clones injected into a process (bursty tracing): a
-/// sample taken during a burst has clone addresses in its stack. They are
-/// unwound with the clones' own `.eh_frame` (the same bytes registered in
-/// the target) and then reported as the original instructions, so a
-/// profile never shows the clones.
+/// The instrumented clones injected into a process (bursty tracing), one
+/// region per module with clones: a sample taken during a burst has clone
+/// addresses in its stack. They are unwound with the clones' own
+/// `.eh_frame` (the same bytes registered in the target) and then
+/// reported as the original instructions, so a profile never shows the
+/// clones.
 pub(crate) struct CloneFrames {
+    pub(crate) regions: Vec<CloneRegion>,
+}
+
+/// One module's clones.
+pub(crate) struct CloneRegion {
     pub(crate) range: std::ops::Range<u64>,
     /// `.eh_frame` with absolute addresses (SVMA = AVMA), and where it
     /// lies in the target.
@@ -32,12 +38,13 @@ impl CloneFrames {
     /// instruction for the sampled PC, the original return address (after
     /// the original call) for a return address. `None` outside the clones.
     pub(crate) fn translate(&self, frame: FrameAddress) -> Option<FrameAddress> {
-        if !self.range.contains(&frame.address().0) {
-            return None;
-        }
+        let r = self
+            .regions
+            .iter()
+            .find(|r| r.range.contains(&frame.address().0))?;
         let Avma(probe) = frame.lookup_address();
-        let i = self.map.partition_point(|e| e.0 <= probe);
-        let &(_, orig, orig_end) = self.map.get(i.checked_sub(1)?)?;
+        let i = r.map.partition_point(|e| e.0 <= probe);
+        let &(_, orig, orig_end) = r.map.get(i.checked_sub(1)?)?;
         Some(match frame {
             FrameAddress::InstructionPointer(_) => FrameAddress::InstructionPointer(Avma(orig)),
             FrameAddress::ReturnAddress(_) => FrameAddress::ReturnAddress(Avma(orig_end)),
@@ -53,11 +60,15 @@ mod tests {
     fn clone_frames_translate_to_the_original_instruction_or_return_address() {
         // Two copied instructions: a 5-byte call at 0x1000 (originally
         // 0x500..0x505) and the next one at 0x1005 (originally 0x505..0x50a).
-        let c = CloneFrames {
-            range: 0x1000..0x2000,
+        let region = |lo: u64, orig: u64| CloneRegion {
+            range: lo..lo + 0x1000,
             eh_frame: Arc::from(&[0u8; 0][..]),
             eh_frame_addr: 0,
-            map: vec![(0x1000, 0x500, 0x505), (0x1005, 0x505, 0x50a)],
+            map: vec![(lo, orig, orig + 5), (lo + 5, orig + 5, orig + 10)],
+        };
+        // The executable's clones, and a library's far away.
+        let c = CloneFrames {
+            regions: vec![region(0x1000, 0x500), region(0x7f00_0000_1000, 0x7f00_1000_0500)],
         };
         let ip = |a| FrameAddress::InstructionPointer(Avma(a));
         let ra = |a| FrameAddress::ReturnAddress(Avma(a));
@@ -70,5 +81,7 @@ mod tests {
         // Outside the clones: not ours.
         assert_eq!(c.translate(ip(0xfff)), None);
         assert_eq!(c.translate(ra(0x2000)), None);
+        assert_eq!(c.translate(ip(0x7f00_0000_1005)), Some(ip(0x7f00_1000_0505)));
+        assert_eq!(c.translate(ra(0x7f00_0000_1005)), Some(ra(0x7f00_1000_0505)));
     }
 }

@@ -152,7 +152,7 @@ fn build_unwinder(procs: &ProcessTable, pid: Pid) -> FhUnwinder {
             info,
         ));
     }
-    if let Some(c) = procs.clone_frames(pid) {
+    for c in procs.clone_frames(pid).iter().flat_map(|c| &c.regions) {
         // SVMA = AVMA (the FDEs hold absolute addresses); the base must be
         // the region's start because framehop keeps 32-bit relative PCs.
         let info = ExplicitModuleSectionInfo {

@@ -128,8 +128,9 @@ impl Emitter {
     }
 }
 
+/// The operand for our own data at `addr` (see [`super::data_operand`]).
 pub(super) fn rip(addr: u64) -> MemoryOperand {
-    MemoryOperand::with_base_displ(Register::RIP, addr as i64)
+    super::data_operand(addr)
 }
 
 fn r32(r: Register) -> Register {

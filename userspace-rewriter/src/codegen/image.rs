@@ -24,6 +24,10 @@ pub struct Layout {
     pub control: u64,
     /// AVMA where [`CloneImage::bytes`] is written.
     pub code: u64,
+    /// Added to a function's index in the plan to make the `fid` its
+    /// records carry: with several modules traced into one ring, each
+    /// module's functions get a range of their own.
+    pub fid_base: u32,
 }
 
 /// One cloned function.
@@ -54,7 +58,7 @@ impl ClonedFunction {
 /// The generated code and tables.
 #[derive(Debug)]
 pub struct CloneImage {
-    /// Code, then (8-aligned) the translation table.
+    /// The runtime, then (16-aligned) the clones.
     pub bytes: Vec<u8>,
     /// AVMA of the signal handler (`SA_SIGINFO`).
     pub handler: u64,
@@ -62,17 +66,11 @@ pub struct CloneImage {
     pub restorer: u64,
     /// `[clone_lo, clone_hi)`: the code.
     pub code_range: (u64, u64),
-    /// AVMA and length (pairs) of the sorted `(original, clone)` table.
-    pub table_addr: u64,
-    pub table_len: u64,
-    /// AVMA and length (pairs) of the sorted `(original start, clone
-    /// entry)` table of cloned functions.
-    pub fn_table_addr: u64,
-    pub fn_table_len: u64,
-    /// AVMA and length (pairs) of the sorted `(original return address,
-    /// clone return site)` table of the calls in the clones.
-    pub ret_table_addr: u64,
-    pub ret_table_len: u64,
+    /// The runtime's lookup tables for this image: where it may start a
+    /// burst, the cloned functions' entries, the calls' return sites. The
+    /// tables the runtime searches are these of every module merged
+    /// ([`Tables::merge`]), written where the control block points.
+    pub tables: Tables,
     pub functions: Vec<ClonedFunction>,
     /// Functions the plan analysed but the generator left out, by reason.
     pub skipped: BTreeMap<String, usize>,
@@ -81,6 +79,71 @@ pub struct CloneImage {
     /// `(clone address, original address, original end)` of every copied
     /// instruction, sorted by clone address (clone frames → original).
     pub reverse: Vec<(u64, u64, u64)>,
+}
+
+/// The three sorted tables of `(original, clone)` pairs the runtime
+/// binary-searches (16 bytes a pair).
+#[derive(Clone, Debug, Default)]
+pub struct Tables {
+    /// Every rewritten instruction: where the handler may start a burst.
+    pub insns: Vec<(u64, u64)>,
+    /// `(original start, clone entry)` of the cloned functions: indirect
+    /// calls and jumps in a burst go to the clone.
+    pub functions: Vec<(u64, u64)>,
+    /// `(original return address, clone return site)` of every call in the
+    /// clones.
+    pub returns: Vec<(u64, u64)>,
+}
+
+/// Where [`Tables::bytes`] puts each table, as `(offset, pairs)`.
+#[derive(Clone, Copy, Debug)]
+pub struct TablesLayout {
+    pub insns: (u64, u64),
+    pub functions: (u64, u64),
+    pub returns: (u64, u64),
+}
+
+impl Tables {
+    /// The tables of several images (modules) as one: their originals lie
+    /// in different modules, so sorting the union keeps each lookup one
+    /// binary search, whichever module the address is in.
+    pub fn merge<'a>(all: impl IntoIterator<Item = &'a Tables>) -> Tables {
+        let mut t = Tables::default();
+        for x in all {
+            t.insns.extend_from_slice(&x.insns);
+            t.functions.extend_from_slice(&x.functions);
+            t.returns.extend_from_slice(&x.returns);
+        }
+        for v in [&mut t.insns, &mut t.functions, &mut t.returns] {
+            v.sort_unstable();
+            v.dedup_by_key(|e| e.0);
+        }
+        t
+    }
+
+    /// The three tables back to back, and where each is.
+    pub fn bytes(&self) -> (Vec<u8>, TablesLayout) {
+        let mut b = Vec::with_capacity(16 * (self.insns.len() + self.functions.len() + self.returns.len()));
+        let mut put = |v: &[(u64, u64)]| {
+            let at = b.len() as u64;
+            for &(o, c) in v {
+                b.extend_from_slice(&o.to_le_bytes());
+                b.extend_from_slice(&c.to_le_bytes());
+            }
+            (at, v.len() as u64)
+        };
+        let insns = put(&self.insns);
+        let functions = put(&self.functions);
+        let returns = put(&self.returns);
+        (
+            b,
+            TablesLayout {
+                insns,
+                functions,
+                returns,
+            },
+        )
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -92,18 +155,9 @@ pub struct GenStats {
 }
 
 impl CloneImage {
-    /// The `(original, clone)` pairs.
-    pub fn table(&self) -> Vec<(u64, u64)> {
-        let off = (self.table_addr - self.code_range.0) as usize;
-        self.bytes[off..off + self.table_len as usize * 16]
-            .chunks_exact(16)
-            .map(|c| {
-                (
-                    u64::from_le_bytes(c[..8].try_into().unwrap()),
-                    u64::from_le_bytes(c[8..].try_into().unwrap()),
-                )
-            })
-            .collect()
+    /// The `(original, clone)` pairs of every rewritten instruction.
+    pub fn table(&self) -> &[(u64, u64)] {
+        &self.tables.insns
     }
 }
 
@@ -216,7 +270,7 @@ pub fn generate_excluding(
             em: &mut em,
             rt: &rt,
             layout,
-            fid: i as u32,
+            fid: layout.fid_base + i as u32,
             cfg,
             insns: &analysis.insns[i],
             live: cfg::liveness(cfg, &analysis.insns[i]),
@@ -295,10 +349,6 @@ pub fn generate_excluding(
     reverse.sort_unstable();
     table.sort_unstable();
     table.dedup_by_key(|e| e.0);
-    while bytes.len() % 16 != 0 {
-        bytes.push(0xcc);
-    }
-    let table_addr = append_pairs(&mut bytes, layout.code, &table);
     // Function entries: original start -> clone entry (indirect calls).
     let mut fn_table: Vec<(u64, u64)> = funcs
         .iter()
@@ -306,7 +356,6 @@ pub fn generate_excluding(
         .collect();
     fn_table.sort_unstable();
     fn_table.dedup_by_key(|e| e.0);
-    let fn_table_addr = append_pairs(&mut bytes, layout.code, &fn_table);
     // Return sites: original return address -> the clone's return site.
     let mut ret_table: Vec<(u64, u64)> = returns_idx
         .iter()
@@ -314,7 +363,6 @@ pub fn generate_excluding(
         .collect();
     ret_table.sort_unstable();
     ret_table.dedup_by_key(|e| e.0);
-    let ret_table_addr = append_pairs(&mut bytes, layout.code, &ret_table);
     let functions = funcs
         .into_iter()
         .map(|(fid, orig, label, paths)| ClonedFunction {
@@ -329,28 +377,16 @@ pub fn generate_excluding(
         handler: rt.handler,
         restorer: rt.restorer,
         code_range: (layout.code, layout.code + code_len),
-        table_addr,
-        table_len: table.len() as u64,
-        fn_table_addr,
-        fn_table_len: fn_table.len() as u64,
-        ret_table_addr,
-        ret_table_len: ret_table.len() as u64,
+        tables: Tables {
+            insns: table,
+            functions: fn_table,
+            returns: ret_table,
+        },
         functions,
         skipped,
         stats,
         reverse,
     })
-}
-
-/// Appends a table of `(original, clone)` pairs (16 bytes each) to the
-/// image placed at `code`; returns its address.
-fn append_pairs(bytes: &mut Vec<u8>, code: u64, pairs: &[(u64, u64)]) -> u64 {
-    let at = code + bytes.len() as u64;
-    for &(o, c) in pairs {
-        bytes.extend_from_slice(&o.to_le_bytes());
-        bytes.extend_from_slice(&c.to_le_bytes());
-    }
-    at
 }
 
 /// Shapes the generator does not handle (checked before emitting).

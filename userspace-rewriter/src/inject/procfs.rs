@@ -210,8 +210,87 @@ pub fn parse_maps(text: &str) -> Vec<MapEntry> {
 /// `brk` fail and malloc fall back to mmap. So above, the gap must start
 /// 1 GiB past the heap's current end (then 64 MiB, then right after it, if
 /// nothing else fits); below the binary nothing grows. 256 MiB below
-/// `[stack]` are kept free for stack growth too.
-pub fn find_gap_near(pid: Pid, lo: u64, hi: u64, len: u64) -> Result<u64> {
+/// `[stack]` are kept free for stack growth too. `reserved`: ranges the
+/// caller is about to map (not yet in the maps), to be avoided as well.
+pub fn find_gap_near(
+    pid: Pid,
+    lo: u64,
+    hi: u64,
+    len: u64,
+    reserved: &[(u64, u64)],
+) -> Result<u64> {
+    let (maps, start_brk, min_addr) = layout_facts(pid)?;
+    gap_near(&maps, start_brk, min_addr, lo, hi, len, reserved).ok_or(InjectError::NoGap {
+        pid,
+        lo,
+        hi,
+        len,
+    })
+}
+
+/// A page-aligned address in the low 2 GiB of process `pid` where `len`
+/// bytes fit: below every mapping (nothing grows there) if there is room,
+/// else above the brk heap's 1 GiB of growth; the highest such address
+/// under 1 GiB first (the 1-2 GiB range is where `MAP_32BIT` allocations
+/// of JITs go), then under 2 GiB. Code anywhere reaches state mapped here
+/// with absolute 32-bit operands. `None` when nothing fits.
+pub fn find_low_gap(pid: Pid, len: u64, limit: u64, reserved: &[(u64, u64)]) -> Result<Option<u64>> {
+    let (maps, start_brk, min_addr) = layout_facts(pid)?;
+    Ok(low_gap(&maps, start_brk, min_addr, len, limit, reserved))
+}
+
+fn low_gap(
+    maps: &[MapEntry],
+    start_brk: Option<u64>,
+    min_addr: u64,
+    len: u64,
+    limit: u64,
+    reserved: &[(u64, u64)],
+) -> Option<u64> {
+    let len = len.checked_add(PAGE_SIZE - 1)? & !(PAGE_SIZE - 1);
+    let mut busy: Vec<(u64, u64)> = maps.iter().map(|m| (m.start, m.end)).collect();
+    busy.extend_from_slice(reserved);
+    let heap_end = maps
+        .iter()
+        .filter(|m| m.is_path("[heap]"))
+        .map(|m| m.end)
+        .max()
+        .into_iter()
+        .chain(start_brk)
+        .max();
+    if let Some(h) = heap_end {
+        busy.push((h, h.saturating_add(1 << 30)));
+    }
+    busy.sort_unstable();
+    let lowest = busy.first().map_or(u64::MAX, |b| b.0);
+    let mut free = Vec::new();
+    let mut cur = min_addr;
+    for &(s, e) in &busy {
+        if s > cur {
+            free.push((cur, s));
+        }
+        cur = cur.max(e);
+    }
+    free.push((cur, u64::MAX));
+    let fit = |top: u64, below_all: bool| {
+        free.iter()
+            .filter_map(|&(a, b)| {
+                let b = b.min(top);
+                let b = if below_all { b.min(lowest) } else { b };
+                let g = b.checked_sub(len)? & !(PAGE_SIZE - 1);
+                (g >= a).then_some(g)
+            })
+            .max()
+    };
+    let one_gib = (1u64 << 30).min(limit);
+    fit(one_gib, true)
+        .or_else(|| fit(limit, true))
+        .or_else(|| fit(one_gib, false))
+        .or_else(|| fit(limit, false))
+}
+
+/// `/proc/PID/maps`, the brk heap's start and `vm.mmap_min_addr`.
+fn layout_facts(pid: Pid) -> Result<(Vec<MapEntry>, Option<u64>, u64)> {
     let maps = maps(pid)?;
     let stat = read_proc(pid, "stat").unwrap_or_default();
     // Fields after "(comm)": state is field 3; start_brk is field 47.
@@ -225,7 +304,7 @@ pub fn find_gap_near(pid: Pid, lo: u64, hi: u64, len: u64) -> Result<u64> {
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(65536)
         .max(PAGE_SIZE);
-    gap_near(&maps, start_brk, min_addr, lo, hi, len).ok_or(InjectError::NoGap { pid, lo, hi, len })
+    Ok((maps, start_brk, min_addr))
 }
 
 fn gap_near(
@@ -235,6 +314,7 @@ fn gap_near(
     lo: u64,
     hi: u64,
     len: u64,
+    reserved: &[(u64, u64)],
 ) -> Option<u64> {
     if len == 0 || hi <= lo {
         return None;
@@ -261,6 +341,7 @@ fn gap_near(
                 (m.start, m.end)
             }
         })
+        .chain(reserved.iter().copied())
         .collect();
     let free = |busy: &[(u64, u64)]| -> Vec<(u64, u64)> {
         let mut b = busy.to_vec();
@@ -384,13 +465,40 @@ mod tests {
         }
     }
 
+    /// The control block's low gap: under 1 GiB and below every mapping
+    /// for a PIE; below a non-PIE executable at 0x400000 (never in its
+    /// brk heap's way); what the caller reserved is avoided.
+    #[test]
+    fn low_gap_stays_below_everything_and_out_of_the_heap() {
+        const LIMIT: u64 = 0x7fff_0000;
+        let pie = [
+            m(0x5555_0000_0000, 0x5555_0000_8000, "/bin/x"),
+            m(0x7f00_0000_0000, 0x7f00_0020_0000, "/lib/libc.so.6"),
+        ];
+        let g = low_gap(&pie, None, 65536, 0x6000, LIMIT, &[]).unwrap();
+        assert_eq!(g, (1 << 30) - 0x6000);
+        let r = [(g, g + 0x6000)];
+        assert_eq!(low_gap(&pie, None, 65536, 0x6000, LIMIT, &r).unwrap(), g - 0x6000);
+        let nonpie = [
+            m(0x400000, 0x500000, "/bin/x"),
+            m(0x600000, 0x700000, "[heap]"),
+            m(0x7f00_0000_0000, 0x7f00_0020_0000, "/lib/libc.so.6"),
+        ];
+        let g = low_gap(&nonpie, Some(0x600000), 65536, 0x6000, LIMIT, &[]).unwrap();
+        assert_eq!(g, 0x400000 - 0x6000);
+        // No room below the executable: above the heap's 1 GiB.
+        let g = low_gap(&nonpie, Some(0x600000), 65536, 0x400000, LIMIT, &[]).unwrap();
+        assert!(g >= 0x700000 + (1 << 30) && g + 0x400000 <= LIMIT, "{g:#x}");
+        assert!(low_gap(&nonpie, Some(0x600000), 65536, 1 << 31, LIMIT, &[]).is_none());
+    }
+
     #[test]
     fn gap_prefers_below_then_above_past_the_heap() {
         let bin = [
             m(0x5555_0000_0000, 0x5555_0000_4000, "/bin/x"),
             m(0x5555_0000_4000, 0x5555_0000_8000, "/bin/x"),
         ];
-        let g = gap_near(&bin, None, 65536, 0x5555_0000_0000, 0x5555_0000_8000, 100).unwrap();
+        let g = gap_near(&bin, None, 65536, 0x5555_0000_0000, 0x5555_0000_8000, 100, &[]).unwrap();
         assert_eq!(g, 0x5555_0000_0000 - PAGE_SIZE);
         // Non-PIE at 0x400000 with a mapping filling the space below.
         let maps = [
@@ -399,18 +507,18 @@ mod tests {
             m(0x600000, 0x700000, "[heap]"),
         ];
         // The space between the bss and start_brk is free for us.
-        let g = gap_near(&maps, Some(0x600000), 65536, 0x400000, 0x500000, 0x3000).unwrap();
+        let g = gap_near(&maps, Some(0x600000), 65536, 0x400000, 0x500000, 0x3000, &[]).unwrap();
         assert_eq!(g, 0x500000);
         let mut maps = maps.to_vec();
         maps.insert(2, m(0x500000, 0x600000, "/bin/x"));
-        let g = gap_near(&maps, Some(0x600000), 65536, 0x400000, 0x600000, 0x3000).unwrap();
+        let g = gap_near(&maps, Some(0x600000), 65536, 0x400000, 0x600000, 0x3000, &[]).unwrap();
         assert_eq!(g, 0x700000 + (1 << 30));
         // Too big for the 1 GiB reserve: 64 MiB.
-        let g = gap_near(&maps, Some(0x600000), 65536, 0x400000, 0x600000, 1 << 30).unwrap();
+        let g = gap_near(&maps, Some(0x600000), 65536, 0x400000, 0x600000, 1 << 30, &[]).unwrap();
         assert_eq!(g, 0x700000 + (64 << 20));
         // Every byte within 2 GiB: the gap's end bounds it.
-        assert!(gap_near(&maps, None, 65536, 0x400000, 0x600000, (2 << 30) - 0x200000).is_none());
-        let g = gap_near(&maps, None, 65536, 0x400000, 0x600000, (2 << 30) - 0x600000).unwrap();
+        assert!(gap_near(&maps, None, 65536, 0x400000, 0x600000, (2 << 30) - 0x200000, &[]).is_none());
+        let g = gap_near(&maps, None, 65536, 0x400000, 0x600000, (2 << 30) - 0x600000, &[]).unwrap();
         assert!(g + ((2 << 30) - 0x600000) - 0x400000 <= TWO_GIB);
     }
 

@@ -32,9 +32,10 @@ macro_rules! local {
 }
 pub(super) use local;
 
-/// `[rip + (addr - next_ip)]`.
+/// `[rip + (addr - next_ip)]`, or `[addr]` for a control block mapped in
+/// the low 2 GiB (see [`crate::codegen::data_operand`]).
 fn rip(addr: u64) -> MemoryOperand {
-    MemoryOperand::with_base_displ(Register::RIP, addr as i64)
+    crate::codegen::data_operand(addr)
 }
 
 /// `fs:[0]` with a 32-bit zero displacement: the thread's TCB self-pointer

@@ -25,7 +25,7 @@ const SYS_GETTID: u32 = 186;
 /// back to the interrupted original code) → `declined_budget`; `active`
 /// already set (`lock cmpxchg` 0 → 1 fails) → `declined_busy`, unless the
 /// running burst is this thread's (`owner` = `fs:[0]`) and the interrupted
-/// PC is outside the clones: that burst is ended (`rt_end(END_LEFT_CLONES)`)
+/// PC is a rewritten original instruction (in the instruction table): that burst is ended (`rt_end(END_LEFT_CLONES)`)
 /// and the claim tried again; `fs:[0]`
 /// is not the thread's TCB (`arch_prctl(ARCH_GET_FS)`: 0 before libc set up
 /// TLS) or the PC is not in the instruction table → `active` = 0,
@@ -44,7 +44,6 @@ pub(super) fn handler(
     let mut claim = a.create_label();
     let mut busy = a.create_label();
     let mut declined_busy = a.create_label();
-    let mut stale = a.create_label();
     let mut disarmed = a.create_label();
     let mut notfound = a.create_label();
     let mut zero = a.create_label();
@@ -118,12 +117,13 @@ pub(super) fn handler(
     a.je(declined_busy)?;
     a.rip_rm(Code::Cmp_r64_rm64, rax, local!(control, owner))?;
     a.jne(declined_busy)?;
+    // Paused in original code: the interrupted PC is a rewritten original
+    // instruction (the clones of every module are elsewhere, and the
+    // table holds original addresses only).
     a.mov(rax, qword_ptr(r9 + UC_RIP))?;
-    a.rip_rm(Code::Cmp_r64_rm64, rax, field!(control, clone_lo))?;
-    a.jb(stale)?;
-    a.rip_rm(Code::Cmp_r64_rm64, rax, field!(control, clone_hi))?;
-    a.jb(declined_busy)?;
-    a.set_label(&mut stale)?;
+    a.call(lookup)?;
+    a.test(rax, rax)?;
+    a.je(declined_busy)?;
     a.mov(eax, END_LEFT_CLONES as u32)?;
     a.call(end)?;
     a.jmp(claim)?;
@@ -170,7 +170,10 @@ mod tests {
 
     /// Armed, idle, `PC` rewritten, a ucontext interrupted at `PC`.
     fn armed() -> Harness {
-        let mut h = Harness::new();
+        armed_in(Harness::new())
+    }
+
+    fn armed_in(mut h: Harness) -> Harness {
         let c = h.ctl_mut();
         c.armed = 1;
         c.burst_len = 50;
@@ -236,10 +239,16 @@ mod tests {
     }
 
     /// The interrupted PC was rewritten: the ucontext resumes at its clone,
-    /// the thread owns a fresh burst, START record (gettid, PC).
+    /// the thread owns a fresh burst, START record (gettid, PC). With the
+    /// control block low (absolute operands, as injected) and high
+    /// (RIP-relative).
     #[test]
     fn starts_a_burst_at_a_rewritten_pc() {
-        let mut h = armed();
+        starts_a_burst(armed());
+        starts_a_burst(armed_in(Harness::new_high()));
+    }
+
+    fn starts_a_burst(mut h: Harness) {
         handle(&mut h, None);
         assert_eq!(h.uc_word(RIP), CLONE);
         for i in (0..UC_WORDS).filter(|&i| 8 * i != RIP) {
@@ -327,10 +336,18 @@ mod tests {
         handle(&mut h, Some(fs0() + 64));
         assert_eq!(h.uc_word(RIP), PC + 3);
         assert_eq!(counters(&h), [1, 0, 0, 1, 0]);
+        // The burst's own thread at an original PC that was not rewritten
+        // (nor is any clone there): declined, the burst left alone.
+        h.set_uc_word(RIP, PC + 1);
+        handle(&mut h, None);
+        assert_eq!(h.uc_word(RIP), PC + 1);
+        assert_eq!(counters(&h), [1, 0, 0, 2, 0]);
+        assert_eq!((h.ctl().ended, h.loc().budget), (0, 17));
 
+        h.set_uc_word(RIP, PC + 3);
         handle(&mut h, None);
         assert_eq!(h.uc_word(RIP), CLONE + 6);
-        assert_eq!(counters(&h), [2, 0, 0, 1, 0]);
+        assert_eq!(counters(&h), [2, 0, 0, 2, 0]);
         let c = h.ctl();
         assert_eq!((c.active, c.ended, c.head), (1, 1, 6));
         assert_eq!(

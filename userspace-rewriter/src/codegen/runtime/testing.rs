@@ -50,20 +50,45 @@ pub(super) struct Harness {
 }
 
 impl Harness {
+    /// The control block in the low 2 GiB, as the daemon maps it: the
+    /// runtime reaches it with absolute operands (each harness of the
+    /// tests running in parallel at an address of its own).
     pub(super) fn new() -> Harness {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        loop {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let want = 0x2000_0000 + n * (LEN as u64).next_multiple_of(1 << 20);
+            assert!(want + (LEN as u64) < crate::codegen::LOW_STATE_LIMIT);
+            if let Some(h) = Self::mapped(want as *mut libc::c_void, libc::MAP_FIXED_NOREPLACE) {
+                return h;
+            }
+        }
+    }
+
+    /// The control block wherever the kernel puts it (high): the runtime
+    /// reaches it RIP-relatively.
+    pub(super) fn new_high() -> Harness {
+        let h = Self::mapped(std::ptr::null_mut(), 0).expect("mmap failed");
+        assert!(h.base as u64 >= crate::codegen::LOW_STATE_LIMIT);
+        h
+    }
+
+    fn mapped(want: *mut libc::c_void, flags: i32) -> Option<Harness> {
         // SAFETY: a fresh private anonymous mapping; no existing memory is
-        // touched.
+        // touched (MAP_FIXED_NOREPLACE fails rather than replace).
         let base = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
+                want,
                 LEN,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
                 -1,
                 0,
             )
         };
-        assert_ne!(base, libc::MAP_FAILED, "mmap failed");
+        if base == libc::MAP_FAILED {
+            return None;
+        }
         let base = base as *mut u8;
         let control = base as u64;
         let rt = assemble(control, control + CODE as u64).expect("assemble");
@@ -83,7 +108,7 @@ impl Harness {
         l.owner = fs0();
         let bytes = h.rt.bytes.clone();
         h.load(0, &bytes);
-        h
+        Some(h)
     }
 
     /// The address of byte `off` of the mapping.

@@ -1,0 +1,161 @@
+//! The modules of a traced process that get clones: the executable and
+//! every shared library mapped when it is attached (libc, libm,
+//! libstdc++, a vendor's `.so`, ...), each read from the mapping itself
+//! (`/proc/PID/map_files`: a library replaced on disk since is still the
+//! one mapped) and analysed on its own.
+//!
+//! Left out, with the reason logged: the dynamic loader (its lazy-binding
+//! trampolines and TLS entry points run before and around everything
+//! else; its functions stay original), the vdso (no file), anything that
+//! is not an ELF file or whose analysis fails, and burstyd's own regions.
+use std::path::Path;
+
+use burstyd_common::addr::Pid;
+use tracing::debug;
+use userspace_rewriter::analysis::elf::ElfInfo;
+use userspace_rewriter::inject::MapEntry;
+
+/// One mapped ELF file of the target.
+pub(crate) struct Module {
+    /// Its path as `/proc/PID/maps` shows it (without " (deleted)").
+    pub(crate) path: String,
+    /// The file's bytes, as mapped.
+    pub(crate) data: Vec<u8>,
+    /// `[lo, hi)` of all its mappings (AVMAs).
+    pub(crate) range: (u64, u64),
+    /// AVMA − SVMA.
+    pub(crate) bias: u64,
+    /// The main executable (`/proc/PID/exe`).
+    pub(crate) is_exe: bool,
+}
+
+/// The executable (first) and, with `libraries`, the shared libraries
+/// mapped in `pid`, in address order after it. `exe_path` is the
+/// executable's maps path, `exe_data` its bytes.
+pub(crate) fn mapped_modules(
+    pid: Pid,
+    maps: &[MapEntry],
+    exe_path: &str,
+    exe_data: Vec<u8>,
+    libraries: bool,
+) -> anyhow::Result<Vec<Module>> {
+    let exe = module_at(maps, exe_path, Some(exe_data), pid, true)?
+        .ok_or_else(|| anyhow::anyhow!("pid {pid}: {exe_path} is not in /proc/{pid}/maps"))?;
+    let interp = ElfInfo::parse(&exe.data)
+        .ok()
+        .and_then(|_| interpreter(&exe.data));
+    let mut out = vec![exe];
+    if !libraries {
+        return Ok(out);
+    }
+    let mut paths: Vec<&str> = Vec::new();
+    for m in maps {
+        let Some(p) = m.path.as_deref() else { continue };
+        if m.is_exec() && p.starts_with('/') && p != exe_path && !paths.contains(&p) {
+            paths.push(p);
+        }
+    }
+    for p in paths {
+        let name = Path::new(p)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if interp.as_deref() == Some(p) || name.starts_with("ld-linux") || name.starts_with("ld-") && name.contains(".so") {
+            debug!(%pid, "not cloning the dynamic loader {p}");
+            continue;
+        }
+        match module_at(maps, p, None, pid, false) {
+            Ok(Some(m)) => out.push(m),
+            Ok(None) => {}
+            Err(e) => debug!(%pid, "not cloning {p}: {e:#}"),
+        }
+    }
+    Ok(out)
+}
+
+/// The module mapped from `path`: its range, its bias from the mapping
+/// at the lowest file offset, its bytes (read through that mapping unless
+/// given). `None` for a file that is not ELF.
+fn module_at(
+    maps: &[MapEntry],
+    path: &str,
+    data: Option<Vec<u8>>,
+    pid: Pid,
+    is_exe: bool,
+) -> anyhow::Result<Option<Module>> {
+    use anyhow::Context as _;
+    let own: Vec<&MapEntry> = maps.iter().filter(|m| m.is_path(path)).collect();
+    let (Some(lo), Some(hi), Some(first)) = (
+        own.iter().map(|m| m.start).min(),
+        own.iter().map(|m| m.end).max(),
+        own.iter().min_by_key(|m| m.offset),
+    ) else {
+        return Ok(None);
+    };
+    let data = match data {
+        Some(d) => d,
+        None => std::fs::read(format!(
+            "/proc/{pid}/map_files/{:x}-{:x}",
+            first.start, first.end
+        ))
+        .with_context(|| format!("reading {path} through its mapping"))?,
+    };
+    if !data.starts_with(b"\x7fELF") {
+        return Ok(None);
+    }
+    let elf = ElfInfo::parse(&data).with_context(|| format!("parsing {path}"))?;
+    let bias = elf
+        .load_bias_for(first.start, first.offset, first.is_exec())
+        .with_context(|| format!("no PT_LOAD segment for the first mapping of {path}"))?;
+    Ok(Some(Module {
+        path: path.to_owned(),
+        data,
+        range: (lo, hi),
+        bias,
+        is_exe,
+    }))
+}
+
+/// The executable's `PT_INTERP` (the dynamic loader's path).
+fn interpreter(data: &[u8]) -> Option<String> {
+    use object::read::elf::{ElfFile64, ProgramHeader as _};
+    let file = ElfFile64::<object::Endianness>::parse(data).ok()?;
+    let endian = file.endian();
+    for ph in file.elf_program_headers() {
+        if ph.p_type(endian) == object::elf::PT_INTERP {
+            let bytes = ph.data(endian, data).ok()?;
+            let s = bytes.split(|&b| b == 0).next()?;
+            return std::str::from_utf8(s).ok().map(str::to_owned);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The daemon's own process: its executable first, then libc (which
+    /// every test binary links), never the dynamic loader.
+    #[test]
+    fn modules_of_self_are_the_executable_then_its_libraries() {
+        let pid = Pid(std::process::id());
+        let maps = userspace_rewriter::inject::maps(pid).unwrap();
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let exe = exe.to_string_lossy().into_owned();
+        let data = std::fs::read(&exe).unwrap();
+        let mods = mapped_modules(pid, &maps, &exe, data.clone(), true).unwrap();
+        assert!(mods[0].is_exe && mods[0].path == exe);
+        assert!(mods[1..].iter().all(|m| !m.is_exe));
+        let names: Vec<&str> = mods.iter().map(|m| m.path.rsplit('/').next().unwrap()).collect();
+        assert!(names.iter().any(|n| n.starts_with("libc.so")), "{names:?}");
+        assert!(!names.iter().any(|n| n.starts_with("ld-linux")), "{names:?}");
+        let interp = interpreter(&data).unwrap();
+        assert!(interp.contains("ld-linux"), "{interp}");
+        let only = mapped_modules(pid, &maps, &exe, data, false).unwrap();
+        assert_eq!(only.len(), 1);
+        for m in &mods {
+            assert!(m.range.0 < m.range.1 && m.data.starts_with(b"\x7fELF"));
+        }
+    }
+}
