@@ -103,6 +103,8 @@ pub(crate) struct ModuleFacts {
     pub(crate) fid_base: u32,
     /// What `edges.fdata` needs from the file and the analysis.
     pub(crate) fdata: FdataFacts,
+    /// Its separate debug file (DWARF lines of a stripped library).
+    pub(crate) debug_file: Option<PathBuf>,
 }
 
 /// One module analysed, before generation.
@@ -137,7 +139,8 @@ struct Generated {
 fn analyse(module: Module) -> anyhow::Result<Analysed> {
     let (report, analysis) = plan::analyze_with_insns(&module.data, &PlanOptions::default())
         .with_context(|| format!("analysing {}", module.path))?;
-    let plan = report.plan;
+    let mut plan = report.plan;
+    modules::name_from_debug_file(&mut plan, &module.data);
     let exclude = unwind_info::untranslatable(
         &module.data,
         plan.functions.iter().filter_map(|f| match f.status {
@@ -219,6 +222,9 @@ fn generate(
             range: a.module.range,
             fid_base: a.fid_base,
             fdata,
+            debug_file: (!a.module.is_exe)
+                .then(|| modules::debug_file(&a.module.data))
+                .flatten(),
         },
         id: a.id,
         img,

@@ -177,7 +177,10 @@ impl BurstTracer {
                 lines: addr2line::Loader::new(if facts.is_exe {
                     exe.clone()
                 } else {
-                    PathBuf::from(format!("/proc/{pid}/root{}", facts.path))
+                    facts
+                        .debug_file
+                        .clone()
+                        .unwrap_or_else(|| PathBuf::from(format!("/proc/{pid}/root{}", facts.path)))
                 })
                 .ok(),
                 facts,

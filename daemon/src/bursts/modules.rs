@@ -116,6 +116,48 @@ fn module_at(
     }))
 }
 
+/// The separate debug file of an ELF file, if one is installed
+/// (`/usr/lib/debug/.build-id/xx/rest.debug`, as Debian's `-dbg` and
+/// `-dbgsym` packages install them).
+pub(crate) fn debug_file(data: &[u8]) -> Option<std::path::PathBuf> {
+    let id = ElfInfo::parse(data).ok()?.build_id?;
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    if hex.len() <= 2 {
+        return None;
+    }
+    let p = std::path::PathBuf::from(format!(
+        "/usr/lib/debug/.build-id/{}/{}.debug",
+        &hex[..2],
+        &hex[2..]
+    ));
+    p.is_file().then_some(p)
+}
+
+/// Names for the functions the file's own symbols do not name (`sub_X`:
+/// a stripped library's local functions, such as libc's
+/// `msort_with_tmp`), from the `.symtab` of its separate debug file.
+pub(crate) fn name_from_debug_file(plan: &mut userspace_rewriter::analysis::plan::Plan, data: &[u8]) {
+    use object::{Object, ObjectSymbol, SymbolKind};
+    if !plan.functions.iter().any(|f| f.name.starts_with("sub_")) {
+        return;
+    }
+    let Some(path) = debug_file(data) else { return };
+    let Ok(bytes) = std::fs::read(&path) else { return };
+    let Ok(file) = object::File::parse(&*bytes) else { return };
+    let names: std::collections::HashMap<u64, &str> = file
+        .symbols()
+        .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0)
+        .filter_map(|s| Some((s.address(), s.name().ok().filter(|n| !n.is_empty())?)))
+        .collect();
+    for f in &mut plan.functions {
+        if f.name.starts_with("sub_")
+            && let Some(n) = names.get(&f.start)
+        {
+            f.name = (*n).to_owned();
+        }
+    }
+}
+
 /// The executable's `PT_INTERP` (the dynamic loader's path).
 fn interpreter(data: &[u8]) -> Option<String> {
     use object::read::elf::{ElfFile64, ProgramHeader as _};
