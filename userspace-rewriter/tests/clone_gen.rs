@@ -23,7 +23,7 @@ fn gen_for(path: &str) {
         report.plan.summary.functions_analyzable,
         img.skipped,
         img.bytes.len(),
-        img.table_len,
+        img.table().len(),
         img.stats,
         t.elapsed()
     );
@@ -31,7 +31,7 @@ fn gen_for(path: &str) {
     // Each table entry points into the code.
     let table = img.table();
     assert!(table.windows(2).all(|w| w[0].0 < w[1].0));
-    for &(_, c) in &table {
+    for &(_, c) in table {
         assert!(c >= img.code_range.0 && c < img.code_range.1);
     }
 }

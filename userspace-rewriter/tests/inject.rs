@@ -220,7 +220,7 @@ fn attach_inject_and_detach_while_in_nanosleep() {
 
     // A region within rel32 reach of the binary.
     let (lo, hi) = binary_range(pid);
-    let gap = find_gap_near(pid, lo, hi, 8192).unwrap();
+    let gap = find_gap_near(pid, lo, hi, 8192, &[]).unwrap();
     let region = t
         .mmap(
             gap,
@@ -397,7 +397,7 @@ fn injected_signal_handler_counts_in_shared_memfd() {
     let (lo, hi) = binary_range(pid);
     let region = t
         .mmap(
-            find_gap_near(pid, lo, hi, 4096).unwrap(),
+            find_gap_near(pid, lo, hi, 4096, &[]).unwrap(),
             4096,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,

@@ -34,7 +34,10 @@ impl CodeMap {
 
     /// The shared libraries with clones (name, `[lo, hi)`), for the
     /// coverage of the whole process.
-    pub(crate) fn with_libraries(mut self, libs: impl IntoIterator<Item = (String, (u64, u64))>) -> Self {
+    pub(crate) fn with_libraries(
+        mut self,
+        libs: impl IntoIterator<Item = (String, (u64, u64))>,
+    ) -> Self {
         self.libraries = libs.into_iter().collect();
         self
     }
@@ -99,7 +102,11 @@ impl HotCoverage {
                 c.instrumented_all += w;
             }
             if !code.in_exe(pc) {
-                if let Some(i) = code.libraries.iter().position(|(_, r)| (r.0..r.1).contains(&pc)) {
+                if let Some(i) = code
+                    .libraries
+                    .iter()
+                    .position(|(_, r)| (r.0..r.1).contains(&pc))
+                {
                     c.libraries[i].1 += w;
                     if cloned {
                         c.libraries[i].2 += w;
@@ -321,14 +328,17 @@ mod tests {
         let lib = 0x7fff_0000_0000;
         let code = CodeMap::new(
             (bias, bias + (1 << 40)),
-            [(bias + a.start, bias + a.start + a.size), (lib, lib + 0x100)],
+            [
+                (bias + a.start, bias + a.start + a.size),
+                (lib, lib + 0x100),
+            ],
         )
         .with_libraries([("libc.so.6".to_owned(), (lib - 0x1000, lib + 0x10000))]);
         let weights = HashMap::from([
             (bias + a.start + 1, 60),
             (bias + b.start + 1, 30),
-            (lib + 0x10, 6),   // the library's cloned function
-            (lib + 0x200, 4),  // the library, not cloned
+            (lib + 0x10, 6),       // the library's cloned function
+            (lib + 0x200, 4),      // the library, not cloned
             (0x7ffe_0000_0000, 1), // elsewhere (the vdso)
         ]);
         let c = HotCoverage::measure(&code, &plan, bias, &weights);

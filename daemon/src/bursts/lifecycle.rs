@@ -30,9 +30,9 @@ use burstyd_common::burst::{
     CONTROL_MAGIC, LOCAL_BYTES, LOCAL_OFFSET, MAX_MODULES, ModuleEntry,
 };
 use tracing::{debug, info, warn};
+use userspace_rewriter::PAGE_SIZE;
 use userspace_rewriter::analysis::plan::{self, FunctionStatus, Plan, PlanOptions};
 use userspace_rewriter::codegen::unwind_info;
-use userspace_rewriter::PAGE_SIZE;
 use userspace_rewriter::codegen::{self, LOW_STATE_LIMIT, Layout, NO_PATH, Tables};
 use userspace_rewriter::inject::{self, KernelSigaction, SA_RESTORER, Tracee};
 
@@ -262,7 +262,12 @@ impl Injected {
         let baseline = region.target_counters();
         let mut pages: Vec<u64> = modules
             .iter()
-            .flat_map(|g| g.img.table().iter().map(|&(orig, _)| orig >> CLONE_PAGE_SHIFT))
+            .flat_map(|g| {
+                g.img
+                    .table()
+                    .iter()
+                    .map(|&(orig, _)| orig >> CLONE_PAGE_SHIFT)
+            })
             .collect();
         pages.sort_unstable();
         pages.dedup();
@@ -270,10 +275,12 @@ impl Injected {
         let code = CodeMap::new(
             exe_range,
             modules.iter().flat_map(|g| {
-                g.img
-                    .functions
-                    .iter()
-                    .map(|f| (f.orig(), f.orig() + g.facts.plan.functions[f.fid() as usize].size))
+                g.img.functions.iter().map(|f| {
+                    (
+                        f.orig(),
+                        f.orig() + g.facts.plan.functions[f.fid() as usize].size,
+                    )
+                })
             }),
         )
         .with_libraries(
@@ -409,9 +416,10 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
     // maps line says " (deleted)"; the path here is without it). Its
     // control block is the mapping at offset 0.
     let memfd = format!("/memfd:{MEMFD_NAME}");
-    if let Some(m) = maps.iter().find(|m| {
-        m.offset == 0 && m.path.as_deref().is_some_and(|p| p.starts_with(&memfd))
-    }) {
+    if let Some(m) = maps
+        .iter()
+        .find(|m| m.offset == 0 && m.path.as_deref().is_some_and(|p| p.starts_with(&memfd)))
+    {
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -485,7 +493,9 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
     }
     let tables = Tables::merge(gens.iter().map(|g| &g.img.tables));
     let (table_bytes, tl) = tables.bytes();
-    let tables_len = (table_bytes.len() as u64).max(1).next_multiple_of(PAGE_SIZE);
+    let tables_len = (table_bytes.len() as u64)
+        .max(1)
+        .next_multiple_of(PAGE_SIZE);
 
     let generation_ms = t0.elapsed().as_secs_f64() * 1e3 - analysis_ms;
     let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
@@ -515,7 +525,14 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
         (libc::SYS_ftruncate, vec![0, shm_len]),
         (
             libc::SYS_mmap,
-            vec![control, CONTROL_BYTES as u64, rw as u64, shared as u64, 0, 0],
+            vec![
+                control,
+                CONTROL_BYTES as u64,
+                rw as u64,
+                shared as u64,
+                0,
+                0,
+            ],
         ),
         (
             libc::SYS_mmap,
@@ -586,18 +603,26 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
         local_addr + offset_of!(BurstLocal, present) as u64,
         &1u64.to_ne_bytes(),
     )?;
-    // The record ring and the lookup tables are reached through pointers
-    // in the control block: anywhere the kernel puts them.
-    let ring_at = t
-        .mmap(0, ring_bytes, rw, libc::MAP_SHARED, fd, CONTROL_BYTES as u64)
-        .context("mapping the record ring")?;
-    let tables_at = t
-        .mmap(0, tables_len, ro, anywhere, -1, 0)
-        .context("mapping the lookup tables")?;
     for g in &gens {
         t.mmap(g.code, g.code_len, rx, private, -1, 0)
             .with_context(|| format!("mapping the clone code of {}", g.facts.path))?;
     }
+    // The record ring and the lookup tables are reached through pointers
+    // in the control block: anywhere the kernel puts them (after the
+    // fixed mappings, which the kernel's choice must not take).
+    let ring_at = t
+        .mmap(
+            0,
+            ring_bytes,
+            rw,
+            libc::MAP_SHARED,
+            fd,
+            CONTROL_BYTES as u64,
+        )
+        .context("mapping the record ring")?;
+    let tables_at = t
+        .mmap(0, tables_len, ro, anywhere, -1, 0)
+        .context("mapping the lookup tables")?;
     let shm_file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -679,7 +704,10 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
     let rewritten: usize = gens.iter().map(|g| g.img.functions.len()).sum();
     let skipped: usize = gens
         .iter()
-        .map(|g| g.img.skipped.values().sum::<usize>() + g.facts.plan.summary.skipped.values().sum::<usize>())
+        .map(|g| {
+            g.img.skipped.values().sum::<usize>()
+                + g.facts.plan.summary.skipped.values().sum::<usize>()
+        })
         .sum();
     let kib: usize = gens.iter().map(|g| g.img.bytes.len()).sum::<usize>() / 1024;
     let names: Vec<&str> = gens.iter().map(|g| g.facts.name()).collect();

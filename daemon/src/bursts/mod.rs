@@ -106,7 +106,10 @@ impl std::ops::Deref for TracedModule {
 impl Traced {
     /// The module of record `fid`, and the function's index in its plan.
     pub(crate) fn function(&self, fid: u32) -> Option<(&TracedModule, usize)> {
-        let i = self.modules.partition_point(|m| m.fid_base <= fid).checked_sub(1)?;
+        let i = self
+            .modules
+            .partition_point(|m| m.fid_base <= fid)
+            .checked_sub(1)?;
         let m = &self.modules[i];
         let local = (fid - m.fid_base) as usize;
         (local < m.plan.functions.len()).then_some((m, local))

@@ -60,7 +60,10 @@ pub(crate) fn mapped_modules(
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        if interp.as_deref() == Some(p) || name.starts_with("ld-linux") || name.starts_with("ld-") && name.contains(".so") {
+        if interp.as_deref() == Some(p)
+            || name.starts_with("ld-linux")
+            || name.starts_with("ld-") && name.contains(".so")
+        {
             debug!(%pid, "not cloning the dynamic loader {p}");
             continue;
         }
@@ -136,14 +139,21 @@ pub(crate) fn debug_file(data: &[u8]) -> Option<std::path::PathBuf> {
 /// Names for the functions the file's own symbols do not name (`sub_X`:
 /// a stripped library's local functions, such as libc's
 /// `msort_with_tmp`), from the `.symtab` of its separate debug file.
-pub(crate) fn name_from_debug_file(plan: &mut userspace_rewriter::analysis::plan::Plan, data: &[u8]) {
+pub(crate) fn name_from_debug_file(
+    plan: &mut userspace_rewriter::analysis::plan::Plan,
+    data: &[u8],
+) {
     use object::{Object, ObjectSymbol, SymbolKind};
     if !plan.functions.iter().any(|f| f.name.starts_with("sub_")) {
         return;
     }
     let Some(path) = debug_file(data) else { return };
-    let Ok(bytes) = std::fs::read(&path) else { return };
-    let Ok(file) = object::File::parse(&*bytes) else { return };
+    let Ok(bytes) = std::fs::read(&path) else {
+        return;
+    };
+    let Ok(file) = object::File::parse(&*bytes) else {
+        return;
+    };
     let names: std::collections::HashMap<u64, &str> = file
         .symbols()
         .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0)
@@ -189,9 +199,15 @@ mod tests {
         let mods = mapped_modules(pid, &maps, &exe, data.clone(), true).unwrap();
         assert!(mods[0].is_exe && mods[0].path == exe);
         assert!(mods[1..].iter().all(|m| !m.is_exe));
-        let names: Vec<&str> = mods.iter().map(|m| m.path.rsplit('/').next().unwrap()).collect();
+        let names: Vec<&str> = mods
+            .iter()
+            .map(|m| m.path.rsplit('/').next().unwrap())
+            .collect();
         assert!(names.iter().any(|n| n.starts_with("libc.so")), "{names:?}");
-        assert!(!names.iter().any(|n| n.starts_with("ld-linux")), "{names:?}");
+        assert!(
+            !names.iter().any(|n| n.starts_with("ld-linux")),
+            "{names:?}"
+        );
         let interp = interpreter(&data).unwrap();
         assert!(interp.contains("ld-linux"), "{interp}");
         let only = mapped_modules(pid, &maps, &exe, data, false).unwrap();

@@ -43,7 +43,10 @@ pub(crate) fn fdata(plan: &Plan, facts: &FdataFacts, counts: &PathCounts, fid_ba
     use userspace_rewriter::analysis::cfg::EdgeKind;
     let mut edges: std::collections::BTreeMap<(u32, u64, u64), u64> = Default::default();
     for ((_, gfid, path), n) in counts.iter() {
-        let Some(fid) = gfid.checked_sub(fid_base).filter(|&f| (f as usize) < plan.functions.len()) else {
+        let Some(fid) = gfid
+            .checked_sub(fid_base)
+            .filter(|&f| (f as usize) < plan.functions.len())
+        else {
             continue;
         };
         let fid = &fid;

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use userspace_rewriter::analysis::plan::FunctionStatus;
 
 use super::pprof::{LineKey, MappingKey, ProfileBuilder};
-use crate::bursts::{Traced, TracedModule};
 use crate::bursts::counts::PathCounts;
+use crate::bursts::{Traced, TracedModule};
 use crate::stacks::symbolize::demangle;
 
 /// The builder of `paths.pb.gz`, which every traced process adds to.
@@ -94,7 +94,11 @@ fn path_events(
         let FunctionStatus::Analyzed(fa) = &m.plan.functions[local].status else {
             continue;
         };
-        let Some(blk) = fa.cfg.as_ref().and_then(|c| c.block_at(pc.wrapping_sub(m.bias))) else {
+        let Some(blk) = fa
+            .cfg
+            .as_ref()
+            .and_then(|c| c.block_at(pc.wrapping_sub(m.bias)))
+        else {
             continue;
         };
         let Some(paths) = through.get(&(fid, blk)) else {
@@ -141,7 +145,11 @@ pub(crate) fn add_paths(
                     start: 0,
                     limit: u64::MAX,
                     file_offset: 0,
-                    filename: if m.is_exe { exe_name.clone() } else { m.path.clone() },
+                    filename: if m.is_exe {
+                        exe_name.clone()
+                    } else {
+                        m.path.clone()
+                    },
                     build_id: m.plan.build_id.clone().unwrap_or_default(),
                 },
                 true,

@@ -68,7 +68,10 @@ mod tests {
         };
         // The executable's clones, and a library's far away.
         let c = CloneFrames {
-            regions: vec![region(0x1000, 0x500), region(0x7f00_0000_1000, 0x7f00_1000_0500)],
+            regions: vec![
+                region(0x1000, 0x500),
+                region(0x7f00_0000_1000, 0x7f00_1000_0500),
+            ],
         };
         let ip = |a| FrameAddress::InstructionPointer(Avma(a));
         let ra = |a| FrameAddress::ReturnAddress(Avma(a));
@@ -81,7 +84,13 @@ mod tests {
         // Outside the clones: not ours.
         assert_eq!(c.translate(ip(0xfff)), None);
         assert_eq!(c.translate(ra(0x2000)), None);
-        assert_eq!(c.translate(ip(0x7f00_0000_1005)), Some(ip(0x7f00_1000_0505)));
-        assert_eq!(c.translate(ra(0x7f00_0000_1005)), Some(ra(0x7f00_1000_0505)));
+        assert_eq!(
+            c.translate(ip(0x7f00_0000_1005)),
+            Some(ip(0x7f00_1000_0505))
+        );
+        assert_eq!(
+            c.translate(ra(0x7f00_0000_1005)),
+            Some(ra(0x7f00_1000_0505))
+        );
     }
 }

@@ -40,6 +40,8 @@ pub(super) struct FnGen<'a> {
     /// Out-edges per block, in edge order (index = `idx`).
     pub(super) edges_of: Vec<Vec<cfg::Edge>>,
     pub(super) entry_label: &'a HashMap<u64, u64>,
+    /// PLT stub (SVMA) → the GOT slot (SVMA) it jumps through.
+    pub(super) plt_slots: &'a HashMap<u64, u64>,
     pub(super) table: &'a mut Vec<(u64, usize, u64)>,
     /// `(original return address, instruction index of the clone's return
     /// site)` of every call that returns.

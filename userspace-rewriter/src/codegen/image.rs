@@ -123,7 +123,8 @@ impl Tables {
 
     /// The three tables back to back, and where each is.
     pub fn bytes(&self) -> (Vec<u8>, TablesLayout) {
-        let mut b = Vec::with_capacity(16 * (self.insns.len() + self.functions.len() + self.returns.len()));
+        let mut b =
+            Vec::with_capacity(16 * (self.insns.len() + self.functions.len() + self.returns.len()));
         let mut put = |v: &[(u64, u64)]| {
             let at = b.len() as u64;
             for &(o, c) in v {
@@ -243,6 +244,7 @@ pub fn generate_excluding(
     if !have_details && plan.summary.functions_analyzable > 0 {
         return Err(GenError::NoDetails);
     }
+    let plt_slots = plt_slots(plan, analysis);
 
     let mut stats = GenStats::default();
     // (original AVMA, instruction index of its clone code, original end)
@@ -284,6 +286,7 @@ pub fn generate_excluding(
                 v
             },
             entry_label: &entry_label,
+            plt_slots: &plt_slots,
             table: &mut table_idx,
             returns: &mut returns_idx,
             stats: GenStats::default(),
@@ -387,6 +390,29 @@ pub fn generate_excluding(
         stats,
         reverse,
     })
+}
+
+/// PLT stub start → the GOT slot its `jmp [rip + slot]` goes through
+/// (SVMAs): a call to the stub in a clone loads the slot and goes to the
+/// clone of what it holds, in this module or another.
+fn plt_slots(plan: &Plan, analysis: &cfg::Analysis) -> HashMap<u64, u64> {
+    let mut out = HashMap::new();
+    for (i, f) in plan.functions.iter().enumerate() {
+        if !matches!(f.status, FunctionStatus::Plt) {
+            continue;
+        }
+        let jmp = analysis.insns.get(i).and_then(|insns| {
+            insns.iter().find(|x| {
+                x.instr.flow_control() == iced_x86::FlowControl::IndirectBranch
+                    && x.instr.op0_kind() == OpKind::Memory
+                    && x.instr.memory_base() == Register::RIP
+            })
+        });
+        if let Some(j) = jmp {
+            out.insert(f.start, j.instr.memory_displacement64());
+        }
+    }
+    out
 }
 
 /// Shapes the generator does not handle (checked before emitting).

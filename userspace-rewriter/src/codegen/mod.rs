@@ -72,7 +72,15 @@
 pub(crate) fn data_operand(addr: u64) -> iced_x86::MemoryOperand {
     use iced_x86::{MemoryOperand, Register};
     if addr < LOW_STATE_LIMIT {
-        MemoryOperand::new(Register::None, Register::None, 1, addr as i64, 4, false, Register::None)
+        MemoryOperand::new(
+            Register::None,
+            Register::None,
+            1,
+            addr as i64,
+            4,
+            false,
+            Register::None,
+        )
     } else {
         MemoryOperand::with_base_displ(Register::RIP, addr as i64)
     }
@@ -104,11 +112,11 @@ mod instrument;
 mod transfers;
 pub mod unwind_info;
 
-pub use runtime::NO_PATH;
 pub use image::{
     CloneImage, ClonedFunction, GenError, GenStats, Layout, Tables, TablesLayout, generate,
     generate_excluding,
 };
+pub use runtime::NO_PATH;
 
 #[cfg(test)]
 mod tests {
@@ -122,8 +130,12 @@ mod tests {
     /// Encodes `add [addr], 1` at `ip` and decodes it back.
     fn roundtrip(addr: u64, ip: u64) -> Instruction {
         let i = Instruction::with2(Code::Add_rm64_imm8, data_operand(addr), 1).unwrap();
-        let enc = BlockEncoder::encode(64, InstructionBlock::new(&[i], ip), BlockEncoderOptions::NONE)
-            .unwrap();
+        let enc = BlockEncoder::encode(
+            64,
+            InstructionBlock::new(&[i], ip),
+            BlockEncoderOptions::NONE,
+        )
+        .unwrap();
         Decoder::with_ip(64, &enc.code_buffer, ip, DecoderOptions::NONE).decode()
     }
 

@@ -187,6 +187,12 @@ impl FnGen<'_> {
     fn emit_call(&mut self, k: usize, returns: bool) -> Result<(), Skip> {
         let ret = self.avma(self.insns[k].end());
         match self.insns[k].flow {
+            Flow::Call(t)
+                if !self.entry_label.contains_key(&t) && self.plt_slots.contains_key(&t) =>
+            {
+                let slot = self.avma(self.plt_slots[&t]);
+                self.transfer_through(load_slot(slot)?, Some(ret))?;
+            }
             Flow::Call(t) => {
                 let target = self.call_target(t);
                 self.push_return(ret)?;
@@ -223,10 +229,6 @@ impl FnGen<'_> {
     /// arguments stay where the callee expects them).
     fn indirect_transfer(&mut self, k: usize, ret: Option<u64>) -> Result<(), Skip> {
         let ins = self.reloc(k);
-        // Bytes pushed below the program's rsp before the operand is read.
-        const DEPTH: i64 = 128 + 8 * 4;
-        let keep_at = if ret.is_some() { -16 } else { -8 };
-        let em = &mut *self.em;
         let operand = match ins.op0_kind() {
             OpKind::Register => {
                 let r = ins.op0_register();
@@ -242,6 +244,14 @@ impl FnGen<'_> {
             )?,
             _ => return Err(Skip("unusual indirect call")),
         };
+        self.transfer_through(operand, ret)
+    }
+
+    /// The transfer of [`Self::indirect_transfer`], given the instruction
+    /// that loads its target into rax (run below the saved registers).
+    fn transfer_through(&mut self, operand: Instruction, ret: Option<u64>) -> Result<(), Skip> {
+        let keep_at = if ret.is_some() { -16 } else { -8 };
+        let em = &mut *self.em;
         em.lea_rsp(-128)?;
         em.pushf();
         em.push(Register::RAX)?;
@@ -405,6 +415,13 @@ impl FnGen<'_> {
         match kind {
             ExitKind::Return => self.emit_return(k)?,
             ExitKind::IndirectTailCall => self.indirect_transfer(k, None)?,
+            ExitKind::TailCall { target }
+                if !self.entry_label.contains_key(&target)
+                    && self.plt_slots.contains_key(&target) =>
+            {
+                let slot = self.avma(self.plt_slots[&target]);
+                self.transfer_through(load_slot(slot)?, None)?;
+            }
             ExitKind::TailCall { target } => {
                 let t = self.call_target(target);
                 self.em.jmp(t)?;
@@ -511,6 +528,16 @@ impl FnGen<'_> {
 /// The memory operand of `ins` (relocated), as read from inside a snippet
 /// that has pushed `depth` bytes below the program's rsp: an rsp-based
 /// address moves by `depth`. None for an rsp index (not expressible).
+/// Bytes pushed below the program's rsp before an indirect transfer's
+/// operand is read.
+const DEPTH: i64 = 128 + 8 * 4;
+
+/// `mov rax, [slot]`: the target of a call through a PLT stub, read from
+/// its GOT slot (AVMA).
+fn load_slot(slot: u64) -> Result<Instruction, Skip> {
+    Instruction::with2(Code::Mov_r64_rm64, Register::RAX, rip(slot)).map_err(Skip::from)
+}
+
 fn operand_below(ins: &Instruction, depth: i64) -> Option<MemoryOperand> {
     if ins.memory_index() == Register::RSP {
         return None;

@@ -115,7 +115,8 @@ use std::time::Duration;
 
 pub use burstyd_common::addr::Pid;
 pub use procfs::{
-    MapEntry, find_gap_near, find_low_gap, free_signal, maps, parse_maps, shadow_stack_enabled};
+    MapEntry, find_gap_near, find_low_gap, free_signal, maps, parse_maps, shadow_stack_enabled,
+};
 pub use tracee::Tracee;
 
 /// Errors of attaching to and injecting into a process.

@@ -212,13 +212,7 @@ pub fn parse_maps(text: &str) -> Vec<MapEntry> {
 /// nothing else fits); below the binary nothing grows. 256 MiB below
 /// `[stack]` are kept free for stack growth too. `reserved`: ranges the
 /// caller is about to map (not yet in the maps), to be avoided as well.
-pub fn find_gap_near(
-    pid: Pid,
-    lo: u64,
-    hi: u64,
-    len: u64,
-    reserved: &[(u64, u64)],
-) -> Result<u64> {
+pub fn find_gap_near(pid: Pid, lo: u64, hi: u64, len: u64, reserved: &[(u64, u64)]) -> Result<u64> {
     let (maps, start_brk, min_addr) = layout_facts(pid)?;
     gap_near(&maps, start_brk, min_addr, lo, hi, len, reserved).ok_or(InjectError::NoGap {
         pid,
@@ -234,7 +228,12 @@ pub fn find_gap_near(
 /// under 1 GiB first (the 1-2 GiB range is where `MAP_32BIT` allocations
 /// of JITs go), then under 2 GiB. Code anywhere reaches state mapped here
 /// with absolute 32-bit operands. `None` when nothing fits.
-pub fn find_low_gap(pid: Pid, len: u64, limit: u64, reserved: &[(u64, u64)]) -> Result<Option<u64>> {
+pub fn find_low_gap(
+    pid: Pid,
+    len: u64,
+    limit: u64,
+    reserved: &[(u64, u64)],
+) -> Result<Option<u64>> {
     let (maps, start_brk, min_addr) = layout_facts(pid)?;
     Ok(low_gap(&maps, start_brk, min_addr, len, limit, reserved))
 }
@@ -478,7 +477,10 @@ mod tests {
         let g = low_gap(&pie, None, 65536, 0x6000, LIMIT, &[]).unwrap();
         assert_eq!(g, (1 << 30) - 0x6000);
         let r = [(g, g + 0x6000)];
-        assert_eq!(low_gap(&pie, None, 65536, 0x6000, LIMIT, &r).unwrap(), g - 0x6000);
+        assert_eq!(
+            low_gap(&pie, None, 65536, 0x6000, LIMIT, &r).unwrap(),
+            g - 0x6000
+        );
         let nonpie = [
             m(0x400000, 0x500000, "/bin/x"),
             m(0x600000, 0x700000, "[heap]"),
@@ -498,7 +500,16 @@ mod tests {
             m(0x5555_0000_0000, 0x5555_0000_4000, "/bin/x"),
             m(0x5555_0000_4000, 0x5555_0000_8000, "/bin/x"),
         ];
-        let g = gap_near(&bin, None, 65536, 0x5555_0000_0000, 0x5555_0000_8000, 100, &[]).unwrap();
+        let g = gap_near(
+            &bin,
+            None,
+            65536,
+            0x5555_0000_0000,
+            0x5555_0000_8000,
+            100,
+            &[],
+        )
+        .unwrap();
         assert_eq!(g, 0x5555_0000_0000 - PAGE_SIZE);
         // Non-PIE at 0x400000 with a mapping filling the space below.
         let maps = [
@@ -507,18 +518,65 @@ mod tests {
             m(0x600000, 0x700000, "[heap]"),
         ];
         // The space between the bss and start_brk is free for us.
-        let g = gap_near(&maps, Some(0x600000), 65536, 0x400000, 0x500000, 0x3000, &[]).unwrap();
+        let g = gap_near(
+            &maps,
+            Some(0x600000),
+            65536,
+            0x400000,
+            0x500000,
+            0x3000,
+            &[],
+        )
+        .unwrap();
         assert_eq!(g, 0x500000);
         let mut maps = maps.to_vec();
         maps.insert(2, m(0x500000, 0x600000, "/bin/x"));
-        let g = gap_near(&maps, Some(0x600000), 65536, 0x400000, 0x600000, 0x3000, &[]).unwrap();
+        let g = gap_near(
+            &maps,
+            Some(0x600000),
+            65536,
+            0x400000,
+            0x600000,
+            0x3000,
+            &[],
+        )
+        .unwrap();
         assert_eq!(g, 0x700000 + (1 << 30));
         // Too big for the 1 GiB reserve: 64 MiB.
-        let g = gap_near(&maps, Some(0x600000), 65536, 0x400000, 0x600000, 1 << 30, &[]).unwrap();
+        let g = gap_near(
+            &maps,
+            Some(0x600000),
+            65536,
+            0x400000,
+            0x600000,
+            1 << 30,
+            &[],
+        )
+        .unwrap();
         assert_eq!(g, 0x700000 + (64 << 20));
         // Every byte within 2 GiB: the gap's end bounds it.
-        assert!(gap_near(&maps, None, 65536, 0x400000, 0x600000, (2 << 30) - 0x200000, &[]).is_none());
-        let g = gap_near(&maps, None, 65536, 0x400000, 0x600000, (2 << 30) - 0x600000, &[]).unwrap();
+        assert!(
+            gap_near(
+                &maps,
+                None,
+                65536,
+                0x400000,
+                0x600000,
+                (2 << 30) - 0x200000,
+                &[]
+            )
+            .is_none()
+        );
+        let g = gap_near(
+            &maps,
+            None,
+            65536,
+            0x400000,
+            0x600000,
+            (2 << 30) - 0x600000,
+            &[],
+        )
+        .unwrap();
         assert!(g + ((2 << 30) - 0x600000) - 0x400000 <= TWO_GIB);
     }
 
