@@ -109,20 +109,12 @@ control_block! {
         pub ring_mask: u64,
         /// The ring's address in the target.
         pub ring_addr: u64,
-        /// Sorted `(original address, clone address)` pairs of every
-        /// rewritten instruction: where the handler may start a burst.
-        pub table_addr: u64,
-        pub table_len: u64,
-        /// Sorted `(original start, clone entry)` pairs of the cloned
-        /// functions: indirect calls in a burst go to the clone.
-        pub fn_table_addr: u64,
-        pub fn_table_len: u64,
-        /// Sorted `(original return address, clone return site)` pairs of
-        /// every call in the clones: calls push the original return address
-        /// (what `backtrace()`, `dladdr` and the C++ unwinder see), and a
-        /// return in a burst goes on at the call's clone return site.
-        pub ret_table_addr: u64,
-        pub ret_table_len: u64,
+        /// The [`TablesHeader`] of the runtime's lookup tables (of every
+        /// module with clones). One word, so that a later attach of more
+        /// modules (shared libraries, `dlopen`) swaps all three tables at
+        /// once with a single store while the program runs: a lookup that
+        /// loaded the old header searches the old tables, which stay.
+        pub tables: u64,
         /// Counters kept by the target side.
         pub bursts: u64,
         pub declined_busy: u64,
@@ -154,7 +146,7 @@ control_block! {
         /// Signals handled with `burst_len` 0 (`--burst 0`): the handler
         /// returned to the interrupted original code at once.
         pub declined_budget: u64,
-        pub _pad: [u64; 2],
+        pub _pad: [u64; 7],
         /// Words consumed by the daemon (consumer index), on its own line.
         pub tail: u64,
         /// The pid of the daemon that armed the region, as the target's
@@ -171,6 +163,26 @@ control_block! {
         pub n_modules: u64,
         pub modules: [ModuleEntry; MAX_MODULES],
     }
+}
+
+/// Where the runtime's three sorted tables of `(original, clone)` pairs
+/// (16 bytes each) are, and their lengths in pairs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TablesHeader {
+    /// Every rewritten instruction: where the handler may start a burst.
+    pub insns: u64,
+    pub insns_len: u64,
+    /// `(original start, clone entry)` of the cloned functions: indirect
+    /// calls in a burst go to the clone.
+    pub functions: u64,
+    pub functions_len: u64,
+    /// `(original return address, clone return site)` of every call in
+    /// the clones: calls push the original return address (what
+    /// `backtrace()`, `dladdr` and the C++ unwinder see), and a return in
+    /// a burst goes on at the call's clone return site.
+    pub returns: u64,
+    pub returns_len: u64,
 }
 
 /// Modules a region can hold clones for.
@@ -285,30 +297,25 @@ mod layout {
         ("head", 32, 8),
         ("ring_mask", 40, 8),
         ("ring_addr", 48, 8),
-        ("table_addr", 56, 8),
-        ("table_len", 64, 8),
-        ("fn_table_addr", 72, 8),
-        ("fn_table_len", 80, 8),
-        ("ret_table_addr", 88, 8),
-        ("ret_table_len", 96, 8),
-        ("bursts", 104, 8),
-        ("declined_busy", 112, 8),
-        ("declined_pc", 120, 8),
-        ("declined_disarmed", 128, 8),
-        ("lost_records", 136, 8),
-        ("shadow_overflow", 144, 8),
-        ("truncated", 152, 8),
-        ("ended", 160, 8),
-        ("clone_lo", 168, 8),
-        ("clone_hi", 176, 8),
-        ("wait_when_full", 184, 8),
-        ("handler", 192, 8),
-        ("restorer", 200, 8),
-        ("signal", 208, 8),
-        ("exe_id", 216, 8),
-        ("eh_frame", 224, 8),
-        ("declined_budget", 232, 8),
-        ("_pad", 240, 16),
+        ("tables", 56, 8),
+        ("bursts", 64, 8),
+        ("declined_busy", 72, 8),
+        ("declined_pc", 80, 8),
+        ("declined_disarmed", 88, 8),
+        ("lost_records", 96, 8),
+        ("shadow_overflow", 104, 8),
+        ("truncated", 112, 8),
+        ("ended", 120, 8),
+        ("clone_lo", 128, 8),
+        ("clone_hi", 136, 8),
+        ("wait_when_full", 144, 8),
+        ("handler", 152, 8),
+        ("restorer", 160, 8),
+        ("signal", 168, 8),
+        ("exe_id", 176, 8),
+        ("eh_frame", 184, 8),
+        ("declined_budget", 192, 8),
+        ("_pad", 200, 56),
         ("tail", 256, 8),
         ("tracer", 264, 8),
         ("made_for", 272, 8),

@@ -70,6 +70,21 @@ pub(crate) struct PathCounts {
 }
 
 impl PathCounts {
+    /// Functions `fid_base..` of a module added later (a library), with
+    /// their numbers of paths.
+    pub(crate) fn add_functions(
+        &mut self,
+        fid_base: u32,
+        total: impl IntoIterator<Item = Option<u64>>,
+    ) {
+        let base = fid_base as usize;
+        if self.total_paths.len() < base {
+            self.total_paths.resize(base, None);
+        }
+        self.total_paths.truncate(base);
+        self.total_paths.extend(total);
+    }
+
     /// Counts for a plan whose function `i` has `total_paths[i]` paths.
     pub(crate) fn new(total_paths: Vec<Option<u64>>) -> Self {
         PathCounts {

@@ -32,6 +32,17 @@ impl CodeMap {
         }
     }
 
+    /// More cloned functions and libraries (added to a running attach).
+    pub(crate) fn add(
+        &mut self,
+        cloned: impl IntoIterator<Item = (u64, u64)>,
+        libs: impl IntoIterator<Item = (String, (u64, u64))>,
+    ) {
+        self.cloned.extend(cloned);
+        self.cloned.sort_unstable();
+        self.libraries.extend(libs);
+    }
+
     /// The shared libraries with clones (name, `[lo, hi)`), for the
     /// coverage of the whole process.
     pub(crate) fn with_libraries(
@@ -64,11 +75,23 @@ pub(crate) struct HotCoverage {
     pub(crate) instrumented: u64,
     /// Those in a cloned function of any module.
     pub(crate) instrumented_all: u64,
-    /// Per shared library with clones: (name, weight there, weight in its
-    /// cloned functions).
-    pub(crate) libraries: Vec<(String, u64, u64)>,
+    /// Per shared library with clones.
+    pub(crate) libraries: Vec<LibraryCoverage>,
     /// The executable's uninstrumented code that was sampled, heaviest
     /// first: (function, weight, why it is not instrumented).
+    pub(crate) missed: Vec<(String, u64, String)>,
+}
+
+/// One shared library's share of a process's samples.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct LibraryCoverage {
+    pub(crate) name: String,
+    /// Weight of the samples whose leaf is in it.
+    pub(crate) weight: u64,
+    /// Of those, in its cloned functions.
+    pub(crate) instrumented: u64,
+    /// Its most sampled uninstrumented functions (filled by the caller,
+    /// which has its plan: [`HotCoverage::missed_in`]).
     pub(crate) missed: Vec<(String, u64, String)>,
 }
 
@@ -81,20 +104,16 @@ impl HotCoverage {
         bias: u64,
         leaf_weights: &HashMap<u64, u64>,
     ) -> Self {
-        let mut starts: Vec<(u64, usize)> = plan
-            .functions
-            .iter()
-            .enumerate()
-            .map(|(i, f)| (f.start, i))
-            .collect();
-        starts.sort_unstable();
         let mut c = HotCoverage::default();
-        let mut missed: HashMap<Option<usize>, u64> = HashMap::new();
         c.libraries = code
             .libraries
             .iter()
-            .map(|(n, _)| (n.clone(), 0, 0))
+            .map(|(n, _)| LibraryCoverage {
+                name: n.clone(),
+                ..Default::default()
+            })
             .collect();
+        let mut exe_missed: HashMap<u64, u64> = HashMap::new();
         for (&pc, &w) in leaf_weights {
             c.total += w;
             let cloned = code.is_cloned(pc);
@@ -107,9 +126,9 @@ impl HotCoverage {
                     .iter()
                     .position(|(_, r)| (r.0..r.1).contains(&pc))
                 {
-                    c.libraries[i].1 += w;
+                    c.libraries[i].weight += w;
                     if cloned {
-                        c.libraries[i].2 += w;
+                        c.libraries[i].instrumented += w;
                     }
                 }
                 continue;
@@ -117,38 +136,29 @@ impl HotCoverage {
             c.in_exe += w;
             if cloned {
                 c.instrumented += w;
-                continue;
+            } else {
+                exe_missed.insert(pc, w);
             }
-            let svma = pc.wrapping_sub(bias);
-            let i = starts.partition_point(|s| s.0 <= svma);
-            let f = i
-                .checked_sub(1)
-                .map(|i| starts[i].1)
-                .filter(|&f| svma < plan.functions[f].start + plan.functions[f].size.max(1));
-            *missed.entry(f).or_insert(0) += w;
         }
-        let mut missed: Vec<_> = missed
-            .into_iter()
-            .map(|(f, w)| match f {
-                Some(f) => {
-                    let f = &plan.functions[f];
-                    let why = match &f.status {
-                        FunctionStatus::Skipped { reason } => format!("skipped: {reason}"),
-                        FunctionStatus::Plt => "PLT stub".to_owned(),
-                        FunctionStatus::Analyzed(_) => "analysed, not cloned".to_owned(),
-                    };
-                    (f.name.clone(), w, why)
-                }
-                None => (
-                    "(outside any known function)".to_owned(),
-                    w,
-                    "no symbol or analysis covers it".to_owned(),
-                ),
-            })
-            .collect();
-        missed.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        c.missed = missed;
+        c.missed = missed_functions(plan, bias, &exe_missed);
         c
+    }
+
+    /// A library's most sampled uninstrumented functions, like
+    /// [`Self::missed`] for the executable.
+    pub(crate) fn missed_in(
+        code: &CodeMap,
+        plan: &Plan,
+        bias: u64,
+        range: (u64, u64),
+        leaf_weights: &HashMap<u64, u64>,
+    ) -> Vec<(String, u64, String)> {
+        let here: HashMap<u64, u64> = leaf_weights
+            .iter()
+            .filter(|&(&pc, _)| (range.0..range.1).contains(&pc) && !code.is_cloned(pc))
+            .map(|(&pc, &w)| (pc, w))
+            .collect();
+        missed_functions(plan, bias, &here)
     }
 
     /// One line for the exit summary: "hot coverage: 62.0% of the
@@ -178,23 +188,87 @@ impl HotCoverage {
             s += &format!("; most sampled uninstrumented: {}", list.join(", "));
         }
         if !self.libraries.is_empty() {
-            let mut libs: Vec<_> = self.libraries.iter().filter(|l| l.1 > 0).collect();
-            libs.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            let mut libs: Vec<_> = self.libraries.iter().filter(|l| l.weight > 0).collect();
+            libs.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| a.name.cmp(&b.name)));
             let list: Vec<_> = libs
                 .iter()
                 .take(top)
-                .map(|(n, w, i)| format!("{n} {:.1}% of them in instrumented code", pct(*i, *w)))
+                .map(|l| {
+                    let mut t = format!(
+                        "{} {:.1}% of them in instrumented code",
+                        l.name,
+                        pct(l.instrumented, l.weight)
+                    );
+                    let m: Vec<_> = l
+                        .missed
+                        .iter()
+                        .take(3)
+                        .map(|(f, w, why)| format!("{f} {:.1}% ({why})", pct(*w, l.weight)))
+                        .collect();
+                    if !m.is_empty() {
+                        t += &format!(", most sampled uninstrumented: {}", m.join(", "));
+                    }
+                    t
+                })
                 .collect();
             s += &format!(
                 ". Over all modules: {:.1}% of the process's user-mode samples land in instrumented code",
                 pct(self.instrumented_all, self.total)
             );
             if !list.is_empty() {
-                s += &format!(" (libraries: {})", list.join(", "));
+                s += &format!(" (libraries: {})", list.join("; "));
             }
         }
         s
     }
+}
+
+/// The functions of `plan` (loaded with `bias`) the uninstrumented leaf
+/// PCs `weights` lie in, heaviest first: (name, weight, why it is not
+/// instrumented).
+fn missed_functions(
+    plan: &Plan,
+    bias: u64,
+    weights: &HashMap<u64, u64>,
+) -> Vec<(String, u64, String)> {
+    let mut starts: Vec<(u64, usize)> = plan
+        .functions
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.start, i))
+        .collect();
+    starts.sort_unstable();
+    let mut missed: HashMap<Option<usize>, u64> = HashMap::new();
+    for (&pc, &w) in weights {
+        let svma = pc.wrapping_sub(bias);
+        let i = starts.partition_point(|s| s.0 <= svma);
+        let f = i
+            .checked_sub(1)
+            .map(|i| starts[i].1)
+            .filter(|&f| svma < plan.functions[f].start + plan.functions[f].size.max(1));
+        *missed.entry(f).or_insert(0) += w;
+    }
+    let mut missed: Vec<_> = missed
+        .into_iter()
+        .map(|(f, w)| match f {
+            Some(f) => {
+                let f = &plan.functions[f];
+                let why = match &f.status {
+                    FunctionStatus::Skipped { reason } => format!("skipped: {reason}"),
+                    FunctionStatus::Plt => "PLT stub".to_owned(),
+                    FunctionStatus::Analyzed(_) => "analysed, not cloned".to_owned(),
+                };
+                (f.name.clone(), w, why)
+            }
+            None => (
+                "(outside any known function)".to_owned(),
+                w,
+                "no symbol or analysis covers it".to_owned(),
+            ),
+        })
+        .collect();
+    missed.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    missed
 }
 
 /// The samples of a pprof profile (burstyd's `context.pb.gz`, or any with
@@ -344,7 +418,14 @@ mod tests {
         let c = HotCoverage::measure(&code, &plan, bias, &weights);
         assert_eq!((c.total, c.in_exe, c.instrumented), (101, 90, 60));
         assert_eq!(c.instrumented_all, 66);
-        assert_eq!(c.libraries, [("libc.so.6".to_owned(), 10, 6)]);
+        assert_eq!(
+            (
+                c.libraries.len(),
+                c.libraries[0].weight,
+                c.libraries[0].instrumented
+            ),
+            (1, 10, 6)
+        );
         assert_eq!(
             c.missed,
             [(b.name.clone(), 30, "analysed, not cloned".to_owned())]

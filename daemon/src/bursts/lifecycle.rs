@@ -374,7 +374,7 @@ fn exe_id(data: &[u8]) -> u64 {
 
 /// Injects (or re-arms) the clones in `pid`: of its executable and, with
 /// `opts.libraries`, of every shared library it has mapped.
-pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> {
+pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached, Option<Pending>)> {
     let exe = PathBuf::from(format!("/proc/{pid}/exe"));
     let data = std::fs::read(&exe)
         .with_context(|| format!("reading the executable of pid {pid} ({})", exe.display()))?;
@@ -394,7 +394,10 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
     let exe_path = exe_link.strip_suffix(" (deleted)").unwrap_or(&exe_link);
     let mut analysed = Vec::new();
     let mut fid_base = 0u32;
-    for module in modules::mapped_modules(pid, &maps, exe_path, data, opts.libraries)? {
+    let interp = modules::interpreter(&data);
+    // The executable now; its libraries in a second step
+    // ([`add_libraries`]), so that a short program is traced from early on.
+    for module in modules::mapped_modules(pid, &maps, exe_path, data, false)? {
         let is_exe = module.is_exe;
         let path = module.path.clone();
         match analyse(module) {
@@ -444,7 +447,20 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
                     "pid {pid} is already traced in bursts by another burstyd (pid {other}); one tracer per process"
                 );
             }
-            return rearm(pid, exe, analysed, m.start, SharedRegion::new(shm), opts);
+            let attached = rearm(pid, exe, analysed, m.start, SharedRegion::new(shm), opts)?;
+            let entries = {
+                let cb = attached.attachment.region.control();
+                cb.modules[..(cb.n_modules as usize).min(MAX_MODULES)].to_vec()
+            };
+            let pending = opts.libraries.then(|| Pending {
+                control: m.start,
+                exe_path: exe_path.to_owned(),
+                interp,
+                tables: Tables::default(),
+                next_fid: 0,
+                rearm: Some(entries),
+            });
+            return Ok((attached, pending));
         }
         if magic != CONTROL_MAGIC {
             bail!(
@@ -492,10 +508,7 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
         }
     }
     let tables = Tables::merge(gens.iter().map(|g| &g.img.tables));
-    let (table_bytes, tl) = tables.bytes();
-    let tables_len = (table_bytes.len() as u64)
-        .max(1)
-        .next_multiple_of(PAGE_SIZE);
+    let tables_len = tables.len_bytes().next_multiple_of(PAGE_SIZE);
 
     let generation_ms = t0.elapsed().as_secs_f64() * 1e3 - analysis_ms;
     let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
@@ -508,19 +521,13 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
     let signal = inject::free_signal(pid)?;
     // Ask the target's seccomp filters about every call below before
     // making the first: a filter that kills on one must not see any.
-    let (rw, rx, ro) = (
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::PROT_READ | libc::PROT_EXEC,
-        libc::PROT_READ,
-    );
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
     let shared = libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE | libc::MAP_POPULATE;
-    let private = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
-    let anywhere = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
     // Over our own fresh mapping, so MAP_FIXED replaces nothing else.
     let local = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
     let local_addr = control + LOCAL_OFFSET as u64;
     let ring_bytes = ring_words * 8;
-    let mut calls = vec![
+    let calls = vec![
         (libc::SYS_memfd_create, vec![0, libc::MFD_CLOEXEC as u64]),
         (libc::SYS_ftruncate, vec![0, shm_len]),
         (
@@ -560,22 +567,13 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
                 CONTROL_BYTES as u64,
             ],
         ),
-        (
-            libc::SYS_mmap,
-            vec![0, tables_len, ro as u64, anywhere as u64, u64::MAX, 0],
-        ),
         (libc::SYS_close, vec![0]),
         (libc::SYS_rt_sigaction, vec![signal as u64, 0, 0, 8]),
     ];
-    for g in &gens {
-        calls.push((
-            libc::SYS_mmap,
-            vec![g.code, g.code_len, rx as u64, private as u64, u64::MAX, 0],
-        ));
-    }
     for (nr, args) in calls {
         t.check_syscall(nr, &args)?;
     }
+    place_checks(&mut t, &gens, tables_len)?;
     if opts.full_trace {
         // What the runtime itself calls while a full ring waits.
         t.check_syscall(libc::SYS_sched_yield, &[])?;
@@ -603,13 +601,11 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
         local_addr + offset_of!(BurstLocal, present) as u64,
         &1u64.to_ne_bytes(),
     )?;
-    for g in &gens {
-        t.mmap(g.code, g.code_len, rx, private, -1, 0)
-            .with_context(|| format!("mapping the clone code of {}", g.facts.path))?;
-    }
-    // The record ring and the lookup tables are reached through pointers
-    // in the control block: anywhere the kernel puts them (after the
-    // fixed mappings, which the kernel's choice must not take).
+    // The clones, their unwind info and the lookup tables (fixed
+    // addresses first: the kernel's choices below must not take them).
+    let (tables_at, exe_eh) = place(&mut t, pid, &gens, &tables, tables_len, register_frame)?;
+    // The record ring is reached through a pointer in the control block:
+    // anywhere the kernel puts it.
     let ring_at = t
         .mmap(
             0,
@@ -620,9 +616,6 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
             CONTROL_BYTES as u64,
         )
         .context("mapping the record ring")?;
-    let tables_at = t
-        .mmap(0, tables_len, ro, anywhere, -1, 0)
-        .context("mapping the lookup tables")?;
     let shm_file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -631,52 +624,12 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
     t.close(fd)?;
     // SAFETY: as above.
     let mut region = SharedRegion::new(unsafe { memmap2::MmapMut::map_mut(&shm_file)? });
-    t.write_memory(tables_at, &table_bytes)?;
-    let mut exe_eh = 0;
-    for g in &gens {
-        t.write_memory(g.code, &g.img.bytes)?;
-        t.write_memory(g.eh.0, &g.eh.1)?;
-        // Register the clones' unwind info with the target's unwinder, so
-        // that exceptions and backtraces pass through clone frames.
-        let registered = match register_frame {
-            Some(f) => match t.call(f, &[g.eh.0]) {
-                Ok(_) => true,
-                Err(e) => {
-                    warn!(%pid, "registering the unwind info of the clones of {} failed: {e}", g.facts.path);
-                    false
-                }
-            },
-            None => false,
-        };
-        // Not fatal: calls in clones push original return addresses, so
-        // an exception thrown in a burst unwinds through original frames
-        // only (the unwinder starts in its own frame, whose return
-        // address is original too). The clones' FDEs matter only to an
-        // unwinder starting at a clone pc: from a signal frame
-        // (asynchronous cancellation, -fnon-call-exceptions) or a
-        // debugger's backtrace.
-        if g.exceptions && !registered {
-            debug!(
-                %pid,
-                "{} has landing pads but the clones' unwind info is not registered (no __register_frame)",
-                g.facts.path
-            );
-        }
-        if g.facts.is_exe && registered {
-            exe_eh = g.eh.0;
-        }
-    }
     {
         let cb = region.control_mut();
         cb.magic = CONTROL_MAGIC;
         cb.ring_mask = ring_words - 1;
         cb.ring_addr = ring_at;
-        cb.table_addr = tables_at + tl.insns.0;
-        cb.table_len = tl.insns.1;
-        cb.fn_table_addr = tables_at + tl.functions.0;
-        cb.fn_table_len = tl.functions.1;
-        cb.ret_table_addr = tables_at + tl.returns.0;
-        cb.ret_table_len = tl.returns.1;
+        cb.tables = tables_at;
         cb.clone_lo = gens[0].img.code_range.0;
         cb.clone_hi = gens[0].img.code_range.1;
         cb.handler = gens[0].img.handler;
@@ -717,16 +670,330 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Attached> 
         gens.len(),
         names.join(", "),
     );
-    Ok(Injected {
-        pid,
-        exe,
-        modules: gens,
+    let pending = opts.libraries.then(|| Pending {
         control,
-        region,
-        signal,
-        old_action,
+        exe_path: exe_path.to_owned(),
+        interp,
+        tables,
+        next_fid: fid_base,
+        rearm: None,
+    });
+    Ok((
+        Injected {
+            pid,
+            exe,
+            modules: gens,
+            control,
+            region,
+            signal,
+            old_action,
+        }
+        .attached(),
+        pending,
+    ))
+}
+
+/// What the second step of an attach ([`add_libraries`]) needs from the
+/// first.
+pub(crate) struct Pending {
+    /// The control block.
+    control: u64,
+    /// The executable's maps path (not a library) and its dynamic loader.
+    exe_path: String,
+    interp: Option<String>,
+    /// The lookup tables in the target now.
+    tables: Tables,
+    /// The first `fid` the libraries may use.
+    next_fid: u32,
+    /// Modules an earlier attach injected (a re-arm): regenerated at
+    /// their addresses, nothing mapped.
+    rearm: Option<Vec<ModuleEntry>>,
+}
+
+/// The shared libraries' clones, added to a running attachment.
+pub(crate) struct Extension {
+    pub(crate) modules: Vec<ModuleFacts>,
+    pub(crate) regions: Vec<CloneRegion>,
+    /// Pages of original code with a rewritten instruction.
+    pub(crate) pages: Vec<u64>,
+    /// `[start, end)` AVMAs of the cloned functions.
+    pub(crate) cloned: Vec<(u64, u64)>,
+    pub(crate) functions_rewritten: usize,
+    pub(crate) functions_skipped: usize,
+}
+
+/// The second step of an attach: every shared library mapped in `pid`
+/// (but the dynamic loader) is analysed and cloned near itself with
+/// `fid`s after the executable's; a short ptrace stop maps and writes the
+/// clones and the merged lookup tables, then one store into the control
+/// block (`tables`) puts them in use while the program runs (a lookup
+/// under way finishes on the old tables, which stay mapped). From then
+/// on calls from a burst into a library, and returns from it, stay in the
+/// burst. `None` when there is nothing to add.
+pub(crate) fn add_libraries(pid: Pid, pending: Pending) -> anyhow::Result<Option<Extension>> {
+    let t0 = std::time::Instant::now();
+    let maps = inject::maps(pid)?;
+    let all = modules::mapped_libraries(pid, &maps, &pending.exe_path, pending.interp.as_deref());
+    if all.is_empty() {
+        return Ok(None);
     }
-    .attached())
+    let mut fid_base = pending.next_fid;
+    let mut gens = Vec::new();
+    let mut reserved = Vec::new();
+    for module in all {
+        let path = module.path.clone();
+        let a = match analyse(module) {
+            Ok(mut a) => {
+                let Some(next) = fid_base
+                    .checked_add(a.plan.functions.len() as u32)
+                    .filter(|&b| b < NO_PATH)
+                else {
+                    warn!(%pid, "{path} is not cloned: too many functions to number");
+                    continue;
+                };
+                a.fid_base = fid_base;
+                fid_base = next;
+                a
+            }
+            Err(e) => {
+                warn!(%pid, "{path} is not cloned: {e:#}");
+                continue;
+            }
+        };
+        let fixed = match &pending.rearm {
+            None => None,
+            Some(entries) => match entries
+                .iter()
+                .find(|e| e.id == a.id && e.bias == a.module.bias)
+            {
+                Some(e) => {
+                    let mut a = a;
+                    a.fid_base = e.fid_base as u32;
+                    match generate(pid, a, pending.control, Some(e.code), &mut Vec::new()) {
+                        Ok(g) => gens.push(g),
+                        Err(e) => warn!(%pid, "{path} is not re-armed: {e:#}"),
+                    }
+                    continue;
+                }
+                None => continue,
+            },
+        };
+        match generate(pid, a, pending.control, fixed, &mut reserved) {
+            Ok(g) => gens.push(g),
+            Err(e) => warn!(%pid, "{path} is not cloned: {e:#}"),
+        }
+    }
+    if gens.is_empty() {
+        return Ok(None);
+    }
+    let prepared_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mut stopped_ms = 0.0;
+    if pending.rearm.is_none() {
+        let register_frame = register_frame_fn(pid, &maps, &gens[0].facts.plan, gens[0].facts.bias)
+            .or_else(|| {
+                gens.iter().find_map(|g| {
+                    g.facts
+                        .plan
+                        .functions
+                        .iter()
+                        .find(|f| f.name == "__register_frame")
+                        .map(|f| f.start.wrapping_add(g.facts.bias))
+                })
+            });
+        let tables = Tables::merge(
+            std::iter::once(&pending.tables).chain(gens.iter().map(|g| &g.img.tables)),
+        );
+        let tables_len = tables.len_bytes().next_multiple_of(PAGE_SIZE);
+        let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
+        let stopped = std::time::Instant::now();
+        place_checks(&mut t, &gens, tables_len)?;
+        let (tables_at, _) = place(&mut t, pid, &gens, &tables, tables_len, register_frame)?;
+        t.detach()?;
+        stopped_ms = stopped.elapsed().as_secs_f64() * 1e3;
+        // The module directory first (a re-attach reads it), then the
+        // tables: from this store on, bursts go into the libraries.
+        let mut region = open_region(pid, pending.control)?;
+        let cb = region.control_mut();
+        let n = (cb.n_modules as usize).min(MAX_MODULES);
+        for (e, g) in cb.modules[n..].iter_mut().zip(&gens) {
+            *e = ModuleEntry {
+                id: g.id,
+                code: g.code,
+                fid_base: g.facts.fid_base.into(),
+                bias: g.facts.bias,
+            };
+        }
+        cb.n_modules = (n + gens.len()).min(MAX_MODULES) as u64;
+        region.set_tables(tables_at);
+    }
+    let mut pages: Vec<u64> = gens
+        .iter()
+        .flat_map(|g| {
+            g.img
+                .table()
+                .iter()
+                .map(|&(orig, _)| orig >> CLONE_PAGE_SHIFT)
+        })
+        .collect();
+    pages.sort_unstable();
+    pages.dedup();
+    let cloned = gens
+        .iter()
+        .flat_map(|g| {
+            g.img.functions.iter().map(|f| {
+                (
+                    f.orig(),
+                    f.orig() + g.facts.plan.functions[f.fid() as usize].size,
+                )
+            })
+        })
+        .collect();
+    let functions_rewritten = gens.iter().map(|g| g.img.functions.len()).sum();
+    let functions_skipped = gens
+        .iter()
+        .map(|g| {
+            g.img.skipped.values().sum::<usize>()
+                + g.facts.plan.summary.skipped.values().sum::<usize>()
+        })
+        .sum();
+    let names: Vec<&str> = gens.iter().map(|g| g.facts.name()).collect();
+    info!(
+        %pid,
+        "bursty tracing: {functions_rewritten} functions of {} librar{} ({}) rewritten ({functions_skipped} skipped); analysis and generation {prepared_ms:.0} ms, target stopped {stopped_ms:.1} ms",
+        gens.len(),
+        if gens.len() == 1 { "y" } else { "ies" },
+        names.join(", "),
+    );
+    let mut regions = Vec::new();
+    let mut modules = Vec::new();
+    for g in gens {
+        regions.push(CloneRegion {
+            range: g.img.code_range.0..g.img.code_range.1,
+            eh_frame: g.eh.1.into(),
+            eh_frame_addr: g.eh.0,
+            map: g.img.reverse,
+        });
+        modules.push(g.facts);
+    }
+    Ok(Some(Extension {
+        modules,
+        regions,
+        pages,
+        cloned,
+        functions_rewritten,
+        functions_skipped,
+    }))
+}
+
+/// The daemon's own mapping of the region whose control block is at
+/// `control` in `pid`.
+fn open_region(pid: Pid, control: u64) -> anyhow::Result<SharedRegion> {
+    let maps = inject::maps(pid)?;
+    let m = maps
+        .iter()
+        .find(|m| m.start == control)
+        .context("the burst region is gone")?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+        .context("opening the burst region")?;
+    // SAFETY: shared memory with the target, accessed through plain
+    // integer reads and writes only (SharedRegion's contract).
+    Ok(SharedRegion::new(unsafe { memmap2::MmapMut::map_mut(&f)? }))
+}
+
+/// Protections and flags of the clone code and table mappings.
+const RX: i32 = libc::PROT_READ | libc::PROT_EXEC;
+const CODE_FLAGS: i32 = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+const TABLE_FLAGS: i32 = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+
+/// Asks the target's seccomp filters about the calls [`place`] makes.
+fn place_checks(t: &mut Tracee, gens: &[Generated], tables_len: u64) -> anyhow::Result<()> {
+    for g in gens {
+        t.check_syscall(
+            libc::SYS_mmap,
+            &[
+                g.code,
+                g.code_len,
+                RX as u64,
+                CODE_FLAGS as u64,
+                u64::MAX,
+                0,
+            ],
+        )?;
+    }
+    t.check_syscall(
+        libc::SYS_mmap,
+        &[
+            0,
+            tables_len,
+            libc::PROT_READ as u64,
+            TABLE_FLAGS as u64,
+            u64::MAX,
+            0,
+        ],
+    )?;
+    Ok(())
+}
+
+/// Under ptrace: maps and writes each module's clones and unwind info at
+/// their addresses, registers the unwind info with the target's unwinder
+/// (`register_frame`), and maps the lookup `tables` anywhere. Returns the
+/// tables' header address and the executable's registered `.eh_frame`
+/// (0 if none). Fixed addresses first: the kernel's choice for the tables
+/// must not take them.
+fn place(
+    t: &mut Tracee,
+    pid: Pid,
+    gens: &[Generated],
+    tables: &Tables,
+    tables_len: u64,
+    register_frame: Option<u64>,
+) -> anyhow::Result<(u64, u64)> {
+    for g in gens {
+        t.mmap(g.code, g.code_len, RX, CODE_FLAGS, -1, 0)
+            .with_context(|| format!("mapping the clone code of {}", g.facts.path))?;
+    }
+    let tables_at = t
+        .mmap(0, tables_len, libc::PROT_READ, TABLE_FLAGS, -1, 0)
+        .context("mapping the lookup tables")?;
+    t.write_memory(tables_at, &tables.bytes(tables_at))?;
+    let mut exe_eh = 0;
+    for g in gens {
+        t.write_memory(g.code, &g.img.bytes)?;
+        t.write_memory(g.eh.0, &g.eh.1)?;
+        // Register the clones' unwind info with the target's unwinder, so
+        // that backtraces from signal frames pass through clone frames.
+        let registered = match register_frame {
+            Some(f) => match t.call(f, &[g.eh.0]) {
+                Ok(_) => true,
+                Err(e) => {
+                    warn!(%pid, "registering the unwind info of the clones of {} failed: {e}", g.facts.path);
+                    false
+                }
+            },
+            None => false,
+        };
+        // Not fatal: calls in clones push original return addresses, so
+        // an exception thrown in a burst unwinds through original frames
+        // only (the unwinder starts in its own frame, whose return
+        // address is original too). The clones' FDEs matter only to an
+        // unwinder starting at a clone pc: from a signal frame
+        // (asynchronous cancellation, -fnon-call-exceptions) or a
+        // debugger's backtrace.
+        if g.exceptions && !registered {
+            debug!(
+                %pid,
+                "{} has landing pads but the clones' unwind info is not registered (no __register_frame)",
+                g.facts.path
+            );
+        }
+        if g.facts.is_exe && registered {
+            exe_eh = g.eh.0;
+        }
+    }
+    Ok((tables_at, exe_eh))
 }
 
 /// Re-arms the clones an earlier attach injected for this very
@@ -811,6 +1078,13 @@ impl Attachment {
     /// The pages of original code where a burst can start.
     pub(crate) fn pages(&self) -> &[u64] {
         &self.pages
+    }
+
+    /// More such pages (libraries added).
+    pub(crate) fn add_pages(&mut self, pages: Vec<u64>) {
+        self.pages.extend(pages);
+        self.pages.sort_unstable();
+        self.pages.dedup();
     }
 
     /// The memory shared with the target (control block and record ring).

@@ -96,6 +96,23 @@ pub(crate) struct TracedModule {
     pub(crate) lines: Option<addr2line::Loader>,
 }
 
+impl TracedModule {
+    fn new(pid: Pid, exe: &std::path::Path, facts: lifecycle::ModuleFacts) -> Self {
+        let file = if facts.is_exe {
+            exe.to_owned()
+        } else {
+            facts
+                .debug_file
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(format!("/proc/{pid}/root{}", facts.path)))
+        };
+        TracedModule {
+            lines: addr2line::Loader::new(file).ok(),
+            facts,
+        }
+    }
+}
+
 impl std::ops::Deref for TracedModule {
     type Target = lifecycle::ModuleFacts;
     fn deref(&self) -> &lifecycle::ModuleFacts {
@@ -155,16 +172,22 @@ pub(crate) struct Finished {
 impl BurstTracer {
     /// Injects (or re-arms) the clones in `pid`. Blocks for the analysis,
     /// the code generation and a short ptrace stop.
-    pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<Self> {
-        let Attached {
-            attachment,
-            exe,
-            modules,
-            frames,
-            functions_rewritten,
-            functions_skipped,
-            code,
-        } = lifecycle::attach(pid, opts)?;
+    pub(crate) fn attach(
+        pid: Pid,
+        opts: &BurstOptions,
+    ) -> anyhow::Result<(Self, Option<lifecycle::Pending>)> {
+        let (
+            Attached {
+                attachment,
+                exe,
+                modules,
+                frames,
+                functions_rewritten,
+                functions_skipped,
+                code,
+            },
+            pending,
+        ) = lifecycle::attach(pid, opts)?;
         // Path counts per fid, over every module's range of them.
         let mut total_paths = Vec::new();
         for m in &modules {
@@ -176,20 +199,9 @@ impl BurstTracer {
         }
         let modules = modules
             .into_iter()
-            .map(|facts| TracedModule {
-                lines: addr2line::Loader::new(if facts.is_exe {
-                    exe.clone()
-                } else {
-                    facts
-                        .debug_file
-                        .clone()
-                        .unwrap_or_else(|| PathBuf::from(format!("/proc/{pid}/root{}", facts.path)))
-                })
-                .ok(),
-                facts,
-            })
+            .map(|facts| TracedModule::new(pid, &exe, facts))
             .collect();
-        Ok(BurstTracer {
+        let tracer = BurstTracer {
             attachment,
             counts: PathCounts::new(total_paths),
             trace: opts.save_bursts.as_deref().and_then(TraceFile::create),
@@ -204,7 +216,44 @@ impl BurstTracer {
                 modules,
                 code,
             },
-        })
+        };
+        Ok((tracer, pending))
+    }
+
+    /// Adds the shared libraries' clones ([`lifecycle::add_libraries`]).
+    pub(crate) fn extend(&mut self, ext: lifecycle::Extension) {
+        let lifecycle::Extension {
+            modules,
+            regions,
+            pages,
+            cloned,
+            functions_rewritten,
+            functions_skipped,
+        } = ext;
+        for m in &modules {
+            self.counts.add_functions(
+                m.fid_base,
+                m.plan.functions.iter().map(|f| match &f.status {
+                    FunctionStatus::Analyzed(fa) => fa.numbering.as_ref().map(|n| n.total_paths()),
+                    _ => None,
+                }),
+            );
+        }
+        self.traced.code.add(
+            cloned,
+            modules.iter().map(|m| (m.name().to_owned(), m.range)),
+        );
+        let pid = self.traced.pid;
+        let exe = self.traced.exe.clone();
+        self.traced
+            .modules
+            .extend(modules.into_iter().map(|m| TracedModule::new(pid, &exe, m)));
+        let mut all = self.frames.regions.clone();
+        all.extend(regions);
+        self.frames = Arc::new(CloneFrames { regions: all });
+        self.attachment.add_pages(pages);
+        self.functions_rewritten += functions_rewritten;
+        self.functions_skipped += functions_skipped;
     }
 
     pub(crate) fn pid(&self) -> Pid {
@@ -303,10 +352,17 @@ impl BurstTracer {
     }
 }
 
-/// A finished attach, sent by the attach thread.
-pub(crate) struct Attach {
-    pub(crate) pid: Pid,
-    pub(crate) tracer: anyhow::Result<BurstTracer>,
+/// What the attach thread sends: a finished attach, then (unless
+/// `--exe-only`) the shared libraries it added to it.
+pub(crate) enum Attach {
+    Tracer {
+        pid: Pid,
+        tracer: anyhow::Result<BurstTracer>,
+    },
+    Libraries {
+        pid: Pid,
+        libraries: anyhow::Result<lifecycle::Extension>,
+    },
 }
 
 /// The bursty-tracing side of a session: one tracer per target, and the
@@ -350,12 +406,30 @@ impl Bursts {
                         break;
                     }
                     lifecycle::wait_for_exec(pid);
-                    let tracer = BurstTracer::attach(pid, &opts);
-                    if let Err(mpsc::error::SendError(a)) = tx.send(Attach { pid, tracer }) {
+                    let (tracer, pending) = match BurstTracer::attach(pid, &opts) {
+                        Ok((t, p)) => (Ok(t), p),
+                        Err(e) => (Err(e), None),
+                    };
+                    if let Err(mpsc::error::SendError(a)) = tx.send(Attach::Tracer { pid, tracer })
+                    {
                         // Nobody will drain it: leave the target as it was.
-                        if let Ok(t) = a.tracer {
+                        if let Attach::Tracer { tracer: Ok(t), .. } = a {
                             let _ = t.detach();
                         }
+                        break;
+                    }
+                    // Its libraries, while the executable's clones already
+                    // take bursts.
+                    let Some(pending) = pending else { continue };
+                    if cancel.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let libraries = match lifecycle::add_libraries(pid, pending) {
+                        Ok(Some(ext)) => Ok(ext),
+                        Ok(None) => continue,
+                        Err(e) => Err(e),
+                    };
+                    if tx.send(Attach::Libraries { pid, libraries }).is_err() {
                         break;
                     }
                 }
@@ -386,6 +460,11 @@ impl Bursts {
     /// No further attaches (the one under way still finishes).
     pub(crate) fn cancel_pending(&self) {
         self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// The tracer of `pid`, if it is traced.
+    pub(crate) fn tracer_mut(&mut self, pid: Pid) -> Option<&mut BurstTracer> {
+        self.tracers.iter_mut().find(|t| t.pid() == pid)
     }
 
     /// A tracer attached (by [`Self::next_attach`]) joins the set.

@@ -41,13 +41,23 @@ pub(crate) fn mapped_modules(
 ) -> anyhow::Result<Vec<Module>> {
     let exe = module_at(maps, exe_path, Some(exe_data), pid, true)?
         .ok_or_else(|| anyhow::anyhow!("pid {pid}: {exe_path} is not in /proc/{pid}/maps"))?;
-    let interp = ElfInfo::parse(&exe.data)
-        .ok()
-        .and_then(|_| interpreter(&exe.data));
+    let interp = interpreter(&exe.data);
     let mut out = vec![exe];
-    if !libraries {
-        return Ok(out);
+    if libraries {
+        out.extend(mapped_libraries(pid, maps, exe_path, interp.as_deref()));
     }
+    Ok(out)
+}
+
+/// The shared libraries mapped in `pid` (every executable file mapping
+/// but the executable's, `exe_path`, and the dynamic loader, `interp` or
+/// any `ld-*.so*`), in address order.
+pub(crate) fn mapped_libraries(
+    pid: Pid,
+    maps: &[MapEntry],
+    exe_path: &str,
+    interp: Option<&str>,
+) -> Vec<Module> {
     let mut paths: Vec<&str> = Vec::new();
     for m in maps {
         let Some(p) = m.path.as_deref() else { continue };
@@ -55,15 +65,13 @@ pub(crate) fn mapped_modules(
             paths.push(p);
         }
     }
+    let mut out = Vec::new();
     for p in paths {
         let name = Path::new(p)
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        if interp.as_deref() == Some(p)
-            || name.starts_with("ld-linux")
-            || name.starts_with("ld-") && name.contains(".so")
-        {
+        if interp == Some(p) || name.starts_with("ld-") && name.contains(".so") {
             debug!(%pid, "not cloning the dynamic loader {p}");
             continue;
         }
@@ -73,7 +81,7 @@ pub(crate) fn mapped_modules(
             Err(e) => debug!(%pid, "not cloning {p}: {e:#}"),
         }
     }
-    Ok(out)
+    out
 }
 
 /// The module mapped from `path`: its range, its bias from the mapping
@@ -169,7 +177,7 @@ pub(crate) fn name_from_debug_file(
 }
 
 /// The executable's `PT_INTERP` (the dynamic loader's path).
-fn interpreter(data: &[u8]) -> Option<String> {
+pub(crate) fn interpreter(data: &[u8]) -> Option<String> {
     use object::read::elf::{ElfFile64, ProgramHeader as _};
     let file = ElfFile64::<object::Endianness>::parse(data).ok()?;
     let endian = file.endian();

@@ -69,6 +69,13 @@ impl SharedRegion {
         self.active_word().store(0, Ordering::SeqCst);
     }
 
+    /// Points the runtime at new lookup tables (a `TablesHeader`) with one
+    /// atomic store, while the program runs.
+    pub(crate) fn set_tables(&self, header: u64) {
+        self.word(offset_of!(BurstControl, tables))
+            .store(header, Ordering::SeqCst);
+    }
+
     /// The counters the target side keeps.
     pub(crate) fn target_counters(&self) -> TargetCounters {
         [

@@ -22,7 +22,11 @@ impl Session {
     /// An attach finished: arm the eBPF side for the process, let the
     /// unwinder see through its clones, count the events it samples per
     /// PC, drain its ring from now on.
-    pub(super) fn on_attached(&mut self, Attach { pid, tracer }: Attach) {
+    pub(super) fn on_attached(&mut self, a: Attach) {
+        let (pid, tracer) = match a {
+            Attach::Tracer { pid, tracer } => (pid, tracer),
+            Attach::Libraries { pid, libraries } => return self.on_libraries(pid, libraries, true),
+        };
         let t = match tracer {
             Ok(t) => t,
             Err(e) => {
@@ -46,9 +50,52 @@ impl Session {
         }
     }
 
+    /// The shared libraries' clones were added to `pid`'s attachment: its
+    /// records name their functions, the unwinder sees through them, and
+    /// (`arm`) bursts may start in them too.
+    fn on_libraries(
+        &mut self,
+        pid: burstyd_common::addr::Pid,
+        libraries: anyhow::Result<crate::bursts::lifecycle::Extension>,
+        arm: bool,
+    ) {
+        let ext = match libraries {
+            Ok(ext) => ext,
+            Err(e) => {
+                warn!(%pid, "the shared libraries are not traced in bursts: {e:#}");
+                return;
+            }
+        };
+        METRICS
+            .functions_rewritten
+            .add(ext.functions_rewritten as u64);
+        METRICS.functions_skipped.add(ext.functions_skipped as u64);
+        let Some(t) = self.bursts.tracer_mut(pid) else {
+            return;
+        };
+        t.extend(ext);
+        let (target, frames) = (t.target(), t.clone_frames());
+        if arm
+            && let Err(e) = self
+                .sampler
+                .set_burst_target(pid, Some((target, t.pages())))
+        {
+            warn!(%pid, "cannot arm bursts in the libraries: {e}");
+        }
+        self.pipe.procs.set_clone_frames(pid, frames);
+    }
+
     /// An attach that finished after the session ended: never armed in
     /// the eBPF map (so no burst starts), detached with the others.
-    fn on_late_attach(&mut self, Attach { pid, tracer }: Attach) {
+    fn on_late_attach(&mut self, a: Attach) {
+        let (pid, tracer) = match a {
+            Attach::Tracer { pid, tracer } => (pid, tracer),
+            // The bursts under way may already run in them: their records
+            // must be understood, but nothing new is armed.
+            Attach::Libraries { pid, libraries } => {
+                return self.on_libraries(pid, libraries, false);
+            }
+        };
         match tracer {
             Ok(t) => {
                 info!(%pid, "the session ended while attaching; detaching");
@@ -197,6 +244,20 @@ impl Session {
                 exe.bias,
                 self.pipe.leaf_weights.get(&pid).unwrap_or(&empty),
             );
+            let mut hot = hot;
+            for (l, m) in hot
+                .libraries
+                .iter_mut()
+                .zip(traced.modules.iter().filter(|m| !m.is_exe))
+            {
+                l.missed = HotCoverage::missed_in(
+                    &traced.code,
+                    &m.plan,
+                    m.bias,
+                    m.range,
+                    self.pipe.leaf_weights.get(&pid).unwrap_or(&empty),
+                );
+            }
             let in_libs = hot.instrumented_all - hot.instrumented;
             for (c, w) in METRICS.hot_weight.iter().zip([
                 hot.instrumented,

@@ -22,6 +22,7 @@ pub(crate) struct CloneFrames {
 }
 
 /// One module's clones.
+#[derive(Clone)]
 pub(crate) struct CloneRegion {
     pub(crate) range: std::ops::Range<u64>,
     /// `.eh_frame` with absolute addresses (SVMA = AVMA), and where it

@@ -95,14 +95,6 @@ pub struct Tables {
     pub returns: Vec<(u64, u64)>,
 }
 
-/// Where [`Tables::bytes`] puts each table, as `(offset, pairs)`.
-#[derive(Clone, Copy, Debug)]
-pub struct TablesLayout {
-    pub insns: (u64, u64),
-    pub functions: (u64, u64),
-    pub returns: (u64, u64),
-}
-
 impl Tables {
     /// The tables of several images (modules) as one: their originals lie
     /// in different modules, so sorting the union keeps each lookup one
@@ -121,29 +113,47 @@ impl Tables {
         t
     }
 
-    /// The three tables back to back, and where each is.
-    pub fn bytes(&self) -> (Vec<u8>, TablesLayout) {
-        let mut b =
-            Vec::with_capacity(16 * (self.insns.len() + self.functions.len() + self.returns.len()));
-        let mut put = |v: &[(u64, u64)]| {
-            let at = b.len() as u64;
-            for &(o, c) in v {
+    /// The bytes to write at `at`: the
+    /// [`TablesHeader`](burstyd_common::burst::TablesHeader) (whose
+    /// address goes into `BurstControl::tables`), then the three tables.
+    pub fn bytes(&self, at: u64) -> Vec<u8> {
+        use burstyd_common::burst::TablesHeader;
+        let head = std::mem::size_of::<TablesHeader>() as u64;
+        let pairs = |v: &[(u64, u64)]| 16 * v.len() as u64;
+        let h = TablesHeader {
+            insns: at + head,
+            insns_len: self.insns.len() as u64,
+            functions: at + head + pairs(&self.insns),
+            functions_len: self.functions.len() as u64,
+            returns: at + head + pairs(&self.insns) + pairs(&self.functions),
+            returns_len: self.returns.len() as u64,
+        };
+        let mut b = Vec::with_capacity(
+            (head + pairs(&self.insns) + pairs(&self.functions) + pairs(&self.returns)) as usize,
+        );
+        for w in [
+            h.insns,
+            h.insns_len,
+            h.functions,
+            h.functions_len,
+            h.returns,
+            h.returns_len,
+        ] {
+            b.extend_from_slice(&w.to_le_bytes());
+        }
+        for v in [&self.insns, &self.functions, &self.returns] {
+            for &(o, c) in v.iter() {
                 b.extend_from_slice(&o.to_le_bytes());
                 b.extend_from_slice(&c.to_le_bytes());
             }
-            (at, v.len() as u64)
-        };
-        let insns = put(&self.insns);
-        let functions = put(&self.functions);
-        let returns = put(&self.returns);
-        (
-            b,
-            TablesLayout {
-                insns,
-                functions,
-                returns,
-            },
-        )
+        }
+        b
+    }
+
+    /// Bytes of [`Self::bytes`].
+    pub fn len_bytes(&self) -> u64 {
+        (std::mem::size_of::<burstyd_common::burst::TablesHeader>()
+            + 16 * (self.insns.len() + self.functions.len() + self.returns.len())) as u64
     }
 }
 

@@ -113,8 +113,7 @@ mod transfers;
 pub mod unwind_info;
 
 pub use image::{
-    CloneImage, ClonedFunction, GenError, GenStats, Layout, Tables, TablesLayout, generate,
-    generate_excluding,
+    CloneImage, ClonedFunction, GenError, GenStats, Layout, Tables, generate, generate_excluding,
 };
 pub use runtime::NO_PATH;
 

@@ -3,7 +3,7 @@
 use iced_x86::Code;
 use iced_x86::IcedError;
 use iced_x86::code_asm::{
-    CodeAssembler, CodeLabel, eax, ecx, qword_ptr, r8, rax, rcx, rdi, rdx, rsi,
+    CodeAssembler, CodeLabel, eax, ecx, edx, qword_ptr, r8, rax, rcx, rdi, rdx, rsi,
 };
 
 use super::asm::RipRel;
@@ -18,14 +18,16 @@ pub(super) enum Miss {
 }
 
 /// A binary search over the sorted `(original, clone)` table whose address
-/// and length (in pairs) are the control-block words at
-/// `addr_field`/`len_field`: `rax` = original → `rax` = clone, or what
-/// `miss` says. Clobbers rcx, rdx.
+/// and length (in pairs) are the words at `addr_off`/`len_off` of the
+/// [`TablesHeader`](burstyd_common::burst::TablesHeader) the control-block
+/// word at `tables_field` points to (read once: a header swapped in
+/// meanwhile is used by the next lookup): `rax` = original → `rax` =
+/// clone, or what `miss` says (also without a header). Clobbers rcx, rdx.
 pub(super) fn lookup(
     a: &mut CodeAssembler,
     entry: &mut CodeLabel,
-    addr_field: u64,
-    len_field: u64,
+    tables_field: u64,
+    (addr_off, len_off): (usize, usize),
     miss: Miss,
 ) -> Result<(), IcedError> {
     let mut lp = a.create_label();
@@ -39,9 +41,13 @@ pub(super) fn lookup(
     a.push(rdi)?;
     a.push(r8)?;
     a.mov(r8, rax)?; // the key
-    a.rip_rm(Code::Mov_r64_rm64, rsi, addr_field)?;
     a.xor(ecx, ecx)?; // lo
-    a.rip_rm(Code::Mov_r64_rm64, rdx, len_field)?; // hi
+    a.xor(edx, edx)?; // hi (no header: no pairs)
+    a.rip_rm(Code::Mov_r64_rm64, rsi, tables_field)?;
+    a.test(rsi, rsi)?;
+    a.je(none)?;
+    a.mov(rdx, qword_ptr(rsi + len_off as i32))?;
+    a.mov(rsi, qword_ptr(rsi + addr_off as i32))?;
     a.set_label(&mut lp)?;
     a.cmp(rcx, rdx)?;
     a.jae(none)?;

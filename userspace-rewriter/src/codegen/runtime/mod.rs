@@ -37,9 +37,9 @@
 //!   (`sched_yield`, at most 2^22 times) for the daemon to consume.
 //! - `rt_lookup(rax = original address) -> rax = clone address or 0`
 //!   (`lookup.rs`): binary search over every rewritten instruction (the
-//!   sorted `table_addr`/`table_len` pairs). Clobbers rcx, rdx.
+//!   sorted `insns` table of the `TablesHeader` at `tables`). Clobbers rcx, rdx.
 //! - `rt_lookup_fn(rax)` (`lookup.rs`): the same over function entries
-//!   (`fn_table_addr`/`fn_table_len`, original start → clone entry),
+//!   (`functions`, original start → clone entry),
 //!   returning rax unchanged when not found (an indirect call to code that
 //!   was not cloned). Clobbers rcx, rdx.
 //! - `rt_end(eax = reason)` (`end.rs`): END record, the burst is over
@@ -53,7 +53,7 @@
 //!   register. The caller then sets the restart value. Clobbers rax, rcx,
 //!   rdx.
 //! - `rt_lookup_ret(rax)` (`lookup.rs`): the same over the calls' return
-//!   sites (`ret_table_addr`/`ret_table_len`, original return address →
+//!   sites (`returns`, original return address →
 //!   the clone's return site), 0 when not found.
 //! - `rt_exit(eax = fid | NO_PATH, ecx = kind)` (`exit.rs`): PATH record
 //!   (none with [`NO_PATH`]); for returns and tail calls, pop the shadow
@@ -197,25 +197,37 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
         restorer: a.create_label(),
     };
     ring::emit(&mut a, control, &mut e.emit)?;
+    use burstyd_common::burst::TablesHeader;
+    use core::mem::offset_of;
+    let tables = field!(control, tables);
     lookup::lookup(
         &mut a,
         &mut e.lookup,
-        field!(control, table_addr),
-        field!(control, table_len),
+        tables,
+        (
+            offset_of!(TablesHeader, insns),
+            offset_of!(TablesHeader, insns_len),
+        ),
         lookup::Miss::Zero,
     )?;
     lookup::lookup(
         &mut a,
         &mut e.lookup_fn,
-        field!(control, fn_table_addr),
-        field!(control, fn_table_len),
+        tables,
+        (
+            offset_of!(TablesHeader, functions),
+            offset_of!(TablesHeader, functions_len),
+        ),
         lookup::Miss::Keep,
     )?;
     lookup::lookup(
         &mut a,
         &mut e.lookup_ret,
-        field!(control, ret_table_addr),
-        field!(control, ret_table_len),
+        tables,
+        (
+            offset_of!(TablesHeader, returns),
+            offset_of!(TablesHeader, returns_len),
+        ),
         lookup::Miss::Zero,
     )?;
     end::end(&mut a, control, &mut e.end, e.emit)?;

@@ -27,6 +27,9 @@ const RING: usize = CONTROL_BYTES;
 const TABLE: usize = CONTROL_BYTES + 4 * 1024;
 const FN_TABLE: usize = TABLE + TABLE_PAIRS * 16;
 const RET_TABLE: usize = FN_TABLE + TABLE_PAIRS * 16;
+/// The `TablesHeader`, in the control page after the `BurstControl`.
+const HEADER: usize = 3072;
+const _: () = assert!(core::mem::size_of::<BurstControl>() <= HEADER);
 const UCONTEXT: usize = RET_TABLE + TABLE_PAIRS * 16;
 const STACK: usize = UCONTEXT + PAGE;
 const STACK_END: usize = STACK + 64 * 1024;
@@ -97,9 +100,14 @@ impl Harness {
         c.magic = CONTROL_MAGIC;
         c.ring_mask = RING_WORDS as u64 - 1;
         c.ring_addr = control + RING as u64;
-        c.table_addr = control + TABLE as u64;
-        c.fn_table_addr = control + FN_TABLE as u64;
-        c.ret_table_addr = control + RET_TABLE as u64;
+        c.tables = control + HEADER as u64;
+        *h.header_mut() = burstyd_common::burst::TablesHeader {
+            insns: control + TABLE as u64,
+            functions: control + FN_TABLE as u64,
+            returns: control + RET_TABLE as u64,
+            ..Default::default()
+        };
+        let c = h.ctl_mut();
         c.clone_lo = CLONE_LO;
         c.clone_hi = CLONE_HI;
         // The test thread owns a burst unless a test says otherwise.
@@ -164,22 +172,30 @@ impl Harness {
         }
     }
 
-    /// The instruction table (`table_addr`, `table_len`).
+    /// The `TablesHeader` `tables` points to.
+    pub(super) fn header_mut(&mut self) -> &mut burstyd_common::burst::TablesHeader {
+        // SAFETY: HEADER is inside the zero-initialised control page,
+        // 8-aligned, and past the BurstControl (asserted above); `&mut
+        // self` makes the borrow unique.
+        unsafe { &mut *(self.base.add(HEADER) as *mut burstyd_common::burst::TablesHeader) }
+    }
+
+    /// The instruction table (`insns` of the header).
     pub(super) fn set_table(&mut self, pairs: &[(u64, u64)]) {
         self.write_table(TABLE, pairs);
-        self.ctl_mut().table_len = pairs.len() as u64;
+        self.header_mut().insns_len = pairs.len() as u64;
     }
 
-    /// The function-entry table (`fn_table_addr`, `fn_table_len`).
+    /// The function-entry table (`functions`).
     pub(super) fn set_fn_table(&mut self, pairs: &[(u64, u64)]) {
         self.write_table(FN_TABLE, pairs);
-        self.ctl_mut().fn_table_len = pairs.len() as u64;
+        self.header_mut().functions_len = pairs.len() as u64;
     }
 
-    /// The return-site table (`ret_table_addr`, `ret_table_len`).
+    /// The return-site table (`returns`).
     pub(super) fn set_ret_table(&mut self, pairs: &[(u64, u64)]) {
         self.write_table(RET_TABLE, pairs);
-        self.ctl_mut().ret_table_len = pairs.len() as u64;
+        self.header_mut().returns_len = pairs.len() as u64;
     }
 
     /// The word below the return address (`[program rsp - 8]`), where

@@ -1,0 +1,107 @@
+//! Bursty tracing of shared libraries: libc's functions get clones of
+//! their own (near libc), calls from the executable's clones into libc
+//! (through the PLT's GOT slot) and returns back stay inside the burst,
+//! and the time a program spends in libc is covered by instrumented code.
+use std::time::Duration;
+
+use burstyd_tests::*;
+
+/// N of burstyd's "Over all modules: N% of the process's user-mode samples
+/// land in instrumented code" (the hot coverage over every module).
+fn process_coverage(stderr: &str) -> f64 {
+    let (line, _) = hot_coverage(stderr);
+    line.split("Over all modules: ")
+        .nth(1)
+        .and_then(|r| r.split('%').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no coverage over all modules in {line}"))
+}
+
+/// Executions of paths through functions of `lib` (the leaf pseudo-frame's
+/// mapping), and how many distinct such paths.
+fn paths_in(p: &Profile, lib: &str) -> (i64, usize) {
+    let mut n = 0;
+    let mut distinct = 0;
+    for s in &p.samples {
+        if s.frames[0]
+            .mapping_file
+            .rsplit('/')
+            .next()
+            .is_some_and(|f| f.starts_with(lib))
+        {
+            n += s.values[0];
+            distinct += 1;
+        }
+    }
+    (n, distinct)
+}
+
+/// A program whose time is in libc's qsort, strcmp, memcpy, strlen and
+/// memchr: with bursts and with a full trace its output is identical,
+/// the samples over all modules land in instrumented code (>= 95%), the
+/// path profile has paths through libc's own functions, and libc gets a
+/// BOLT profile of its own. With `--exe-only` (libc left original) the
+/// coverage collapses, which is what the first bound guards.
+#[test]
+fn time_in_libc_is_traced_in_bursts() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("libc_heavy");
+    let exe_s = exe.to_str().unwrap();
+    let prog = [exe_s, "600"];
+    let untraced = run_untraced(&prog, Duration::from_secs(60));
+    for (args, full) in [
+        (&["--freq", "999"][..], false),
+        (&["--freq", "999", "--full-trace"][..], true),
+    ] {
+        let scratch = Scratch::new("libraries");
+        let run = burstyd_run(&scratch, args, &prog, Duration::from_secs(300));
+        run.assert_ok();
+        assert_eq!(
+            run.finished.stdout_str(),
+            untraced.stdout_str(),
+            "output differs ({args:?})\n{}",
+            run.finished.describe()
+        );
+        let stderr = &run.finished.stderr;
+        let line = bursts_line(stderr);
+        assert!(line.contains("records lost: 0"), "{line}");
+        assert!(line.contains("bad records: 0"), "{line}");
+        if !full {
+            // In a full trace the runtime's own ring writes take samples
+            // too; the coverage bound is for the default bursts.
+            let cov = process_coverage(stderr);
+            assert!(
+                cov >= 95.0,
+                "coverage over all modules {cov}%: {}",
+                hot_coverage(stderr).0
+            );
+        }
+        let paths = read_profile(&run.out_dir.join("paths.pb.gz")).unwrap();
+        let (execs, distinct) = paths_in(&paths, "libc.so");
+        assert!(
+            execs >= 10_000 && distinct >= 20,
+            "paths in libc: {execs} executions of {distinct} paths ({args:?})"
+        );
+        let fdata = std::fs::read_to_string(run.out_dir.join("edges-libc.so.6.fdata"))
+            .expect("libc's own BOLT profile");
+        assert!(fdata.lines().count() >= 20, "{fdata}");
+    }
+
+    let scratch = Scratch::new("libraries-exe-only");
+    let run = burstyd_run(
+        &scratch,
+        &["--freq", "999", "--exe-only"],
+        &prog,
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    let (line, exe_cov) = hot_coverage(&run.finished.stderr);
+    assert!(exe_cov >= 95.0, "{line}");
+    assert!(
+        !line.contains("Over all modules"),
+        "--exe-only cloned libraries: {line}"
+    );
+    assert!(!run.out_dir.join("edges-libc.so.6.fdata").exists());
+}
