@@ -140,9 +140,11 @@ fn twenty_attach_detach_cycles_during_one_run() {
     let _serial = serial();
     let exe = fixture("bursty");
     let exe_s = exe.to_str().unwrap();
-    // About 12 s untraced: 20 cycles of 0.1 s take 5-6 s.
-    let untraced = run_untraced(&[exe_s, "5000"], Duration::from_secs(120));
-    let child = spawn_fixture(&[exe_s, "5000"]);
+    // About 24 s untraced: 20 cycles of 0.1 s take 10-15 s (each re-arms
+    // the executable's clones at once, and ends while libc's are still
+    // being analysed for the second step).
+    let untraced = run_untraced(&[exe_s, "10000"], Duration::from_secs(120));
+    let child = spawn_fixture(&[exe_s, "10000"]);
     let pid = child.id().to_string();
     let scratch = Scratch::new("attach-cycles");
     let mut child = child;

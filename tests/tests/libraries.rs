@@ -4,6 +4,7 @@
 //! and the time a program spends in libc is covered by instrumented code.
 use std::time::Duration;
 
+use burstyd_tests::pprof::read_profile;
 use burstyd_tests::*;
 
 /// N of burstyd's "Over all modules: N% of the process's user-mode samples

@@ -730,7 +730,13 @@ pub(crate) struct Extension {
 /// under way finishes on the old tables, which stay mapped). From then
 /// on calls from a burst into a library, and returns from it, stay in the
 /// burst. `None` when there is nothing to add.
-pub(crate) fn add_libraries(pid: Pid, pending: Pending) -> anyhow::Result<Option<Extension>> {
+/// Gives up (`None`) once `cancel` is set: the session is ending.
+pub(crate) fn add_libraries(
+    pid: Pid,
+    pending: Pending,
+    cancel: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<Option<Extension>> {
+    let cancelled = || cancel.load(Ordering::Relaxed);
     let t0 = std::time::Instant::now();
     let maps = inject::maps(pid)?;
     let all = modules::mapped_libraries(pid, &maps, &pending.exe_path, pending.interp.as_deref());
@@ -741,6 +747,9 @@ pub(crate) fn add_libraries(pid: Pid, pending: Pending) -> anyhow::Result<Option
     let mut gens = Vec::new();
     let mut reserved = Vec::new();
     for module in all {
+        if cancelled() {
+            return Ok(None);
+        }
         let path = module.path.clone();
         let a = match analyse(module) {
             Ok(mut a) => {
@@ -760,6 +769,9 @@ pub(crate) fn add_libraries(pid: Pid, pending: Pending) -> anyhow::Result<Option
                 continue;
             }
         };
+        if cancelled() {
+            return Ok(None);
+        }
         let fixed = match &pending.rearm {
             None => None,
             Some(entries) => match entries
@@ -783,7 +795,7 @@ pub(crate) fn add_libraries(pid: Pid, pending: Pending) -> anyhow::Result<Option
             Err(e) => warn!(%pid, "{path} is not cloned: {e:#}"),
         }
     }
-    if gens.is_empty() {
+    if gens.is_empty() || cancelled() {
         return Ok(None);
     }
     let prepared_ms = t0.elapsed().as_secs_f64() * 1e3;

@@ -401,36 +401,42 @@ impl Bursts {
         let spawned = std::thread::Builder::new()
             .name("burstyd-attach".into())
             .spawn(move || {
+                // Background work: the session (draining rings, sampling)
+                // and the targets come first.
+                // SAFETY: setpriority on this thread (PRIO_PROCESS with a
+                // tid) has no memory effects.
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
+                // Every executable first (each target takes bursts within
+                // milliseconds), then their libraries.
+                let mut pending = Vec::new();
                 for pid in pids {
                     if cancel.load(Ordering::Relaxed) {
-                        break;
+                        return;
                     }
                     lifecycle::wait_for_exec(pid);
-                    let (tracer, pending) = match BurstTracer::attach(pid, &opts) {
+                    let (tracer, p) = match BurstTracer::attach(pid, &opts) {
                         Ok((t, p)) => (Ok(t), p),
                         Err(e) => (Err(e), None),
                     };
-                    if let Err(mpsc::error::SendError(a)) = tx.send(Attach::Tracer { pid, tracer })
-                    {
+                    if let Err(mpsc::error::SendError(a)) = tx.send(Attach::Tracer { pid, tracer }) {
                         // Nobody will drain it: leave the target as it was.
                         if let Attach::Tracer { tracer: Ok(t), .. } = a {
                             let _ = t.detach();
                         }
-                        break;
+                        return;
                     }
-                    // Its libraries, while the executable's clones already
-                    // take bursts.
-                    let Some(pending) = pending else { continue };
-                    if cancel.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let libraries = match lifecycle::add_libraries(pid, pending) {
+                    pending.extend(p.map(|p| (pid, p)));
+                }
+                for (pid, p) in pending {
+                    let libraries = match lifecycle::add_libraries(pid, p, &cancel) {
                         Ok(Some(ext)) => Ok(ext),
                         Ok(None) => continue,
+                        // It exited meanwhile: nothing to say.
+                        Err(_) if !crate::sys::process_running(pid) => continue,
                         Err(e) => Err(e),
                     };
                     if tx.send(Attach::Libraries { pid, libraries }).is_err() {
-                        break;
+                        return;
                     }
                 }
             });

@@ -62,7 +62,7 @@ impl Session {
         let ext = match libraries {
             Ok(ext) => ext,
             Err(e) => {
-                warn!(%pid, "the shared libraries are not traced in bursts: {e:#}");
+                warn!(%pid, "shared libraries not cloned (the executable's clones go on): {e:#}");
                 return;
             }
         };
