@@ -459,6 +459,7 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached,
                 tables: Tables::default(),
                 next_fid: 0,
                 rearm: Some(entries),
+                rooms: Rooms::default(),
             });
             return Ok((attached, pending));
         }
@@ -509,6 +510,22 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached,
     }
     let tables = Tables::merge(gens.iter().map(|g| &g.img.tables));
     let tables_len = tables.len_bytes().next_multiple_of(PAGE_SIZE);
+    // Room for the libraries' clones and the tables of all modules, mapped
+    // in this stop (untouched pages cost nothing) and filled by the second
+    // step through /proc/PID/mem without stopping the program again: a
+    // ptrace stop cuts short a `getrandom` or a pipe `read` under way.
+    let rooms = if opts.libraries {
+        library_rooms(
+            pid,
+            &maps,
+            exe_path,
+            interp.as_deref(),
+            &tables,
+            &mut reserved,
+        )
+    } else {
+        Rooms::default()
+    };
 
     let generation_ms = t0.elapsed().as_secs_f64() * 1e3 - analysis_ms;
     let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
@@ -574,6 +591,7 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached,
         t.check_syscall(nr, &args)?;
     }
     place_checks(&mut t, &gens, tables_len)?;
+    rooms.checks(&mut t)?;
     if opts.full_trace {
         // What the runtime itself calls while a full ring waits.
         t.check_syscall(libc::SYS_sched_yield, &[])?;
@@ -604,6 +622,7 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached,
     // The clones, their unwind info and the lookup tables (fixed
     // addresses first: the kernel's choices below must not take them).
     let (tables_at, exe_eh) = place(&mut t, pid, &gens, &tables, tables_len, register_frame)?;
+    let rooms = rooms.map(&mut t)?;
     // The record ring is reached through a pointer in the control block:
     // anywhere the kernel puts it.
     let ring_at = t
@@ -677,6 +696,7 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached,
         tables,
         next_fid: fid_base,
         rearm: None,
+        rooms,
     });
     Ok((
         Injected {
@@ -708,6 +728,105 @@ pub(crate) struct Pending {
     /// Modules an earlier attach injected (a re-arm): regenerated at
     /// their addresses, nothing mapped.
     rearm: Option<Vec<ModuleEntry>>,
+    /// Where the libraries' clones and the merged tables go.
+    rooms: Rooms,
+}
+
+/// Address space mapped in the first stop for the second step: per
+/// library `(path, lowest mapped address, at, len)` near it, and one
+/// `(at, len)` for the tables.
+#[derive(Default)]
+pub(crate) struct Rooms {
+    libraries: Vec<(String, u64, u64, u64)>,
+    tables: (u64, u64),
+}
+
+/// Bytes of room for a library's clones and unwind info, from its
+/// executable mappings (`exec` bytes): the generous bound attach uses
+/// for the executable (clones run at 6-10x the original bytes).
+fn code_room(exec: u64) -> u64 {
+    (32 * exec + (2 << 20))
+        .min(256 << 20)
+        .next_multiple_of(PAGE_SIZE)
+}
+
+/// Rooms near each library mapped in `pid` (but the executable and the
+/// dynamic loader) and for the tables of all modules: at most one entry
+/// per instruction byte, function byte, and two bytes of calls, 16 bytes
+/// each. Gaps are found without analysing anything; a library without
+/// room is left out (logged).
+fn library_rooms(
+    pid: Pid,
+    maps: &[inject::MapEntry],
+    exe_path: &str,
+    interp: Option<&str>,
+    exe_tables: &Tables,
+    reserved: &mut Vec<(u64, u64)>,
+) -> Rooms {
+    let mut rooms = Rooms::default();
+    let mut exec_total = 0;
+    for p in modules::library_paths(maps, exe_path, interp) {
+        let own = maps.iter().filter(|x| x.is_path(p));
+        let (lo, hi) = own.clone().fold((u64::MAX, 0), |(lo, hi), x| {
+            (lo.min(x.start), hi.max(x.end))
+        });
+        let exec: u64 = own.filter(|x| x.is_exec()).map(|x| x.end - x.start).sum();
+        let len = code_room(exec);
+        match inject::find_gap_near(pid, lo, hi, len, reserved) {
+            Ok(at) => {
+                reserved.push((at, at + len));
+                rooms.libraries.push((p.to_owned(), lo, at, len));
+                exec_total += exec;
+            }
+            Err(e) => warn!(%pid, "{p} is not cloned: {e}"),
+        }
+    }
+    if !rooms.libraries.is_empty() {
+        let len = (exe_tables.len_bytes() + 40 * exec_total + 4096).next_multiple_of(PAGE_SIZE);
+        rooms.tables = (0, len);
+    }
+    rooms
+}
+
+impl Rooms {
+    /// Asks the target's seccomp filters about [`Self::map`]'s calls.
+    fn checks(&self, t: &mut Tracee) -> anyhow::Result<()> {
+        for &(_, _, at, len) in &self.libraries {
+            t.check_syscall(
+                libc::SYS_mmap,
+                &[at, len, RX as u64, CODE_FLAGS as u64, u64::MAX, 0],
+            )?;
+        }
+        if self.tables.1 > 0 {
+            t.check_syscall(
+                libc::SYS_mmap,
+                &[
+                    0,
+                    self.tables.1,
+                    libc::PROT_READ as u64,
+                    TABLE_FLAGS as u64,
+                    u64::MAX,
+                    0,
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Maps the rooms (under ptrace); a library whose room cannot be
+    /// mapped is left out. The tables' room is placed by the kernel.
+    fn map(mut self, t: &mut Tracee) -> anyhow::Result<Rooms> {
+        self.libraries
+            .retain(|&(_, _, at, len)| t.mmap(at, len, RX, CODE_FLAGS, -1, 0).is_ok());
+        if self.tables.1 > 0 && !self.libraries.is_empty() {
+            self.tables.0 = t
+                .mmap(0, self.tables.1, libc::PROT_READ, TABLE_FLAGS, -1, 0)
+                .context("mapping room for the lookup tables")?;
+        } else {
+            self.libraries.clear();
+        }
+        Ok(self)
+    }
 }
 
 /// The shared libraries' clones, added to a running attachment.
@@ -745,7 +864,6 @@ pub(crate) fn add_libraries(
     }
     let mut fid_base = pending.next_fid;
     let mut gens = Vec::new();
-    let mut reserved = Vec::new();
     for module in all {
         if cancelled() {
             return Ok(None);
@@ -772,26 +890,35 @@ pub(crate) fn add_libraries(
         if cancelled() {
             return Ok(None);
         }
-        let fixed = match &pending.rearm {
-            None => None,
-            Some(entries) => match entries
+        if let Some(entries) = &pending.rearm {
+            // Re-armed: what an earlier attach wrote is in place.
+            let Some(e) = entries
                 .iter()
                 .find(|e| e.id == a.id && e.bias == a.module.bias)
-            {
-                Some(e) => {
-                    let mut a = a;
-                    a.fid_base = e.fid_base as u32;
-                    match generate(pid, a, pending.control, Some(e.code), &mut Vec::new()) {
-                        Ok(g) => gens.push(g),
-                        Err(e) => warn!(%pid, "{path} is not re-armed: {e:#}"),
-                    }
-                    continue;
-                }
-                None => continue,
-            },
+            else {
+                continue;
+            };
+            let mut a = a;
+            a.fid_base = e.fid_base as u32;
+            match generate(pid, a, pending.control, Some(e.code), &mut Vec::new()) {
+                Ok(g) => gens.push(g),
+                Err(e) => warn!(%pid, "{path} is not re-armed: {e:#}"),
+            }
+            continue;
+        }
+        let Some(&(_, _, at, len)) = pending
+            .rooms
+            .libraries
+            .iter()
+            .find(|r| r.0 == a.module.path && r.1 == a.module.range.0)
+        else {
+            continue; // mapped after the first step
         };
-        match generate(pid, a, pending.control, fixed, &mut reserved) {
-            Ok(g) => gens.push(g),
+        match generate(pid, a, pending.control, Some(at), &mut Vec::new()) {
+            Ok(g) if g.code_len <= len => gens.push(g),
+            Ok(g) => {
+                warn!(%pid, "{path} is not cloned: its clones need {} bytes, {len} were set aside", g.code_len)
+            }
             Err(e) => warn!(%pid, "{path} is not cloned: {e:#}"),
         }
     }
@@ -799,43 +926,43 @@ pub(crate) fn add_libraries(
         return Ok(None);
     }
     let prepared_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let mut stopped_ms = 0.0;
     if pending.rearm.is_none() {
-        let register_frame = register_frame_fn(pid, &maps, &gens[0].facts.plan, gens[0].facts.bias)
-            .or_else(|| {
-                gens.iter().find_map(|g| {
-                    g.facts
-                        .plan
-                        .functions
-                        .iter()
-                        .find(|f| f.name == "__register_frame")
-                        .map(|f| f.start.wrapping_add(g.facts.bias))
-                })
-            });
         let tables = Tables::merge(
             std::iter::once(&pending.tables).chain(gens.iter().map(|g| &g.img.tables)),
         );
-        let tables_len = tables.len_bytes().next_multiple_of(PAGE_SIZE);
-        let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
-        let stopped = std::time::Instant::now();
-        place_checks(&mut t, &gens, tables_len)?;
-        let (tables_at, _) = place(&mut t, pid, &gens, &tables, tables_len, register_frame)?;
-        t.detach()?;
-        stopped_ms = stopped.elapsed().as_secs_f64() * 1e3;
+        let (tables_at, room) = pending.rooms.tables;
+        if tables.len_bytes() > room {
+            bail!(
+                "the lookup tables need {} bytes, {room} were set aside",
+                tables.len_bytes()
+            );
+        }
+        // Written through /proc/PID/mem while the program runs: nothing
+        // points at these bytes until the tables are swapped below.
+        use std::os::unix::fs::FileExt;
+        let mem = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))
+            .context("opening the target's memory")?;
+        let write = |at: u64, bytes: &[u8]| {
+            mem.write_all_at(bytes, at)
+                .with_context(|| format!("writing {} bytes at {at:#x} in pid {pid}", bytes.len()))
+        };
+        for g in &gens {
+            write(g.code, &g.img.bytes)?;
+            write(g.eh.0, &g.eh.1)?;
+        }
+        write(tables_at, &tables.bytes(tables_at))?;
         // The module directory first (a re-attach reads it), then the
         // tables: from this store on, bursts go into the libraries.
-        let mut region = open_region(pid, pending.control)?;
-        let cb = region.control_mut();
-        let n = (cb.n_modules as usize).min(MAX_MODULES);
-        for (e, g) in cb.modules[n..].iter_mut().zip(&gens) {
-            *e = ModuleEntry {
-                id: g.id,
-                code: g.code,
-                fid_base: g.facts.fid_base.into(),
-                bias: g.facts.bias,
-            };
-        }
-        cb.n_modules = (n + gens.len()).min(MAX_MODULES) as u64;
+        let region = open_region(pid, pending.control)?;
+        region.add_modules(gens.iter().map(|g| ModuleEntry {
+            id: g.id,
+            code: g.code,
+            fid_base: g.facts.fid_base.into(),
+            bias: g.facts.bias,
+        }));
         region.set_tables(tables_at);
     }
     let mut pages: Vec<u64> = gens
@@ -871,7 +998,7 @@ pub(crate) fn add_libraries(
     let names: Vec<&str> = gens.iter().map(|g| g.facts.name()).collect();
     info!(
         %pid,
-        "bursty tracing: {functions_rewritten} functions of {} librar{} ({}) rewritten ({functions_skipped} skipped); analysis and generation {prepared_ms:.0} ms, target stopped {stopped_ms:.1} ms",
+        "bursty tracing: {functions_rewritten} functions of {} librar{} ({}) rewritten ({functions_skipped} skipped); analysis and generation {prepared_ms:.0} ms, added without stopping the program",
         gens.len(),
         if gens.len() == 1 { "y" } else { "ies" },
         names.join(", "),

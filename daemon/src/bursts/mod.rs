@@ -418,7 +418,8 @@ impl Bursts {
                         Ok((t, p)) => (Ok(t), p),
                         Err(e) => (Err(e), None),
                     };
-                    if let Err(mpsc::error::SendError(a)) = tx.send(Attach::Tracer { pid, tracer }) {
+                    if let Err(mpsc::error::SendError(a)) = tx.send(Attach::Tracer { pid, tracer })
+                    {
                         // Nobody will drain it: leave the target as it was.
                         if let Attach::Tracer { tracer: Ok(t), .. } = a {
                             let _ = t.detach();

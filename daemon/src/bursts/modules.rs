@@ -58,23 +58,8 @@ pub(crate) fn mapped_libraries(
     exe_path: &str,
     interp: Option<&str>,
 ) -> Vec<Module> {
-    let mut paths: Vec<&str> = Vec::new();
-    for m in maps {
-        let Some(p) = m.path.as_deref() else { continue };
-        if m.is_exec() && p.starts_with('/') && p != exe_path && !paths.contains(&p) {
-            paths.push(p);
-        }
-    }
     let mut out = Vec::new();
-    for p in paths {
-        let name = Path::new(p)
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        if interp == Some(p) || name.starts_with("ld-") && name.contains(".so") {
-            debug!(%pid, "not cloning the dynamic loader {p}");
-            continue;
-        }
+    for p in library_paths(maps, exe_path, interp) {
         match module_at(maps, p, None, pid, false) {
             Ok(Some(m)) => out.push(m),
             Ok(None) => {}
@@ -82,6 +67,31 @@ pub(crate) fn mapped_libraries(
         }
     }
     out
+}
+
+/// The paths of [`mapped_libraries`], in address order, without reading
+/// anything.
+pub(crate) fn library_paths<'a>(
+    maps: &'a [MapEntry],
+    exe_path: &str,
+    interp: Option<&str>,
+) -> Vec<&'a str> {
+    let mut paths: Vec<&str> = Vec::new();
+    for m in maps {
+        let Some(p) = m.path.as_deref() else { continue };
+        if !m.is_exec() || !p.starts_with('/') || p == exe_path || paths.contains(&p) {
+            continue;
+        }
+        let name = Path::new(p)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if interp == Some(p) || name.starts_with("ld-") && name.contains(".so") {
+            continue;
+        }
+        paths.push(p);
+    }
+    paths
 }
 
 /// The module mapped from `path`: its range, its bias from the mapping

@@ -7,7 +7,7 @@
 use std::mem::offset_of;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use burstyd_common::burst::{BurstControl, CONTROL_BYTES};
+use burstyd_common::burst::{BurstControl, CONTROL_BYTES, MAX_MODULES, ModuleEntry};
 
 /// The daemon's mapping of a target's burst region.
 pub(crate) struct SharedRegion {
@@ -74,6 +74,25 @@ impl SharedRegion {
     pub(crate) fn set_tables(&self, header: u64) {
         self.word(offset_of!(BurstControl, tables))
             .store(header, Ordering::SeqCst);
+    }
+
+    /// Appends modules to the control block's module directory (those
+    /// beyond [`MAX_MODULES`] are not recorded: a re-attach will not
+    /// re-arm them).
+    pub(crate) fn add_modules(&self, entries: impl IntoIterator<Item = ModuleEntry>) {
+        let n_off = offset_of!(BurstControl, n_modules);
+        let mut n = self.word(n_off).load(Ordering::Acquire) as usize;
+        for e in entries {
+            if n >= MAX_MODULES {
+                break;
+            }
+            let at = offset_of!(BurstControl, modules) + n * std::mem::size_of::<ModuleEntry>();
+            for (i, w) in [e.id, e.code, e.fid_base, e.bias].into_iter().enumerate() {
+                self.word(at + 8 * i).store(w, Ordering::Relaxed);
+            }
+            n += 1;
+        }
+        self.word(n_off).store(n as u64, Ordering::Release);
     }
 
     /// The counters the target side keeps.
