@@ -104,15 +104,17 @@ impl HotCoverage {
         bias: u64,
         leaf_weights: &HashMap<u64, u64>,
     ) -> Self {
-        let mut c = HotCoverage::default();
-        c.libraries = code
-            .libraries
-            .iter()
-            .map(|(n, _)| LibraryCoverage {
-                name: n.clone(),
-                ..Default::default()
-            })
-            .collect();
+        let mut c = HotCoverage {
+            libraries: code
+                .libraries
+                .iter()
+                .map(|(n, _)| LibraryCoverage {
+                    name: n.clone(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
         let mut exe_missed: HashMap<u64, u64> = HashMap::new();
         for (&pc, &w) in leaf_weights {
             c.total += w;

@@ -260,54 +260,21 @@ impl Injected {
             old_action,
         } = self;
         let baseline = region.target_counters();
-        let mut pages: Vec<u64> = modules
-            .iter()
-            .flat_map(|g| {
-                g.img
-                    .table()
-                    .iter()
-                    .map(|&(orig, _)| orig >> CLONE_PAGE_SHIFT)
-            })
-            .collect();
-        pages.sort_unstable();
-        pages.dedup();
         let exe_range = modules[0].facts.range;
-        let code = CodeMap::new(
-            exe_range,
-            modules.iter().flat_map(|g| {
-                g.img.functions.iter().map(|f| {
-                    (
-                        f.orig(),
-                        f.orig() + g.facts.plan.functions[f.fid() as usize].size,
-                    )
-                })
-            }),
-        )
-        .with_libraries(
-            modules
+        let Extension {
+            modules: facts,
+            regions,
+            pages,
+            cloned,
+            functions_rewritten,
+            functions_skipped,
+        } = Extension::of(modules);
+        let code = CodeMap::new(exe_range, cloned).with_libraries(
+            facts
                 .iter()
-                .filter(|g| !g.facts.is_exe)
-                .map(|g| (g.facts.name().to_owned(), g.facts.range)),
+                .filter(|m| !m.is_exe)
+                .map(|m| (m.name().to_owned(), m.range)),
         );
-        let functions_rewritten = modules.iter().map(|g| g.img.functions.len()).sum();
-        let functions_skipped = modules
-            .iter()
-            .map(|g| {
-                g.img.skipped.values().sum::<usize>()
-                    + g.facts.plan.summary.skipped.values().sum::<usize>()
-            })
-            .sum();
-        let mut regions = Vec::new();
-        let mut facts = Vec::new();
-        for g in modules {
-            regions.push(CloneRegion {
-                range: g.img.code_range.0..g.img.code_range.1,
-                eh_frame: g.eh.1.into(),
-                eh_frame_addr: g.eh.0,
-                map: g.img.reverse,
-            });
-            facts.push(g.facts);
-        }
         Attached {
             attachment: Attachment {
                 pid,
@@ -621,8 +588,10 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached,
     )?;
     // The clones, their unwind info and the lookup tables (fixed
     // addresses first: the kernel's choices below must not take them).
+    let mut rooms = rooms;
+    rooms.map_fixed(&mut t, pid);
     let (tables_at, exe_eh) = place(&mut t, pid, &gens, &tables, tables_len, register_frame)?;
-    let rooms = rooms.map(&mut t)?;
+    let rooms = rooms.map_tables(&mut t)?;
     // The record ring is reached through a pointer in the control block:
     // anywhere the kernel puts it.
     let ring_at = t
@@ -813,11 +782,24 @@ impl Rooms {
         Ok(())
     }
 
-    /// Maps the rooms (under ptrace); a library whose room cannot be
-    /// mapped is left out. The tables' room is placed by the kernel.
-    fn map(mut self, t: &mut Tracee) -> anyhow::Result<Rooms> {
-        self.libraries
-            .retain(|&(_, _, at, len)| t.mmap(at, len, RX, CODE_FLAGS, -1, 0).is_ok());
+    /// Maps the libraries' rooms (under ptrace; before any mapping the
+    /// kernel places, which could take their gaps); a library whose room
+    /// cannot be mapped is left out.
+    fn map_fixed(&mut self, t: &mut Tracee, pid: Pid) {
+        self.libraries.retain(|(path, _, at, len)| {
+            match t.mmap(*at, *len, RX, CODE_FLAGS, -1, 0) {
+                Ok(_) => true,
+                Err(e) => {
+                    warn!(%pid, "{path} is not cloned: mapping room for its clones: {e}");
+                    false
+                }
+            }
+        });
+    }
+
+    /// Maps the tables' room, where the kernel puts it (after every fixed
+    /// mapping).
+    fn map_tables(mut self, t: &mut Tracee) -> anyhow::Result<Rooms> {
         if self.tables.1 > 0 && !self.libraries.is_empty() {
             self.tables.0 = t
                 .mmap(0, self.tables.1, libc::PROT_READ, TABLE_FLAGS, -1, 0)
@@ -965,63 +947,73 @@ pub(crate) fn add_libraries(
         }));
         region.set_tables(tables_at);
     }
-    let mut pages: Vec<u64> = gens
-        .iter()
-        .flat_map(|g| {
-            g.img
-                .table()
-                .iter()
-                .map(|&(orig, _)| orig >> CLONE_PAGE_SHIFT)
-        })
-        .collect();
-    pages.sort_unstable();
-    pages.dedup();
-    let cloned = gens
-        .iter()
-        .flat_map(|g| {
-            g.img.functions.iter().map(|f| {
-                (
-                    f.orig(),
-                    f.orig() + g.facts.plan.functions[f.fid() as usize].size,
-                )
-            })
-        })
-        .collect();
-    let functions_rewritten = gens.iter().map(|g| g.img.functions.len()).sum();
-    let functions_skipped = gens
-        .iter()
-        .map(|g| {
-            g.img.skipped.values().sum::<usize>()
-                + g.facts.plan.summary.skipped.values().sum::<usize>()
-        })
-        .sum();
     let names: Vec<&str> = gens.iter().map(|g| g.facts.name()).collect();
+    let n = gens.len();
+    let names = names.join(", ");
+    let ext = Extension::of(gens);
     info!(
         %pid,
-        "bursty tracing: {functions_rewritten} functions of {} librar{} ({}) rewritten ({functions_skipped} skipped); analysis and generation {prepared_ms:.0} ms, added without stopping the program",
-        gens.len(),
-        if gens.len() == 1 { "y" } else { "ies" },
-        names.join(", "),
+        "bursty tracing: {} functions of {n} librar{} ({names}) rewritten ({} skipped); analysis and generation {prepared_ms:.0} ms, added without stopping the program",
+        ext.functions_rewritten,
+        if n == 1 { "y" } else { "ies" },
+        ext.functions_skipped,
     );
-    let mut regions = Vec::new();
-    let mut modules = Vec::new();
-    for g in gens {
-        regions.push(CloneRegion {
-            range: g.img.code_range.0..g.img.code_range.1,
-            eh_frame: g.eh.1.into(),
-            eh_frame_addr: g.eh.0,
-            map: g.img.reverse,
-        });
-        modules.push(g.facts);
+    Ok(Some(ext))
+}
+
+impl Extension {
+    /// What the daemon keeps of generated modules.
+    fn of(gens: Vec<Generated>) -> Extension {
+        let mut pages: Vec<u64> = gens
+            .iter()
+            .flat_map(|g| {
+                g.img
+                    .table()
+                    .iter()
+                    .map(|&(orig, _)| orig >> CLONE_PAGE_SHIFT)
+            })
+            .collect();
+        pages.sort_unstable();
+        pages.dedup();
+        let cloned = gens
+            .iter()
+            .flat_map(|g| {
+                g.img.functions.iter().map(|f| {
+                    (
+                        f.orig(),
+                        f.orig() + g.facts.plan.functions[f.fid() as usize].size,
+                    )
+                })
+            })
+            .collect();
+        let functions_rewritten = gens.iter().map(|g| g.img.functions.len()).sum();
+        let functions_skipped = gens
+            .iter()
+            .map(|g| {
+                g.img.skipped.values().sum::<usize>()
+                    + g.facts.plan.summary.skipped.values().sum::<usize>()
+            })
+            .sum();
+        let mut regions = Vec::new();
+        let mut modules = Vec::new();
+        for g in gens {
+            regions.push(CloneRegion {
+                range: g.img.code_range.0..g.img.code_range.1,
+                eh_frame: g.eh.1.into(),
+                eh_frame_addr: g.eh.0,
+                map: g.img.reverse,
+            });
+            modules.push(g.facts);
+        }
+        Extension {
+            modules,
+            regions,
+            pages,
+            cloned,
+            functions_rewritten,
+            functions_skipped,
+        }
     }
-    Ok(Some(Extension {
-        modules,
-        regions,
-        pages,
-        cloned,
-        functions_rewritten,
-        functions_skipped,
-    }))
 }
 
 /// The daemon's own mapping of the region whose control block is at

@@ -357,7 +357,7 @@ impl BurstTracer {
 pub(crate) enum Attach {
     Tracer {
         pid: Pid,
-        tracer: anyhow::Result<BurstTracer>,
+        tracer: anyhow::Result<Box<BurstTracer>>,
     },
     Libraries {
         pid: Pid,
@@ -415,14 +415,14 @@ impl Bursts {
                     }
                     lifecycle::wait_for_exec(pid);
                     let (tracer, p) = match BurstTracer::attach(pid, &opts) {
-                        Ok((t, p)) => (Ok(t), p),
+                        Ok((t, p)) => (Ok(Box::new(t)), p),
                         Err(e) => (Err(e), None),
                     };
                     if let Err(mpsc::error::SendError(a)) = tx.send(Attach::Tracer { pid, tracer })
                     {
                         // Nobody will drain it: leave the target as it was.
                         if let Attach::Tracer { tracer: Ok(t), .. } = a {
-                            let _ = t.detach();
+                            let _ = (*t).detach();
                         }
                         return;
                     }

@@ -44,7 +44,7 @@ impl Session {
         {
             warn!(%pid, "cannot arm bursts: {e}");
         }
-        self.joined(t);
+        self.joined(*t);
         if self.timers.bursts.is_none() {
             self.timers.bursts = Some(ticker(self.bursts.drain_interval()));
         }
@@ -99,7 +99,7 @@ impl Session {
         match tracer {
             Ok(t) => {
                 info!(%pid, "the session ended while attaching; detaching");
-                self.joined(t);
+                self.joined(*t);
             }
             Err(e) => {
                 warn!(%pid, "bursty tracing disabled for this process (it is sampled only): {e:#}")

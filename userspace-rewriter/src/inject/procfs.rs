@@ -249,14 +249,7 @@ fn low_gap(
     let len = len.checked_add(PAGE_SIZE - 1)? & !(PAGE_SIZE - 1);
     let mut busy: Vec<(u64, u64)> = maps.iter().map(|m| (m.start, m.end)).collect();
     busy.extend_from_slice(reserved);
-    let heap_end = maps
-        .iter()
-        .filter(|m| m.is_path("[heap]"))
-        .map(|m| m.end)
-        .max()
-        .into_iter()
-        .chain(start_brk)
-        .max();
+    let heap_end = heap_end(maps, start_brk);
     if let Some(h) = heap_end {
         busy.push((h, h.saturating_add(1 << 30)));
     }
@@ -286,6 +279,17 @@ fn low_gap(
         .or_else(|| fit(limit, true))
         .or_else(|| fit(one_gib, false))
         .or_else(|| fit(limit, false))
+}
+
+/// Where the brk heap ends now (or starts, before its first `brk`).
+fn heap_end(maps: &[MapEntry], start_brk: Option<u64>) -> Option<u64> {
+    maps.iter()
+        .filter(|m| m.is_path("[heap]"))
+        .map(|m| m.end)
+        .max()
+        .into_iter()
+        .chain(start_brk)
+        .max()
 }
 
 /// `/proc/PID/maps`, the brk heap's start and `vm.mmap_min_addr`.
@@ -322,14 +326,7 @@ fn gap_near(
     // Every start g must satisfy max(hi, g+len) - min(lo, g) <= 2 GiB.
     let g_min = hi.saturating_sub(TWO_GIB);
     let g_max = lo.checked_add(TWO_GIB)?.checked_sub(len)?;
-    let heap_end = maps
-        .iter()
-        .filter(|m| m.is_path("[heap]"))
-        .map(|m| m.end)
-        .max()
-        .into_iter()
-        .chain(start_brk)
-        .max();
+    let heap_end = heap_end(maps, start_brk);
     let mut busy: Vec<(u64, u64)> = maps
         .iter()
         .filter(|m| m.start < USER_TOP)
