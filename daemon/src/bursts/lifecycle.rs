@@ -747,7 +747,8 @@ fn library_rooms(
                 rooms.libraries.push((p.to_owned(), lo, at, len));
                 exec_total += exec;
             }
-            Err(e) => warn!(%pid, "{p} is not cloned: {e}"),
+            Err(e) if crate::sys::process_running(pid) => warn!(%pid, "{p} is not cloned: {e}"),
+            Err(_) => return Rooms::default(),
         }
     }
     if !rooms.libraries.is_empty() {
