@@ -477,11 +477,24 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached,
     }
     let tables = Tables::merge(gens.iter().map(|g| &g.img.tables));
     let tables_len = tables.len_bytes().next_multiple_of(PAGE_SIZE);
+
+    let generation_ms = t0.elapsed().as_secs_f64() * 1e3 - analysis_ms;
+    let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
+    let stopped = std::time::Instant::now();
+    for &tid in t.threads() {
+        if t.regs(tid).fs_base == 0 {
+            bail!("thread {tid} of pid {pid} has no TLS (fs base 0); cannot trace it in bursts");
+        }
+    }
+    let signal = inject::free_signal(pid)?;
     // Room for the libraries' clones and the tables of all modules, mapped
     // in this stop (untouched pages cost nothing) and filled by the second
     // step through /proc/PID/mem without stopping the program again: a
     // ptrace stop cuts short a `getrandom` or a pipe `read` under way.
+    // Sought now, while the address space holds still: the gap below a
+    // library is where the program's next mmap goes.
     let rooms = if opts.libraries {
+        let maps = inject::maps(pid)?;
         library_rooms(
             pid,
             &maps,
@@ -493,16 +506,6 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached,
     } else {
         Rooms::default()
     };
-
-    let generation_ms = t0.elapsed().as_secs_f64() * 1e3 - analysis_ms;
-    let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
-    let stopped = std::time::Instant::now();
-    for &tid in t.threads() {
-        if t.regs(tid).fs_base == 0 {
-            bail!("thread {tid} of pid {pid} has no TLS (fs base 0); cannot trace it in bursts");
-        }
-    }
-    let signal = inject::free_signal(pid)?;
     // Ask the target's seccomp filters about every call below before
     // making the first: a filter that kills on one must not see any.
     let rw = libc::PROT_READ | libc::PROT_WRITE;
@@ -564,6 +567,14 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached,
         t.check_syscall(libc::SYS_sched_yield, &[])?;
         t.check_syscall(libc::SYS_kill, &[tracer_as_seen_by(pid), 0])?;
     }
+    // Every mapping at an address of our choosing first: anything the
+    // kernel places (the tables, the ring, even the page memfd_create's
+    // name is passed in) goes where the next mmap would, which may be a
+    // gap picked here.
+    let mut rooms = rooms;
+    rooms.map_fixed(&mut t, pid);
+    let (tables_at, exe_eh) = place(&mut t, pid, &gens, &tables, tables_len, register_frame)?;
+    let rooms = rooms.map_tables(&mut t)?;
     let fd = t.memfd_create(MEMFD_NAME, libc::MFD_CLOEXEC)?;
     t.syscall(libc::SYS_ftruncate, &[fd as u64, shm_len])?;
     // MAP_FIXED_NOREPLACE: if the program mapped something into the
@@ -588,10 +599,6 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached,
     )?;
     // The clones, their unwind info and the lookup tables (fixed
     // addresses first: the kernel's choices below must not take them).
-    let mut rooms = rooms;
-    rooms.map_fixed(&mut t, pid);
-    let (tables_at, exe_eh) = place(&mut t, pid, &gens, &tables, tables_len, register_frame)?;
-    let rooms = rooms.map_tables(&mut t)?;
     // The record ring is reached through a pointer in the control block:
     // anywhere the kernel puts it.
     let ring_at = t
@@ -791,7 +798,7 @@ impl Rooms {
             match t.mmap(*at, *len, RX, CODE_FLAGS, -1, 0) {
                 Ok(_) => true,
                 Err(e) => {
-                    warn!(%pid, "{path} is not cloned: mapping room for its clones: {e}");
+                    warn!(%pid, "{path} is not cloned: mapping room for its clones at {at:#x}..{:#x}: {e}", at + len);
                     false
                 }
             }
