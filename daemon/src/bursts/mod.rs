@@ -431,7 +431,12 @@ impl Bursts {
                 for (pid, p) in pending {
                     let libraries = match lifecycle::add_libraries(pid, p, &cancel) {
                         Ok(Some(ext)) => Ok(ext),
-                        Ok(None) => continue,
+                        Ok(None) => {
+                            if cancel.load(Ordering::Relaxed) {
+                                tracing::info!(%pid, "the session ended before its shared libraries were cloned");
+                            }
+                            continue;
+                        }
                         // It exited meanwhile: nothing to say.
                         Err(_) if !crate::sys::process_running(pid) => continue,
                         Err(e) => Err(e),
