@@ -268,6 +268,7 @@ impl Injected {
             cloned,
             functions_rewritten,
             functions_skipped,
+            activate: _,
         } = Extension::of(modules);
         let code = CodeMap::new(exe_range, cloned).with_libraries(
             facts
@@ -829,6 +830,11 @@ pub(crate) struct Extension {
     pub(crate) cloned: Vec<(u64, u64)>,
     pub(crate) functions_rewritten: usize,
     pub(crate) functions_skipped: usize,
+    /// The merged tables' header and the modules' directory entries, for
+    /// [`Attachment::activate`] once the session knows the new functions
+    /// (a record of theirs drained before would be taken for a bad one);
+    /// `None` for a re-arm (in place already).
+    pub(crate) activate: Option<(u64, Vec<ModuleEntry>)>,
 }
 
 /// The second step of an attach: every shared library mapped in `pid`
@@ -916,6 +922,7 @@ pub(crate) fn add_libraries(
         return Ok(None);
     }
     let prepared_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mut activate = None;
     if pending.rearm.is_none() {
         let tables = Tables::merge(
             std::iter::once(&pending.tables).chain(gens.iter().map(|g| &g.img.tables)),
@@ -944,21 +951,23 @@ pub(crate) fn add_libraries(
             write(g.eh.0, &g.eh.1)?;
         }
         write(tables_at, &tables.bytes(tables_at))?;
-        // The module directory first (a re-attach reads it), then the
-        // tables: from this store on, bursts go into the libraries.
-        let region = open_region(pid, pending.control)?;
-        region.add_modules(gens.iter().map(|g| ModuleEntry {
-            id: g.id,
-            code: g.code,
-            fid_base: g.facts.fid_base.into(),
-            bias: g.facts.bias,
-        }));
-        region.set_tables(tables_at);
+        activate = Some((
+            tables_at,
+            gens.iter()
+                .map(|g| ModuleEntry {
+                    id: g.id,
+                    code: g.code,
+                    fid_base: g.facts.fid_base.into(),
+                    bias: g.facts.bias,
+                })
+                .collect(),
+        ));
     }
     let names: Vec<&str> = gens.iter().map(|g| g.facts.name()).collect();
     let n = gens.len();
     let names = names.join(", ");
-    let ext = Extension::of(gens);
+    let mut ext = Extension::of(gens);
+    ext.activate = activate;
     info!(
         %pid,
         "bursty tracing: {} functions of {n} librar{} ({names}) rewritten ({} skipped); analysis and generation {prepared_ms:.0} ms, added without stopping the program",
@@ -1020,26 +1029,9 @@ impl Extension {
             cloned,
             functions_rewritten,
             functions_skipped,
+            activate: None,
         }
     }
-}
-
-/// The daemon's own mapping of the region whose control block is at
-/// `control` in `pid`.
-fn open_region(pid: Pid, control: u64) -> anyhow::Result<SharedRegion> {
-    let maps = inject::maps(pid)?;
-    let m = maps
-        .iter()
-        .find(|m| m.start == control)
-        .context("the burst region is gone")?;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
-        .context("opening the burst region")?;
-    // SAFETY: shared memory with the target, accessed through plain
-    // integer reads and writes only (SharedRegion's contract).
-    Ok(SharedRegion::new(unsafe { memmap2::MmapMut::map_mut(&f)? }))
 }
 
 /// Protections and flags of the clone code and table mappings.
@@ -1217,6 +1209,15 @@ impl Attachment {
     /// The pages of original code where a burst can start.
     pub(crate) fn pages(&self) -> &[u64] {
         &self.pages
+    }
+
+    /// Puts libraries' clones in use (see [`Extension::activate`]): their
+    /// entries into the module directory (a re-attach reads it), then one
+    /// store of the merged tables' header — from then on bursts go into
+    /// the libraries.
+    pub(crate) fn activate(&self, tables: u64, entries: Vec<ModuleEntry>) {
+        self.region.add_modules(entries);
+        self.region.set_tables(tables);
     }
 
     /// More such pages (libraries added).

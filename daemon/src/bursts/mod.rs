@@ -220,8 +220,9 @@ impl BurstTracer {
         Ok((tracer, pending))
     }
 
-    /// Adds the shared libraries' clones ([`lifecycle::add_libraries`]).
-    pub(crate) fn extend(&mut self, ext: lifecycle::Extension) {
+    /// Adds the shared libraries' clones ([`lifecycle::add_libraries`]);
+    /// with `activate`, bursts go into them from now on.
+    pub(crate) fn extend(&mut self, ext: lifecycle::Extension, activate: bool) {
         let lifecycle::Extension {
             modules,
             regions,
@@ -229,6 +230,7 @@ impl BurstTracer {
             cloned,
             functions_rewritten,
             functions_skipped,
+            activate: tables,
         } = ext;
         for m in &modules {
             self.counts.add_functions(
@@ -254,6 +256,11 @@ impl BurstTracer {
         self.attachment.add_pages(pages);
         self.functions_rewritten += functions_rewritten;
         self.functions_skipped += functions_skipped;
+        // Last: the counts know the new functions before any record of
+        // theirs can be written.
+        if let (true, Some((header, entries))) = (activate, tables) {
+            self.attachment.activate(header, entries);
+        }
     }
 
     pub(crate) fn pid(&self) -> Pid {

@@ -73,7 +73,7 @@ impl Session {
         let Some(t) = self.bursts.tracer_mut(pid) else {
             return;
         };
-        t.extend(ext);
+        t.extend(ext, arm);
         let (target, frames) = (t.target(), t.clone_frames());
         if arm
             && let Err(e) = self
