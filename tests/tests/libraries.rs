@@ -37,12 +37,44 @@ fn paths_in(p: &Profile, lib: &str) -> (i64, usize) {
     (n, distinct)
 }
 
+/// `prog` under `burstyd run` with default bursts, then with a full trace
+/// (both at 999 Hz): each run must print what `untraced` printed, lose no
+/// record and write no bad one; `check` gets each run and whether it was
+/// the full trace.
+fn each_mode(
+    name: &str,
+    prog: &[&str],
+    untraced: &Finished,
+    mut check: impl FnMut(&BurstydRun, bool),
+) {
+    for (args, full) in [
+        (&["--freq", "999"][..], false),
+        (&["--freq", "999", "--full-trace"][..], true),
+    ] {
+        let scratch = Scratch::new(name);
+        let run = burstyd_run(&scratch, args, prog, Duration::from_secs(300));
+        run.assert_ok();
+        assert_eq!(
+            run.finished.stdout_str(),
+            untraced.stdout_str(),
+            "output differs ({args:?})\n{}",
+            run.finished.describe()
+        );
+        let line = bursts_line(&run.finished.stderr);
+        assert!(
+            line.contains("records lost: 0") && line.contains("bad records: 0"),
+            "{line}"
+        );
+        check(&run, full);
+    }
+}
+
 /// A program whose time is in libc's qsort, strcmp, memcpy, strlen and
 /// memchr: with bursts and with a full trace its output is identical,
 /// the samples over all modules land in instrumented code (>= 95%), the
 /// path profile has paths through libc's own functions, and libc gets a
-/// BOLT profile of its own. With `--exe-only` (libc left original) the
-/// coverage collapses, which is what the first bound guards.
+/// BOLT profile of its own. With `--exe-only` libc is left original: the
+/// executable alone is covered, and no library is claimed or profiled.
 #[test]
 fn time_in_libc_is_traced_in_bursts() {
     require_root();
@@ -51,23 +83,8 @@ fn time_in_libc_is_traced_in_bursts() {
     let exe_s = exe.to_str().unwrap();
     let prog = [exe_s, "600"];
     let untraced = run_untraced(&prog, Duration::from_secs(60));
-    for (args, full) in [
-        (&["--freq", "999"][..], false),
-        (&["--freq", "999", "--full-trace"][..], true),
-    ] {
-        let scratch = Scratch::new("libraries");
-        let run = burstyd_run(&scratch, args, &prog, Duration::from_secs(300));
-        run.assert_ok();
-        assert_eq!(
-            run.finished.stdout_str(),
-            untraced.stdout_str(),
-            "output differs ({args:?})\n{}",
-            run.finished.describe()
-        );
+    each_mode("libraries", &prog, &untraced, |run, full| {
         let stderr = &run.finished.stderr;
-        let line = bursts_line(stderr);
-        assert!(line.contains("records lost: 0"), "{line}");
-        assert!(line.contains("bad records: 0"), "{line}");
         if !full {
             // In a full trace the runtime's own ring writes take samples
             // too; the coverage bound is for the default bursts.
@@ -82,12 +99,12 @@ fn time_in_libc_is_traced_in_bursts() {
         let (execs, distinct) = paths_in(&paths, "libc.so");
         assert!(
             execs >= 10_000 && distinct >= 20,
-            "paths in libc: {execs} executions of {distinct} paths ({args:?})"
+            "paths in libc: {execs} executions of {distinct} paths (full trace: {full})"
         );
         let fdata = std::fs::read_to_string(run.out_dir.join("edges-libc.so.6.fdata"))
             .expect("libc's own BOLT profile");
         assert!(fdata.lines().count() >= 20, "{fdata}");
-    }
+    });
 
     let scratch = Scratch::new("libraries-exe-only");
     let run = burstyd_run(
@@ -121,28 +138,11 @@ fn cpp_containers_and_iostreams_in_libstdcxx_are_traced() {
     let exe_s = exe.to_str().unwrap();
     let prog = [exe_s, "400"];
     let untraced = run_untraced(&prog, Duration::from_secs(120));
-    for (args, full) in [
-        (&["--freq", "999"][..], false),
-        (&["--freq", "999", "--full-trace"][..], true),
-    ] {
-        let scratch = Scratch::new("libraries-cpp");
-        let run = burstyd_run(&scratch, args, &prog, Duration::from_secs(300));
-        run.assert_ok();
-        assert_eq!(
-            run.finished.stdout_str(),
-            untraced.stdout_str(),
-            "output differs ({args:?})\n{}",
-            run.finished.describe()
-        );
+    each_mode("libraries-cpp", &prog, &untraced, |run, full| {
         let stderr = &run.finished.stderr;
         assert!(
             stderr.contains("libstdc++") && stderr.contains("libgcc_s"),
             "libstdc++ and libgcc_s cloned:\n{stderr}"
-        );
-        let line = bursts_line(stderr);
-        assert!(
-            line.contains("records lost: 0") && line.contains("bad records: 0"),
-            "{line}"
         );
         if !full {
             // 95.1% when measured (libc's _int_malloc and _int_free are
@@ -159,7 +159,7 @@ fn cpp_containers_and_iostreams_in_libstdcxx_are_traced() {
         let (execs, distinct) = paths_in(&paths, "libstdc++");
         assert!(
             execs >= 10_000 && distinct >= 20,
-            "paths in libstdc++: {execs} executions of {distinct} paths ({args:?})"
+            "paths in libstdc++: {execs} executions of {distinct} paths (full trace: {full})"
         );
         let fdata = std::fs::read_dir(&run.out_dir).unwrap().flatten().any(|e| {
             e.file_name()
@@ -167,5 +167,5 @@ fn cpp_containers_and_iostreams_in_libstdcxx_are_traced() {
                 .starts_with("edges-libstdc++")
         });
         assert!(fdata, "no edges-libstdc++*.fdata");
-    }
+    });
 }
