@@ -136,6 +136,18 @@ struct Generated {
     exceptions: bool,
 }
 
+impl Generated {
+    /// Its entry in the control block's module directory.
+    fn entry(&self) -> ModuleEntry {
+        ModuleEntry {
+            id: self.id,
+            code: self.code,
+            fid_base: self.facts.fid_base.into(),
+            bias: self.facts.bias,
+        }
+    }
+}
+
 fn analyse(module: Module) -> anyhow::Result<Analysed> {
     let (report, analysis) = plan::analyze_with_insns(&module.data, &PlanOptions::default())
         .with_context(|| format!("analysing {}", module.path))?;
@@ -179,7 +191,7 @@ fn generate(
         .filter(|f| matches!(f.status, FunctionStatus::Analyzed(_)))
         .map(|f| f.size)
         .sum();
-    let mut code_len = (32 * original + (2 << 20)).min(256 << 20);
+    let mut code_len = code_room(original);
     let (img, eh, code) = loop {
         let code = match fixed {
             Some(c) => c,
@@ -635,16 +647,8 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached,
         cb.eh_frame = exe_eh;
         cb.made_for = pid.0.into();
         cb.tracer = tracer_as_seen_by(pid);
-        cb.n_modules = gens.len().min(MAX_MODULES) as u64;
-        for (e, g) in cb.modules.iter_mut().zip(&gens) {
-            *e = ModuleEntry {
-                id: g.id,
-                code: g.code,
-                fid_base: g.facts.fid_base.into(),
-                bias: g.facts.bias,
-            };
-        }
     }
+    region.add_modules(gens.iter().map(Generated::entry));
     let (handler, restorer) = (gens[0].img.handler, gens[0].img.restorer);
     let old_action = install_handler(&mut t, signal, handler, restorer)?;
     set_run_options(&mut region, opts);
@@ -718,9 +722,10 @@ pub(crate) struct Rooms {
     tables: (u64, u64),
 }
 
-/// Bytes of room for a library's clones and unwind info, from its
-/// executable mappings (`exec` bytes): the generous bound attach uses
-/// for the executable (clones run at 6-10x the original bytes).
+/// Bytes of room for a module's clones and unwind info, from its
+/// original code bytes: a generous bound (clones run at 6-10x the
+/// original bytes), used for the executable's gap and the libraries'
+/// rooms alike.
 fn code_room(exec: u64) -> u64 {
     (32 * exec + (2 << 20))
         .min(256 << 20)
@@ -951,17 +956,7 @@ pub(crate) fn add_libraries(
             write(g.eh.0, &g.eh.1)?;
         }
         write(tables_at, &tables.bytes(tables_at))?;
-        activate = Some((
-            tables_at,
-            gens.iter()
-                .map(|g| ModuleEntry {
-                    id: g.id,
-                    code: g.code,
-                    fid_base: g.facts.fid_base.into(),
-                    bias: g.facts.bias,
-                })
-                .collect(),
-        ));
+        activate = Some((tables_at, gens.iter().map(Generated::entry).collect()));
     }
     let names: Vec<&str> = gens.iter().map(|g| g.facts.name()).collect();
     let n = gens.len();
