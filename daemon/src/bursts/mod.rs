@@ -408,11 +408,6 @@ impl Bursts {
         let spawned = std::thread::Builder::new()
             .name("burstyd-attach".into())
             .spawn(move || {
-                // Background work: the session (draining rings, sampling)
-                // and the targets come first.
-                // SAFETY: setpriority on this thread (PRIO_PROCESS with a
-                // tid) has no memory effects.
-                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
                 // Every executable first (each target takes bursts within
                 // milliseconds), then their libraries.
                 let mut pending = Vec::new();
@@ -435,6 +430,12 @@ impl Bursts {
                     }
                     pending.extend(p.map(|p| (pid, p)));
                 }
+                // The libraries are background work: the session (draining
+                // rings, sampling) and the targets come first. (Not the
+                // executables: a short program must be armed early.)
+                // SAFETY: setpriority on this thread (PRIO_PROCESS with a
+                // tid) has no memory effects.
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
                 for (pid, p) in pending {
                     let libraries = match lifecycle::add_libraries(pid, p, &cancel) {
                         Ok(Some(ext)) => Ok(ext),
