@@ -1044,12 +1044,14 @@ fn computed_goto_dispatch_is_traced_exactly() {
     let _serial = serial();
     let exe = fixture("interp");
     let exe_s = exe.to_str().unwrap();
-    let untraced = run_untraced(&[exe_s, "40"], Duration::from_secs(60));
+    const UNITS: u32 = 100;
+    let units = UNITS.to_string();
+    let untraced = run_untraced(&[exe_s, &units], Duration::from_secs(60));
     let scratch = Scratch::new("computed-goto");
     let run = burstyd_run(
         &scratch,
         &["--full-trace"],
-        &[exe_s, "40"],
+        &[exe_s, &units],
         Duration::from_secs(300),
     );
     run.assert_ok();
@@ -1063,13 +1065,15 @@ fn computed_goto_dispatch_is_traced_exactly() {
     hot.sort_by_key(|&(_, c)| std::cmp::Reverse(c));
     assert_eq!(hot.len(), 6, "run's hot paths: {hot:?}\n{counts:#?}");
     // Once per iteration each; the `loop` handler's path back to `add`
-    // misses the last iteration of each of the 40 calls (it goes to `halt`).
-    // (The trace pauses whenever `main` calls `plain`, which is not
-    // instrumented, until the thread's next overflow: not every call of
-    // `run` is traced, but every traced one is traced whole.)
+    // misses the last iteration of each call (it goes to `halt`). The trace
+    // pauses whenever `main` calls `plain`, which is not instrumented, and
+    // resumes at the thread's next overflow, which may land inside `run`:
+    // how much of each call is traced depends on when the overflows come
+    // (and on how soon the attach finishes under load), so the bound on
+    // volume is low; equality within one per call is what shows exactness.
     let (max, min) = (hot[0].1, hot[5].1);
     assert!(
-        max - min <= 40 + 2 && min >= 1_000_000,
+        max - min <= UNITS as i64 + 2 && min >= 100_000,
         "the six handler paths should run equally often (once per iteration): {hot:?}"
     );
     // Default bursts: same output, bursts taken, `run` instrumented.
@@ -1077,7 +1081,7 @@ fn computed_goto_dispatch_is_traced_exactly() {
     let run = burstyd_run(
         &scratch,
         &["--freq", "999"],
-        &[exe_s, "40"],
+        &[exe_s, &units],
         Duration::from_secs(120),
     );
     run.assert_ok();
