@@ -86,6 +86,20 @@ fn hand_written_functions_get_their_skip_reason() {
     );
     assert_eq!(c.exits.len(), 3);
 
+    // lock_skip: B0 `test; je 1f` -> B1 `lock addl; ret` (the taken side
+    // one byte into it, redirected to it: one edge for both sides).
+    let (_, c) = get("lock_skip");
+    let c = c
+        .as_ref()
+        .unwrap_or_else(|e| panic!("{e}\n{}", listing("lock_skip")));
+    let edges: Vec<_> = c.edges.iter().map(|e| (e.from, e.to, e.kind)).collect();
+    assert_eq!(
+        edges,
+        vec![(0, 1, EdgeKind::Taken)],
+        "{}",
+        listing("lock_skip")
+    );
+
     let (_, c) = get("ptr_tail_call");
     let c = c.as_ref().unwrap();
     assert_eq!(c.exits[0].kind, ExitKind::IndirectTailCall);

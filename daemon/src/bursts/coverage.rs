@@ -19,6 +19,10 @@ pub(crate) struct CodeMap {
     cloned: Vec<(u64, u64)>,
     /// The shared libraries with clones: name, `[lo, hi)`.
     libraries: Vec<(String, (u64, u64))>,
+    /// `[lo, hi)` of the regions holding the clones and burstyd's runtime:
+    /// a leaf PC still there (the unwinder maps every copied instruction
+    /// back to the original) is in the runtime's own routines.
+    clone_regions: Vec<(u64, u64)>,
 }
 
 impl CodeMap {
@@ -29,7 +33,19 @@ impl CodeMap {
             exe,
             cloned,
             libraries: Vec::new(),
+            clone_regions: Vec::new(),
         }
+    }
+
+    /// The regions the clones were written to (see `clone_regions`).
+    pub(crate) fn add_clone_regions(&mut self, regions: impl IntoIterator<Item = (u64, u64)>) {
+        self.clone_regions.extend(regions);
+    }
+
+    fn in_runtime(&self, pc: u64) -> bool {
+        self.clone_regions
+            .iter()
+            .any(|&(lo, hi)| (lo..hi).contains(&pc))
     }
 
     /// More cloned functions and libraries (added to a running attach).
@@ -67,8 +83,12 @@ impl CodeMap {
 /// PC lies.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct HotCoverage {
-    /// Every user-mode sample of the process.
+    /// Every user-mode sample of the process, but those in the runtime.
     pub(crate) total: u64,
+    /// Those in burstyd's runtime routines (the clones' instrumentation
+    /// calls them): the tracing's own cost, not the program's time, left
+    /// out of every share.
+    pub(crate) runtime: u64,
     /// Those in the executable.
     pub(crate) in_exe: u64,
     /// Those in a cloned function of the executable.
@@ -117,6 +137,10 @@ impl HotCoverage {
         };
         let mut exe_missed: HashMap<u64, u64> = HashMap::new();
         for (&pc, &w) in leaf_weights {
+            if code.in_runtime(pc) {
+                c.runtime += w;
+                continue;
+            }
             c.total += w;
             let cloned = code.is_cloned(pc);
             if cloned {
@@ -220,6 +244,12 @@ impl HotCoverage {
             if !list.is_empty() {
                 s += &format!(" (libraries: {})", list.join("; "));
             }
+        }
+        if self.runtime > 0 {
+            s += &format!(
+                ". Left out: {:.1}% of all user-mode samples, in burstyd's runtime routines (the tracing's own cost)",
+                pct(self.runtime, self.runtime + self.total)
+            );
         }
         s
     }
@@ -410,7 +440,10 @@ mod tests {
             ],
         )
         .with_libraries([("libc.so.6".to_owned(), (lib - 0x1000, lib + 0x10000))]);
+        let mut code = code;
+        code.add_clone_regions([(0x4000_0000, 0x4010_0000)]);
         let weights = HashMap::from([
+            (0x4000_0040, 25), // the runtime: left out
             (bias + a.start + 1, 60),
             (bias + b.start + 1, 30),
             (lib + 0x10, 6),       // the library's cloned function
@@ -419,6 +452,7 @@ mod tests {
         ]);
         let c = HotCoverage::measure(&code, &plan, bias, &weights);
         assert_eq!((c.total, c.in_exe, c.instrumented), (101, 90, 60));
+        assert_eq!(c.runtime, 25);
         assert_eq!(c.instrumented_all, 66);
         assert_eq!(
             (
@@ -438,7 +472,8 @@ mod tests {
                 && line.contains("holds 89.1%")
                 && line.contains("Over all modules: 65.3% of the process's")
                 && line.contains("libc.so.6 60.0% of them in instrumented code")
-                && line.contains(&format!("{} 33.3% (analysed, not cloned)", b.name)),
+                && line.contains(&format!("{} 33.3% (analysed, not cloned)", b.name))
+                && line.contains("Left out: 19.8% of all user-mode samples, in burstyd's runtime"),
             "{line}"
         );
     }

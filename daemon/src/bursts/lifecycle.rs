@@ -282,12 +282,13 @@ impl Injected {
             functions_skipped,
             activate: _,
         } = Extension::of(modules);
-        let code = CodeMap::new(exe_range, cloned).with_libraries(
+        let mut code = CodeMap::new(exe_range, cloned).with_libraries(
             facts
                 .iter()
                 .filter(|m| !m.is_exe)
                 .map(|m| (m.name().to_owned(), m.range)),
         );
+        code.add_clone_regions(regions.iter().map(|r| (r.range.start, r.range.end)));
         Attached {
             attachment: Attachment {
                 pid,

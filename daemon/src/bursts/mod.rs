@@ -245,6 +245,9 @@ impl BurstTracer {
             cloned,
             modules.iter().map(|m| (m.name().to_owned(), m.range)),
         );
+        self.traced
+            .code
+            .add_clone_regions(regions.iter().map(|r| (r.range.start, r.range.end)));
         let pid = self.traced.pid;
         let exe = self.traced.exe.clone();
         self.traced

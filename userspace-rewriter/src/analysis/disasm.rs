@@ -245,7 +245,55 @@ pub(crate) fn decode(bytes: &[u8], ip: u64) -> Vec<Insn> {
             instr,
         });
     }
+    redirect_lock_skips(&mut out, bytes, ip);
     out
+}
+
+/// glibc's `catomic_*` skip a `lock` prefix when the process is
+/// single-threaded: `je 1f; lock; 1: cmpxchg` branches one byte into the
+/// locked instruction, where the same instruction without the prefix
+/// starts. Such a branch (the prefix is the instruction's first byte, and
+/// the bytes after it decode to the same instruction, unlocked, ending at
+/// the same address) is redirected here to the locked instruction itself: a
+/// locked read-modify-write is one valid execution of the unlocked one (it
+/// only adds atomicity), with the same result and flags. The address one
+/// byte in is thereby no instruction of the analysis (a burst never starts
+/// there, and a clone never jumps there).
+fn redirect_lock_skips(insns: &mut [Insn], bytes: &[u8], ip: u64) {
+    for k in 0..insns.len() {
+        let t = match insns[k].flow {
+            Flow::Jump(t) | Flow::CondJump(t) => t,
+            _ => continue,
+        };
+        let Err(pos) = insns.binary_search_by_key(&t, |i| i.addr) else {
+            continue;
+        };
+        let Some(c) = pos.checked_sub(1).map(|c| &insns[c]) else {
+            continue;
+        };
+        if t != c.addr.wrapping_add(1) || !c.instr.has_lock_prefix() {
+            continue;
+        }
+        let off = (c.addr - ip) as usize;
+        let Some(body) = bytes.get(off..off + c.len as usize) else {
+            continue;
+        };
+        let unlocked = Decoder::with_ip(64, &body[1..], t, DecoderOptions::NONE).decode();
+        if body[0] == 0xF0
+            && !unlocked.is_invalid()
+            && unlocked.len() == body.len() - 1
+            && unlocked.code() == c.instr.code()
+            && !unlocked.has_lock_prefix()
+        {
+            let to = c.addr;
+            let b = &mut insns[k];
+            b.flow = match b.flow {
+                Flow::Jump(_) => Flow::Jump(to),
+                _ => Flow::CondJump(to),
+            };
+            b.instr.set_near_branch64(to);
+        }
+    }
 }
 
 /// Decode exactly one instruction at SVMA `ip` from `bytes` (which start at

@@ -162,44 +162,34 @@ pub(crate) fn build_cfg(
 impl Walker<'_, '_> {
     /// Gives every pending indirect jump the function's code pointers as
     /// targets ([`JumpTableKind::CodePointers`]), walks what they reach, and
-    /// repeats for jumps found there (after trying them as switch tables). Targets that are not instruction boundaries are dropped
-    /// (a stored address is not necessarily a jump target). Without any
+    /// repeats for jumps found there (after trying them as switch tables)
+    /// and for labels taken in code reached only then, until nothing new is
+    /// found. Targets that are not instruction boundaries are dropped (a
+    /// stored address is not necessarily a jump target). Without any
     /// candidate the jumps stay pending.
+    ///
+    /// The candidates need not be exact: at run time the clone's dispatch
+    /// compares the actual target with them, and one that is not among
+    /// them leaves the burst at the original target. A candidate that is
+    /// no real target only starts a block.
     fn dispatch_over_code_pointers(&mut self) -> Result<(), SkipReason> {
-        let mut targets: BTreeSet<u64> = self
-            .ctx
-            .code_pointers_in(self.func.start, self.func.end())
-            .collect();
-        // Label addresses taken in the function itself.
-        for (i, insn) in self.insns.iter().enumerate() {
-            let ins = &insn.instr;
-            if self.reached[i]
-                && ins.mnemonic() == iced_x86::Mnemonic::Lea
-                && ins.is_ip_rel_memory_operand()
-                && self.func.contains(ins.ip_rel_memory_address())
-            {
-                targets.insert(ins.ip_rel_memory_address());
-            }
-        }
-        // The function's own start is a function pointer (a jump there is
-        // a tail call to itself, e.g. through a table of methods), not a
-        // label: with it alone the jumps are tail calls.
-        targets.remove(&self.func.start);
-        let targets: Vec<(u64, usize)> = targets
-            .into_iter()
-            .filter_map(|t| {
-                self.insns
-                    .binary_search_by_key(&t, |i| i.addr)
-                    .ok()
-                    .map(|i| (t, i))
-            })
-            .collect();
-        if targets.is_empty() {
-            return Ok(());
-        }
-        while !self.pending.is_empty() {
+        let mut known: BTreeSet<u64> = BTreeSet::new();
+        let mut dispatches: BTreeSet<usize> = BTreeSet::new();
+        loop {
+            let targets = self.code_pointer_targets();
+            let new: Vec<(u64, usize)> = targets
+                .iter()
+                .filter(|(t, _)| !known.contains(t))
+                .copied()
+                .collect();
             let pending: Vec<usize> = std::mem::take(&mut self.pending).into_iter().collect();
-            for j in pending {
+            if targets.is_empty() || (new.is_empty() && pending.is_empty()) {
+                self.pending.extend(pending);
+                return Ok(());
+            }
+            dispatches.extend(pending.iter().copied());
+            known.extend(targets.iter().map(|&(t, _)| t));
+            for &j in &dispatches {
                 self.tables.insert(
                     j,
                     JumpTable {
@@ -209,7 +199,8 @@ impl Walker<'_, '_> {
                         targets: targets.iter().map(|&(t, _)| t).collect(),
                     },
                 );
-                for &(_, ti) in &targets {
+                let fresh = if pending.contains(&j) { &targets } else { &new };
+                for &(_, ti) in fresh {
                     self.leaders.insert(ti);
                     self.branch_preds.entry(ti).or_default().push(j);
                     self.work.push(ti);
@@ -235,7 +226,68 @@ impl Walker<'_, '_> {
             }
             self.drain()?;
         }
-        Ok(())
+    }
+
+    /// Where a computed `goto` of this function may go, as `(address,
+    /// instruction index)`: the addresses inside it that the file stores
+    /// as data, the labels whose address reached code takes with a
+    /// RIP-relative `lea`, and label-relative tables: `goto *(&&base +
+    /// table[i])` (glibc's `vfprintf` and `vfscanf`), where reached code
+    /// takes the address of a label `base` and of a table outside any
+    /// function, whose 32-bit entries are read from its start while `base`
+    /// plus the entry is an instruction of the function (at most 1024).
+    /// Not the function's own start: that is a function pointer (a jump
+    /// there is a tail call to itself, e.g. through a table of methods).
+    fn code_pointer_targets(&self) -> Vec<(u64, usize)> {
+        let mut targets: BTreeSet<u64> = self
+            .ctx
+            .code_pointers_in(self.func.start, self.func.end())
+            .collect();
+        let mut labels = BTreeSet::new();
+        let mut tables = BTreeSet::new();
+        for (i, insn) in self.insns.iter().enumerate() {
+            let ins = &insn.instr;
+            if self.reached[i]
+                && ins.mnemonic() == iced_x86::Mnemonic::Lea
+                && ins.is_ip_rel_memory_operand()
+            {
+                let a = ins.ip_rel_memory_address();
+                if self.func.contains(a) {
+                    labels.insert(a);
+                } else if self.ctx.containing(a).is_none() {
+                    tables.insert(a);
+                }
+            }
+        }
+        let boundary = |t: u64| {
+            self.func.contains(t) && self.insns.binary_search_by_key(&t, |i| i.addr).is_ok()
+        };
+        for &base in &labels {
+            targets.insert(base);
+            for &table in &tables {
+                for k in 0..1024u64 {
+                    let Some(b) = self.ctx.bytes(table + 4 * k, 4) else {
+                        break;
+                    };
+                    let off = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    let t = base.wrapping_add(off as i64 as u64);
+                    if !boundary(t) {
+                        break;
+                    }
+                    targets.insert(t);
+                }
+            }
+        }
+        targets.remove(&self.func.start);
+        targets
+            .into_iter()
+            .filter_map(|t| {
+                self.insns
+                    .binary_search_by_key(&t, |i| i.addr)
+                    .ok()
+                    .map(|i| (t, i))
+            })
+            .collect()
     }
 
     /// Index of the instruction at intra-function SVMA `t`:
@@ -425,7 +477,14 @@ impl Walker<'_, '_> {
                 let ins = &insn.instr;
                 if ins.is_ip_rel_memory_operand() {
                     let a = ins.ip_rel_memory_address();
-                    if a != self.func.start && self.func.contains(a) {
+                    // A label's address (`lea`, no access): the base of a
+                    // computed goto, reached code and dispatched over.
+                    let label = ins.mnemonic() == iced_x86::Mnemonic::Lea
+                        && self
+                            .insns
+                            .binary_search_by_key(&a, |i| i.addr)
+                            .is_ok_and(|k| self.reached[k]);
+                    if a != self.func.start && self.func.contains(a) && !label {
                         return Err(SkipReason::DataInCode {
                             insn: insn.addr,
                             addr: a,
