@@ -4,7 +4,7 @@
 //! and the time a program spends in libc is covered by instrumented code.
 use std::time::Duration;
 
-use burstyd_tests::pprof::read_profile;
+use burstyd_tests::pprof::{Profile, read_profile};
 use burstyd_tests::*;
 
 /// N of burstyd's "Over all modules: N% of the process's user-mode samples
@@ -122,6 +122,69 @@ fn time_in_libc_is_traced_in_bursts() {
         "--exe-only cloned libraries: {line}"
     );
     assert!(!run.out_dir.join("edges-libc.so.6.fdata").exists());
+}
+
+/// Executions of the paths through the function `name` (the leaf
+/// pseudo-frame's function is "NAME path N: ...").
+fn paths_through(p: &Profile, name: &str) -> i64 {
+    let prefix = format!("{name} path ");
+    p.samples
+        .iter()
+        .filter(|s| {
+            s.frames[0]
+                .function
+                .as_deref()
+                .is_some_and(|f| f.starts_with(&prefix))
+        })
+        .map(|s| s.values[0])
+        .sum()
+}
+
+/// glibc's formatted output and allocator, once skipped, are traced:
+/// `__vfprintf_internal` dispatches its conversions with `goto *(&&base +
+/// table[c])` over label-relative tables, and `_int_malloc`/`_int_free`
+/// jump over the `lock` prefix of a `cmpxchg` when single-threaded (glibc's
+/// `catomic_*`). With default bursts and a full trace the output of a
+/// program that formats and allocates is identical, no record is bad, and
+/// each of the three functions has paths; with bursts, the samples over
+/// all modules land in instrumented code (>= 95%) and none of the three is
+/// among the uninstrumented. (The names come from libc's separate debug
+/// file, libc6-dbg.)
+#[test]
+fn printf_and_the_allocator_in_libc_are_traced() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("printf_heavy");
+    let exe_s = exe.to_str().unwrap();
+    // About 4 s untraced: libc is cloned about a second after the start.
+    let prog = [exe_s, "3000"];
+    let untraced = run_untraced(&prog, Duration::from_secs(60));
+    each_mode("libc-printf", &prog, &untraced, |run, full| {
+        let stderr = &run.finished.stderr;
+        if !full {
+            let cov = process_coverage(stderr);
+            let line = hot_coverage(stderr).0;
+            assert!(cov >= 95.0, "coverage over all modules {cov}%: {line}");
+            for f in ["__vfprintf_internal", "_int_malloc", "_int_free"] {
+                assert!(
+                    !line.contains(&format!(" {f} ")),
+                    "{f} uninstrumented: {line}"
+                );
+            }
+        }
+        let paths = read_profile(&run.out_dir.join("paths.pb.gz")).unwrap();
+        for (f, min) in [
+            ("__vfprintf_internal", 10_000),
+            ("_int_malloc", 1_000),
+            ("_int_free", 1_000),
+        ] {
+            let n = paths_through(&paths, f);
+            assert!(
+                n >= min,
+                "{n} executions of paths through {f} (full trace: {full})"
+            );
+        }
+    });
 }
 
 /// A C++ program whose time is in libstdc++ (std::map, unordered_map,
