@@ -36,6 +36,8 @@ command -v g++ >/dev/null || need+=(g++)
 command -v troff >/dev/null || need+=(groff-base)
 command -v python3.11 >/dev/null || need+=(python3.11)
 command -v go >/dev/null || need+=(golang-go)
+# libc's separate debug file: names for its local functions in profiles.
+dpkg -s libc6-dbg >/dev/null 2>&1 || need+=(libc6-dbg)
 # llvm-bolt: the test that feeds burstyd's edges.fdata to BOLT.
 command -v llvm-bolt-19 >/dev/null || command -v llvm-bolt >/dev/null || need+=(bolt-19)
 for extra in ${BURSTYD_EXTRA_APT:-}; do
