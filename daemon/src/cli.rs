@@ -94,6 +94,14 @@ pub(crate) enum Command {
     Run {
         #[command(flatten)]
         profile: ProfileArgs,
+        /// Start the command at once. By default, with bursts, it is held
+        /// at its entry point (after the dynamic loader mapped its
+        /// libraries) until its clones are in place, so that bursts cover
+        /// it from its first instruction; its start is delayed by the
+        /// analysis (about a second per 3 MB of code). With --no-hold it
+        /// runs meanwhile and bursts begin once the analysis is done.
+        #[arg(long)]
+        no_hold: bool,
         /// The command and its arguments (after `--`).
         #[arg(required = true, last = true, value_name = "COMMAND")]
         command: Vec<String>,

@@ -312,8 +312,11 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
         ),
         (Some(t), _) => tracing::info!("sampling pid {:?} on {} ({:?})", t, event.name, sampling),
     }
-    // Release the command.
-    drop(gate.take());
+    // Release the command; with bursts, unless --no-hold, the attach
+    // thread releases it once it traces it (to hold it at its entry).
+    let bursts_on = !args.no_bursts && (child.is_some() || !cli.pids.is_empty());
+    let hold = matches!(cli.command, Some(Command::Run { no_hold: false, .. })) && bursts_on;
+    let gate = gate.take().filter(|_| hold);
     let ended = session::run(
         SessionOptions {
             event,
@@ -323,15 +326,14 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
             duration,
             interval,
             output: settings.output.clone(),
-            bursts: (!args.no_bursts && (child.is_some() || !cli.pids.is_empty())).then(|| {
-                crate::bursts::BurstOptions {
-                    burst_len: args.burst,
-                    full_trace: args.full_trace,
-                    libraries: !args.exe_only,
-                    save_bursts: args
-                        .save_bursts
-                        .then(|| settings.output.join("bursts.jsonl")),
-                }
+            gate,
+            bursts: bursts_on.then(|| crate::bursts::BurstOptions {
+                burst_len: args.burst,
+                full_trace: args.full_trace,
+                libraries: !args.exe_only,
+                save_bursts: args
+                    .save_bursts
+                    .then(|| settings.output.join("bursts.jsonl")),
             }),
             service: session::Service {
                 scanner,

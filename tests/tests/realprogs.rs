@@ -467,6 +467,62 @@ fn python_bytecode_loop_is_covered() {
     );
 }
 
+/// `burstyd run` holds its command at the entry point until the clones
+/// of the executable and its libraries are in place, so bursts cover a
+/// program from its start: a Python script of about half a second, much
+/// shorter than python3.11's analysis and generation (seconds), takes
+/// bursts throughout and prints what it prints untraced; with `--no-hold`
+/// it runs during the analysis, and is nearly over (or over) before the
+/// first burst.
+#[test]
+fn run_holds_the_command_at_its_entry_until_the_clones_are_in_place() {
+    require_root();
+    let py = Path::new("/usr/bin/python3.11");
+    if !py.exists() {
+        eprintln!("skipping: {} is not installed", py.display());
+        return;
+    }
+    let _serial = serial();
+    let script = workspace_root().join("tests/fixtures/cpu_bound.py");
+    let prog = [
+        py.to_str().unwrap(),
+        script.to_str().unwrap(),
+        "nowait",
+        "40",
+    ];
+    let untraced = run_untraced(&prog, Duration::from_secs(60));
+    let mut taken = Vec::new();
+    for args in [&["--freq", "999"][..], &["--freq", "999", "--no-hold"][..]] {
+        let scratch = Scratch::new("hold");
+        let run = burstyd_run(&scratch, args, &prog, Duration::from_secs(120));
+        run.assert_ok();
+        assert_eq!(
+            run.finished.stdout_str(),
+            untraced.stdout_str(),
+            "{args:?}\n{}",
+            run.finished.describe()
+        );
+        let held = run
+            .finished
+            .stderr
+            .contains("holding the command at its entry point");
+        assert_eq!(held, args.len() == 2, "{args:?}\n{}", run.finished.stderr);
+        // Bursts, when the command outlived the attach.
+        let n = run
+            .finished
+            .stderr
+            .lines()
+            .any(|l| l.contains("bursts: "))
+            .then(|| stat(&bursts_line(&run.finished.stderr), "taken"))
+            .unwrap_or(0);
+        taken.push(n);
+    }
+    assert!(
+        taken[0] >= 100 && taken[1] * 4 < taken[0],
+        "bursts held / not held: {taken:?}"
+    );
+}
+
 /// A C++ program whose functions nearly all have landing pads (destructors
 /// of its node and string classes): Debian's `troff` (groff-base) setting
 /// a generated man page. Before functions with an LSDA were cloned, 601 of

@@ -355,7 +355,14 @@ fn exe_id(data: &[u8]) -> u64 {
 
 /// Injects (or re-arms) the clones in `pid`: of its executable and, with
 /// `opts.libraries`, of every shared library it has mapped.
-pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached, Option<Pending>)> {
+/// With `held` the program is this thread's tracee, stopped at its entry
+/// point ([`hold_command`]): every module is cloned in this one step (the
+/// program waits anyway), and the stop is adopted rather than made.
+pub(crate) fn attach(
+    pid: Pid,
+    opts: &BurstOptions,
+    held: bool,
+) -> anyhow::Result<(Attached, Option<Pending>)> {
     let exe = PathBuf::from(format!("/proc/{pid}/exe"));
     let data = std::fs::read(&exe)
         .with_context(|| format!("reading the executable of pid {pid} ({})", exe.display()))?;
@@ -378,7 +385,7 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached,
     let interp = modules::interpreter(&data);
     // The executable now; its libraries in a second step
     // ([`add_libraries`]), so that a short program is traced from early on.
-    for module in modules::mapped_modules(pid, &maps, exe_path, data, false)? {
+    for module in modules::mapped_modules(pid, &maps, exe_path, data, held && opts.libraries)? {
         let is_exe = module.is_exe;
         let path = module.path.clone();
         match analyse(module) {
@@ -493,7 +500,11 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached,
     let tables_len = tables.len_bytes().next_multiple_of(PAGE_SIZE);
 
     let generation_ms = t0.elapsed().as_secs_f64() * 1e3 - analysis_ms;
-    let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
+    let mut t = if held {
+        Tracee::adopt(pid).context("taking over the held command")?
+    } else {
+        Tracee::attach(pid).context("stopping the target with ptrace")?
+    };
     let stopped = std::time::Instant::now();
     for &tid in t.threads() {
         if t.regs(tid).fs_base == 0 {
@@ -507,7 +518,7 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached,
     // ptrace stop cuts short a `getrandom` or a pipe `read` under way.
     // Sought now, while the address space holds still: the gap below a
     // library is where the program's next mmap goes.
-    let rooms = if opts.libraries {
+    let rooms = if opts.libraries && !held {
         let maps = inject::maps(pid)?;
         library_rooms(
             pid,
@@ -665,13 +676,21 @@ pub(crate) fn attach(pid: Pid, opts: &BurstOptions) -> anyhow::Result<(Attached,
         .sum();
     let kib: usize = gens.iter().map(|g| g.img.bytes.len()).sum::<usize>() / 1024;
     let names: Vec<&str> = gens.iter().map(|g| g.facts.name()).collect();
+    let stop = if held {
+        format!(
+            "the command held at its entry point for {:.0} ms",
+            t0.elapsed().as_secs_f64() * 1e3
+        )
+    } else {
+        format!("target stopped {stopped_ms:.1} ms")
+    };
     info!(
         %pid,
-        "bursty tracing: {rewritten} functions rewritten ({skipped} skipped) in {} module(s) ({}), {kib} KiB of clones, signal {signal}; analysis {analysis_ms:.0} ms, generation {generation_ms:.0} ms, target stopped {stopped_ms:.1} ms",
+        "bursty tracing: {rewritten} functions rewritten ({skipped} skipped) in {} module(s) ({}), {kib} KiB of clones, signal {signal}; analysis {analysis_ms:.0} ms, generation {generation_ms:.0} ms, {stop}",
         gens.len(),
         names.join(", "),
     );
-    let pending = opts.libraries.then(|| Pending {
+    let pending = (opts.libraries && !held).then(|| Pending {
         control,
         exe_path: exe_path.to_owned(),
         interp,
@@ -1414,6 +1433,36 @@ fn register_frame_fn(pid: Pid, maps: &[inject::MapEntry], plan: &Plan, bias: u64
 
 /// `burstyd run` releases its command just before the session starts; the
 /// exec replaces the gate (burstyd itself) within milliseconds.
+/// `run`'s command `pid`, still waiting on its `gate` to exec: becomes
+/// its tracer, releases the gate, and runs it to its entry point
+/// ([`hold::run_to_entry`]). Whether it is held there now (by this
+/// thread); otherwise it runs (or ended), and why is logged.
+pub(crate) fn hold_command(pid: Pid, gate: std::os::fd::OwnedFd) -> bool {
+    use userspace_rewriter::inject::hold;
+    let seized = hold::seize_before_exec(pid);
+    drop(gate);
+    if let Err(e) = seized {
+        warn!(%pid, "cannot hold the command at its entry point ({e}); it starts at once and bursts begin after the analysis");
+        return false;
+    }
+    match hold::run_to_entry(pid) {
+        Ok(hold::Entry::Held(entry)) => {
+            info!(%pid, "holding the command at its entry point {entry:#x} until its clones are in place");
+            true
+        }
+        Ok(hold::Entry::Static) => {
+            info!(%pid, "a static executable: it starts at once, and bursts begin after the analysis");
+            false
+        }
+        Err(e) => {
+            if crate::sys::process_running(pid) {
+                warn!(%pid, "cannot hold the command at its entry point ({e}); bursts begin after the analysis");
+            }
+            false
+        }
+    }
+}
+
 pub(crate) fn wait_for_exec(pid: Pid) {
     let me = std::fs::read_link("/proc/self/exe").ok();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);

@@ -175,6 +175,7 @@ impl BurstTracer {
     pub(crate) fn attach(
         pid: Pid,
         opts: &BurstOptions,
+        held: bool,
     ) -> anyhow::Result<(Self, Option<lifecycle::Pending>)> {
         let (
             Attached {
@@ -187,7 +188,7 @@ impl BurstTracer {
                 code,
             },
             pending,
-        ) = lifecycle::attach(pid, opts)?;
+        ) = lifecycle::attach(pid, opts, held)?;
         // Path counts per fid, over every module's range of them.
         let mut total_paths = Vec::new();
         for m in &modules {
@@ -396,7 +397,18 @@ impl Bursts {
     /// sampling, serving HTTP and pinging the watchdog meanwhile. The
     /// tracers (or why a target cannot be traced) arrive through
     /// [`Self::next_attach`].
-    pub(crate) fn start(opts: Option<&BurstOptions>, pids: &[Pid]) -> Self {
+    ///
+    /// With `gate` (`run`'s command, `pids[0]`, waits on it to exec), the
+    /// attach thread first becomes the command's tracer, then closes the
+    /// gate and holds the command at its entry point until its clones
+    /// (and its libraries') are in place: bursts cover it from its first
+    /// instruction. Should that fail, it is released and attached to as
+    /// it runs.
+    pub(crate) fn start(
+        opts: Option<&BurstOptions>,
+        pids: &[Pid],
+        gate: Option<std::os::fd::OwnedFd>,
+    ) -> Self {
         let mut bursts = Bursts {
             tracers: Vec::new(),
             full_trace: opts.is_some_and(|o| o.full_trace),
@@ -414,12 +426,24 @@ impl Bursts {
                 // Every executable first (each target takes bursts within
                 // milliseconds), then their libraries.
                 let mut pending = Vec::new();
+                let mut held = gate.map(|g| lifecycle::hold_command(pids[0], g));
                 for pid in pids {
                     if cancel.load(Ordering::Relaxed) {
+                        if let Some(true) = held.take() {
+                            userspace_rewriter::inject::hold::release(pid);
+                        }
                         return;
                     }
-                    lifecycle::wait_for_exec(pid);
-                    let (tracer, p) = match BurstTracer::attach(pid, &opts) {
+                    let hold = held.take() == Some(true);
+                    if !hold {
+                        lifecycle::wait_for_exec(pid);
+                    }
+                    let attached = BurstTracer::attach(pid, &opts, hold);
+                    if hold {
+                        // Run, traced or not (a no-op once detached).
+                        userspace_rewriter::inject::hold::release(pid);
+                    }
+                    let (tracer, p) = match attached {
                         Ok((t, p)) => (Ok(Box::new(t)), p),
                         Err(e) => (Err(e), None),
                     };

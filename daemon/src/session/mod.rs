@@ -72,6 +72,10 @@ pub(crate) struct SessionOptions {
     pub(crate) output: PathBuf,
     /// Bursty tracing of the targets (`--pid`/`run`), unless `--no-bursts`.
     pub(crate) bursts: Option<crate::bursts::BurstOptions>,
+    /// `run`'s gate, to be closed once the attach thread is ready to hold
+    /// the command at its entry point (see [`Bursts::start`]); closing it
+    /// releases the command.
+    pub(crate) gate: Option<std::os::fd::OwnedFd>,
     pub(crate) service: Service,
 }
 
@@ -321,8 +325,9 @@ impl Session {
             bursts: None,
         };
 
+        let gate = opts.gate.take();
         let targets = opts.targets.as_deref().unwrap_or_default();
-        let bursts = Bursts::start(opts.bursts.as_ref(), targets);
+        let bursts = Bursts::start(opts.bursts.as_ref(), targets, gate);
         let mut pipe = Pipeline::new();
         // The event sampled at each PC of a process traced in bursts, from
         // the start (the samples taken while it attaches included);

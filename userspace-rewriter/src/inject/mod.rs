@@ -105,6 +105,7 @@
 //!   [`find_gap_near`], [`free_signal`], [`shadow_stack_enabled`], live
 //!   threads, EPERM diagnosis).
 
+pub mod hold;
 mod procfs;
 mod ptrace;
 mod remote;

@@ -76,6 +76,26 @@ impl Tracee {
     /// same user, and `kernel.yama.ptrace_scope` must allow it),
     /// [`InjectError::OwnProcess`], [`InjectError::NotAProcess`].
     pub fn attach(pid: Pid) -> Result<Tracee> {
+        Self::attach_with(pid, false)
+    }
+
+    /// Like [`Tracee::attach`], for a process whose main thread this thread
+    /// already traces and holds in a ptrace stop (see
+    /// [`hold::run_to_entry`](super::hold::run_to_entry)): its other
+    /// threads, if any, are seized as by `attach`.
+    pub fn adopt(pid: Pid) -> Result<Tracee> {
+        // The options `attach` seizes with (the exec report is not wanted).
+        ptrace(
+            libc::PTRACE_SETOPTIONS,
+            pid.raw(),
+            0,
+            libc::PTRACE_O_TRACESYSGOOD as usize,
+            "PTRACE_SETOPTIONS",
+        )?;
+        Self::attach_with(pid, true)
+    }
+
+    fn attach_with(pid: Pid, adopted: bool) -> Result<Tracee> {
         if pid.raw() <= 0 {
             return Err(InjectError::NoSuchProcess(pid));
         }
@@ -92,11 +112,20 @@ impl Tracee {
         }
         if let Some(tracer) = status_field(&status, "TracerPid").and_then(|v| v.parse().ok())
             && tracer != 0
+            && !adopted
         {
             return Err(InjectError::AlreadyTraced { pid, tracer });
         }
 
         let mut threads: Vec<Thread> = Vec::new();
+        if adopted {
+            threads.push(Thread {
+                tid: pid.raw(),
+                saved: get_regs(pid.raw())?,
+                attach_signal: None,
+                seccomp: Filters::default(),
+            });
+        }
         let result = seize_all(pid, &mut threads);
         if let Err(e) = result {
             release(&threads);
