@@ -508,13 +508,12 @@ fn run_holds_the_command_at_its_entry_until_the_clones_are_in_place() {
             .contains("holding the command at its entry point");
         assert_eq!(held, args.len() == 2, "{args:?}\n{}", run.finished.stderr);
         // Bursts, when the command outlived the attach.
-        let n = run
-            .finished
-            .stderr
-            .lines()
-            .any(|l| l.contains("bursts: "))
-            .then(|| stat(&bursts_line(&run.finished.stderr), "taken"))
-            .unwrap_or(0);
+        let stderr = &run.finished.stderr;
+        let n = if stderr.lines().any(|l| l.contains("bursts: ")) {
+            stat(&bursts_line(stderr), "taken")
+        } else {
+            0
+        };
         taken.push(n);
     }
     assert!(
