@@ -23,9 +23,13 @@
 #   - edge relative overlap of the default runs and of the full trace
 #     against callgrind's exact branch counts on the same input
 #     (`--collect-jumps=yes`; bench_tool callgrind-accuracy), a ground
-#     truth that shares none of burstyd's code (the executable's edges),
-#     and the hot coverage of the first default run (share of the
-#     executable's samples in clones, and of all modules' samples),
+#     truth that shares none of burstyd's code (the executable's edges):
+#     for the `--pid` runs above (bursts from the end of the attach on:
+#     seconds into the run for python3.11), and for RUNS default runs and
+#     a full trace under `burstyd run`, which holds the program at its
+#     entry point until it is cloned (bursts from its start); and the hot
+#     coverage of the first `run` default run (share of the executable's
+#     samples in clones, and of all modules' samples),
 #   - the speed of the binary optimized by llvm-bolt with the edge profile
 #     of the default runs (edges.fdata, merged with merge-fdata) relative to
 #     the original binary.
@@ -54,7 +58,7 @@ while [[ $# -gt 0 ]]; do
         --runs) RUNS="$2"; shift 2 ;;
         --seconds) SECS="$2"; shift 2 ;;
         --programs) PROGRAMS="$2"; shift 2 ;;
-        -h|--help) sed -n "2,39p" "$0"; exit 0 ;;
+        -h|--help) sed -n "2,43p" "$0"; exit 0 ;;
         *) echo "bursts.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -106,6 +110,17 @@ traced() {
     wait "$tool" || die "$* failed under burstyd ${args[*]}"
     wait "$daemon" || { tail -20 "$out.log" >&2; die "burstyd --pid ${args[*]} failed"; }
     kv "$WORK/ru" wall_s
+}
+# run_traced OUT BURSTYD-ARGS -- PROG-ARGS...: the program under `burstyd
+# run` (held at its entry point until its clones are in place).
+run_traced() {
+    local out="$1"; shift
+    local args=()
+    while [[ "$1" != "--" ]]; do args+=("$1"); shift; done
+    shift
+    rm -rf "$out"
+    "$BURSTYD" run -o "$out" "${args[@]}" -- "$@" >/dev/null 2>"$out.log" \
+        || { tail -20 "$out.log" >&2; die "burstyd run ${args[*]} -- $* failed"; }
 }
 bursts_taken() { grep -o 'bursts: [0-9]* taken' "$1" | awk '{ s += $2 } END { print s + 0 }'; }
 budget0_signals() { grep -o 'budget 0 [0-9]*' "$1" | awk '{ s += $3 } END { print s + 0 }'; }
@@ -214,9 +229,20 @@ for prog in $PROGRAMS; do
         || { tail -5 "$WORK/callgrind.log" >&2; die "callgrind failed for $prog"; }
     cg_def=$("$TOOL" callgrind-accuracy "$BIN" "$WORK/callgrind.out" "${ests[@]}")
     cg_full=$("$TOOL" callgrind-accuracy "$BIN" "$WORK/callgrind.out" "$WORK/full/paths.pb.gz")
-    cg="callgrind: default $(kv_of overlap "$cg_def") full-trace $(kv_of overlap "$cg_full") ($(kv_of branches "$cg_def") branches)"
-    hot=$(grep -o 'hot coverage: [0-9.]*%' "$WORK/def1.log" | head -1 | sed 's/hot coverage: //')
-    hot_all=$(grep -o 'Over all modules: [0-9.]*%' "$WORK/def1.log" | head -1 | sed 's/Over all modules: //')
+
+    echo "== $prog: $RUNS default runs and a full trace under \`burstyd run\` (held at its entry point until cloned: traced from its start)" >&2
+    rests=()
+    for i in $(seq 1 "$RUNS"); do
+        run_traced "$WORK/rdef$i" -- "${RUN[@]}"
+        rests+=("$WORK/rdef$i/paths.pb.gz")
+    done
+    run_traced "$WORK/rfull" --full-trace -- "${RUN[@]}"
+    cg_rdef=$("$TOOL" callgrind-accuracy "$BIN" "$WORK/callgrind.out" "${rests[@]}")
+    cg_rfull=$("$TOOL" callgrind-accuracy "$BIN" "$WORK/callgrind.out" "$WORK/rfull/paths.pb.gz")
+    cg="callgrind ($(kv_of branches "$cg_def") branches): --pid default $(kv_of overlap "$cg_def") full-trace $(kv_of overlap "$cg_full"), run default $(kv_of overlap "$cg_rdef") full-trace $(kv_of overlap "$cg_rfull")"
+    # (Absent when the run ended before the libraries were cloned.)
+    hot=$(grep -o 'hot coverage: [0-9.]*%' "$WORK/rdef1.log" | head -1 | sed 's/hot coverage: //' || true)
+    hot_all=$(grep -o 'Over all modules: [0-9.]*%' "$WORK/rdef1.log" | head -1 | sed 's/Over all modules: //' || true)
 
     bolted="n/a (no relocations in the binary)"
     stale=""
