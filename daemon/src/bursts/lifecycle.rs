@@ -118,6 +118,21 @@ struct Analysed {
     /// `exe_id` of its bytes.
     id: u64,
     fid_base: u32,
+    /// Bytes its clones needed where a generation found too little room.
+    outgrew: u64,
+}
+
+impl Analysed {
+    /// Bytes of the functions the plan analysed (what code room is sized
+    /// by).
+    fn original_bytes(&self) -> u64 {
+        self.plan
+            .functions
+            .iter()
+            .filter(|f| matches!(f.status, FunctionStatus::Analyzed(_)))
+            .map(|f| f.size)
+            .sum()
+    }
 }
 
 /// One module's clones, generated for their address (the analysis is
@@ -167,6 +182,7 @@ fn analyse(module: Module) -> anyhow::Result<Analysed> {
         analysis,
         exclude,
         fid_base: 0,
+        outgrew: 0,
     })
 }
 
@@ -184,48 +200,62 @@ fn generate(
     reserved: &mut Vec<(u64, u64)>,
 ) -> anyhow::Result<Generated> {
     let (lo, hi) = a.module.range;
-    let original: u64 = a
-        .plan
-        .functions
-        .iter()
-        .filter(|f| matches!(f.status, FunctionStatus::Analyzed(_)))
-        .map(|f| f.size)
-        .sum();
-    let mut code_len = code_room(original);
-    let (img, eh, code) = loop {
+    let mut code_len = code_room(a.original_bytes());
+    let mut a = a;
+    loop {
         let code = match fixed {
             Some(c) => c,
             None => inject::find_gap_near(pid, lo, hi, code_len, reserved)?,
         };
-        let layout = Layout {
-            bias: a.module.bias,
-            control,
-            code,
-            fid_base: a.fid_base,
-        };
-        let img = codegen::generate_excluding(&a.plan, &a.analysis, &layout, &a.exclude)?;
-        let eh = unwind_info::eh_frame(&a.module.data, &img, a.module.bias)
-            .map_err(anyhow::Error::msg)?;
-        let need = (((img.bytes.len() as u64 + 15) & !15) + eh.bytes.len() as u64 + 0xfff) & !0xfff;
-        if need <= code_len || fixed.is_some() {
-            code_len = need;
-            break (img, eh, code);
+        match generate_at(a, control, code, fixed.is_none().then_some(code_len))? {
+            Ok(g) => {
+                if fixed.is_none() {
+                    reserved.push((code, code + g.code_len));
+                }
+                return Ok(g);
+            }
+            Err(back) => {
+                a = *back;
+                code_len = a.outgrew;
+                if code_len > 1 << 31 {
+                    bail!(
+                        "the clones of {} would take {code_len} bytes: too large to map near it",
+                        a.module.path
+                    );
+                }
+            }
         }
-        if need > 1 << 31 {
-            bail!(
-                "the clones of {} would take {need} bytes: too large to map near it",
-                a.module.path
-            );
-        }
-        code_len = need;
+    }
+}
+
+/// Generates `a`'s clones at `code`; with `room`, gives `a` back (with
+/// [`Analysed::outgrew`] set to the bytes needed) when they need more.
+#[allow(clippy::type_complexity)]
+fn generate_at(
+    a: Analysed,
+    control: u64,
+    code: u64,
+    room: Option<u64>,
+) -> anyhow::Result<Result<Generated, Box<Analysed>>> {
+    let layout = Layout {
+        bias: a.module.bias,
+        control,
+        code,
+        fid_base: a.fid_base,
     };
-    if fixed.is_none() {
-        reserved.push((code, code + code_len));
+    let img = codegen::generate_excluding(&a.plan, &a.analysis, &layout, &a.exclude)?;
+    let eh =
+        unwind_info::eh_frame(&a.module.data, &img, a.module.bias).map_err(anyhow::Error::msg)?;
+    let need = (((img.bytes.len() as u64 + 15) & !15) + eh.bytes.len() as u64 + 0xfff) & !0xfff;
+    if room.is_some_and(|r| need > r) {
+        let mut a = a;
+        a.outgrew = need;
+        return Ok(Err(Box::new(a)));
     }
     let eh_addr = code + ((img.bytes.len() as u64 + 15) & !15);
     let exceptions = uses_exceptions(&a.module.data, &a.analysis);
     let fdata = FdataFacts::new(&a.module.data, &a.plan, &a.analysis);
-    Ok(Generated {
+    Ok(Ok(Generated {
         facts: ModuleFacts {
             path: a.module.path,
             is_exe: a.module.is_exe,
@@ -241,10 +271,10 @@ fn generate(
         id: a.id,
         img,
         code,
-        code_len,
+        code_len: need,
         eh: (eh_addr, eh.bytes),
         exceptions,
-    })
+    }))
 }
 
 /// What an attach put into the target.
@@ -385,10 +415,11 @@ pub(crate) fn attach(
     let interp = modules::interpreter(&data);
     // The executable now; its libraries in a second step
     // ([`add_libraries`]), so that a short program is traced from early on.
-    for module in modules::mapped_modules(pid, &maps, exe_path, data, held && opts.libraries)? {
-        let is_exe = module.is_exe;
-        let path = module.path.clone();
-        match analyse(module) {
+    // Each module on a thread of its own (held, the libraries too).
+    let mapped = modules::mapped_modules(pid, &maps, exe_path, data, held && opts.libraries)?;
+    let names: Vec<(bool, String)> = mapped.iter().map(|m| (m.is_exe, m.path.clone())).collect();
+    for ((is_exe, path), result) in names.into_iter().zip(super::parallel::map(mapped, analyse)) {
+        match result {
             Ok(mut a) => {
                 a.fid_base = fid_base;
                 fid_base = fid_base
@@ -488,9 +519,37 @@ pub(crate) fn attach(
     let register_frame = register_frame_fn(pid, &maps, &analysed[0].plan, analysed[0].module.bias);
     let mut reserved = vec![(control, control + CONTROL_BYTES as u64)];
     let mut gens: Vec<Generated> = Vec::new();
+    // Gaps first (in turn: each avoids the ones before), then each
+    // module's code on a thread of its own; one that outgrew its gap is
+    // generated again, in turn, at a gap of its exact size.
+    let mut placed = Vec::new();
     for a in analysed {
         let (is_exe, path) = (a.module.is_exe, a.module.path.clone());
-        match generate(pid, a, control, None, &mut reserved) {
+        let len = code_room(a.original_bytes());
+        let (lo, hi) = a.module.range;
+        match inject::find_gap_near(pid, lo, hi, len, &reserved) {
+            Ok(code) => {
+                reserved.push((code, code + len));
+                placed.push((a, code, len));
+            }
+            Err(e) if is_exe => return Err(e.into()),
+            Err(e) => warn!(%pid, "{path} is not cloned: {e:#}"),
+        }
+    }
+    let names: Vec<(bool, String)> = placed
+        .iter()
+        .map(|(a, _, _)| (a.module.is_exe, a.module.path.clone()))
+        .collect();
+    let generated = super::parallel::map(placed, |(a, code, len)| {
+        generate_at(a, control, code, Some(len))
+    });
+    for ((is_exe, path), result) in names.into_iter().zip(generated) {
+        let result = match result {
+            Ok(Err(a)) => generate(pid, *a, control, None, &mut reserved),
+            Ok(Ok(g)) => Ok(g),
+            Err(e) => Err(e),
+        };
+        match result {
             Ok(g) => gens.push(g),
             Err(e) if is_exe => return Err(e),
             Err(e) => warn!(%pid, "{path} is not cloned: {e:#}"),

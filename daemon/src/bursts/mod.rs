@@ -35,6 +35,7 @@ pub(crate) mod coverage;
 pub(crate) mod decode;
 pub(crate) mod lifecycle;
 pub(crate) mod modules;
+mod parallel;
 pub(crate) mod ring;
 
 use counts::{PathCounts, TraceFile};
