@@ -49,6 +49,10 @@ const RING_WORDS_FULL: u64 = 1 << 23; // 64 MiB
 
 const MEMFD_NAME: &str = "burstyd-bursts";
 
+/// How long a burst may write nothing, with no sample in the clones,
+/// before it is taken for lost (see [`Attachment::reap_stuck_burst`]).
+const STUCK_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// `BurstLocal::owner`, from the control block.
 const OWNER_OFFSET: u64 = (LOCAL_OFFSET + offset_of!(BurstLocal, owner)) as u64;
 
@@ -63,10 +67,10 @@ pub(crate) struct Attachment {
     old_action: KernelSigaction,
     /// Target-side counters at attach (an earlier session's are in them).
     baseline: TargetCounters,
-    /// (head, bursts) at the previous drain and how many drains saw the
-    /// same running burst make no progress.
+    /// (head, bursts) at the previous drain, and since when the same
+    /// running burst has made no progress.
     last_progress: (u64, u64),
-    idle_drains: u32,
+    idle_since: Option<std::time::Instant>,
     /// Pages (address >> `CLONE_PAGE_SHIFT`) of original code with a
     /// rewritten instruction: the eBPF program signals only there.
     pages: Vec<u64>,
@@ -328,7 +332,7 @@ impl Injected {
                 old_action,
                 baseline,
                 last_progress: (0, 0),
-                idle_drains: 0,
+                idle_since: None,
                 pages,
             },
             exe,
@@ -392,7 +396,7 @@ pub(crate) fn attach(
     pid: Pid,
     opts: &BurstOptions,
     held: bool,
-) -> anyhow::Result<(Attached, Option<Pending>)> {
+) -> anyhow::Result<(Attached, Option<Then>)> {
     let exe = PathBuf::from(format!("/proc/{pid}/exe"));
     let data = std::fs::read(&exe)
         .with_context(|| format!("reading the executable of pid {pid} ({})", exe.display()))?;
@@ -480,7 +484,7 @@ pub(crate) fn attach(
                 rearm: Some(entries),
                 rooms: Rooms::default(),
             });
-            return Ok((attached, pending));
+            return Ok((attached, pending.map(Then::Libraries)));
         }
         if magic != CONTROL_MAGIC {
             bail!(
@@ -723,7 +727,15 @@ pub(crate) fn attach(
     let (handler, restorer) = (gens[0].img.handler, gens[0].img.restorer);
     let old_action = install_handler(&mut t, signal, handler, restorer)?;
     set_run_options(&mut region, opts);
-    t.detach()?;
+    // Held: it goes once the session has armed the eBPF side (the attach
+    // thread detaches it then), so that its first instructions can take
+    // bursts.
+    let still_held = if held {
+        Some(t)
+    } else {
+        t.detach()?;
+        None
+    };
     let stopped_ms = stopped.elapsed().as_secs_f64() * 1e3;
     let rewritten: usize = gens.iter().map(|g| g.img.functions.len()).sum();
     let skipped: usize = gens
@@ -749,15 +761,20 @@ pub(crate) fn attach(
         gens.len(),
         names.join(", "),
     );
-    let pending = (opts.libraries && !held).then(|| Pending {
-        control,
-        exe_path: exe_path.to_owned(),
-        interp,
-        tables,
-        next_fid: fid_base,
-        rearm: None,
-        rooms,
-    });
+    let then = match still_held {
+        Some(t) => Some(Then::Release(t)),
+        None => opts.libraries.then(|| {
+            Then::Libraries(Pending {
+                control,
+                exe_path: exe_path.to_owned(),
+                interp,
+                tables,
+                next_fid: fid_base,
+                rearm: None,
+                rooms,
+            })
+        }),
+    };
     Ok((
         Injected {
             pid,
@@ -769,8 +786,17 @@ pub(crate) fn attach(
             old_action,
         }
         .attached(),
-        pending,
+        then,
     ))
+}
+
+/// What the attach thread does after the first step of an attach.
+pub(crate) enum Then {
+    /// The second step: the libraries ([`add_libraries`]).
+    Libraries(Pending),
+    /// Let the held command go (every module is cloned): detach this
+    /// stop once the session has armed bursts for it.
+    Release(Tracee),
 }
 
 /// What the second step of an attach ([`add_libraries`]) needs from the
@@ -1346,22 +1372,26 @@ impl Attachment {
     /// here, and true returned. Its thread, should it return into a clone
     /// later, fails that return site's check (the owner is cleared first)
     /// and goes back to the original code.
-    pub(crate) fn reap_stuck_burst(&mut self, head: u64) -> bool {
+    ///
+    /// `running` says a sample of the process landed in its clones since
+    /// the last drain: its burst is alive, in a loop that writes nothing
+    /// (a k-boring loop has no back-edge instrumentation), not lost.
+    pub(crate) fn reap_stuck_burst(&mut self, head: u64, running: bool) -> bool {
         let (active, bursts) = self.region.burst_state();
-        if !active || (head, bursts) != self.last_progress {
+        if !active || running || (head, bursts) != self.last_progress {
             self.last_progress = (head, bursts);
-            self.idle_drains = 0;
+            self.idle_since = None;
             return false;
         }
-        self.idle_drains += 1;
-        if self.idle_drains < 2 {
+        let since = *self.idle_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() < STUCK_AFTER {
             return false;
         }
         // The owner first (a return into a clone then fails its check),
         // then `active`.
         self.clear_owner();
         self.region.clear_active();
-        self.idle_drains = 0;
+        self.idle_since = None;
         true
     }
 

@@ -177,7 +177,7 @@ impl BurstTracer {
         pid: Pid,
         opts: &BurstOptions,
         held: bool,
-    ) -> anyhow::Result<(Self, Option<lifecycle::Pending>)> {
+    ) -> anyhow::Result<(Self, Option<lifecycle::Then>)> {
         let (
             Attached {
                 attachment,
@@ -289,7 +289,9 @@ impl BurstTracer {
     }
 
     /// Consumes every record the target wrote. Returns how many.
-    pub(crate) fn drain(&mut self) -> u64 {
+    /// `running`: a sample of the process landed in its clones since the
+    /// last drain (its burst is alive even if it wrote nothing).
+    pub(crate) fn drain(&mut self, running: bool) -> u64 {
         let (counts, trace) = (&mut self.counts, &mut self.trace);
         let (n, head) = self.attachment.region().take_records(|w0, w1| {
             let ev = decode::decode(w0, w1);
@@ -299,7 +301,7 @@ impl BurstTracer {
             counts.add(&ev);
         });
         self.records += n;
-        if self.attachment.reap_stuck_burst(head) {
+        if self.attachment.reap_stuck_burst(head, running) {
             self.reaped += 1;
             self.counts.burst_reaped();
         }
@@ -345,10 +347,10 @@ impl BurstTracer {
     /// (sleeps, ptrace).
     pub(crate) fn detach(mut self) -> Finished {
         self.disarm();
-        while self.drain() > 0 {}
+        while self.drain(false) > 0 {}
         // Let a signal already in flight arrive and be declined.
         std::thread::sleep(std::time::Duration::from_millis(20));
-        self.drain();
+        self.drain(false);
         let stats = self.stats();
         if let Some(t) = &mut self.trace {
             t.flush();
@@ -370,6 +372,8 @@ pub(crate) enum Attach {
     Tracer {
         pid: Pid,
         tracer: anyhow::Result<Box<BurstTracer>>,
+        /// Told once bursts are armed for it (a held command waits).
+        armed: std::sync::mpsc::Sender<()>,
     },
     Libraries {
         pid: Pid,
@@ -439,24 +443,36 @@ impl Bursts {
                     if !hold {
                         lifecycle::wait_for_exec(pid);
                     }
-                    let attached = BurstTracer::attach(pid, &opts, hold);
-                    if hold {
-                        // Run, traced or not (a no-op once detached).
-                        userspace_rewriter::inject::hold::release(pid);
-                    }
-                    let (tracer, p) = match attached {
-                        Ok((t, p)) => (Ok(Box::new(t)), p),
-                        Err(e) => (Err(e), None),
+                    let (tracer, then) = match BurstTracer::attach(pid, &opts, hold) {
+                        Ok((t, then)) => (Ok(Box::new(t)), then),
+                        Err(e) => {
+                            if hold {
+                                // Still held by this thread: let it run.
+                                userspace_rewriter::inject::hold::release(pid);
+                            }
+                            (Err(e), None)
+                        }
                     };
-                    if let Err(mpsc::error::SendError(a)) = tx.send(Attach::Tracer { pid, tracer })
-                    {
+                    let (armed, armed_rx) = std::sync::mpsc::channel();
+                    let sent = tx.send(Attach::Tracer { pid, tracer, armed });
+                    match then {
+                        Some(lifecycle::Then::Libraries(p)) => pending.push((pid, p)),
+                        Some(lifecycle::Then::Release(held)) => {
+                            // Bursts armed (or the session gone): it runs.
+                            let _ = armed_rx.recv_timeout(std::time::Duration::from_secs(5));
+                            if let Err(e) = held.detach() {
+                                warn!(%pid, "releasing the held command: {e}");
+                            }
+                        }
+                        None => {}
+                    }
+                    if let Err(mpsc::error::SendError(a)) = sent {
                         // Nobody will drain it: leave the target as it was.
                         if let Attach::Tracer { tracer: Ok(t), .. } = a {
                             let _ = (*t).detach();
                         }
                         return;
                     }
-                    pending.extend(p.map(|p| (pid, p)));
                 }
                 // The libraries are background work: the session (draining
                 // rings, sampling) and the targets come first. (Not the
@@ -530,9 +546,12 @@ impl Bursts {
         std::time::Duration::from_millis(if self.full_trace { 5 } else { 50 })
     }
 
-    pub(crate) fn drain(&mut self) {
+    /// `running(pid)`: whether a sample of `pid` landed in its clones
+    /// since the last drain.
+    pub(crate) fn drain(&mut self, mut running: impl FnMut(Pid) -> bool) {
         for t in &mut self.tracers {
-            t.drain();
+            let r = running(t.pid());
+            t.drain(r);
         }
     }
 

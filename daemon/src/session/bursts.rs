@@ -16,15 +16,17 @@ use crate::service::metrics::METRICS;
 impl Session {
     /// Every 50 ms (5 ms in `--full-trace`): the burst records.
     pub(super) fn on_burst_tick(&mut self) {
-        self.bursts.drain();
+        let pipe = &mut self.pipe;
+        self.bursts
+            .drain(|pid| pipe.in_clones.remove(&pid).is_some_and(|n| n > 0));
     }
 
     /// An attach finished: arm the eBPF side for the process, let the
     /// unwinder see through its clones, count the events it samples per
     /// PC, drain its ring from now on.
     pub(super) fn on_attached(&mut self, a: Attach) {
-        let (pid, tracer) = match a {
-            Attach::Tracer { pid, tracer } => (pid, tracer),
+        let (pid, tracer, armed) = match a {
+            Attach::Tracer { pid, tracer, armed } => (pid, tracer, armed),
             Attach::Libraries { pid, libraries } => return self.on_libraries(pid, libraries, true),
         };
         let t = match tracer {
@@ -48,6 +50,8 @@ impl Session {
         if self.timers.bursts.is_none() {
             self.timers.bursts = Some(ticker(self.bursts.drain_interval()));
         }
+        // A command held at its entry point may go now.
+        let _ = armed.send(());
     }
 
     /// The shared libraries' clones were added to `pid`'s attachment: its
@@ -88,8 +92,9 @@ impl Session {
     /// An attach that finished after the session ended: never armed in
     /// the eBPF map (so no burst starts), detached with the others.
     fn on_late_attach(&mut self, a: Attach) {
+        // (A held command goes once `armed` is dropped.)
         let (pid, tracer) = match a {
-            Attach::Tracer { pid, tracer } => (pid, tracer),
+            Attach::Tracer { pid, tracer, .. } => (pid, tracer),
             // The bursts under way may already run in them: their records
             // must be understood, but nothing new is armed.
             Attach::Libraries { pid, libraries } => {

@@ -37,6 +37,9 @@ pub(super) struct Pipeline {
     /// For processes traced in bursts: event weight per sampled PC (the
     /// original address), to attribute the event to paths.
     pub(super) leaf_weights: HashMap<Pid, HashMap<u64, u64>>,
+    /// Per process traced in bursts: samples whose pc was in its clones
+    /// since the last drain of its records (its burst is alive).
+    pub(super) in_clones: HashMap<Pid, u64>,
 }
 
 impl Pipeline {
@@ -49,6 +52,7 @@ impl Pipeline {
             frames: Vec::with_capacity(256),
             windows: Vec::new(),
             leaf_weights: HashMap::new(),
+            in_clones: HashMap::new(),
         }
     }
 
@@ -120,6 +124,12 @@ impl Pipeline {
             && let Some(&pc) = self.frames.first()
         {
             *m.entry(pc).or_insert(0) += s.period.max(1);
+        }
+        if s.flags & SAMPLE_USER_REGS != 0
+            && let Some(c) = self.procs.clone_frames(pid)
+            && c.regions.iter().any(|r| r.range.contains(&s.rip))
+        {
+            *self.in_clones.entry(pid).or_insert(0) += 1;
         }
         for w in &mut self.windows {
             if let Some(n) = self.cct.process_names.get(&pid) {

@@ -504,15 +504,41 @@ impl FnGen<'_> {
             }
             _ => return Err(Skip("unusual jump-table jump")),
         }
-        for (slot, case) in cases {
+        // A binary search over the targets (sorted by address): at most
+        // about log2(n) + 1 compares for an interpreter's hundreds of
+        // labels. Each node compares with its middle target; below goes
+        // to the left half (emitted later at its label), above falls
+        // through to the right half.
+        let miss = em.label();
+        let mut work: Vec<(Option<u64>, std::ops::Range<usize>)> = vec![(None, 0..cases.len())];
+        while let Some((at, range)) = work.pop() {
+            if let Some(l) = at {
+                em.bind(l);
+            }
+            if range.is_empty() {
+                em.jmp(miss)?;
+                continue;
+            }
+            let mid = (range.start + range.end) / 2;
+            let (slot, case) = cases[mid];
             em.e(Instruction::with2(
                 Code::Cmp_r64_rm64,
                 Register::RAX,
                 rip(slot),
             ))?;
             em.jcc(Code::Je_rel32_64, case)?;
+            if range.start < mid {
+                let left = em.label();
+                em.jcc(Code::Jb_rel32_64, left)?;
+                work.push((Some(left), range.start..mid));
+            } else {
+                em.jcc(Code::Jb_rel32_64, miss)?;
+            }
+            // Popped next: emitted right here, the fall-through.
+            work.push((None, mid + 1..range.end));
         }
         // Unknown target: leave the clones.
+        em.bind(miss);
         if flags {
             em.popf();
         }
