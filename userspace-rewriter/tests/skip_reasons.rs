@@ -100,6 +100,21 @@ fn hand_written_functions_get_their_skip_reason() {
         listing("lock_skip")
     );
 
+    let (_, c) = get("mem_guarded_table");
+    let c = c
+        .as_ref()
+        .unwrap_or_else(|e| panic!("{e}\n{}", listing("mem_guarded_table")));
+    assert_eq!(c.jump_tables.len(), 1, "{}", listing("mem_guarded_table"));
+    assert_eq!(c.jump_tables[0].targets.len(), 2);
+    assert!(
+        matches!(
+            reason("mem_guard_overwritten"),
+            SkipReason::UnresolvedIndirectJump { .. }
+        ),
+        "{}",
+        listing("mem_guard_overwritten")
+    );
+
     let (_, c) = get("ptr_tail_call");
     let c = c.as_ref().unwrap();
     assert_eq!(c.exits[0].kind, ExitKind::IndirectTailCall);

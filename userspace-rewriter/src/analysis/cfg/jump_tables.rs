@@ -20,8 +20,21 @@ enum Idx {
     /// A GPR.
     Reg(usize),
     /// A variable in memory: `[base + index*scale + disp]` (base `RIP`
-    /// with `disp` the absolute address for RIP-relative operands).
-    Mem(Register, Register, u32, u64),
+    /// with `disp` the absolute address for RIP-relative operands), and
+    /// the size in bytes it was accessed with.
+    Mem(Register, Register, u32, u64, u64),
+}
+
+impl Idx {
+    /// The same variable (whatever the access size).
+    fn same_place(self, other: Idx) -> bool {
+        match (self, other) {
+            (Idx::Mem(b, i, s, d, _), Idx::Mem(b2, i2, s2, d2, _)) => {
+                (b, i, s, d) == (b2, i2, s2, d2)
+            }
+            (a, b) => a == b,
+        }
+    }
 }
 
 impl Walker<'_, '_> {
@@ -263,7 +276,7 @@ impl Walker<'_, '_> {
                 (OpKind::Register, Idx::Reg(n)) if gpr_index(ins.op0_register()) == Some(n) => {
                     ins.op0_register().size()
                 }
-                (OpKind::Memory, Idx::Mem(..)) if mem_operand(&ins) == idx => {
+                (OpKind::Memory, Idx::Mem(..)) if mem_operand(&ins).same_place(idx) => {
                     ins.memory_size().size()
                 }
                 _ => return None,
@@ -314,13 +327,16 @@ impl Walker<'_, '_> {
                         (Mnemonic::Movzx, OpKind::Register) if dst_ok => {
                             Idx::Reg(gpr_index(ins.op1_register())?)
                         }
+                        // movzx r, byte|word [mem] (Lua's GC: `cmp byte
+                        // [rbx+0x65], 8; ja ..; movzx eax, byte [rbx+0x65]`)
+                        (Mnemonic::Movzx, OpKind::Memory) if dst_ok => mem_operand(&ins),
                         // mov r32, [mem] / mov r64, [mem]
                         (Mnemonic::Mov, OpKind::Memory) if dst_ok => mem_operand(&ins),
                         _ => return None,
                     };
                 }
             }
-            Idx::Mem(base, index, scale, disp) => {
+            Idx::Mem(base, index, scale, disp, size) => {
                 // The variable must not change between guard and load: no
                 // call, no write to its address registers, no store other
                 // than to the stack (pushes, spills).
@@ -348,6 +364,7 @@ impl Walker<'_, '_> {
                         ins.memory_base(),
                         scale,
                         disp.wrapping_add(c.wrapping_mul(u64::from(scale))),
+                        size,
                     );
                     return self.guard_from(p, idx, bound, budget, on_path);
                 }
@@ -359,6 +376,23 @@ impl Walker<'_, '_> {
                     return None;
                 }
                 let info = self.info.info(&ins);
+                // A store beside the variable (same address registers, a
+                // byte range that does not overlap it) leaves it alone.
+                let beside = |m: &iced_x86::UsedMemory| {
+                    let d = if m.base() == Register::RIP {
+                        ins.ip_rel_memory_address()
+                    } else {
+                        m.displacement()
+                    };
+                    let n = m.memory_size().size() as u64;
+                    m.base() == base
+                        && m.index() == index
+                        && (index == Register::None || m.scale() == scale)
+                        && n > 0
+                        && (d.wrapping_add(n) <= disp || d >= disp.wrapping_add(size))
+                        && disp.checked_add(size).is_some()
+                        && d.checked_add(n).is_some()
+                };
                 let writes_global = info.used_memory().iter().any(|m| {
                     matches!(
                         m.access(),
@@ -367,6 +401,7 @@ impl Walker<'_, '_> {
                             | OpAccess::ReadWrite
                             | OpAccess::ReadCondWrite
                     ) && m.base() != Register::RSP
+                        && !beside(m)
                 });
                 if writes_global {
                     return None;
@@ -440,6 +475,7 @@ fn mem_operand(ins: &iced_x86::Instruction) -> Idx {
             Register::None,
             0,
             ins.ip_rel_memory_address(),
+            ins.memory_size().size() as u64,
         )
     } else {
         Idx::Mem(
@@ -447,6 +483,7 @@ fn mem_operand(ins: &iced_x86::Instruction) -> Idx {
             ins.memory_index(),
             ins.memory_index_scale(),
             ins.memory_displacement64(),
+            ins.memory_size().size() as u64,
         )
     }
 }
