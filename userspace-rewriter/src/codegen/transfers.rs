@@ -455,6 +455,17 @@ impl FnGen<'_> {
         let ins = self.insns[k].instr;
         let mut cases = Vec::new();
         for &t in &distinct {
+            // A case GCC moved to the function's `.cold` part (a ColdJump
+            // exit of the table's jump): not a case here, so the search
+            // misses it and the burst leaves there, as at any jump to the
+            // cold part.
+            if self.cfg.block_at(t).is_none()
+                && self.cfg.exits.iter().any(|e| {
+                    e.insn == self.insns[k].addr && e.kind == ExitKind::ColdJump { target: t }
+                })
+            {
+                continue;
+            }
             let tb = self
                 .cfg
                 .block_at(t)
