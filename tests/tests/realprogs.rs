@@ -438,6 +438,17 @@ fn covered_like_untraced(
     }
 }
 
+/// Debian's python3.11 (scripts/setup.sh installs it), or `None` with the
+/// reason printed where it is not installed.
+fn python311() -> Option<&'static str> {
+    let py = "/usr/bin/python3.11";
+    if !Path::new(py).exists() {
+        eprintln!("skipping: {py} is not installed");
+        return None;
+    }
+    Some(py)
+}
+
 /// Debian's python3.11: its bytecode loop `_PyEval_EvalFrameDefault`
 /// dispatches with computed gotos. Instrumented, it lets bursts cover the
 /// interpreter's time: hot coverage at least 97% of the executable's
@@ -447,15 +458,10 @@ fn covered_like_untraced(
 #[test]
 fn python_bytecode_loop_is_covered() {
     require_root();
-    let py = Path::new("/usr/bin/python3.11");
-    if !py.exists() {
-        eprintln!("skipping: {} is not installed", py.display());
-        return;
-    }
+    let Some(py) = python311() else { return };
     let _serial = serial();
     let script = workspace_root().join("tests/fixtures/cpu_bound.py");
     let script = script.to_str().unwrap();
-    let py = py.to_str().unwrap();
     let untraced = run_untraced(&[py, script, "nowait", "200"], Duration::from_secs(120));
     covered_like_untraced(
         "python",
@@ -477,19 +483,10 @@ fn python_bytecode_loop_is_covered() {
 #[test]
 fn run_holds_the_command_at_its_entry_until_the_clones_are_in_place() {
     require_root();
-    let py = Path::new("/usr/bin/python3.11");
-    if !py.exists() {
-        eprintln!("skipping: {} is not installed", py.display());
-        return;
-    }
+    let Some(py) = python311() else { return };
     let _serial = serial();
     let script = workspace_root().join("tests/fixtures/cpu_bound.py");
-    let prog = [
-        py.to_str().unwrap(),
-        script.to_str().unwrap(),
-        "nowait",
-        "40",
-    ];
+    let prog = [py, script.to_str().unwrap(), "nowait", "40"];
     let untraced = run_untraced(&prog, Duration::from_secs(60));
     let mut taken = Vec::new();
     for args in [&["--freq", "999"][..], &["--freq", "999", "--no-hold"][..]] {
