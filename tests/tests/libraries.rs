@@ -208,9 +208,9 @@ fn cpp_containers_and_iostreams_in_libstdcxx_are_traced() {
             "libstdc++ and libgcc_s cloned:\n{stderr}"
         );
         if !full {
-            // 95.1% when measured (libc's _int_malloc and _int_free are
-            // not cloned, PLT stubs never are); the bound leaves room for
-            // the sampling noise of a few thousand samples.
+            // 95.1% when measured (before libc's _int_malloc and
+            // _int_free were cloned; PLT stubs never are); the bound
+            // leaves room for the sampling noise of a few thousand samples.
             let cov = process_coverage(stderr);
             assert!(
                 cov >= 90.0,
