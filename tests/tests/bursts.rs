@@ -1100,6 +1100,68 @@ fn computed_goto_dispatch_is_traced_exactly() {
     );
 }
 
+/// A jump into a function's `.cold` part and back stays in the clones:
+/// `cold_parts`' `step` jumps to `step.cold` on every fourth call (GCC
+/// moved the block that calls a `cold` function there), which jumps back
+/// into the middle of `step`. In a full trace the burst runs through: the
+/// path of `step` that ends at the jump, the paths of `step.cold` and the
+/// path of `step` that starts where it comes back each run once per fourth
+/// call, and `step`'s own path three times as often; the output is the
+/// same as untraced. (When the jump ended the burst, `step.cold` had no
+/// complete path at all.)
+#[test]
+fn jumps_into_cold_parts_and_back_stay_in_the_clones() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("cold_parts");
+    let exe_s = exe.to_str().unwrap();
+    let calls = "10000000";
+    let untraced = run_untraced(&[exe_s, calls], Duration::from_secs(60));
+    let scratch = Scratch::new("cold-parts");
+    let run = burstyd_run(
+        &scratch,
+        &["--full-trace"],
+        &[exe_s, calls],
+        Duration::from_secs(300),
+    );
+    run.assert_ok();
+    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
+    let of = |prefix: &str| -> Vec<i64> {
+        let mut v: Vec<i64> = counts
+            .iter()
+            .filter(|(n, _)| n.starts_with(prefix))
+            .map(|(_, &c)| c)
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let cold: i64 = of("step.cold path ").iter().sum();
+    let step = of("step path ");
+    let rare: i64 = of("rare path ").iter().sum();
+    assert!(cold >= 500_000, "step.cold ran {cold} paths: {counts:#?}");
+    let near = |a: i64, b: i64| (a - b).abs() <= 4;
+    assert!(
+        step.len() == 3
+            && near(step[0], cold)
+            && near(step[1], cold)
+            && near(step[2], 3 * cold)
+            && near(rare, cold),
+        "step's paths {step:?}, step.cold's {cold}, rare's {rare}: {counts:#?}"
+    );
+    // Default bursts: the same output.
+    let scratch = Scratch::new("cold-parts-bursts");
+    let run = burstyd_run(
+        &scratch,
+        &["--freq", "999"],
+        &[exe_s, calls],
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    assert!(stat(&bursts_line(&run.finished.stderr), "taken") >= 10);
+}
+
 /// A function with 2^70 paths (`manypaths`' `branchy`: 70 branches in a
 /// row) is cut into regions and gets path numbers: in a full trace its
 /// paths are recorded (each call crosses the same cut blocks, so the same

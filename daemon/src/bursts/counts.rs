@@ -50,10 +50,14 @@ impl Contexts {
 }
 
 /// Executions of each Ball-Larus path per calling context within bursts.
+#[derive(Default)]
 pub(crate) struct PathCounts {
-    /// Per function (plan index): its number of paths; `None` where the
-    /// function has no path numbering. Paths at or beyond it are bad.
+    /// Per fid: its number of paths; `None` where the function has no
+    /// path numbering. Paths at or beyond it are bad.
     total_paths: Vec<Option<u64>>,
+    /// Per fid: the fid of its family (the parts of one function in the
+    /// compiler's sense share one); `u32::MAX` where no module has it.
+    family: Vec<u32>,
     /// (context node, fid, path) → executions.
     counts: HashMap<(u32, u32, u64), u64>,
     /// Calling contexts seen inside bursts.
@@ -70,31 +74,37 @@ pub(crate) struct PathCounts {
 }
 
 impl PathCounts {
-    /// Functions `fid_base..` of a module added later (a library), with
-    /// their numbers of paths.
+    /// Functions `fid_base..` of a module, with their numbers of paths and
+    /// families.
     pub(crate) fn add_functions(
         &mut self,
         fid_base: u32,
-        total: impl IntoIterator<Item = Option<u64>>,
+        facts: impl IntoIterator<Item = (Option<u64>, u32)>,
     ) {
         let base = fid_base as usize;
-        if self.total_paths.len() < base {
-            self.total_paths.resize(base, None);
+        self.total_paths.resize(base, None);
+        self.family.resize(base, u32::MAX);
+        for (paths, family) in facts {
+            self.total_paths.push(paths);
+            self.family.push(family);
         }
-        self.total_paths.truncate(base);
-        self.total_paths.extend(total);
     }
 
-    /// Counts for a plan whose function `i` has `total_paths[i]` paths.
+    /// Counts for one module whose function `i` has `total_paths[i]` paths
+    /// and is its own family.
+    #[cfg(test)]
     pub(crate) fn new(total_paths: Vec<Option<u64>>) -> Self {
-        PathCounts {
-            total_paths,
-            counts: HashMap::new(),
-            contexts: Contexts::default(),
-            stack: Vec::new(),
-            paths: 0,
-            partial_paths: 0,
-            bad_records: 0,
+        let mut c = PathCounts::default();
+        c.add_functions(0, total_paths.into_iter().zip(0..));
+        c
+    }
+
+    /// Whether `a` and `b` are parts of one function (a function and its
+    /// `.cold` part run in one frame: the part returns from it).
+    fn same_function(&self, a: u32, b: u32) -> bool {
+        a == b || {
+            let f = |x: u32| self.family.get(x as usize).copied();
+            f(a).is_some() && f(a) == f(b)
         }
     }
 
@@ -122,7 +132,7 @@ impl PathCounts {
                     // Context: the entered functions below this one.
                     let n = self.stack.len();
                     let ctx = match self.stack.last() {
-                        Some(&(top, _)) if top == fid => {
+                        Some(&(top, _)) if self.same_function(top, fid) => {
                             n.checked_sub(2).map_or(0, |i| self.stack[i].1)
                         }
                         Some(&(_, node)) => node,
@@ -132,7 +142,12 @@ impl PathCounts {
                 } else {
                     self.bad_records += 1;
                 }
-                if end.leaves_function() && self.stack.last().map(|e| e.0) == Some(fid) {
+                if end.leaves_function()
+                    && self
+                        .stack
+                        .last()
+                        .is_some_and(|e| self.same_function(e.0, fid))
+                {
                     self.stack.pop();
                 }
             }
@@ -246,6 +261,35 @@ mod tests {
             ]
         );
         assert_eq!((c.paths, c.partial_paths, c.bad_records), (5, 0, 0));
+    }
+
+    #[test]
+    fn a_cold_part_returns_from_its_parents_frame() {
+        // f0 calls f1, whose part f2 (its `.cold` part) returns: f1's
+        // activation ends there, and f0's next call of f1 is in f0's
+        // context again.
+        let mut c = PathCounts::default();
+        c.add_functions(0, [(Some(2), 0), (Some(2), 1), (Some(2), 1)]);
+        for ev in [
+            BurstEvent::Enter { fid: 0 },
+            BurstEvent::Enter { fid: 1 },
+            path(1, PathEnd::NoReturn, 0), // the jump into f2
+            path(2, PathEnd::Return, 1),
+            BurstEvent::Enter { fid: 1 },
+            path(1, PathEnd::Return, 1),
+            path(0, PathEnd::Return, 1),
+        ] {
+            c.add(&ev);
+        }
+        assert_eq!(
+            counted(&c),
+            [
+                (vec![], 0, 1, 1),
+                (vec![0], 1, 0, 1),
+                (vec![0], 1, 1, 1),
+                (vec![0], 2, 1, 1),
+            ]
+        );
     }
 
     #[test]

@@ -41,6 +41,19 @@ pub(crate) mod ring;
 use counts::{PathCounts, TraceFile};
 use lifecycle::{Attached, Attachment};
 
+/// Per function of module `m`, in fid order: its number of paths (none
+/// without numbering) and the fid of its family (the first part of the
+/// function it belongs to, see [`PathCounts`]).
+fn fid_facts(m: &lifecycle::ModuleFacts) -> impl Iterator<Item = (Option<u64>, u32)> + '_ {
+    m.plan.functions.iter().map(move |f| {
+        let paths = match &f.status {
+            FunctionStatus::Analyzed(fa) => fa.numbering.as_ref().map(|n| n.total_paths()),
+            _ => None,
+        };
+        (paths, m.fid_base + f.family as u32)
+    })
+}
+
 /// How bursts run.
 #[derive(Clone, Debug)]
 pub(crate) struct BurstOptions {
@@ -191,13 +204,9 @@ impl BurstTracer {
             pending,
         ) = lifecycle::attach(pid, opts, held)?;
         // Path counts per fid, over every module's range of them.
-        let mut total_paths = Vec::new();
+        let mut counts = PathCounts::default();
         for m in &modules {
-            total_paths.resize(m.fid_base as usize, None);
-            total_paths.extend(m.plan.functions.iter().map(|f| match &f.status {
-                FunctionStatus::Analyzed(fa) => fa.numbering.as_ref().map(|n| n.total_paths()),
-                _ => None,
-            }));
+            counts.add_functions(m.fid_base, fid_facts(m));
         }
         let modules = modules
             .into_iter()
@@ -205,7 +214,7 @@ impl BurstTracer {
             .collect();
         let tracer = BurstTracer {
             attachment,
-            counts: PathCounts::new(total_paths),
+            counts,
             trace: opts.save_bursts.as_deref().and_then(TraceFile::create),
             frames: Arc::new(frames),
             functions_rewritten,
@@ -235,13 +244,7 @@ impl BurstTracer {
             activate: tables,
         } = ext;
         for m in &modules {
-            self.counts.add_functions(
-                m.fid_base,
-                m.plan.functions.iter().map(|f| match &f.status {
-                    FunctionStatus::Analyzed(fa) => fa.numbering.as_ref().map(|n| n.total_paths()),
-                    _ => None,
-                }),
-            );
+            self.counts.add_functions(m.fid_base, fid_facts(m));
         }
         self.traced.code.add(
             cloned,

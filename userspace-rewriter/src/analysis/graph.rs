@@ -42,6 +42,13 @@ pub struct Graph {
     /// its real edges. Blocks without successors are treated as exits whether
     /// or not they are listed.
     pub exits: Vec<usize>,
+    /// Blocks entered from outside the function other than at `entry`
+    /// (where a function's `.cold` part jumps back into it, or where the
+    /// function jumps into the middle of its `.cold` part). Each starts
+    /// paths: [`paths`](super::paths) gives it a dummy edge from ENTRY,
+    /// like a loop header.
+    #[serde(default)]
+    pub extra_entries: Vec<usize>,
 }
 
 /// A malformed [`Graph`].
@@ -98,11 +105,14 @@ impl Graph {
                 }
             }
         }
-        for &x in &self.exits {
-            if x >= n {
+        for (what, list) in [
+            ("exits", &self.exits),
+            ("extra entries", &self.extra_entries),
+        ] {
+            if let Some(&x) = list.iter().find(|&&x| x >= n) {
                 return Err(GraphError::BadNode {
                     node: x,
-                    context: "exits".to_string(),
+                    context: what.to_string(),
                     nodes: n,
                 });
             }
@@ -175,11 +185,17 @@ fn dfs(g: &Graph) -> Dfs {
     }
 }
 
-/// Nodes reachable from the entry.
+/// Nodes reachable from the entry or an extra entry.
 pub fn reachable(g: &Graph) -> Vec<bool> {
     let mut seen = vec![false; g.len()];
     let mut stack = vec![g.entry];
     seen[g.entry] = true;
+    for &x in &g.extra_entries {
+        if !seen[x] {
+            seen[x] = true;
+            stack.push(x);
+        }
+    }
     while let Some(v) = stack.pop() {
         for &w in &g.succs[v] {
             if !seen[w] {
@@ -475,6 +491,7 @@ pub(crate) mod tests {
             succs: succs.iter().map(|s| s.to_vec()).collect(),
             entry: 0,
             exits: exits.to_vec(),
+            extra_entries: Vec::new(),
         }
     }
 
@@ -525,6 +542,7 @@ pub(crate) mod tests {
             succs,
             entry: 0,
             exits,
+            extra_entries: Vec::new(),
         }
     }
 

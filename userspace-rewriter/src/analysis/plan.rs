@@ -147,6 +147,10 @@ pub struct FunctionPlan {
     pub size: u64,
     pub sources: Vec<&'static str>,
     pub(crate) cold_part: bool,
+    /// Index of the first part of the function this one belongs to (a
+    /// `.cold` part's parent family; its own index for most): a part
+    /// returns from the frame its family's entry made.
+    pub family: usize,
     #[serde(flatten)]
     pub status: FunctionStatus,
 }
@@ -356,6 +360,7 @@ pub fn analyze_with_insns(
             size: f.size,
             sources: source_names(f.sources),
             cold_part: matches!(f.kind, FunctionKind::ColdPart { .. }),
+            family: analysis.families[i],
             status,
         });
     }

@@ -40,6 +40,9 @@ pub(super) struct FnGen<'a> {
     /// Out-edges per block, in edge order (index = `idx`).
     pub(super) edges_of: Vec<Vec<cfg::Edge>>,
     pub(super) entry_label: &'a HashMap<u64, u64>,
+    /// Where other parts of the same function continue in this module's
+    /// clones: block start (SVMA) → (label, path register there).
+    pub(super) part_entries: &'a HashMap<u64, (u64, u64)>,
     /// PLT stub (SVMA) → the GOT slot (SVMA) it jumps through.
     pub(super) plt_slots: &'a HashMap<u64, u64>,
     pub(super) table: &'a mut Vec<(u64, usize, u64)>,
@@ -143,6 +146,9 @@ impl FnGen<'_> {
 
         for b in 0..nb {
             self.em.bind(blk[b]);
+            if let Some(&(l, _)) = self.part_entries.get(&self.cfg.blocks[b].start) {
+                self.em.bind(l);
+            }
             let range = self.cfg.blocks[b].insns.clone();
             let last = range.end - 1;
             for k in range.start..last {

@@ -5,11 +5,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use burstyd_common::burst::END_LEFT_CLONES;
+
 use iced_x86::{BlockEncoder, BlockEncoderOptions, IcedError, InstructionBlock, OpKind, Register};
 use serde::Serialize;
 
 use super::emitter::{Emitter, LABEL_BASE};
 use super::function::{FnGen, Skip};
+use super::instrument::call_routine;
 use super::runtime::{self, RuntimeError};
 use crate::analysis::cfg::{self, Cfg};
 use crate::analysis::disasm::Insn;
@@ -192,6 +195,9 @@ impl From<IcedError> for GenError {
     }
 }
 
+/// Functions with this many paths or more are cloned without path numbers.
+const MAX_CLONE_PATHS: u64 = 1 << 62;
+
 /// Generates the clones of every analysed function in `plan` (computed with
 /// `keep_details`), whose instructions are `analysis.insns`.
 ///
@@ -234,10 +240,6 @@ pub fn generate_excluding(
             continue;
         };
         have_details = true;
-        if f.cold_part {
-            *skipped.entry("cold part".into()).or_default() += 1;
-            continue;
-        }
         if exclude.contains(&f.start) {
             *skipped
                 .entry("unwind info not restatable".into())
@@ -255,6 +257,7 @@ pub fn generate_excluding(
         return Err(GenError::NoDetails);
     }
     let plt_slots = plt_slots(plan, analysis);
+    let part_entries = part_entries(plan, &chosen, &mut em);
 
     let mut stats = GenStats::default();
     // (original AVMA, instruction index of its clone code, original end)
@@ -272,7 +275,7 @@ pub fn generate_excluding(
         let numbering = fa
             .numbering
             .as_ref()
-            .filter(|n| n.total_paths() < (1 << 62));
+            .filter(|n| n.total_paths() < MAX_CLONE_PATHS);
         let mark = em.out.len();
         let tmark = table_idx.len();
         let rmark = returns_idx.len();
@@ -296,6 +299,7 @@ pub fn generate_excluding(
                 v
             },
             entry_label: &entry_label,
+            part_entries: &part_entries,
             plt_slots: &plt_slots,
             table: &mut table_idx,
             returns: &mut returns_idx,
@@ -320,6 +324,15 @@ pub fn generate_excluding(
                 // Calls to it now go to the original.
                 if let Some(l) = entry_label.remove(&f.start) {
                     removed.push((f.start, l));
+                }
+                // So do jumps from its other parts, ending the burst.
+                for b in std::iter::once(0).chain(cfg.extra_entries.iter().copied()) {
+                    let start = cfg.blocks[b].start;
+                    if let Some(&(l, _)) = part_entries.get(&start) {
+                        em.bind(l);
+                        call_routine(&mut em, rt.end, END_LEFT_CLONES as u32, None, |_| Ok(()))?;
+                        em.jmp(start + layout.bias)?;
+                    }
                 }
             }
         }
@@ -400,6 +413,43 @@ pub fn generate_excluding(
         stats,
         reverse,
     })
+}
+
+/// Where the clones of one part of a function continue when another part
+/// jumps into it ([`cfg::ExitKind::ColdJump`]): block start (SVMA) →
+/// (label of the block in the clone, the path register's value there). A
+/// part's start, for the parts of a family with several (the path of an
+/// entry there starts at 0, after the prologue, which records a call
+/// that did not happen), and each of its extra entries (a Ball-Larus
+/// path start of its own, like a loop header). Parts without path numbers
+/// have none: jumps into them leave the clones.
+fn part_entries(plan: &Plan, chosen: &[usize], em: &mut Emitter) -> HashMap<u64, (u64, u64)> {
+    let mut members: HashMap<usize, usize> = HashMap::new();
+    for f in &plan.functions {
+        *members.entry(f.family).or_default() += 1;
+    }
+    let mut out = HashMap::new();
+    for &i in chosen {
+        let f = &plan.functions[i];
+        let FunctionStatus::Analyzed(fa) = &f.status else {
+            continue;
+        };
+        let (Some(cfg), Some(n)) = (fa.cfg.as_ref(), fa.numbering.as_ref()) else {
+            continue;
+        };
+        if n.total_paths() >= MAX_CLONE_PATHS {
+            continue;
+        }
+        if members[&f.family] > 1 {
+            out.insert(cfg.blocks[0].start, (em.label(), 0));
+        }
+        for &b in &cfg.extra_entries {
+            if let Some(restart) = n.loop_start_increment(b) {
+                out.insert(cfg.blocks[b].start, (em.label(), restart));
+            }
+        }
+    }
+    out
 }
 
 /// PLT stub start → the GOT slot its `jmp [rip + slot]` goes through

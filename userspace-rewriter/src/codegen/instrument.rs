@@ -89,7 +89,7 @@ impl FnGen<'_> {
     }
 
     /// `path = v` (a `mov`, flags untouched).
-    fn set_path(&mut self, v: u64, _flags: bool) -> Result<(), Skip> {
+    pub(super) fn set_path(&mut self, v: u64, _flags: bool) -> Result<(), Skip> {
         let em = &mut *self.em;
         if v <= i32::MAX as u64 {
             em.e(Instruction::with2(
@@ -145,8 +145,7 @@ impl FnGen<'_> {
         Ok(())
     }
 
-    /// A runtime call in the standard frame: `eax = arg`, `ecx = arg2`;
-    /// `pre` runs inside the frame (flags and rax, rcx, rdx saved).
+    /// A runtime call in the standard frame ([`call_routine`]).
     pub(super) fn rt_call(
         &mut self,
         routine: u64,
@@ -154,25 +153,35 @@ impl FnGen<'_> {
         arg2: Option<u32>,
         pre: impl FnOnce(&mut Emitter) -> Result<(), IcedError>,
     ) -> Result<(), Skip> {
-        let em = &mut *self.em;
-        em.lea_rsp(-128)?;
-        em.pushf();
-        em.push(Register::RAX)?;
-        em.push(Register::RCX)?;
-        em.push(Register::RDX)?;
-        pre(em)?;
-        em.mov_imm(Register::RAX, u64::from(arg))?;
-        if let Some(a2) = arg2 {
-            em.mov_imm(Register::RCX, u64::from(a2))?;
-        }
-        em.call(routine)?;
-        em.pop(Register::RDX)?;
-        em.pop(Register::RCX)?;
-        em.pop(Register::RAX)?;
-        em.popf();
-        em.lea_rsp(128)?;
-        Ok(())
+        Ok(call_routine(self.em, routine, arg, arg2, pre)?)
     }
+}
+
+/// A runtime call in the standard frame: `eax = arg`, `ecx = arg2`; `pre`
+/// runs inside the frame (flags and rax, rcx, rdx saved).
+pub(super) fn call_routine(
+    em: &mut Emitter,
+    routine: u64,
+    arg: u32,
+    arg2: Option<u32>,
+    pre: impl FnOnce(&mut Emitter) -> Result<(), IcedError>,
+) -> Result<(), IcedError> {
+    em.lea_rsp(-128)?;
+    em.pushf();
+    em.push(Register::RAX)?;
+    em.push(Register::RCX)?;
+    em.push(Register::RDX)?;
+    pre(em)?;
+    em.mov_imm(Register::RAX, u64::from(arg))?;
+    if let Some(a2) = arg2 {
+        em.mov_imm(Register::RCX, u64::from(a2))?;
+    }
+    em.call(routine)?;
+    em.pop(Register::RDX)?;
+    em.pop(Register::RCX)?;
+    em.pop(Register::RAX)?;
+    em.popf();
+    em.lea_rsp(128)
 }
 
 /// `add [path], v` inside a frame where flags may be clobbered and rax is

@@ -428,9 +428,20 @@ impl FnGen<'_> {
             }
             ExitKind::NoReturnCall { .. } => self.emit_call(k, false)?,
             ExitKind::ColdJump { target } => {
-                // Leaving the clones: end the burst, continue in the original.
-                self.rt_call(self.rt.end, END_LEFT_CLONES as u32, None, |_| Ok(()))?;
-                self.em.jmp(self.avma(target))?;
+                if let Some(&(label, restart)) = self.part_entries.get(&target) {
+                    // Into the other part's clone, where a path starts (the
+                    // frame stays this activation's: no call is recorded).
+                    // The check also sends any thread but the burst's to
+                    // the original.
+                    self.set_path(restart, true)?;
+                    self.check(true, self.avma(target))?;
+                    self.em.jmp(label)?;
+                } else {
+                    // Leaving the clones: end the burst, continue in the
+                    // original.
+                    self.rt_call(self.rt.end, END_LEFT_CLONES as u32, None, |_| Ok(()))?;
+                    self.em.jmp(self.avma(target))?;
+                }
             }
             ExitKind::Trap => unreachable!(),
         }

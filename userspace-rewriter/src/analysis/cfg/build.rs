@@ -45,34 +45,54 @@ pub(super) struct Walker<'a, 'data> {
     pub(super) bad_targets: Vec<(usize, u64)>,
     pub(super) work: Vec<usize>,
     pub(super) info: InstructionInfoFactory,
+    /// Instructions entered from outside the function besides its start
+    /// (see [`build_cfg`]): they have predecessors the walk cannot see.
+    pub(super) roots: BTreeSet<usize>,
 }
 
 /// Build the CFG of `func` from its linear sweep `insns` (see the module docs).
 ///
 /// Returns the [`Cfg`], or the first [`SkipReason`] found (deterministic:
 /// the walk order is fixed).
+///
+/// `roots` are addresses where control enters from outside besides the
+/// start: where the function's `.cold` part jumps back into it, or where
+/// the function jumps into the middle of its `.cold` part (one part of a
+/// family, see [`super::analyse`]). The walk starts there too; what it
+/// reaches only from them is part of the CFG, and they are its
+/// [`Cfg::extra_entries`]. Any other predecessor may precede them, so the
+/// backward walks (switch guards, table bases) stop there as at the start.
+/// A root that is not an instruction boundary of the linear sweep is
+/// ignored.
 pub(crate) fn build_cfg(
     func: &Function,
     insns: &[Insn],
     ctx: &CfgContext,
+    roots: &BTreeSet<u64>,
 ) -> Result<Cfg, SkipReason> {
     if insns.first().map(|i| i.addr) != Some(func.start) {
         return Err(SkipReason::NoBytes);
     }
+    let roots: BTreeSet<usize> = roots
+        .iter()
+        .filter_map(|&a| insns.binary_search_by_key(&a, |i| i.addr).ok())
+        .filter(|&i| i != 0)
+        .collect();
     let mut w = Walker {
         func,
         insns,
         ctx,
         reached: vec![false; insns.len()],
-        leaders: BTreeSet::from([0]),
+        leaders: roots.iter().copied().chain([0]).collect(),
         branch_preds: BTreeMap::new(),
         exits: BTreeMap::new(),
         noreturn_calls: BTreeSet::new(),
         tables: BTreeMap::new(),
         pending: BTreeSet::new(),
         bad_targets: Vec::new(),
-        work: vec![0],
+        work: roots.iter().copied().chain([0]).collect(),
         info: InstructionInfoFactory::new(),
+        roots,
     };
     loop {
         w.drain()?;
@@ -407,6 +427,9 @@ impl Walker<'_, '_> {
     /// The unique predecessor of instruction `i` on every known path, and
     /// how it gets there.
     pub(super) fn unique_pred(&self, i: usize) -> Option<(usize, Via)> {
+        if self.roots.contains(&i) {
+            return None; // also entered from outside
+        }
         let mut cands = Vec::new();
         if i > 0
             && self.reached[i - 1]
@@ -613,6 +636,13 @@ impl Walker<'_, '_> {
                 }
             }
         }
+        let mut extra_entries: Vec<usize> = self
+            .roots
+            .iter()
+            .map(|&i| block_of[i])
+            .filter(|&b| b != 0)
+            .collect();
+        extra_entries.dedup();
         Cfg {
             function: self.func.start,
             blocks,
@@ -620,6 +650,7 @@ impl Walker<'_, '_> {
             exits,
             jump_tables: self.tables.into_values().collect(),
             calls,
+            extra_entries,
         }
     }
 }

@@ -412,8 +412,13 @@ impl Walker<'_, '_> {
     }
 
     /// All known predecessors of instruction `i`.
+    /// None for an instruction also entered from outside (a root): its
+    /// predecessors are not all known, as at the function's start.
     fn all_preds(&self, i: usize) -> Vec<usize> {
         let mut v = Vec::new();
+        if self.roots.contains(&i) {
+            return v;
+        }
         if i > 0
             && self.reached[i - 1]
             && self.insns[i - 1].flow.falls_through()

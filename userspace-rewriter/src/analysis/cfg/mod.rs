@@ -300,6 +300,9 @@ pub struct Cfg {
     pub jump_tables: Vec<JumpTable>,
     /// Call sites (direct and indirect), by address.
     pub calls: Vec<CallSite>,
+    /// Blocks (ascending, never 0) entered from outside the function: the
+    /// roots given to the walk (see `build_cfg`).
+    pub extra_entries: Vec<usize>,
 }
 
 impl Cfg {
@@ -324,8 +327,21 @@ impl Cfg {
     /// target starts one (so an interpreter's dispatch loop has one short
     /// path per handler and successor, not one per sequence of handlers),
     /// and each gets a burst check (the dispatch is the interpreter's loop).
+    ///
+    /// With extra entries, the loops are those of the graph with a virtual
+    /// root before the entry and every extra entry (what dominates a block
+    /// must dominate it from each way in); the root has no predecessors,
+    /// so none of its edges is cut, and it is dropped.
     pub fn loops(&self) -> crate::analysis::graph::Loops {
-        let g = self.to_graph();
+        let mut g = self.to_graph();
+        if !g.extra_entries.is_empty() {
+            let root = g.len();
+            let out: Vec<usize> = std::iter::once(g.entry)
+                .chain(g.extra_entries.drain(..))
+                .collect();
+            g.succs.push(out);
+            g.entry = root;
+        }
         let dom = crate::analysis::graph::dominators(&g);
         let mut loops = crate::analysis::graph::loops(&g, &dom);
         let mut extra = Vec::new();
@@ -361,6 +377,7 @@ impl Cfg {
             succs,
             entry: 0,
             exits: exits.into_iter().collect(),
+            extra_entries: self.extra_entries.clone(),
         }
     }
 }
@@ -378,6 +395,10 @@ pub struct Analysis {
     pub cfgs: Vec<Result<Cfg, SkipReason>>,
     /// Starts of the functions known or inferred not to return.
     pub noreturn: Vec<u64>,
+    /// The family of each function: the lowest index among the parts of
+    /// the same function (a function and its `.cold` parts); its own
+    /// index for most.
+    pub families: Vec<usize>,
 }
 
 impl Analysis {
@@ -426,16 +447,101 @@ pub fn analyse(file: &object::File, data: &[u8]) -> Result<Analysis, FunctionsEr
     let mut ctx = CfgContext::new(file, &functions);
     let insns: Vec<Vec<Insn>> = functions.iter().map(|f| ctx.decode(f)).collect();
     ctx.infer_noreturn(&functions, &insns);
-    let cfgs = functions
+    let none = BTreeSet::new();
+    let mut cfgs: Vec<Result<Cfg, SkipReason>> = functions
         .iter()
         .zip(&insns)
-        .map(|(f, i)| build_cfg(f, i, &ctx))
+        .map(|(f, i)| build_cfg(f, i, &ctx, &none))
         .collect();
+    let families = connect_parts(&functions, &insns, &ctx, &mut cfgs);
     let noreturn = ctx.noreturn_functions().collect();
     Ok(Analysis {
         functions,
         insns,
         cfgs,
         noreturn,
+        families,
     })
+}
+
+/// The parts of one function in the compiler's sense (a function and its
+/// `.cold` part, named or not) jump into each other's middle
+/// ([`ExitKind::ColdJump`]). Rebuilds the CFG of every part that is
+/// entered that way with those targets as roots (so the clones can
+/// continue there: see `build_cfg`), until no new target appears, and
+/// returns each function's family: the lowest index of the parts
+/// connected by such jumps (or by a `.cold` name). A part whose CFG fails
+/// with its roots keeps the CFG it had without them (its entries from
+/// outside then leave the clones, as before).
+fn connect_parts(
+    functions: &[Function],
+    insns: &[Vec<Insn>],
+    ctx: &CfgContext,
+    cfgs: &mut [Result<Cfg, SkipReason>],
+) -> Vec<usize> {
+    let n = functions.len();
+    let mut ranges: Vec<(u64, u64, usize)> = functions
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.kind != FunctionKind::Plt)
+        .map(|(i, f)| (f.start, f.end(), i))
+        .collect();
+    ranges.sort_unstable();
+    let containing = |a: u64| -> Option<usize> {
+        let k = ranges.partition_point(|r| r.0 <= a);
+        ranges[..k]
+            .iter()
+            .rev()
+            .take(8)
+            .find(|r| a < r.1)
+            .map(|r| r.2)
+    };
+    let mut family: Vec<usize> = (0..n).collect();
+    fn find(f: &mut [usize], mut i: usize) -> usize {
+        while f[i] != i {
+            f[i] = f[f[i]];
+            i = f[i];
+        }
+        i
+    }
+    fn union(f: &mut [usize], a: usize, b: usize) {
+        let (ra, rb) = (find(f, a), find(f, b));
+        f[ra.max(rb)] = ra.min(rb);
+    }
+    for (i, f) in functions.iter().enumerate() {
+        if let FunctionKind::ColdPart { parent: Some(p) } = f.kind {
+            union(&mut family, i, p);
+        }
+    }
+    let mut roots: Vec<BTreeSet<u64>> = vec![BTreeSet::new(); n];
+    // Each round can only reach more fragments; bounded all the same.
+    for _ in 0..16 {
+        let mut wanted: BTreeMap<usize, BTreeSet<u64>> = BTreeMap::new();
+        for (i, c) in cfgs.iter().enumerate() {
+            let Ok(c) = c else { continue };
+            for e in &c.exits {
+                let ExitKind::ColdJump { target } = e.kind else {
+                    continue;
+                };
+                let Some(j) = containing(target).filter(|&j| j != i) else {
+                    continue;
+                };
+                union(&mut family, i, j);
+                if target != functions[j].start && !roots[j].contains(&target) {
+                    wanted.entry(j).or_default().insert(target);
+                }
+            }
+        }
+        if wanted.is_empty() {
+            break;
+        }
+        for (j, new) in wanted {
+            roots[j].extend(new);
+            let with = build_cfg(&functions[j], &insns[j], ctx, &roots[j]);
+            if with.is_ok() || cfgs[j].is_err() {
+                cfgs[j] = with;
+            }
+        }
+    }
+    (0..n).map(|i| find(&mut family, i)).collect()
 }

@@ -76,7 +76,7 @@ impl CfgContext<'_> {
                 if self.noreturn.contains(&f.start) || f.kind == FunctionKind::Plt {
                     continue;
                 }
-                let Ok(cfg) = build_cfg(f, ins, self) else {
+                let Ok(cfg) = build_cfg(f, ins, self, &Default::default()) else {
                     continue;
                 };
                 let never_returns = cfg.exits.iter().all(|e| match e.kind {

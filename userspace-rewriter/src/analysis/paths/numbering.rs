@@ -59,6 +59,7 @@ pub fn number_paths_cutting(
                             .chain(&cut_loops.retreating_non_back)
                             .map(|&(v, i)| g.succs[v][i])
                             .chain([g.entry])
+                            .chain(g.extra_entries.iter().copied())
                             .collect();
                         starts.sort_unstable();
                         starts.dedup();
@@ -142,7 +143,13 @@ pub(super) fn number_paths_bounded(
     mark(&loops.retreating_non_back, false)?;
     back_edges.sort_by_key(|b| (b.from, b.index));
 
-    let mut headers: Vec<usize> = back_edges.iter().map(|b| b.to).collect();
+    // Path starts besides the entry: targets of truncated edges, and the
+    // blocks entered from outside the function.
+    let mut headers: Vec<usize> = back_edges
+        .iter()
+        .map(|b| b.to)
+        .chain(g.extra_entries.iter().copied().filter(|&x| x != g.entry))
+        .collect();
     headers.sort_unstable();
     headers.dedup();
 

@@ -375,6 +375,7 @@ fn diamond_chain(k: usize) -> Graph {
         succs,
         entry: 0,
         exits: vec![3 * k],
+        extra_entries: Vec::new(),
     }
 }
 
@@ -532,4 +533,28 @@ fn too_many_paths_are_cut_into_regions() {
             .collect();
         assert_eq!(regenerated, all, "max {max}");
     }
+}
+
+/// Blocks entered from outside (a `.cold` part jumping back) start paths
+/// of their own, like loop headers: 0 -> {1, 2}, 1 -> 3, 2 -> 3, 4 -> 3
+/// with 4 entered only from outside and 2 from both. Paths from 0: two;
+/// from 2: one; from 4: one.
+#[test]
+fn extra_entries_start_paths() {
+    let mut g = graph(&[&[1, 2], &[3], &[3], &[], &[3]], &[3]);
+    g.extra_entries = vec![2, 4];
+    let (_, pn) = number(&g);
+    assert_eq!(pn.total_paths(), 4);
+    let mut seen = Vec::new();
+    for &x in &[2usize, 4] {
+        let r = pn
+            .loop_start_increment(x)
+            .expect("an extra entry starts paths");
+        let p = pn.regenerate(r).unwrap();
+        assert_eq!(p.blocks, vec![x, 3]);
+        seen.push(r);
+    }
+    seen.extend((0..pn.total_paths()).filter(|&r| pn.regenerate(r).unwrap().blocks[0] == 0));
+    seen.sort_unstable();
+    assert_eq!(seen, vec![0, 1, 2, 3], "every number is one path");
 }
