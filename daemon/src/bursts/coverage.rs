@@ -192,11 +192,14 @@ impl HotCoverage {
     /// process's) land in instrumented code; most sampled uninstrumented:
     /// f 30.1% (skipped: ...), ...".
     pub(crate) fn describe(&self, top: usize) -> String {
+        // (Weights are the event's, e.g. nanoseconds of cpu-clock: only
+        // shares of them are shown.)
+        if self.total == 0 {
+            return "hot coverage: no user-mode sample of the process".into();
+        }
         if self.in_exe == 0 {
-            return format!(
-                "hot coverage: none of the process's {} user-mode samples is in the executable",
-                self.total
-            );
+            return "hot coverage: none of the process's user-mode samples is in the executable"
+                .into();
         }
         let pct = |w: u64, of: u64| 100.0 * w as f64 / of.max(1) as f64;
         let mut s = format!(
