@@ -514,7 +514,18 @@ fn connect_parts(
         }
     }
     let mut roots: Vec<BTreeSet<u64>> = vec![BTreeSet::new(); n];
-    // Each round can only reach more fragments; bounded all the same.
+    // Parts whose roots all lie in code their CFG already reaches (a
+    // parent's join points, mostly) gain no new exits from them: they are
+    // rebuilt once, at the end, with all their roots; parts with a root in
+    // code not reached yet (a cold part's later fragments) at once, since
+    // what they reach may jump elsewhere. Bounded all the same.
+    let mut stale: BTreeSet<usize> = BTreeSet::new();
+    let rebuild = |cfgs: &mut [Result<Cfg, SkipReason>], j: usize, roots: &BTreeSet<u64>| {
+        let with = build_cfg(&functions[j], &insns[j], ctx, roots);
+        if with.is_ok() || cfgs[j].is_err() {
+            cfgs[j] = with;
+        }
+    };
     for _ in 0..16 {
         let mut wanted: BTreeMap<usize, BTreeSet<u64>> = BTreeMap::new();
         for (i, c) in cfgs.iter().enumerate() {
@@ -536,12 +547,20 @@ fn connect_parts(
             break;
         }
         for (j, new) in wanted {
+            let reached = cfgs[j]
+                .as_ref()
+                .is_ok_and(|c| new.iter().all(|&t| c.block_at(t).is_some()));
             roots[j].extend(new);
-            let with = build_cfg(&functions[j], &insns[j], ctx, &roots[j]);
-            if with.is_ok() || cfgs[j].is_err() {
-                cfgs[j] = with;
+            if reached {
+                stale.insert(j);
+            } else {
+                rebuild(cfgs, j, &roots[j]);
+                stale.remove(&j);
             }
         }
+    }
+    for j in stale {
+        rebuild(cfgs, j, &roots[j]);
     }
     (0..n).map(|i| find(&mut family, i)).collect()
 }
