@@ -131,8 +131,10 @@ impl PathCounts {
                     self.paths += 1;
                     // Context: the entered functions below this one.
                     let n = self.stack.len();
+                    // (A `.cold` part's paths keep its parent in their
+                    // context: they show under it.)
                     let ctx = match self.stack.last() {
-                        Some(&(top, _)) if self.same_function(top, fid) => {
+                        Some(&(top, _)) if top == fid => {
                             n.checked_sub(2).map_or(0, |i| self.stack[i].1)
                         }
                         Some(&(_, node)) => node,
@@ -267,7 +269,7 @@ mod tests {
     fn a_cold_part_returns_from_its_parents_frame() {
         // f0 calls f1, whose part f2 (its `.cold` part) returns: f1's
         // activation ends there, and f0's next call of f1 is in f0's
-        // context again.
+        // context again. f2's path shows under f1.
         let mut c = PathCounts::default();
         c.add_functions(0, [(Some(2), 0), (Some(2), 1), (Some(2), 1)]);
         for ev in [
@@ -287,7 +289,7 @@ mod tests {
                 (vec![], 0, 1, 1),
                 (vec![0], 1, 0, 1),
                 (vec![0], 1, 1, 1),
-                (vec![0], 2, 1, 1),
+                (vec![0, 1], 2, 1, 1),
             ]
         );
     }
