@@ -63,13 +63,18 @@ impl Emitter {
         self.pending.clear();
     }
 
-    pub(super) fn finish(mut self) -> Vec<Instruction> {
+    /// Takes what was emitted so far (a batch to encode), with every label
+    /// bound here that named the same point as another replaced by that
+    /// one; returns the instructions and those aliases (label → the label
+    /// an instruction carries). Labels stay unique across batches.
+    pub(super) fn take(&mut self) -> (Vec<Instruction>, HashMap<u64, u64>) {
         if !self.pending.is_empty() {
             self.emit(Instruction::with(Code::Zero_bytes));
         }
         let alias = std::mem::take(&mut self.alias);
         let resolve = |t: u64| alias.get(&t).copied().unwrap_or(t);
-        for i in &mut self.out {
+        let mut out = std::mem::take(&mut self.out);
+        for i in &mut out {
             if i.op_count() > 0 && matches!(i.op0_kind(), OpKind::NearBranch64) {
                 i.set_near_branch64(resolve(i.near_branch64()));
             }
@@ -77,7 +82,7 @@ impl Emitter {
                 i.set_memory_displacement64(resolve(i.memory_displacement64()));
             }
         }
-        self.out
+        (out, alias)
     }
 
     // --- small instruction helpers ---

@@ -7,10 +7,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use burstyd_common::burst::END_LEFT_CLONES;
 
-use iced_x86::{BlockEncoder, BlockEncoderOptions, IcedError, InstructionBlock, OpKind, Register};
+use iced_x86::{IcedError, OpKind, Register};
 use serde::Serialize;
 
-use super::emitter::{Emitter, LABEL_BASE};
+use super::batches::{BATCH_INSTRUCTIONS, Batches};
+use super::emitter::Emitter;
 use super::function::{FnGen, Skip};
 use super::instrument::call_routine;
 use super::runtime::{self, RuntimeError};
@@ -258,15 +259,27 @@ pub fn generate_excluding(
     }
     let plt_slots = plt_slots(plan, analysis);
     let part_entries = part_entries(plan, &chosen, &mut em);
+    // Functions are encoded in batches; calls and jumps between them go
+    // to these labels.
+    let exported = entry_label
+        .values()
+        .copied()
+        .chain(part_entries.values().map(|&(l, _)| l))
+        .collect();
+    let mut batches = Batches::new(clones_at, exported);
 
     let mut stats = GenStats::default();
     // (original AVMA, instruction index of its clone code, original end)
+    // and (original return address, instruction index of the return site)
+    // in the batch being emitted.
     let mut table_idx: Vec<(u64, usize, u64)> = Vec::new();
-    // (original return address, instruction index of the return site)
     let mut returns_idx: Vec<(u64, usize)> = Vec::new();
     let mut funcs: Vec<(u32, u64, u64, bool)> = Vec::new(); // fid, orig, label, paths
     let mut removed: Vec<(u64, u64)> = Vec::new();
     for &i in &chosen {
+        if em.out.len() >= BATCH_INSTRUCTIONS {
+            batches.flush(&mut em, &mut table_idx, &mut returns_idx)?;
+        }
         let f = &plan.functions[i];
         let FunctionStatus::Analyzed(fa) = &f.status else {
             unreachable!()
@@ -344,60 +357,44 @@ pub fn generate_excluding(
         em.jmp(start + layout.bias)?;
     }
 
-    let insns = em.finish();
-    let block = InstructionBlock::new(&insns, clones_at);
-    let enc = BlockEncoder::encode(
-        64,
-        block,
-        BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
-    )?;
-    let offsets = enc.new_instruction_offsets;
+    batches.flush(&mut em, &mut table_idx, &mut returns_idx)?;
+    batches.finish()?;
     let mut bytes = rt.bytes.clone();
     bytes.resize((clones_at - layout.code) as usize, 0xcc);
-    bytes.extend_from_slice(&enc.code_buffer);
+    bytes.append(&mut batches.bytes);
     let code_len = bytes.len() as u64;
-    let addr_of_index = |idx: usize| clones_at + u64::from(offsets[idx]);
-    // Label -> address.
-    let mut label_addr: HashMap<u64, u64> = HashMap::new();
-    for (idx, ins) in insns.iter().enumerate() {
-        if ins.ip() >= LABEL_BASE {
-            label_addr.insert(ins.ip(), addr_of_index(idx));
-        }
-    }
-    let mut table: Vec<(u64, u64)> = table_idx
-        .iter()
-        .map(|&(o, idx, _)| (o, addr_of_index(idx)))
-        .collect();
-    let mut reverse: Vec<(u64, u64, u64)> = table_idx
-        .iter()
-        .map(|&(o, idx, end)| (addr_of_index(idx), o, end))
-        .collect();
+    let mut table = std::mem::take(&mut batches.table);
+    let mut reverse = std::mem::take(&mut batches.reverse);
+    let mut ret_table = std::mem::take(&mut batches.returns);
+    let entry = |label: u64| {
+        batches
+            .label(label)
+            .ok_or_else(|| GenError::Encode("a cloned function's entry was not encoded".into()))
+    };
     reverse.sort_unstable();
     table.sort_unstable();
     table.dedup_by_key(|e| e.0);
     // Function entries: original start -> clone entry (indirect calls).
     let mut fn_table: Vec<(u64, u64)> = funcs
         .iter()
-        .map(|&(_, orig, label, _)| (orig, label_addr[&label]))
-        .collect();
+        .map(|&(_, orig, label, _)| Ok((orig, entry(label)?)))
+        .collect::<Result<_, GenError>>()?;
     fn_table.sort_unstable();
     fn_table.dedup_by_key(|e| e.0);
     // Return sites: original return address -> the clone's return site.
-    let mut ret_table: Vec<(u64, u64)> = returns_idx
-        .iter()
-        .map(|&(o, idx)| (o, addr_of_index(idx)))
-        .collect();
     ret_table.sort_unstable();
     ret_table.dedup_by_key(|e| e.0);
     let functions = funcs
         .into_iter()
-        .map(|(fid, orig, label, paths)| ClonedFunction {
-            fid,
-            orig,
-            clone: label_addr[&label],
-            paths,
+        .map(|(fid, orig, label, paths)| {
+            Ok(ClonedFunction {
+                fid,
+                orig,
+                clone: entry(label)?,
+                paths,
+            })
         })
-        .collect();
+        .collect::<Result<_, GenError>>()?;
     Ok(CloneImage {
         bytes,
         handler: rt.handler,

@@ -47,6 +47,8 @@
 //!
 //! - `emitter.rs`: `Emitter`, an instruction list with
 //!   labels for iced's block encoder, and small instruction helpers;
+//! - `batches.rs`: `Batches`, the clones encoded a batch of functions at
+//!   a time at their final addresses, branches across batches patched;
 //! - `image.rs`: [`generate_excluding`] — which functions get a clone, the
 //!   encoding at the target address, the `(original, clone)` tables —
 //!   and its results ([`CloneImage`], [`Layout`], [`GenStats`], ...);
@@ -105,6 +107,7 @@ macro_rules! local {
     };
 }
 
+mod batches;
 mod emitter;
 mod function;
 mod image;

@@ -1,0 +1,246 @@
+//! [`Batches`]: the clones encoded a batch of functions at a time, so that
+//! iced's block encoder (a few hundred bytes of state per instruction) and
+//! the instruction list never hold a whole module: for python3.11 with its
+//! libraries they held over a gigabyte at once.
+//!
+//! Each batch is encoded at its final address, right after the previous
+//! one. Labels bound and used within a batch are resolved by the block
+//! encoder. A branch to a label of another batch (a call or jump to
+//! another function's clone, a jump into another part of a function) is
+//! the only reference that crosses batches:
+//! - to an earlier batch, the label's address is known and put in the
+//!   branch before encoding;
+//! - to a later batch, the branch is encoded as a `rel32` to a placeholder
+//!   1 GiB away (so the encoder keeps the 4-byte form) and patched once
+//!   every batch is placed ([`Batches::finish`]).
+//!
+//! Only the labels a caller declares *exported* may be referenced across
+//! batches; anything else is an error, never a guess.
+
+use std::collections::{HashMap, HashSet};
+
+use iced_x86::{BlockEncoder, BlockEncoderOptions, InstructionBlock, OpKind};
+
+use super::emitter::{Emitter, LABEL_BASE};
+use super::image::GenError;
+
+/// A batch is encoded once it holds this many instructions (at the end of
+/// a function: a function is never split).
+pub(super) const BATCH_INSTRUCTIONS: usize = 1 << 15;
+
+/// Distance of the placeholder target of a forward branch across batches:
+/// far enough that the encoder keeps `rel32`, near enough to be in range.
+const PLACEHOLDER_DISTANCE: u64 = 1 << 30;
+
+pub(super) struct Batches {
+    /// AVMA of the first batch.
+    base: u64,
+    /// The code of the batches encoded so far.
+    pub(super) bytes: Vec<u8>,
+    /// Labels other batches may branch to.
+    exported: HashSet<u64>,
+    /// Exported label → AVMA, once its batch is encoded.
+    labels: HashMap<u64, u64>,
+    /// `(offset in bytes just past a rel32, label)` to patch.
+    fixups: Vec<(usize, u64)>,
+    /// `(original, clone)` of every copied instruction.
+    pub(super) table: Vec<(u64, u64)>,
+    /// `(clone, original, original end)` of every copied instruction.
+    pub(super) reverse: Vec<(u64, u64, u64)>,
+    /// `(original return address, clone return site)`.
+    pub(super) returns: Vec<(u64, u64)>,
+}
+
+impl Batches {
+    pub(super) fn new(base: u64, exported: HashSet<u64>) -> Self {
+        Batches {
+            base,
+            bytes: Vec::new(),
+            exported,
+            labels: HashMap::new(),
+            fixups: Vec::new(),
+            table: Vec::new(),
+            reverse: Vec::new(),
+            returns: Vec::new(),
+        }
+    }
+
+    /// Encodes what `em` holds at the next address. `table` (original,
+    /// instruction index, original end) and `returns` (original return
+    /// address, instruction index) index that batch; they are turned into
+    /// addresses and emptied.
+    pub(super) fn flush(
+        &mut self,
+        em: &mut Emitter,
+        table: &mut Vec<(u64, usize, u64)>,
+        returns: &mut Vec<(u64, usize)>,
+    ) -> Result<(), GenError> {
+        let (mut insns, alias) = em.take();
+        if insns.is_empty() {
+            return Ok(());
+        }
+        let at = self.base + self.bytes.len() as u64;
+        let placeholder = at + PLACEHOLDER_DISTANCE;
+        // Labels bound in this batch → instruction index.
+        let mut bound: HashMap<u64, usize> = HashMap::new();
+        for (idx, ins) in insns.iter().enumerate() {
+            if ins.ip() >= LABEL_BASE {
+                bound.insert(ins.ip(), idx);
+            }
+        }
+        for (&other, first) in &alias {
+            if let Some(&idx) = bound.get(first) {
+                bound.insert(other, idx);
+            }
+        }
+        let mut forward: Vec<(usize, u64)> = Vec::new();
+        for (idx, ins) in insns.iter_mut().enumerate() {
+            if ins.op_count() > 0 && matches!(ins.op0_kind(), OpKind::NearBranch64) {
+                let t = ins.near_branch64();
+                if t >= LABEL_BASE && !bound.contains_key(&t) {
+                    match self.labels.get(&t) {
+                        Some(&a) => ins.set_near_branch64(a),
+                        None if self.exported.contains(&t) => {
+                            ins.set_near_branch64(placeholder);
+                            forward.push((idx, t));
+                        }
+                        None => return Err(unbound(t)),
+                    }
+                }
+            }
+            if ins.is_ip_rel_memory_operand() {
+                let t = ins.memory_displacement64();
+                if t >= LABEL_BASE && !bound.contains_key(&t) {
+                    // Data slots live with the code that reads them.
+                    let a = *self.labels.get(&t).ok_or_else(|| unbound(t))?;
+                    ins.set_memory_displacement64(a);
+                }
+            }
+        }
+        let enc = BlockEncoder::encode(
+            64,
+            InstructionBlock::new(&insns, at),
+            BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
+        )?;
+        let offsets = enc.new_instruction_offsets;
+        let code_len = enc.code_buffer.len();
+        let addr = |idx: usize| at + u64::from(offsets[idx]);
+        for (&l, &idx) in &bound {
+            if self.exported.contains(&l) {
+                self.labels.insert(l, addr(idx));
+            }
+        }
+        for (idx, label) in forward {
+            let end = offsets.get(idx + 1).map_or(code_len, |&o| o as usize);
+            let ok = offsets[idx] != u32::MAX
+                && end >= 4
+                && end <= code_len
+                && rel32_at(&enc.code_buffer, end)
+                    == Some(placeholder.wrapping_sub(at + end as u64));
+            if !ok {
+                return Err(GenError::Encode(format!(
+                    "a branch to another batch at instruction {idx} was not encoded as rel32"
+                )));
+            }
+            self.fixups.push((self.bytes.len() + end, label));
+        }
+        for (o, idx, end) in table.drain(..) {
+            self.table.push((o, addr(idx)));
+            self.reverse.push((addr(idx), o, end));
+        }
+        for (o, idx) in returns.drain(..) {
+            self.returns.push((o, addr(idx)));
+        }
+        self.bytes.extend_from_slice(&enc.code_buffer);
+        Ok(())
+    }
+
+    /// The address of an exported label already encoded.
+    pub(super) fn label(&self, l: u64) -> Option<u64> {
+        self.labels.get(&l).copied()
+    }
+
+    /// Patches the branches to later batches; every batch must be flushed.
+    pub(super) fn finish(&mut self) -> Result<(), GenError> {
+        for &(end, label) in &self.fixups {
+            let target = *self.labels.get(&label).ok_or_else(|| unbound(label))?;
+            let rel = target as i64 - (self.base + end as u64) as i64;
+            let rel = i32::try_from(rel).map_err(|_| {
+                GenError::Encode(format!("a branch across batches spans {rel} bytes"))
+            })?;
+            self.bytes[end - 4..end].copy_from_slice(&rel.to_le_bytes());
+        }
+        self.fixups.clear();
+        Ok(())
+    }
+}
+
+/// The rel32 (sign-extended) ending at `end`, as the unsigned difference.
+fn rel32_at(code: &[u8], end: usize) -> Option<u64> {
+    let b: [u8; 4] = code.get(end - 4..end)?.try_into().ok()?;
+    Some(i32::from_le_bytes(b) as i64 as u64)
+}
+
+fn unbound(label: u64) -> GenError {
+    GenError::Encode(format!(
+        "label {:#x} is referenced across batches but not exported or never bound",
+        label - LABEL_BASE
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Register};
+
+    use super::*;
+
+    /// Three one-function batches: `a` calls `c` (two batches ahead) and
+    /// jumps to `b` (the next one), `b` jumps back to `a` and calls
+    /// itself, `c` calls `a`. Decoded at their final addresses, every branch
+    /// lands on its label, forward ones through the patched rel32.
+    #[test]
+    fn branches_across_batches_land_on_their_labels() {
+        let base = 0x5555_5600_0000;
+        let mut em = Emitter::new();
+        let (a, b, c, unexported) = (em.label(), em.label(), em.label(), em.label());
+        let mut batches = Batches::new(base, [a, b, c].into_iter().collect());
+        let (mut table, mut returns) = (Vec::new(), Vec::new());
+        let nop = || Instruction::with(Code::Nopd);
+        let mut starts = Vec::new();
+        for (me, body) in [(a, vec![c, b]), (b, vec![a, b]), (c, vec![a])] {
+            starts.push(base + batches.bytes.len() as u64);
+            em.bind(me);
+            em.emit(nop());
+            for (k, t) in body.into_iter().enumerate() {
+                if k == 0 {
+                    em.call(t).unwrap();
+                } else {
+                    em.jmp(t).unwrap();
+                }
+            }
+            em.e(Instruction::with1(Code::Push_r64, Register::RAX))
+                .unwrap();
+            batches.flush(&mut em, &mut table, &mut returns).unwrap();
+        }
+        batches.finish().unwrap();
+        for (l, s) in [a, b, c].into_iter().zip(&starts) {
+            assert_eq!(batches.label(l), Some(*s));
+        }
+        let mut targets = Vec::new();
+        let mut d = Decoder::with_ip(64, &batches.bytes, base, DecoderOptions::NONE);
+        for ins in d.iter() {
+            if matches!(
+                ins.flow_control(),
+                FlowControl::Call | FlowControl::UnconditionalBranch
+            ) {
+                targets.push(ins.near_branch_target());
+            }
+        }
+        let (sa, sb, sc) = (starts[0], starts[1], starts[2]);
+        assert_eq!(targets, vec![sc, sb, sa, sb, sa]);
+
+        // A branch to a label nobody exported is an error, not a guess.
+        em.jmp(unexported).unwrap();
+        assert!(batches.flush(&mut em, &mut table, &mut returns).is_err());
+    }
+}
