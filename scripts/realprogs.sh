@@ -8,6 +8,11 @@
 #   and lzip 1.23, the C++ one; and two interpreters: Lua 5.4.4, whose loop
 #   dispatches with computed gotos (PIE), and gawk 5.2.1, whose loop is a
 #   switch over a jump table (non-PIE).
+# With --bench, also xerces-c 3.2.4's DOMPrint sample: a 7,500-function C++
+# program (the static Xerces-C++ XML parser) that throws and catches an
+# exception in normal operation -- one per entity reference in character
+# data (ReaderMgr's EndOfEntityException) -- for bench/bursts.sh only (its
+# build adds a minute; the tests do not need it).
 # All are linked with `-Wl,--emit-relocs`: the relocations stay in the
 # executable (.rela.text etc.), which llvm-bolt needs to rewrite (optimize) it.
 #
@@ -16,12 +21,19 @@
 # archive (needs a deb-src entry; added below if missing) and checked against
 # pinned SHA-256 sums. Debian's own patches are not applied.
 #
-# Output: target/realprogs/bin/{bzip2,xz,gzip,zstd,lzip,lua,gawk} (build logs:
+# Output: target/realprogs/bin/{bzip2,xz,gzip,zstd,lzip,lua,gawk}, with --bench
+# also DOMPrint (build logs:
 # target/realprogs/src/*-build.log). Idempotent: a second run with the
 # binaries present and the same pins and flags does nothing.
 #
-# Usage: bash scripts/realprogs.sh          (as root, non-interactive)
+# Usage: bash scripts/realprogs.sh [--bench]     (as root, non-interactive)
 set -euo pipefail
+BENCH=0
+case "${1:-}" in
+    "") ;;
+    --bench) BENCH=1 ;;
+    *) echo "usage: bash scripts/realprogs.sh [--bench]" >&2; exit 2 ;;
+esac
 export DEBIAN_FRONTEND=noninteractive
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -56,6 +68,11 @@ LUA_SHA=164c7849653b80ae67bec4b7473b884bf5cc8d2dca05653475ec2ed27b9ebf61
 GAWK_VER=5.2.1
 GAWK_TAR=gawk_5.2.1.orig.tar.xz
 GAWK_SHA=2337a0283b180ec1b9c727973a34781c6478b3ae9bcbdcca0a4dc49861d75a65
+# Bench only (--bench). Debian repacks it (+debian: no bundled third-party
+# files); it unpacks to xerces-c-3.2.4/.
+XERCES_VER=3.2.4
+XERCES_TAR=xerces-c_3.2.4+debian.orig.tar.xz
+XERCES_SHA=cf5b5d5fda86061a49bd5f58ef778aa9d7caba30c6b152a5d57c5ff545f50f2c
 
 CFLAGS_REAL="-O2 -g"      # also CXXFLAGS for lzip
 LDFLAGS_REAL="-Wl,--emit-relocs"
@@ -64,6 +81,7 @@ STAMP_WANT="bzip2=$BZIP2_VER:$BZIP2_SHA xz=$XZ_VER:$XZ_SHA gzip=$GZIP_VER:$GZIP_
 STAMP_WANT+=" zstd=$ZSTD_VER:$ZSTD_SHA lzip=$LZIP_VER:$LZIP_SHA lua=$LUA_VER:$LUA_SHA gawk=$GAWK_VER:$GAWK_SHA"
 STAMP_WANT+=" cflags=$CFLAGS_REAL ldflags=$LDFLAGS_REAL"
 BUILT_MSG="$BIN/{bzip2 $BZIP2_VER, xz $XZ_VER, gzip $GZIP_VER, zstd $ZSTD_VER, lzip $LZIP_VER, lua $LUA_VER, gawk $GAWK_VER}"
+BENCH_STAMP_WANT="xerces=$XERCES_VER:$XERCES_SHA cflags=$CFLAGS_REAL ldflags=$LDFLAGS_REAL"
 
 die() { echo "realprogs.sh: error: $*" >&2; exit 1; }
 log() { echo "realprogs.sh: $*" >&2; }
@@ -75,10 +93,9 @@ up_to_date() {
     done
     [[ -f "$OUT/stamp" && "$(cat "$OUT/stamp")" == "$STAMP_WANT" ]]
 }
-if up_to_date; then
-    log "up to date: $BUILT_MSG"
-    exit 0
-fi
+bench_up_to_date() {
+    [[ -x "$BIN/DOMPrint" && -f "$OUT/stamp-bench" && "$(cat "$OUT/stamp-bench")" == "$BENCH_STAMP_WANT" ]]
+}
 
 for tool in gcc g++ make tar sha256sum readelf; do
     command -v "$tool" >/dev/null || die "'$tool' not found (apt-get install -y build-essential)"
@@ -86,7 +103,6 @@ done
 command -v xz >/dev/null || die "'xz' not found to unpack the .tar.xz tarballs (apt-get install -y xz-utils)"
 
 mkdir -p "$BIN" "$SRC" "$DL"
-rm -f "$OUT/stamp"
 
 have_tarball() { # name sha
     [[ -f "$DL/$1" ]] && echo "$2  $DL/$1" | sha256sum -c --status
@@ -150,6 +166,45 @@ build_logged() { # name function args...
         || { tail -30 "$SRC/$name-build.log" >&2; die "$name build failed (log: $SRC/$name-build.log)"; }
 }
 
+# --- xerces-c (C++, --bench only) ---------------------------------------------
+# The library static (no libxerces-c.so), no network access (no libcurl), the
+# iconv transcoder of glibc (no ICU), messages compiled in; then its DOMPrint
+# sample linked against it.
+build_bench() {
+    if bench_up_to_date; then
+        log "up to date: $BIN/DOMPrint (xerces-c $XERCES_VER)"
+        return
+    fi
+    rm -f "$OUT/stamp-bench"
+    fetch_sources xerces-c "$XERCES_TAR" "$XERCES_SHA"
+    log "building xerces-c $XERCES_VER (C++, static) and its DOMPrint sample with CXXFLAGS='$CFLAGS_REAL' LDFLAGS='$LDFLAGS_REAL' (about a minute)"
+    D="$(unpack "$XERCES_TAR")"
+    [[ -f "$D/samples/src/DOMPrint/DOMPrint.cpp" ]] || die "DOMPrint.cpp missing from $XERCES_TAR"
+    build_xerces() {
+        cd "$D" &&
+            ./configure -q CFLAGS="$CFLAGS_REAL" CXXFLAGS="$CFLAGS_REAL" LDFLAGS="$LDFLAGS_REAL" \
+                --disable-shared --enable-static --disable-network \
+                --enable-transcoder-iconv --enable-msgloader-inmemory &&
+            make -j"$JOBS" -C src &&
+            make -j"$JOBS" -C samples DOMPrint
+    }
+    (build_logged xerces build_xerces)
+    install -m 0755 "$D/samples/DOMPrint" "$BIN/DOMPrint"
+    { "$BIN/DOMPrint" 2>&1 || true; } | grep "DOMPrint \[options\]" >/dev/null || die "built DOMPrint does not run"
+    readelf -S "$BIN/DOMPrint" | grep '\.rela\.text' >/dev/null \
+        || die "$BIN/DOMPrint has no .rela.text: not linked with $LDFLAGS_REAL?"
+    echo "$BENCH_STAMP_WANT" >"$OUT/stamp-bench"
+    log "built $BIN/DOMPrint (xerces-c $XERCES_VER)"
+}
+
+JOBS="$(nproc 2>/dev/null || echo 2)"
+if up_to_date; then
+    log "up to date: $BUILT_MSG"
+    if ((BENCH)); then build_bench; fi
+    exit 0
+fi
+rm -f "$OUT/stamp"
+
 fetch_sources bzip2 "$BZIP2_TAR" "$BZIP2_SHA"
 fetch_sources xz-utils "$XZ_TAR" "$XZ_SHA"
 fetch_sources gzip "$GZIP_TAR" "$GZIP_SHA"
@@ -157,8 +212,6 @@ fetch_sources libzstd "$ZSTD_TAR" "$ZSTD_SHA"
 fetch_sources lzip "$LZIP_TAR" "$LZIP_SHA"
 fetch_sources lua5.4 "$LUA_TAR" "$LUA_SHA"
 fetch_sources gawk "$GAWK_TAR" "$GAWK_SHA"
-
-JOBS="$(nproc 2>/dev/null || echo 2)"
 
 # --- bzip2 ------------------------------------------------------------------
 log "building bzip2 $BZIP2_VER with CFLAGS='$CFLAGS_REAL' LDFLAGS='$LDFLAGS_REAL'"
@@ -261,3 +314,4 @@ for p in "${PROGS[@]}"; do
 done
 echo "$STAMP_WANT" >"$OUT/stamp"
 log "built $BUILT_MSG"
+if ((BENCH)); then build_bench; fi

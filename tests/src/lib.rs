@@ -536,6 +536,70 @@ pub fn generate_text(path: &Path, size: usize, seed: u64) {
     f.write_all(&out).unwrap();
 }
 
+/// Writes about `size` bytes of a deterministic XML catalogue whose DTD
+/// declares 32 internal entities and whose character data refers to them
+/// (one to five references per record, with character and predefined
+/// references beside them): a validating-or-not parser expands each
+/// reference, and Xerces-C++ throws and catches one exception per reference
+/// that ends inside character data.
+pub fn generate_xml(path: &Path, size: usize, seed: u64) {
+    use std::fmt::Write as _;
+    use std::io::Write as _;
+    let mut rng = seed ^ 0x2545_f491_4f6c_dd1d;
+    let mut next = move || {
+        rng ^= rng >> 12;
+        rng ^= rng << 25;
+        rng ^= rng >> 27;
+        rng.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    };
+    let word = |r: u64| -> String {
+        let len = 3 + (r % 7) as usize;
+        (0..len)
+            .map(|i| (b'a' + ((r >> (5 * i + 3)) % 26) as u8) as char)
+            .collect()
+    };
+    let mut out = String::with_capacity(size + 1024);
+    out.push_str("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE catalog [\n");
+    for e in 0..32 {
+        let n = 1 + next() % 4;
+        let text: Vec<String> = (0..n).map(|_| word(next())).collect();
+        writeln!(out, "<!ENTITY e{e} \"{}\">", text.join(" ")).unwrap();
+    }
+    out.push_str("]>\n<catalog>\n<group>\n");
+    let mut id = 0u64;
+    while out.len() < size {
+        // Groups of 64 items (a parser's cost per node does not grow with
+        // its number of siblings then).
+        if id > 0 && id % 64 == 0 {
+            out.push_str("</group>\n<group>\n");
+        }
+        let r = next();
+        write!(
+            out,
+            "<item id=\"i{id}\" kind=\"{}\"><name>{} {id}</name><text>",
+            word(r),
+            word(r >> 17)
+        )
+        .unwrap();
+        for k in 0..1 + next() % 5 {
+            let r = next();
+            if k > 0 {
+                out.push(' ');
+            }
+            match r % 8 {
+                0 => write!(out, "{} &amp; &e{};", word(r >> 8), (r >> 40) % 32).unwrap(),
+                1 => write!(out, "&#{}; &e{};", 65 + (r >> 8) % 26, (r >> 40) % 32).unwrap(),
+                _ => write!(out, "&e{};", (r >> 40) % 32).unwrap(),
+            }
+        }
+        out.push_str("</text></item>\n");
+        id += 1;
+    }
+    out.push_str("</group>\n</catalog>\n");
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(out.as_bytes()).unwrap();
+}
+
 // ---------------------------------------------------------------------------
 // Assertion helpers over profiles
 

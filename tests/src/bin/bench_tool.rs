@@ -2,6 +2,9 @@
 //!
 //!   bench_tool gen-text SIZE_BYTES SEED OUT_PATH
 //!       deterministic compressible text (burstyd_tests::generate_text)
+//!   bench_tool gen-xml SIZE_BYTES SEED OUT_PATH
+//!       a deterministic XML catalogue full of entity references
+//!       (burstyd_tests::generate_xml)
 //!   bench_tool profile-stats PROFILE.pb.gz
 //!       prints `samples=N sample_types=a/b,c/d pids=K duration_s=X`
 //!   bench_tool path-accuracy BINARY TRUTH.pb.gz ESTIMATE.pb.gz...
@@ -26,6 +29,11 @@ fn main() {
             let size: usize = args[2].parse().expect("SIZE_BYTES");
             let seed: u64 = args[3].parse().expect("SEED");
             burstyd_tests::generate_text(std::path::Path::new(&args[4]), size, seed);
+        }
+        Some("gen-xml") if args.len() == 5 => {
+            let size: usize = args[2].parse().expect("SIZE_BYTES");
+            let seed: u64 = args[3].parse().expect("SEED");
+            burstyd_tests::generate_xml(std::path::Path::new(&args[4]), size, seed);
         }
         Some("profile-stats") if args.len() == 3 => {
             let p = burstyd_tests::pprof::read_profile(std::path::Path::new(&args[2]))
@@ -170,7 +178,7 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: bench_tool gen-text SIZE_BYTES SEED OUT | profile-stats PROFILE | path-accuracy BINARY TRUTH ESTIMATE | rusage OUT_FILE -- CMD ARGS..."
+                "usage: bench_tool gen-text SIZE_BYTES SEED OUT | gen-xml SIZE_BYTES SEED OUT | profile-stats PROFILE | path-accuracy BINARY TRUTH ESTIMATE | rusage OUT_FILE -- CMD ARGS..."
             );
             std::process::exit(2);
         }
