@@ -570,7 +570,7 @@ pub fn generate_xml(path: &Path, size: usize, seed: u64) {
     while out.len() < size {
         // Groups of 64 items (a parser's cost per node does not grow with
         // its number of siblings then).
-        if id > 0 && id % 64 == 0 {
+        if id > 0 && id.is_multiple_of(64) {
             out.push_str("</group>\n<group>\n");
         }
         let r = next();
