@@ -52,6 +52,12 @@ pub(super) struct FnGen<'a> {
     pub(super) stats: GenStats,
     /// Code emitted after the function body: (label, what).
     pub(super) out_of_line: Vec<(u64, OutOfLine)>,
+    /// The out-of-line exits of the checks, shared by every check with the
+    /// same flags and original address: `(flags, orig)` → (exit, expire).
+    pub(super) check_exits: HashMap<(bool, u64), (u64, u64)>,
+    /// The shared ends of truncated edges into a block ([`OutOfLine::Tail`]):
+    /// `(block, restarts, checked)` → label.
+    pub(super) tails: HashMap<(usize, bool, bool), u64>,
 }
 
 pub(super) enum OutOfLine {
@@ -70,6 +76,16 @@ pub(super) enum OutOfLine {
     /// A division that might fault: restore (flags, rcx), end the burst,
     /// run the original instruction.
     DivisionExit { orig: u64 },
+    /// What every truncated edge into block `to` does after recording its
+    /// path (which depends on the edge): restart the path register at
+    /// `to`'s path start, check, jump to `to`. Shared by those edges --
+    /// an interpreter's dispatch has one into each handler from every
+    /// dispatch site.
+    Tail {
+        to: usize,
+        restart: Option<u64>,
+        check: bool,
+    },
 }
 
 impl FnGen<'_> {
@@ -165,7 +181,19 @@ impl FnGen<'_> {
             match what {
                 OutOfLine::Edge(b, idx) => {
                     let to = self.out_edges(b).nth(idx).unwrap().1.to;
-                    self.edge_code(b, idx)?;
+                    let next = self.edge_code(b, idx)?.unwrap_or(blk[to]);
+                    self.em.jmp(next)?;
+                }
+                OutOfLine::Tail { to, restart, check } => {
+                    let first = self.block_first(to);
+                    let flags = self.flags_live(first);
+                    if let Some(v) = restart {
+                        self.set_path(v, flags)?;
+                    }
+                    if check {
+                        let orig = self.avma(self.cfg.blocks[to].start);
+                        self.check(flags, orig)?;
+                    }
                     self.em.jmp(blk[to])?;
                 }
                 OutOfLine::CheckExit { flags, orig } => {

@@ -318,6 +318,8 @@ pub fn generate_excluding(
             returns: &mut returns_idx,
             stats: GenStats::default(),
             out_of_line: Vec::new(),
+            check_exits: HashMap::new(),
+            tails: HashMap::new(),
         };
         let result = fg.function(label);
         let s = fg.stats;

@@ -40,28 +40,61 @@ impl FnGen<'_> {
             || self.loops.back_edges.binary_search(&(b, idx)).is_ok()
     }
 
-    /// The code on edge `(b, idx)`: increment, or path end + restart + check
-    /// for a truncated edge.
-    pub(super) fn edge_code(&mut self, b: usize, idx: usize) -> Result<(), Skip> {
+    /// The code on edge `(b, idx)`: an increment (then the caller jumps to
+    /// the target block), or for a truncated edge the path end, then a jump
+    /// to the target's shared [`OutOfLine::Tail`] (restart, check), which
+    /// is returned.
+    pub(super) fn edge_code(&mut self, b: usize, idx: usize) -> Result<Option<u64>, Skip> {
         let e = self.out_edges(b).nth(idx).unwrap().1;
         let first = self.block_first(e.to);
         let flags = self.flags_live(first);
-        let orig = self.avma(self.cfg.blocks[e.to].start);
+        let check = self.is_checked_back_edge(b, idx);
+        let mut restart = None;
         if let Some(n) = self.numbering {
             if let Some(a) = n.back_edge(b, idx) {
-                let (end_inc, restart) = (a.end_increment, a.restart);
+                let end_inc = a.end_increment;
+                restart = Some(a.restart);
                 self.stats.path_records += 1;
-                let l = *self.layout;
-                self.rt_call(self.rt.back, self.fid, None, |em| add_path(em, &l, end_inc))?;
-                self.set_path(restart, flags)?;
+                self.path_end(end_inc)?;
             } else if let Some(inc) = n.increment(b, idx).filter(|&v| v != 0) {
                 self.stats.edge_increments += 1;
                 self.increment(inc, flags)?;
             }
         }
-        if self.is_checked_back_edge(b, idx) {
-            self.check(flags, orig)?;
+        if restart.is_none() && !check {
+            return Ok(None);
         }
+        let key = (e.to, restart.is_some(), check);
+        if let Some(&l) = self.tails.get(&key) {
+            return Ok(Some(l));
+        }
+        let l = self.em.label();
+        self.tails.insert(key, l);
+        self.out_of_line.push((
+            l,
+            OutOfLine::Tail {
+                to: e.to,
+                restart,
+                check,
+            },
+        ));
+        Ok(Some(l))
+    }
+
+    /// The record of a path ending at a truncated edge, `end_inc` added
+    /// (`rt_back_at` in its own frame, or `rt_back` from the standard one
+    /// for an increment beyond imm32).
+    fn path_end(&mut self, end_inc: u64) -> Result<(), Skip> {
+        if end_inc > i32::MAX as u64 || self.fid > i32::MAX as u32 {
+            let l = *self.layout;
+            return self.rt_call(self.rt.back, self.fid, None, |em| add_path(em, &l, end_inc));
+        }
+        let em = &mut *self.em;
+        em.lea_rsp(-128)?;
+        em.e(Instruction::with1(Code::Pushq_imm32, end_inc as i32))?;
+        em.e(Instruction::with1(Code::Pushq_imm32, self.fid as i32))?;
+        em.call(self.rt.back_at)?;
+        em.lea_rsp(128 + 16)?;
         Ok(())
     }
 
@@ -111,8 +144,18 @@ impl FnGen<'_> {
     /// A budget check; failing it continues at `orig` in the original code.
     pub(super) fn check(&mut self, flags: bool, orig: u64) -> Result<(), Skip> {
         self.stats.checks += 1;
-        let exit = self.em.label();
-        let expire = self.em.label();
+        let (exit, expire) = match self.check_exits.get(&(flags, orig)) {
+            Some(&labels) => labels,
+            None => {
+                let (exit, expire) = (self.em.label(), self.em.label());
+                self.check_exits.insert((flags, orig), (exit, expire));
+                self.out_of_line
+                    .push((exit, OutOfLine::CheckExit { flags, orig }));
+                self.out_of_line
+                    .push((expire, OutOfLine::CheckExpire { exit }));
+                (exit, expire)
+            }
+        };
         let l = self.layout;
         let em = &mut *self.em;
         em.lea_rsp(-128)?;
@@ -138,10 +181,6 @@ impl FnGen<'_> {
             em.popf();
         }
         em.lea_rsp(128)?;
-        self.out_of_line
-            .push((exit, OutOfLine::CheckExit { flags, orig }));
-        self.out_of_line
-            .push((expire, OutOfLine::CheckExpire { exit }));
         Ok(())
     }
 

@@ -52,6 +52,11 @@
 //! - `rt_back(eax = fid)` (`back.rs`): PATH record (back edge) with the path
 //!   register. The caller then sets the restart value. Clobbers rax, rcx,
 //!   rdx.
+//! - `rt_back_at([rsp + 8] = fid, [rsp + 16] = increment)` (`back.rs`):
+//!   not from the standard frame but its own (the clone pushes the two
+//!   arguments after skipping the red zone, and drops them after): `path +=
+//!   increment`, then `rt_back`'s record. Preserves every register and
+//!   the flags.
 //! - `rt_lookup_ret(rax)` (`lookup.rs`): the same over the calls' return
 //!   sites (`returns`, original return address →
 //!   the clone's return site), 0 when not found.
@@ -135,6 +140,7 @@ pub struct Runtime {
     pub enter: u64,
     pub exit: u64,
     pub back: u64,
+    pub back_at: u64,
     pub end: u64,
     /// The signal handler (`SA_SIGINFO`).
     pub handler: u64,
@@ -169,6 +175,7 @@ struct Entries {
     end: CodeLabel,
     enter: CodeLabel,
     back: CodeLabel,
+    back_at: CodeLabel,
     exit: CodeLabel,
     handler: CodeLabel,
     restorer: CodeLabel,
@@ -192,6 +199,7 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
         end: a.create_label(),
         enter: a.create_label(),
         back: a.create_label(),
+        back_at: a.create_label(),
         exit: a.create_label(),
         handler: a.create_label(),
         restorer: a.create_label(),
@@ -233,6 +241,7 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
     end::end(&mut a, control, &mut e.end, e.emit)?;
     enter::enter(&mut a, control, &mut e.enter, e.emit)?;
     back::back(&mut a, control, &mut e.back, e.emit)?;
+    back::back_at(&mut a, control, &mut e.back_at, e.back)?;
     exit::exit(&mut a, control, &mut e.exit, e.emit, e.lookup_ret, e.end)?;
     handler::handler(&mut a, control, &mut e.handler, e.emit, e.lookup, e.end)?;
     handler::restorer(&mut a, &mut e.restorer)?;
@@ -246,6 +255,7 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
         enter: r.label_ip(&e.enter)?,
         exit: r.label_ip(&e.exit)?,
         back: r.label_ip(&e.back)?,
+        back_at: r.label_ip(&e.back_at)?,
         end: r.label_ip(&e.end)?,
         handler: r.label_ip(&e.handler)?,
         restorer: r.label_ip(&e.restorer)?,
