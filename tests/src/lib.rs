@@ -486,19 +486,22 @@ pub fn realprogs() -> PathBuf {
     .clone()
 }
 
+/// A deterministic pseudo-random sequence (xorshift64*) from `state`.
+fn xorshift64star(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
 /// Writes `size` bytes of deterministic, compressible-but-not-trivial text:
 /// lines of words drawn from a fixed vocabulary with a skewed (Zipf-like)
 /// distribution, numbers, and punctuation, from a fixed-seed PRNG.
 pub fn generate_text(path: &Path, size: usize, seed: u64) {
     use std::io::Write;
-    let mut rng = seed ^ 0x9e37_79b9_7f4a_7c15;
-    let mut next = move || {
-        // xorshift64*
-        rng ^= rng >> 12;
-        rng ^= rng << 25;
-        rng ^= rng >> 27;
-        rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    };
+    let mut next = xorshift64star(seed ^ 0x9e37_79b9_7f4a_7c15);
     // Vocabulary: 4096 pseudo-words of 2..11 letters.
     let mut vocab: Vec<String> = Vec::with_capacity(4096);
     for _ in 0..4096 {
@@ -545,13 +548,7 @@ pub fn generate_text(path: &Path, size: usize, seed: u64) {
 pub fn generate_xml(path: &Path, size: usize, seed: u64) {
     use std::fmt::Write as _;
     use std::io::Write as _;
-    let mut rng = seed ^ 0x2545_f491_4f6c_dd1d;
-    let mut next = move || {
-        rng ^= rng >> 12;
-        rng ^= rng << 25;
-        rng ^= rng >> 27;
-        rng.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-    };
+    let mut next = xorshift64star(seed ^ 0x2545_f491_4f6c_dd1d);
     let word = |r: u64| -> String {
         let len = 3 + (r % 7) as usize;
         (0..len)
