@@ -458,6 +458,7 @@ impl Bursts {
                     };
                     let (armed, armed_rx) = std::sync::mpsc::channel();
                     let sent = tx.send(Attach::Tracer { pid, tracer, armed });
+                    crate::sys::return_free_memory();
                     match then {
                         Some(lifecycle::Then::Libraries(p)) => pending.push((pid, p)),
                         Some(lifecycle::Then::Release(held)) => {
@@ -499,6 +500,7 @@ impl Bursts {
                     if tx.send(Attach::Libraries { pid, libraries }).is_err() {
                         return;
                     }
+                    crate::sys::return_free_memory();
                 }
             });
         match spawned {
