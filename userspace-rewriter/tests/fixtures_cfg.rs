@@ -52,6 +52,7 @@ const FIXTURE_FUNCTIONS: &[&str] = &[
     "checked_div",
     "must_be_positive",
     "cold_path",
+    "cold_case_switch",
 ];
 
 fn build(name: &str) -> PathBuf {

@@ -111,9 +111,16 @@ pub(crate) fn build_cfg(
                             w.work.push(ti);
                         }
                         Some(None) => {}
-                        // A case GCC moved to the `.cold` part.
+                        // A case GCC moved to the `.cold` part. Stripped,
+                        // a cold part that starts with the case is an FDE
+                        // range of its own, so the target looks like a
+                        // function start; a switch's case is never
+                        // another function, so it is that part.
                         None => match w.external(j, t) {
                             Ok(kind @ ExitKind::ColdJump { .. }) => w.add_exit(j, kind),
+                            Ok(ExitKind::TailCall { target }) if w.ctx.is_unnamed_start(target) => {
+                                w.add_exit(j, ExitKind::ColdJump { target })
+                            }
                             _ => {
                                 return Err(SkipReason::JumpTableTargetOutside {
                                     addr: insns[j].addr,

@@ -162,6 +162,13 @@ impl<'data> CfgContext<'data> {
             .copied()
     }
 
+    /// Whether `addr` starts a function range no symbol names (an FDE
+    /// range of a stripped binary).
+    pub(super) fn is_unnamed_start(&self, addr: u64) -> bool {
+        self.containing(addr)
+            .is_some_and(|(start, _, _, named)| start == addr && !named)
+    }
+
     pub(super) fn family_of(&self, start: u64) -> Option<usize> {
         let i = self.ranges.partition_point(|r| r.0 < start);
         self.ranges.get(i).filter(|r| r.0 == start).map(|r| r.2)
