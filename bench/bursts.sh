@@ -42,7 +42,8 @@
 #     the original binary.
 # Each program's input is sized so that an untraced run takes about
 # --seconds (calibrated on a 2 MiB sample or 20 rounds; interpreters 1.5x,
-# python3.11 3x: their attach analyses more before the first burst). Untraced and traced runs
+# python3.11 and xerces 3x: their attach analyses more before the first
+# burst). Untraced and traced runs
 # alternate; each time is the program's own wall time (wait4 in bench_tool).
 # burstyd attaches with --pid right after the program starts, as on a
 # production host: its analysis and injection count against the program,
@@ -168,11 +169,13 @@ command_for() {
     esac
 }
 is_interpreter() { [[ "$1" == lua || "$1" == gawk || "$1" == python3.11 ]]; }
-# Interpreters run longer: their attach analyses more (python3.11: about
-# 2.5 s before the first burst), and bursts must cover most of the run.
+# Interpreters and xerces run longer: their attach analyses more
+# (python3.11: about 2.5 s before the first burst; xerces: 1.4 s, for
+# libstdc++ and the unwinder besides the executable), and bursts must
+# cover most of the run.
 seconds_for() {
     case "$1" in
-        python3.11) awk -v s="$SECS" 'BEGIN { print 3 * s }' ;;
+        python3.11|xerces) awk -v s="$SECS" 'BEGIN { print 3 * s }' ;;
         lua|gawk) awk -v s="$SECS" 'BEGIN { print 1.5 * s }' ;;
         *) echo "$SECS" ;;
     esac
