@@ -37,6 +37,8 @@
 #     samples in clones, and of all modules' samples),
 #   - whether every traced run's output equals the untraced output (the
 #     --pid runs, the `run` runs and the full traces; byte for byte),
+#   - the attach under `run` (analysis, generation, how long the command
+#     was held) and the daemon's peak RSS (default and full trace),
 #   - the speed of the binary optimized by llvm-bolt with the edge profile
 #     of the default runs (edges.fdata, merged with merge-fdata) relative to
 #     the original binary.
@@ -281,6 +283,12 @@ for prog in $PROGRAMS; do
     # (Absent when the run ended before the libraries were cloned.)
     hot=$(grep -o 'hot coverage: [0-9.]*%' "$WORK/rdef1.log" | head -1 | sed 's/hot coverage: //' || true)
     hot_all=$(grep -o 'Over all modules: [0-9.]*%' "$WORK/rdef1.log" | head -1 | sed 's/Over all modules: //' || true)
+    # The attach under `run` (every module analysed and generated while
+    # the command is held) and the daemon's peak RSS, default and full trace.
+    attach=$(grep -o 'analysis [0-9]* ms, generation [0-9]* ms, the command held at its entry point for [0-9]* ms' "$WORK/rdef1.log" \
+        | head -1 | sed 's/the command held at its entry point for/held/' || true)
+    rss=$(grep -o 'peak RSS [0-9.]* MB' "$WORK/rdef1.log" | head -1 | sed 's/peak RSS //' || true)
+    rss_full=$(grep -o 'peak RSS [0-9.]* MB' "$WORK/rfull.log" | head -1 | sed 's/peak RSS //' || true)
 
     bolted="n/a (no relocations in the binary)"
     stale=""
@@ -323,8 +331,8 @@ for prog in $PROGRAMS; do
     fi
 
     outputs="$(grep -c '^same$' "$WORK/outputs" || true)/$(wc -l <"$WORK/outputs")"
-    REPORT+=("$(printf '%-10s %4d %s %5.2fs | default %.4f %.4f (%.4f-%.4f) | --burst 0 %.4f %.4f (%.4f-%.4f) | --no-bursts %.4f %.4f | full-trace %.2fx | bursts/s %.0f | burst %.1fus signal %.1fus: bursts add %.4f, --burst 0 adds %.4f | %s | %s | hot coverage %s (all modules %s) | output identical %s | BOLTed %s' \
-        "$prog" "$mb" "$unit" "$U_MED" "$DEF_BEST" "$DEF_MED" "$DEF_MIN" "$DEF_MAX" "$OFF_BEST" "$OFF_MED" "$OFF_MIN" "$OFF_MAX" "$SMP_BEST" "$SMP_MED" "$(ratio "$fa" "$U_MED")" "$BPS_MED" "$C_BURST" "$C_SIGNAL" "$IMPL_DEF" "$IMPL_OFF" "$acc" "$cg" "$hot" "${hot_all:-n/a}" "$outputs" "$bolted")")
+    REPORT+=("$(printf '%-10s %4d %s %5.2fs | default %.4f %.4f (%.4f-%.4f) | --burst 0 %.4f %.4f (%.4f-%.4f) | --no-bursts %.4f %.4f | full-trace %.2fx | bursts/s %.0f | burst %.1fus signal %.1fus: bursts add %.4f, --burst 0 adds %.4f | %s | %s | hot coverage %s (all modules %s) | output identical %s | attach (run): %s, daemon peak RSS %s (full trace %s) | BOLTed %s' \
+        "$prog" "$mb" "$unit" "$U_MED" "$DEF_BEST" "$DEF_MED" "$DEF_MIN" "$DEF_MAX" "$OFF_BEST" "$OFF_MED" "$OFF_MIN" "$OFF_MAX" "$SMP_BEST" "$SMP_MED" "$(ratio "$fa" "$U_MED")" "$BPS_MED" "$C_BURST" "$C_SIGNAL" "$IMPL_DEF" "$IMPL_OFF" "$acc" "$cg" "$hot" "${hot_all:-n/a}" "$outputs" "${attach:-n/a}" "${rss:-n/a}" "${rss_full:-n/a}" "$bolted")")
     [[ -n "$stale" ]] && echo "  bolt: $stale" >&2
 done
 echo
