@@ -53,6 +53,10 @@ pub const REC_ENTER: u64 = 2;
 pub const REC_PATH: u64 = 3;
 /// The burst ended: `w0 = tag | reason`, `w1 = 0`.
 pub const REC_END: u64 = 4;
+/// A jump moved the thread to another frame further up its stack (an
+/// exception landing in a handler, `longjmp`): `w0 = tag`, `w1` = the
+/// depth of the runtime's shadow stack once the frames left were dropped.
+pub const REC_UNWIND: u64 = 5;
 
 /// `REC_PATH` kinds.
 pub const PATH_END_RETURN: u64 = 0;

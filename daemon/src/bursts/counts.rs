@@ -153,6 +153,13 @@ impl PathCounts {
                     self.stack.pop();
                 }
             }
+            // The runtime's shadow stack and this one grow and shrink
+            // together (one entry per ENTER, popped at returns and tail
+            // calls), so its depth is how many entries stay.
+            BurstEvent::Unwind { depth } => {
+                let keep = usize::try_from(depth).unwrap_or(usize::MAX);
+                self.stack.truncate(keep);
+            }
             BurstEvent::Malformed { .. } => self.bad_records += 1,
         }
     }
@@ -290,6 +297,33 @@ mod tests {
                 (vec![0], 1, 0, 1),
                 (vec![0], 1, 1, 1),
                 (vec![0, 1], 2, 1, 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_exception_landing_up_the_stack_ends_the_activations_below() {
+        // f0 → f1 → f2 throws; the handler is in f0 (shadow depth 1 left):
+        // f0's next path and its call of f1 are in f0's context again.
+        let mut c = PathCounts::new(vec![Some(2), Some(2), Some(2)]);
+        for ev in [
+            BurstEvent::Enter { fid: 0 },
+            BurstEvent::Enter { fid: 1 },
+            BurstEvent::Enter { fid: 2 },
+            path(2, PathEnd::NoReturn, 0),
+            BurstEvent::Unwind { depth: 1 },
+            BurstEvent::Enter { fid: 1 },
+            path(1, PathEnd::Return, 1),
+            path(0, PathEnd::Return, 1),
+        ] {
+            c.add(&ev);
+        }
+        assert_eq!(
+            counted(&c),
+            [
+                (vec![], 0, 1, 1),
+                (vec![0], 1, 1, 1),
+                (vec![0, 1], 2, 0, 1),
             ]
         );
     }

@@ -8,7 +8,7 @@ use std::fmt;
 
 use burstyd_common::burst::{
     END_BUDGET, END_LEFT_CLONES, PATH_END_BACK_EDGE, PATH_END_NORETURN, PATH_END_RETURN,
-    PATH_END_TAIL, PATH_INVALID, REC_END, REC_ENTER, REC_PATH, REC_START, TAG_SHIFT,
+    PATH_END_TAIL, PATH_INVALID, REC_END, REC_ENTER, REC_PATH, REC_START, REC_UNWIND, TAG_SHIFT,
 };
 
 /// One record of the burst ring.
@@ -30,6 +30,10 @@ pub(crate) enum BurstEvent {
         /// number.
         partial: bool,
     },
+    /// A jump went to a frame further up the stack (an exception landed in
+    /// a handler, `longjmp`): the activations entered since, all but the
+    /// outermost `depth`, are over.
+    Unwind { depth: u64 },
     /// The burst ended.
     End { reason: EndReason },
     /// A record with an unknown tag.
@@ -124,6 +128,8 @@ pub(crate) fn decode(w0: u64, w1: u64) -> BurstEvent {
             path: w1 & !PATH_INVALID,
             partial: w1 & PATH_INVALID != 0,
         },
+        // w0 = tag, w1 = shadow depth left.
+        REC_UNWIND => BurstEvent::Unwind { depth: w1 },
         // w0 = tag | reason, w1 = 0.
         REC_END => BurstEvent::End {
             reason: EndReason::from_code(w0 & 0xff),
@@ -157,6 +163,7 @@ impl fmt::Display for BurstEvent {
                     end.code()
                 )
             }
+            BurstEvent::Unwind { depth } => write!(f, "{{\"unwind\":{depth}}}"),
             BurstEvent::End { reason } => {
                 write!(f, "{{\"burst\":\"end\",\"reason\":{}}}", reason.code())
             }
@@ -192,6 +199,13 @@ mod tests {
             decode(tag(REC_ENTER) | 17, 0),
             BurstEvent::Enter { fid: 17 }
         );
+    }
+
+    #[test]
+    fn unwind_carries_the_depth_left() {
+        let ev = decode(tag(REC_UNWIND), 3);
+        assert_eq!(ev, BurstEvent::Unwind { depth: 3 });
+        assert_eq!(ev.to_string(), "{\"unwind\":3}");
     }
 
     #[test]

@@ -161,6 +161,7 @@ impl FnGen<'_> {
         })?;
 
         for b in 0..nb {
+            self.entry_stub(b)?;
             self.em.bind(blk[b]);
             if let Some(&(l, _)) = self.part_entries.get(&self.cfg.blocks[b].start) {
                 self.em.bind(l);
@@ -239,6 +240,31 @@ impl FnGen<'_> {
             k += 1;
         }
         Ok(())
+    }
+
+    /// Before an extra entry that nothing in the function reaches (a
+    /// landing pad, mostly): the path start the runtime enters when it
+    /// looks the block's first instruction up (`rt_unwind` after the
+    /// unwinder's jump, the signal handler), since control there came
+    /// from outside. It sets the path register to the entry's start value
+    /// and records the instruction here, before its copy does: the lookup
+    /// table keeps the lower of two clone addresses of one instruction
+    /// (see `image.rs`). Other jumps into the part (a `.cold` part's) set
+    /// the path themselves and go to the block's label.
+    fn entry_stub(&mut self, b: usize) -> Result<(), Skip> {
+        if b == 0 || self.cfg.extra_entries.binary_search(&b).is_err() {
+            return Ok(());
+        }
+        let Some(&(_, restart)) = self.part_entries.get(&self.cfg.blocks[b].start) else {
+            return Ok(());
+        };
+        if self.cfg.edges.iter().any(|e| e.to == b) {
+            return Ok(());
+        }
+        let first = self.block_first(b);
+        let flags = self.flags_live(first);
+        self.record(first);
+        self.set_path(restart, flags)
     }
 
     pub(super) fn no_path_flag(&self) -> u32 {

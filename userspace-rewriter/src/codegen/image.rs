@@ -374,6 +374,8 @@ pub fn generate_excluding(
             .ok_or_else(|| GenError::Encode("a cloned function's entry was not encoded".into()))
     };
     reverse.sort_unstable();
+    // An instruction recorded twice (a landing pad's entry stub, then its
+    // copy: `FnGen::entry_stub`) keeps its first, lower, clone address.
     table.sort_unstable();
     table.dedup_by_key(|e| e.0);
     // Function entries: original start -> clone entry (indirect calls).

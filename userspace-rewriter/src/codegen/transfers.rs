@@ -191,14 +191,14 @@ impl FnGen<'_> {
                 if !self.entry_label.contains_key(&t) && self.plt_slots.contains_key(&t) =>
             {
                 let slot = self.avma(self.plt_slots[&t]);
-                self.transfer_through(load_slot(slot)?, Some(ret))?;
+                self.transfer_through(load_slot(slot)?, Some(ret), self.rt.lookup_fn)?;
             }
             Flow::Call(t) => {
                 let target = self.call_target(t);
                 self.push_return(ret)?;
                 self.em.jmp(target)?;
             }
-            _ => self.indirect_transfer(k, Some(ret))?,
+            _ => self.indirect_transfer(k, Some(ret), self.rt.lookup_fn)?,
         }
         if returns {
             self.returns.push((ret, self.em.out.len()));
@@ -226,8 +226,11 @@ impl FnGen<'_> {
     /// `jmp [rsp - 8]` once the return address is pushed. Nothing is shared,
     /// so no other thread or forked child can change it in between. The
     /// stack pointer is back in place at the transfer (stack-passed
-    /// arguments stay where the callee expects them).
-    fn indirect_transfer(&mut self, k: usize, ret: Option<u64>) -> Result<(), Skip> {
+    /// arguments stay where the callee expects them). `routine` translates
+    /// the target: `rt_lookup_fn` for calls and tail calls, `rt_unwind` for
+    /// a [`ExitKind::ContextJump`] (`[rsp - 8]` is then the target frame's
+    /// red zone, as dead at its landing pad as at any call site there).
+    fn indirect_transfer(&mut self, k: usize, ret: Option<u64>, routine: u64) -> Result<(), Skip> {
         let ins = self.reloc(k);
         let operand = match ins.op0_kind() {
             OpKind::Register => {
@@ -244,12 +247,17 @@ impl FnGen<'_> {
             )?,
             _ => return Err(Skip("unusual indirect call")),
         };
-        self.transfer_through(operand, ret)
+        self.transfer_through(operand, ret, routine)
     }
 
     /// The transfer of [`Self::indirect_transfer`], given the instruction
     /// that loads its target into rax (run below the saved registers).
-    fn transfer_through(&mut self, operand: Instruction, ret: Option<u64>) -> Result<(), Skip> {
+    fn transfer_through(
+        &mut self,
+        operand: Instruction,
+        ret: Option<u64>,
+        routine: u64,
+    ) -> Result<(), Skip> {
         let keep_at = if ret.is_some() { -16 } else { -8 };
         let em = &mut *self.em;
         em.lea_rsp(-128)?;
@@ -258,7 +266,7 @@ impl FnGen<'_> {
         em.push(Register::RCX)?;
         em.push(Register::RDX)?;
         em.emit(operand);
-        em.call(self.rt.lookup_fn)?;
+        em.call(routine)?;
         em.e(Instruction::with2(
             Code::Mov_rm64_r64,
             MemoryOperand::with_base_displ(Register::RSP, DEPTH + keep_at),
@@ -398,7 +406,9 @@ impl FnGen<'_> {
         let path_kind = match kind {
             ExitKind::Return => PATH_END_RETURN,
             ExitKind::TailCall { .. } | ExitKind::IndirectTailCall => PATH_END_TAIL,
-            ExitKind::NoReturnCall { .. } | ExitKind::ColdJump { .. } => PATH_END_NORETURN,
+            ExitKind::NoReturnCall { .. }
+            | ExitKind::ColdJump { .. }
+            | ExitKind::ContextJump => PATH_END_NORETURN,
             ExitKind::Trap => {
                 return self.copy_unrecorded(k);
             }
@@ -414,13 +424,16 @@ impl FnGen<'_> {
         })?;
         match kind {
             ExitKind::Return => self.emit_return(k)?,
-            ExitKind::IndirectTailCall => self.indirect_transfer(k, None)?,
+            ExitKind::IndirectTailCall => self.indirect_transfer(k, None, self.rt.lookup_fn)?,
+            // `rt_unwind` drops the frames left and finds the target's
+            // clone (a landing pad's stub sets its path start).
+            ExitKind::ContextJump => self.indirect_transfer(k, None, self.rt.unwind)?,
             ExitKind::TailCall { target }
                 if !self.entry_label.contains_key(&target)
                     && self.plt_slots.contains_key(&target) =>
             {
                 let slot = self.avma(self.plt_slots[&target]);
-                self.transfer_through(load_slot(slot)?, None)?;
+                self.transfer_through(load_slot(slot)?, None, self.rt.lookup_fn)?;
             }
             ExitKind::TailCall { target } => {
                 let t = self.call_target(target);

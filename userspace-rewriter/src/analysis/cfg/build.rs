@@ -150,6 +150,9 @@ pub(crate) fn build_cfg(
         if w.is_indirect_tail_call(j) {
             w.pending.remove(&j);
             w.add_exit(j, ExitKind::IndirectTailCall);
+        } else if w.is_context_jump(j) {
+            w.pending.remove(&j);
+            w.add_exit(j, ExitKind::ContextJump);
         }
     }
     if let Some(&j) = w.pending.iter().next() {

@@ -143,6 +143,24 @@ impl<'data> CfgContext<'data> {
         s.bytes.get(off..end)
     }
 
+    /// The bytes of the file's image from SVMA `addr` to the end of its
+    /// section.
+    pub(super) fn bytes_from(&self, addr: u64) -> Option<&'data [u8]> {
+        let i = self.sections.partition_point(|s| s.addr <= addr);
+        let s = self.sections.get(i.checked_sub(1)?)?;
+        s.bytes.get(usize::try_from(addr - s.addr).ok()?..)
+    }
+
+    /// `(start, LSDA address)` of every FDE with a direct LSDA pointer.
+    pub(super) fn fde_lsdas(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.eh_frame.iter().flat_map(|eh| {
+            eh.fdes.iter().filter_map(|f| match f.lsda()? {
+                gimli::Pointer::Direct(a) => Some((f.initial_address(), a)),
+                gimli::Pointer::Indirect(_) => None,
+            })
+        })
+    }
+
     /// The linear sweep of `f`'s bytes (empty when the file has no bytes for it).
     pub fn decode(&self, f: &Function) -> Vec<Insn> {
         self.bytes(f.start, f.size)

@@ -207,7 +207,7 @@ fn exit_live(kind: ExitKind) -> LiveSet {
             flags: flag::DF,
         },
         ExitKind::NoReturnCall { .. } => LiveSet::default(),
-        ExitKind::Trap | ExitKind::ColdJump { .. } => LiveSet::ALL,
+        ExitKind::Trap | ExitKind::ColdJump { .. } | ExitKind::ContextJump => LiveSet::ALL,
     }
 }
 

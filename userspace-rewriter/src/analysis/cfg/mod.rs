@@ -27,6 +27,14 @@
 //! switch tables (see [`JumpTable`]) bounded by the `cmp idx, N; ja default`
 //! guard; `jmp [rip+GOT]` is an indirect tail call.
 //!
+//! C++ landing pads (read from the LSDAs, `landing_pads.rs`) are roots of
+//! the part that holds them, like the targets of `.cold` jumps: the
+//! unwinder enters there. Calls in the clones push original return
+//! addresses, so the unwinder finds each frame's original FDE and
+//! call-site table and computes the original landing pad; when the
+//! unwinder itself is cloned, its final jump ([`ExitKind::ContextJump`])
+//! looks that address up and continues in the landing pad's clone.
+//!
 //! Noreturn functions: a fixed list of names (`abort`, `exit`,
 //! `__stack_chk_fail`, ...; see `KNOWN_NORETURN`), matched on symbol and PLT
 //! names, plus every function whose exits are all noreturn, found by the
@@ -34,13 +42,10 @@
 //!
 //! ## Non-goals
 //!
-//! C++ exception landing pads are not in the CFG: only the unwinder
-//! reaches them, and an exception thrown through a clone lands in the
-//! *original* landing pad (calls in the clones push original return
-//! addresses, so the unwinder finds the original function's own FDE and
-//! call-site table); a clone never runs them. No indirect jumps other than
+//! No indirect jumps other than
 //! the GCC table shapes, dispatch over the code pointers the binary states
-//! (computed gotos) and GOT tail calls, no resynchronising a linear sweep that data desynchronised
+//! (computed gotos), GOT tail calls and jumps to another frame
+//! ([`ExitKind::ContextJump`]), no resynchronising a linear sweep that data desynchronised
 //! (those are skip reasons), no interprocedural liveness (calls are modelled
 //! by the SysV ABI).
 //!
@@ -54,12 +59,15 @@
 //! - `build.rs`: `build_cfg`, the recursive walk and the cut into blocks;
 //! - `jump_tables.rs`: GCC switch tables and their bound-check guards;
 //! - `tail_calls.rs`: how control leaves the function other than by `ret`
-//!   (tail calls, `.cold` jumps, indirect tail calls);
+//!   (tail calls, `.cold` jumps, indirect tail calls, jumps to another
+//!   frame);
+//! - `landing_pads.rs`: C++ landing pads from the LSDAs;
 //! - `liveness.rs`: register and flags liveness ([`liveness`]).
 
 mod build;
 mod context;
 mod jump_tables;
+mod landing_pads;
 mod liveness;
 mod noreturn;
 mod tail_calls;
@@ -229,6 +237,12 @@ pub enum ExitKind {
         /// The target in the other part.
         target: u64,
     },
+    /// An indirect jump to another frame, after `rsp` was loaded from a
+    /// computed value: the unwinder's `__builtin_eh_return` into a landing
+    /// pad, `longjmp`. The clone looks the target up among every
+    /// rewritten instruction at run time (as the signal handler does when
+    /// it starts a burst), or leaves the burst there.
+    ContextJump,
 }
 
 /// One way out of the function.
@@ -448,12 +462,36 @@ pub fn analyse(file: &object::File, data: &[u8]) -> Result<Analysis, FunctionsEr
     let insns: Vec<Vec<Insn>> = functions.iter().map(|f| ctx.decode(f)).collect();
     ctx.infer_noreturn(&functions, &insns);
     let none = BTreeSet::new();
+    // Landing pads are entered from outside (by the unwinder): roots of
+    // the part that holds them. A part whose CFG fails with them keeps the
+    // CFG it has without (exceptions landing there then leave the clones).
+    let pads = landing_pads::landing_pads(&ctx);
+    let mut roots: Vec<BTreeSet<u64>> = functions
+        .iter()
+        .map(|f| {
+            if f.kind == FunctionKind::Plt {
+                return BTreeSet::new();
+            }
+            let lo = pads.partition_point(|&p| p <= f.start);
+            let hi = pads.partition_point(|&p| p < f.end());
+            pads[lo..hi.max(lo)].iter().copied().collect()
+        })
+        .collect();
     let mut cfgs: Vec<Result<Cfg, SkipReason>> = functions
         .iter()
         .zip(&insns)
-        .map(|(f, i)| build_cfg(f, i, &ctx, &none))
+        .zip(&mut roots)
+        .map(|((f, i), r)| {
+            if r.is_empty() {
+                return build_cfg(f, i, &ctx, &none);
+            }
+            build_cfg(f, i, &ctx, r).or_else(|_| {
+                r.clear();
+                build_cfg(f, i, &ctx, &none)
+            })
+        })
         .collect();
-    let families = connect_parts(&functions, &insns, &ctx, &mut cfgs);
+    let families = connect_parts(&functions, &insns, &ctx, &mut cfgs, roots);
     let noreturn = ctx.noreturn_functions().collect();
     Ok(Analysis {
         functions,
@@ -472,12 +510,14 @@ pub fn analyse(file: &object::File, data: &[u8]) -> Result<Analysis, FunctionsEr
 /// returns each function's family: the lowest index of the parts
 /// connected by such jumps (or by a `.cold` name). A part whose CFG fails
 /// with its roots keeps the CFG it had without them (its entries from
-/// outside then leave the clones, as before).
+/// outside then leave the clones, as before). `roots` are each part's
+/// roots so far (its landing pads).
 fn connect_parts(
     functions: &[Function],
     insns: &[Vec<Insn>],
     ctx: &CfgContext,
     cfgs: &mut [Result<Cfg, SkipReason>],
+    mut roots: Vec<BTreeSet<u64>>,
 ) -> Vec<usize> {
     let n = functions.len();
     let mut ranges: Vec<(u64, u64, usize)> = functions
@@ -513,7 +553,6 @@ fn connect_parts(
             union(&mut family, i, p);
         }
     }
-    let mut roots: Vec<BTreeSet<u64>> = vec![BTreeSet::new(); n];
     // Parts whose roots all lie in code their CFG already reaches (a
     // parent's join points, mostly) gain no new exits from them: they are
     // rebuilt once, at the end, with all their roots; parts with a root in

@@ -134,4 +134,59 @@ impl Walker<'_, '_> {
             }
         }
     }
+
+    /// An indirect jump that moves to another frame: the instructions
+    /// before it load `rsp` from a computed value (`mov rsp, reg`, `mov
+    /// rsp, [mem]`, `lea rsp, [...]` with an index or a base other than
+    /// `rsp`, `add rsp, reg`), followed by at most a few `pop`s and
+    /// register moves, all reached by falling through. That is the
+    /// unwinder's `__builtin_eh_return` (`mov rsp, rcx; pop rcx; jmp
+    /// rcx` into a landing pad) and `longjmp`: no tail call (the frame is
+    /// not this function's caller's) and no switch. It becomes an
+    /// [`ExitKind::ContextJump`].
+    pub(super) fn is_context_jump(&self, j: usize) -> bool {
+        let jmp = self.insns[j].instr;
+        let operand_ok = match jmp.op0_kind() {
+            OpKind::Register => jmp.op0_register() != Register::RSP,
+            OpKind::Memory => {
+                jmp.memory_base() != Register::RSP && jmp.memory_index() != Register::RSP
+            }
+            _ => false,
+        };
+        if !operand_ok {
+            return false;
+        }
+        let only_fall_through = |i: usize| !self.branch_preds.contains_key(&i) && !self.roots.contains(&i);
+        let mut i = j;
+        for _ in 0..6 {
+            if !only_fall_through(i) || i == 0 {
+                return false;
+            }
+            i -= 1;
+            if !self.reached[i] {
+                return false;
+            }
+            let ins = self.insns[i].instr;
+            let to_rsp = ins.op_count() >= 1
+                && ins.op0_kind() == OpKind::Register
+                && ins.op0_register() == Register::RSP;
+            match ins.mnemonic() {
+                Mnemonic::Mov if to_rsp => return true,
+                Mnemonic::Lea if to_rsp => {
+                    return ins.memory_index() != Register::None
+                        || ins.memory_base() != Register::RSP;
+                }
+                Mnemonic::Add if to_rsp => return ins.op1_kind() == OpKind::Register,
+                Mnemonic::Pop if ins.op0_register() != Register::RSP => {}
+                Mnemonic::Mov
+                    if ins.op0_kind() == OpKind::Register
+                        && ins.op0_register().full_register() != Register::RSP
+                        && (ins.op1_kind() == OpKind::Register || ins.op1_kind() == OpKind::Memory)
+                        && ins.memory_base() != Register::RSP
+                        && ins.op1_register() != Register::RSP => {}
+                _ => return false,
+            }
+        }
+        false
+    }
 }

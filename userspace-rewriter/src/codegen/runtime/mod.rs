@@ -69,6 +69,14 @@
 //!   `lea rsp, [rsp + 8]; jmp [rsp - 16]` reads): the clone return site of
 //!   the original return address (`rt_lookup_ret`), or the original itself
 //!   and the burst ends (`END_LEFT_CLONES`). Clobbers rax, rcx, rdx.
+//! - `rt_unwind(rax = target) -> rax` (`unwind.rs`): an indirect jump
+//!   after `rsp` was loaded from a computed value (the unwinder's
+//!   `__builtin_eh_return` into a landing pad, `longjmp`), not from the
+//!   standard frame's `call` but through `transfer_through` (the same
+//!   frame): drop the shadow entries of the frames left, path =
+//!   `PATH_INVALID`, UNWIND record (the depth left), and the target's
+//!   clone (`rt_lookup`), or the target itself and the burst ends.
+//!   Clobbers rax, rcx, rdx.
 //! - `handler(sig, info, ucontext)` (`handler.rs`): the `SA_SIGINFO` handler.
 //!   Starts a burst when armed, `burst_len` is not 0, no burst is active
 //!   (`lock cmpxchg` on `active`), `fs:[0]` is the thread's TCB, and the
@@ -104,6 +112,7 @@ mod exit;
 mod handler;
 mod lookup;
 mod ring;
+mod unwind;
 
 #[cfg(test)]
 mod regs;
@@ -142,6 +151,7 @@ pub struct Runtime {
     pub back: u64,
     pub back_at: u64,
     pub end: u64,
+    pub unwind: u64,
     /// The signal handler (`SA_SIGINFO`).
     pub handler: u64,
     /// The `rt_sigreturn` restorer (`SA_RESTORER`).
@@ -177,6 +187,7 @@ struct Entries {
     back: CodeLabel,
     back_at: CodeLabel,
     exit: CodeLabel,
+    unwind: CodeLabel,
     handler: CodeLabel,
     restorer: CodeLabel,
 }
@@ -201,6 +212,7 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
         back: a.create_label(),
         back_at: a.create_label(),
         exit: a.create_label(),
+        unwind: a.create_label(),
         handler: a.create_label(),
         restorer: a.create_label(),
     };
@@ -243,6 +255,7 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
     back::back(&mut a, control, &mut e.back, e.emit)?;
     back::back_at(&mut a, control, &mut e.back_at, e.back)?;
     exit::exit(&mut a, control, &mut e.exit, e.emit, e.lookup_ret, e.end)?;
+    unwind::unwind(&mut a, control, &mut e.unwind, e.emit, e.lookup, e.end)?;
     handler::handler(&mut a, control, &mut e.handler, e.emit, e.lookup, e.end)?;
     handler::restorer(&mut a, &mut e.restorer)?;
 
@@ -257,6 +270,7 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
         back: r.label_ip(&e.back)?,
         back_at: r.label_ip(&e.back_at)?,
         end: r.label_ip(&e.end)?,
+        unwind: r.label_ip(&e.unwind)?,
         handler: r.label_ip(&e.handler)?,
         restorer: r.label_ip(&e.restorer)?,
         bytes: r.inner.code_buffer,
@@ -315,6 +329,7 @@ mod tests {
             rt.enter,
             rt.back,
             rt.exit,
+            rt.unwind,
             rt.handler,
             rt.restorer,
         ];
@@ -369,8 +384,8 @@ mod tests {
                 .collect();
             // The handler's three (its TCB check, its stale-burst check,
             // the new owner), and the owner gates of rt_emit, rt_end,
-            // rt_enter and rt_exit.
-            assert_eq!(fs.len(), 7);
+            // rt_enter, rt_exit and rt_unwind.
+            assert_eq!(fs.len(), 8);
             for i in fs {
                 assert_eq!(i.memory_base(), Register::None);
                 assert_eq!(i.memory_index(), Register::None);

@@ -1,0 +1,154 @@
+//! `rt_unwind`: a jump to another frame (an exception landing, `longjmp`).
+use burstyd_common::burst::{END_LEFT_CLONES, PATH_INVALID, REC_UNWIND};
+use iced_x86::Code;
+use iced_x86::IcedError;
+use iced_x86::code_asm::{CodeAssembler, CodeLabel, eax, qword_ptr, r8, rax, rcx, rdi, rdx, rsi, rsp};
+
+use super::FRAME;
+use super::asm::{RipRel, local, owner_gate, tag};
+
+/// `rt_unwind(rax = target) -> rax`: the clone of an indirect jump that
+/// runs after the stack pointer was loaded from a computed value (the
+/// unwinder's `__builtin_eh_return` into a landing pad, `longjmp`): the
+/// program's `rsp` is already the target frame's.
+///
+/// Drops the shadow entries of the frames left (rsp at or below the
+/// program's, as `rt_enter` does), makes the path `PATH_INVALID` (the
+/// target is no path start unless its clone says so: a landing pad's
+/// clone begins with a stub that sets its path start), writes an UNWIND
+/// record (`w0 = tag`, `w1` = the shadow depth left) and returns the
+/// target's clone from the instruction table (`rt_lookup`, every module);
+/// a target that was not rewritten ends the burst (`END_LEFT_CLONES`) and
+/// is returned unchanged. A thread that does not own the burst gets the
+/// target unchanged and changes nothing. Clobbers rcx, rdx (and rax).
+pub(super) fn unwind(
+    a: &mut CodeAssembler,
+    control: u64,
+    entry: &mut CodeLabel,
+    emit: CodeLabel,
+    lookup: CodeLabel,
+    end: CodeLabel,
+) -> Result<(), IcedError> {
+    let mut lp = a.create_label();
+    let mut dropped = a.create_label();
+    let mut out = a.create_label();
+    let mut not_owner = a.create_label();
+
+    a.set_label(entry)?;
+    owner_gate(a, control, rdx, not_owner)?;
+    a.push(rsi)?;
+    a.push(rdi)?;
+    a.push(r8)?;
+    a.mov(rsi, rax)?; // the target
+    a.lea(r8, qword_ptr(rsp + (FRAME + 24)))?; // the program's rsp
+    a.rip_rm(Code::Lea_r64_m, rdx, local!(control, shadow))?;
+    a.rip_rm(Code::Mov_r64_rm64, rcx, local!(control, depth))?;
+    a.set_label(&mut lp)?;
+    a.test(rcx, rcx)?;
+    a.je(dropped)?;
+    a.mov(rdi, rcx)?;
+    a.shl(rdi, 4)?;
+    a.cmp(qword_ptr(rdx + rdi - 16), r8)?;
+    a.ja(dropped)?;
+    a.dec(rcx)?;
+    a.jmp(lp)?;
+    a.set_label(&mut dropped)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, depth), rcx)?;
+    a.mov(rax, PATH_INVALID)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, path), rax)?;
+    a.mov(rdx, rcx)?;
+    a.mov(rax, tag(REC_UNWIND))?;
+    a.call(emit)?;
+    a.mov(rax, rsi)?;
+    a.call(lookup)?;
+    a.test(rax, rax)?;
+    a.jne(out)?;
+    a.mov(eax, END_LEFT_CLONES as u32)?;
+    a.call(end)?;
+    a.mov(rax, rsi)?;
+    a.set_label(&mut out)?;
+    a.pop(r8)?;
+    a.pop(rdi)?;
+    a.pop(rsi)?;
+    a.ret()?;
+    a.set_label(&mut not_owner)?;
+    a.ret()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use burstyd_common::burst::{END_LEFT_CLONES, PATH_INVALID, REC_END, REC_UNWIND, ShadowEntry};
+
+    use super::super::asm::tag;
+    use super::super::testing::{CLONE_LO, FRAME_CLOBBERS, Harness, Regs, fs0};
+
+    /// A landing pad the instruction table translates, and its clone.
+    const PAD: u64 = 0x40_3000;
+    const CLONE: u64 = CLONE_LO + 0x900;
+
+    fn unwind(h: &mut Harness, target: u64) -> u64 {
+        let before = Regs {
+            rax: target,
+            ..Regs::sentinel()
+        };
+        let after = h.call(h.rt.unwind, before);
+        before.assert_preserved(&after, FRAME_CLOBBERS);
+        after.rax
+    }
+
+    fn setup(entries: impl FnOnce(u64) -> Vec<(u64, u64)>) -> Harness {
+        let mut h = Harness::new();
+        let entries = entries(h.prog_rsp());
+        for (i, &(rsp, path)) in entries.iter().enumerate() {
+            h.loc_mut().shadow[i] = ShadowEntry { rsp, path };
+        }
+        h.ctl_mut().active = 1;
+        let l = h.loc_mut();
+        l.depth = entries.len() as u64;
+        l.path = 5;
+        l.owner = fs0();
+        l.budget = 50;
+        h.set_table(&[(PAD - 0x10, CLONE - 0x10), (PAD, CLONE), (PAD + 4, CLONE + 8)]);
+        h
+    }
+
+    /// The frames below the program's rsp (left by the jump) are dropped,
+    /// the path is invalid, the UNWIND record gives the depth left, and
+    /// the target goes to its clone; the burst goes on.
+    #[test]
+    fn drops_the_frames_left_and_continues_in_the_clone() {
+        let mut h = setup(|p| vec![(p + 0x200, 1), (p + 8, 2), (p, 3), (p - 0x40, 4)]);
+        assert_eq!(unwind(&mut h, PAD), CLONE);
+        let p = h.prog_rsp();
+        let left: Vec<(u64, u64)> = h.loc().shadow[..h.loc().depth as usize]
+            .iter()
+            .map(|e| (e.rsp, e.path))
+            .collect();
+        assert_eq!(left, [(p + 0x200, 1), (p + 8, 2)]);
+        assert_eq!(h.loc().path, PATH_INVALID);
+        assert_eq!(h.ring()[..2], [tag(REC_UNWIND), 2]);
+        assert_eq!((h.ctl().head, h.ctl().active, h.ctl().ended), (2, 1, 0));
+    }
+
+    /// A target with no clone ends the burst and is returned unchanged.
+    #[test]
+    fn a_target_without_clone_leaves_the_burst() {
+        let mut h = setup(|p| vec![(p + 0x100, 1)]);
+        assert_eq!(unwind(&mut h, PAD + 1), PAD + 1);
+        assert_eq!(
+            h.ring()[..4],
+            [tag(REC_UNWIND), 1, tag(REC_END) | END_LEFT_CLONES, 0]
+        );
+        assert_eq!((h.ctl().active, h.ctl().ended), (0, 1));
+    }
+
+    /// Another thread gets the original target and changes nothing.
+    #[test]
+    fn only_the_bursts_thread_is_translated() {
+        let mut h = setup(|p| vec![(p - 8, 1)]);
+        h.loc_mut().owner = 0;
+        assert_eq!(unwind(&mut h, PAD), PAD);
+        assert_eq!((h.loc().depth, h.loc().path, h.ctl().head), (1, 5, 0));
+    }
+}
