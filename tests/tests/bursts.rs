@@ -86,6 +86,48 @@ fn bursts_record_paths_and_keep_output_identical() {
     }
 }
 
+/// In a raw trace: (UNWIND records, those the burst ended right after,
+/// and how many of the first paths the landing function records after
+/// one — at the depth the jump left, not in a callee — are complete or
+/// partial).
+fn landings(jsonl: &std::path::Path) -> (usize, usize, usize, usize) {
+    let recs: Vec<serde_json::Value> = std::fs::read_to_string(jsonl)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    let (mut unwinds, mut left, mut valid, mut partial) = (0, 0, 0, 0);
+    for (i, r) in recs.iter().enumerate() {
+        if r.get("unwind").is_none() {
+            continue;
+        }
+        unwinds += 1;
+        left += usize::from(recs.get(i + 1).is_some_and(|n| n["burst"] == "end"));
+        let mut depth = 0usize;
+        for r in &recs[i + 1..] {
+            if r.get("burst").is_some() || r.get("unwind").is_some() {
+                break;
+            }
+            if r.get("enter").is_some() {
+                depth += 1;
+            } else if let Some(p) = r.get("path").and_then(|p| p.as_u64()) {
+                if depth == 0 {
+                    if p >= 1 << 63 {
+                        partial += 1;
+                    } else {
+                        valid += 1;
+                    }
+                    break;
+                }
+                if matches!(r["kind"].as_u64(), Some(0 | 2)) {
+                    depth -= 1;
+                }
+            }
+        }
+    }
+    (unwinds, left, valid, partial)
+}
+
 fn spawn_fixture(args: &[&str]) -> std::process::Child {
     Command::new(args[0])
         .args(&args[1..])
@@ -329,10 +371,11 @@ fn cpp_exceptions_unwind_through_instrumented_frames() {
 /// `catch (...)`, rethrow, nested `try`, destructors during unwinding, and
 /// an exception escaping a `noexcept` function (`std::terminate`). Calls in
 /// the clones push the original return address, so the unwinder finds each
-/// frame's own FDE and call-site table and lands in the original landing
-/// pad; the output (a checksum of which handlers and destructors ran, in
-/// order) and the exit status are those of the untraced run, with a full
-/// trace and with default bursts.
+/// frame's own FDE and call-site table and computes the original landing
+/// pad; the unwinder (libgcc's, cloned) then jumps to that pad's clone, and
+/// the burst goes on. The output (a checksum of which handlers and
+/// destructors ran, in order) and the exit status are those of the
+/// untraced run, with a full trace and with default bursts.
 #[test]
 fn exceptions_through_cloned_frames_with_landing_pads() {
     require_root();
@@ -341,7 +384,10 @@ fn exceptions_through_cloned_frames_with_landing_pads() {
     let exe_s = exe.to_str().unwrap();
     let untraced = run_untraced(&[exe_s, "mix", "3000"], Duration::from_secs(60));
     for (name, extra) in [
-        ("full", &["--freq", "999", "--full-trace"][..]),
+        (
+            "full",
+            &["--freq", "999", "--full-trace", "--save-bursts"][..],
+        ),
         ("bursts", &["--freq", "999"][..]),
     ] {
         let scratch = Scratch::new(&format!("exceptions-{name}"));
@@ -371,6 +417,20 @@ fn exceptions_through_cloned_frames_with_landing_pads() {
             assert!(
                 counts.keys().any(|k| k.starts_with(&format!("{f} path "))),
                 "{name}: no paths of {f}: {counts:#?}"
+            );
+        }
+        // The unwinder is cloned too: its jump into the landing pad
+        // (`rt_unwind`, an UNWIND record) continues in the landing pad's
+        // clone; none leaves the burst there.
+        if name == "full" {
+            let (unwinds, left, valid, partial) = landings(&run.out_dir.join("bursts.jsonl"));
+            assert!(unwinds >= 50, "{unwinds} unwinds");
+            assert_eq!(left, 0, "{left} of {unwinds} landings left the clones");
+            // The landing pad's clone starts a path there (its entry
+            // stub): the catching function's path is complete.
+            assert!(
+                valid >= unwinds / 2 && partial == 0,
+                "paths from landing pads: {valid} complete, {partial} partial, of {unwinds}"
             );
         }
     }

@@ -406,9 +406,9 @@ impl FnGen<'_> {
         let path_kind = match kind {
             ExitKind::Return => PATH_END_RETURN,
             ExitKind::TailCall { .. } | ExitKind::IndirectTailCall => PATH_END_TAIL,
-            ExitKind::NoReturnCall { .. }
-            | ExitKind::ColdJump { .. }
-            | ExitKind::ContextJump => PATH_END_NORETURN,
+            ExitKind::NoReturnCall { .. } | ExitKind::ColdJump { .. } | ExitKind::ContextJump => {
+                PATH_END_NORETURN
+            }
             ExitKind::Trap => {
                 return self.copy_unrecorded(k);
             }

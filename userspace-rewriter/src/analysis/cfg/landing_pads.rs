@@ -161,7 +161,11 @@ mod tests {
             0x14, 0x05, 0x00, 0x00, // [20, 25) -> none
             0x20, 0x02, 0x50, 0x00, // (one byte too many for the length)
         ];
-        assert_eq!(parse(&lsda, 0x9000, 0x1000), None, "length not on a boundary");
+        assert_eq!(
+            parse(&lsda, 0x9000, 0x1000),
+            None,
+            "length not on a boundary"
+        );
         let mut ok = lsda;
         ok[4] = 12;
         assert_eq!(parse(&ok, 0x9000, 0x1000), Some(vec![0x1040, 0x1050]));

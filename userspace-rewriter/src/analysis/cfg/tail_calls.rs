@@ -156,7 +156,8 @@ impl Walker<'_, '_> {
         if !operand_ok {
             return false;
         }
-        let only_fall_through = |i: usize| !self.branch_preds.contains_key(&i) && !self.roots.contains(&i);
+        let only_fall_through =
+            |i: usize| !self.branch_preds.contains_key(&i) && !self.roots.contains(&i);
         let mut i = j;
         for _ in 0..6 {
             if !only_fall_through(i) || i == 0 {
@@ -181,7 +182,8 @@ impl Walker<'_, '_> {
                 Mnemonic::Mov
                     if ins.op0_kind() == OpKind::Register
                         && ins.op0_register().full_register() != Register::RSP
-                        && (ins.op1_kind() == OpKind::Register || ins.op1_kind() == OpKind::Memory)
+                        && (ins.op1_kind() == OpKind::Register
+                            || ins.op1_kind() == OpKind::Memory)
                         && ins.memory_base() != Register::RSP
                         && ins.op1_register() != Register::RSP => {}
                 _ => return false,

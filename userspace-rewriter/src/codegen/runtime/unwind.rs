@@ -2,7 +2,9 @@
 use burstyd_common::burst::{END_LEFT_CLONES, PATH_INVALID, REC_UNWIND};
 use iced_x86::Code;
 use iced_x86::IcedError;
-use iced_x86::code_asm::{CodeAssembler, CodeLabel, eax, qword_ptr, r8, rax, rcx, rdi, rdx, rsi, rsp};
+use iced_x86::code_asm::{
+    CodeAssembler, CodeLabel, eax, qword_ptr, r8, rax, rcx, rdi, rdx, rsi, rsp,
+};
 
 use super::FRAME;
 use super::asm::{RipRel, local, owner_gate, tag};
@@ -109,7 +111,11 @@ mod tests {
         l.path = 5;
         l.owner = fs0();
         l.budget = 50;
-        h.set_table(&[(PAD - 0x10, CLONE - 0x10), (PAD, CLONE), (PAD + 4, CLONE + 8)]);
+        h.set_table(&[
+            (PAD - 0x10, CLONE - 0x10),
+            (PAD, CLONE),
+            (PAD + 4, CLONE + 8),
+        ]);
         h
     }
 
