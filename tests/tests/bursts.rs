@@ -729,7 +729,8 @@ fn real_programs_survive_attach_cycles_and_a_sigkilled_daemon() {
 /// `llvm-bolt` (Debian's bolt-19, installed by scripts/setup.sh) takes
 /// edges.fdata for a binary linked with --emit-relocs: every profiled
 /// function matches (no stale profile), it reorders blocks, and the
-/// optimized binary prints what the original prints.
+/// optimized binary prints what the original prints. The same for a
+/// shared library with its own `edges-<library>.fdata`.
 #[test]
 fn llvm_bolt_accepts_the_edge_profile() {
     require_root();
@@ -821,6 +822,77 @@ fn llvm_bolt_accepts_the_edge_profile() {
         Duration::from_secs(60),
     );
     assert!(bolted.stdout == untraced.stdout, "the BOLTed bzip2 differs");
+
+    // A shared library linked with --emit-relocs (paths_known.c as
+    // libpk.so, its main renamed, called by a two-line executable): its
+    // own edges-libpk.so.fdata is what BOLT takes for it, and the program
+    // with the BOLTed library prints what it printed.
+    let lib = scratch.join("libpk.so");
+    let cc = run_timeout(
+        Command::new("gcc")
+            .args(["-O2", "-g", "-fPIC", "-shared", "-Wl,--emit-relocs"])
+            .arg("-Dmain=paths_known_main")
+            .arg("-o")
+            .arg(&lib)
+            .arg(&src),
+        Duration::from_secs(60),
+    );
+    assert!(cc.status.success(), "{}", cc.describe());
+    let main_c = scratch.join("pk.c");
+    std::fs::write(
+        &main_c,
+        "int paths_known_main(int, char **);\n\
+         int main(int c, char **v) { return paths_known_main(c, v); }\n",
+    )
+    .unwrap();
+    let exe = scratch.join("pk");
+    let cc = run_timeout(
+        Command::new("gcc")
+            .args(["-O2", "-o"])
+            .arg(&exe)
+            .arg(&main_c)
+            .arg(format!("-L{}", scratch.join("").display()))
+            .args(["-lpk", "-Wl,-rpath,$ORIGIN"]),
+        Duration::from_secs(60),
+    );
+    assert!(cc.status.success(), "{}", cc.describe());
+    let exe_s = exe.to_str().unwrap();
+    let untraced = run_untraced(&[exe_s, "1200000"], Duration::from_secs(60));
+    let run = burstyd_run(
+        &scratch,
+        &["--freq", "999", "--full-trace"],
+        &[exe_s, "1200000"],
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    let fdata = run.out_dir.join("edges-libpk.so.fdata");
+    let text =
+        std::fs::read_to_string(&fdata).unwrap_or_else(|e| panic!("{}: {e}", fdata.display()));
+    assert!(text.lines().any(|l| l.starts_with("1 kernel ")), "{text}");
+    let bolted_dir = scratch.join("bolted");
+    std::fs::create_dir_all(&bolted_dir).unwrap();
+    let b = run_timeout(
+        Command::new(bolt)
+            .arg(&lib)
+            .arg("-o")
+            .arg(bolted_dir.join("libpk.so"))
+            .arg(format!("-data={}", fdata.display()))
+            .args(["-reorder-blocks=ext-tsp", "-split-functions"]),
+        Duration::from_secs(120),
+    );
+    let log = format!("{}{}", b.stdout_str(), b.stderr);
+    assert!(b.status.success(), "{}", b.describe());
+    assert!(log.contains("shared object"), "{log}");
+    assert!(log.contains("have non-empty execution profile"), "{log}");
+    assert!(!log.contains("invalid (possibly stale) profile"), "{log}");
+    assert!(!log.contains("modified layout of 0 functions"), "{log}");
+    std::fs::copy(&exe, bolted_dir.join("pk")).unwrap();
+    let bolted = run_untraced(
+        &[bolted_dir.join("pk").to_str().unwrap(), "1200000"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(bolted.stdout_str(), untraced.stdout_str());
 }
 
 /// longjmp out of cloned frames in the middle of bursts: the shadow stack
