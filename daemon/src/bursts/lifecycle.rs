@@ -118,7 +118,7 @@ struct Analysed {
     analysis: userspace_rewriter::analysis::cfg::Analysis,
     /// Functions whose unwind info cannot be restated: not cloned (C++
     /// exceptions and backtraces must unwind through every clone).
-    exclude: std::collections::BTreeSet<u64>,
+    exclude: std::collections::BTreeMap<u64, &'static str>,
     /// `exe_id` of its bytes.
     id: u64,
     fid_base: u32,
@@ -172,13 +172,22 @@ fn analyse(module: Module) -> anyhow::Result<Analysed> {
         .with_context(|| format!("analysing {}", module.path))?;
     let mut plan = report.plan;
     modules::name_from_debug_file(&mut plan, &module.data);
-    let exclude = unwind_info::untranslatable(
+    let mut exclude: std::collections::BTreeMap<u64, &'static str> = unwind_info::untranslatable(
         &module.data,
         plan.functions.iter().filter_map(|f| match f.status {
             FunctionStatus::Analyzed(_) => Some(f.start),
             _ => None,
         }),
-    );
+    )
+    .into_iter()
+    .map(|start| (start, "unwind info not restatable"))
+    .collect();
+    // The dynamic loader's `_dl_debug_state` is where debuggers put the
+    // breakpoint that tells them of every dlopen/dlclose (`r_debug.r_brk`):
+    // it must run at its own address, so it keeps no clone.
+    for f in plan.functions.iter().filter(|f| f.name == "_dl_debug_state") {
+        exclude.insert(f.start, "debugger hook (r_brk)");
+    }
     Ok(Analysed {
         id: exe_id(&module.data),
         module,
@@ -416,7 +425,6 @@ pub(crate) fn attach(
     let exe_path = exe_link.strip_suffix(" (deleted)").unwrap_or(&exe_link);
     let mut analysed = Vec::new();
     let mut fid_base = 0u32;
-    let interp = modules::interpreter(&data);
     // The executable now; its libraries in a second step
     // ([`add_libraries`]), so that a short program is traced from early on.
     // Each module on a thread of its own (held, the libraries too).
@@ -478,7 +486,6 @@ pub(crate) fn attach(
             let pending = opts.libraries.then(|| Pending {
                 control: m.start,
                 exe_path: exe_path.to_owned(),
-                interp,
                 tables: Tables::default(),
                 next_fid: 0,
                 rearm: Some(entries),
@@ -587,7 +594,6 @@ pub(crate) fn attach(
             pid,
             &maps,
             exe_path,
-            interp.as_deref(),
             &tables,
             &mut reserved,
         )
@@ -767,7 +773,6 @@ pub(crate) fn attach(
             Then::Libraries(Pending {
                 control,
                 exe_path: exe_path.to_owned(),
-                interp,
                 tables,
                 next_fid: fid_base,
                 rearm: None,
@@ -804,9 +809,8 @@ pub(crate) enum Then {
 pub(crate) struct Pending {
     /// The control block.
     control: u64,
-    /// The executable's maps path (not a library) and its dynamic loader.
+    /// The executable's maps path (not a library).
     exe_path: String,
-    interp: Option<String>,
     /// The lookup tables in the target now.
     tables: Tables,
     /// The first `fid` the libraries may use.
@@ -837,8 +841,7 @@ fn code_room(exec: u64) -> u64 {
         .next_multiple_of(PAGE_SIZE)
 }
 
-/// Rooms near each library mapped in `pid` (but the executable and the
-/// dynamic loader) and for the tables of all modules: at most one entry
+/// Rooms near each library mapped in `pid` (but the executable) and for the tables of all modules: at most one entry
 /// per instruction byte, function byte, and two bytes of calls, 16 bytes
 /// each. Gaps are found without analysing anything; a library without
 /// room is left out (logged).
@@ -846,13 +849,12 @@ fn library_rooms(
     pid: Pid,
     maps: &[inject::MapEntry],
     exe_path: &str,
-    interp: Option<&str>,
     exe_tables: &Tables,
     reserved: &mut Vec<(u64, u64)>,
 ) -> Rooms {
     let mut rooms = Rooms::default();
     let mut exec_total = 0;
-    for p in modules::library_paths(maps, exe_path, interp) {
+    for p in modules::library_paths(maps, exe_path) {
         let own = maps.iter().filter(|x| x.is_path(p));
         let (lo, hi) = own.clone().fold((u64::MAX, 0), |(lo, hi), x| {
             (lo.min(x.start), hi.max(x.end))
@@ -964,7 +966,7 @@ pub(crate) fn add_libraries(
     let cancelled = || cancel.load(Ordering::Relaxed);
     let t0 = std::time::Instant::now();
     let maps = inject::maps(pid)?;
-    let all = modules::mapped_libraries(pid, &maps, &pending.exe_path, pending.interp.as_deref());
+    let all = modules::mapped_libraries(pid, &maps, &pending.exe_path);
     if all.is_empty() {
         return Ok(None);
     }

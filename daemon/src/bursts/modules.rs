@@ -4,12 +4,15 @@
 //! (`/proc/PID/map_files`: a library replaced on disk since is still the
 //! one mapped) and analysed on its own.
 //!
-//! Left out, with the reason logged: the dynamic loader (its lazy-binding
-//! trampolines and TLS entry points run before and around everything
-//! else; its functions stay original), the vdso (no file), anything that
+//! The dynamic loader is one of them: the unwinder asks it for every
+//! frame of a C++ throw (`_dl_find_object`), `__tls_get_addr` and the
+//! lazy-binding resolver run inside hot code, and a burst that called
+//! into it used to pause there. It is analysed like any other library
+//! (the resolver's final jump is an indirect tail call); only its
+//! debugger hook `_dl_debug_state` keeps no clone (see `lifecycle`).
+//!
+//! Left out, with the reason logged: the vdso (no file), anything that
 //! is not an ELF file or whose analysis fails, and burstyd's own regions.
-use std::path::Path;
-
 use burstyd_common::addr::Pid;
 use tracing::debug;
 use userspace_rewriter::analysis::elf::ElfInfo;
@@ -30,8 +33,9 @@ pub(crate) struct Module {
 }
 
 /// The executable (first) and, with `libraries`, the shared libraries
-/// mapped in `pid`, in address order after it. `exe_path` is the
-/// executable's maps path, `exe_data` its bytes.
+/// (the dynamic loader among them) mapped in `pid`, in address order
+/// after it. `exe_path` is the executable's maps path, `exe_data` its
+/// bytes.
 pub(crate) fn mapped_modules(
     pid: Pid,
     maps: &[MapEntry],
@@ -41,25 +45,18 @@ pub(crate) fn mapped_modules(
 ) -> anyhow::Result<Vec<Module>> {
     let exe = module_at(maps, exe_path, Some(exe_data), pid, true)?
         .ok_or_else(|| anyhow::anyhow!("pid {pid}: {exe_path} is not in /proc/{pid}/maps"))?;
-    let interp = interpreter(&exe.data);
     let mut out = vec![exe];
     if libraries {
-        out.extend(mapped_libraries(pid, maps, exe_path, interp.as_deref()));
+        out.extend(mapped_libraries(pid, maps, exe_path));
     }
     Ok(out)
 }
 
 /// The shared libraries mapped in `pid` (every executable file mapping
-/// but the executable's, `exe_path`, and the dynamic loader, `interp` or
-/// any `ld-*.so*`), in address order.
-pub(crate) fn mapped_libraries(
-    pid: Pid,
-    maps: &[MapEntry],
-    exe_path: &str,
-    interp: Option<&str>,
-) -> Vec<Module> {
+/// but the executable's, `exe_path`), in address order.
+pub(crate) fn mapped_libraries(pid: Pid, maps: &[MapEntry], exe_path: &str) -> Vec<Module> {
     let mut out = Vec::new();
-    for p in library_paths(maps, exe_path, interp) {
+    for p in library_paths(maps, exe_path) {
         match module_at(maps, p, None, pid, false) {
             Ok(Some(m)) => out.push(m),
             Ok(None) => {}
@@ -71,22 +68,11 @@ pub(crate) fn mapped_libraries(
 
 /// The paths of [`mapped_libraries`], in address order, without reading
 /// anything.
-pub(crate) fn library_paths<'a>(
-    maps: &'a [MapEntry],
-    exe_path: &str,
-    interp: Option<&str>,
-) -> Vec<&'a str> {
+pub(crate) fn library_paths<'a>(maps: &'a [MapEntry], exe_path: &str) -> Vec<&'a str> {
     let mut paths: Vec<&str> = Vec::new();
     for m in maps {
         let Some(p) = m.path.as_deref() else { continue };
         if !m.is_exec() || !p.starts_with('/') || p == exe_path || paths.contains(&p) {
-            continue;
-        }
-        let name = Path::new(p)
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        if interp == Some(p) || name.starts_with("ld-") && name.contains(".so") {
             continue;
         }
         paths.push(p);
@@ -186,27 +172,12 @@ pub(crate) fn name_from_debug_file(
     }
 }
 
-/// The executable's `PT_INTERP` (the dynamic loader's path).
-pub(crate) fn interpreter(data: &[u8]) -> Option<String> {
-    use object::read::elf::{ElfFile64, ProgramHeader as _};
-    let file = ElfFile64::<object::Endianness>::parse(data).ok()?;
-    let endian = file.endian();
-    for ph in file.elf_program_headers() {
-        if ph.p_type(endian) == object::elf::PT_INTERP {
-            let bytes = ph.data(endian, data).ok()?;
-            let s = bytes.split(|&b| b == 0).next()?;
-            return std::str::from_utf8(s).ok().map(str::to_owned);
-        }
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// The daemon's own process: its executable first, then libc (which
-    /// every test binary links), never the dynamic loader.
+    /// every test binary links) and the dynamic loader.
     #[test]
     fn modules_of_self_are_the_executable_then_its_libraries() {
         let pid = Pid(std::process::id());
@@ -222,12 +193,7 @@ mod tests {
             .map(|m| m.path.rsplit('/').next().unwrap())
             .collect();
         assert!(names.iter().any(|n| n.starts_with("libc.so")), "{names:?}");
-        assert!(
-            !names.iter().any(|n| n.starts_with("ld-linux")),
-            "{names:?}"
-        );
-        let interp = interpreter(&data).unwrap();
-        assert!(interp.contains("ld-linux"), "{interp}");
+        assert!(names.iter().any(|n| n.starts_with("ld-linux")), "{names:?}");
         let only = mapped_modules(pid, &maps, &exe, data, false).unwrap();
         assert_eq!(only.len(), 1);
         for m in &mods {

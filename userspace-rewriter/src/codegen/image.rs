@@ -213,14 +213,15 @@ pub fn generate(
     generate_excluding(plan, analysis, layout, &Default::default())
 }
 
-/// [`generate`], leaving out the functions starting at `exclude` (SVMAs),
-/// e.g. those whose unwind information cannot be restated
-/// ([`crate::codegen::unwind_info::untranslatable`]).
+/// [`generate`], leaving out the functions starting at the keys of
+/// `exclude` (SVMAs), counted under their values as skip reasons: those
+/// whose unwind information cannot be restated
+/// ([`crate::codegen::unwind_info::untranslatable`]), a debugger's hook.
 pub fn generate_excluding(
     plan: &Plan,
     analysis: &cfg::Analysis,
     layout: &Layout,
-    exclude: &std::collections::BTreeSet<u64>,
+    exclude: &BTreeMap<u64, &'static str>,
 ) -> Result<CloneImage, GenError> {
     // The runtime first, then the clones (16-aligned) after it; the clones
     // call the runtime's routines at their absolute addresses.
@@ -241,10 +242,8 @@ pub fn generate_excluding(
             continue;
         };
         have_details = true;
-        if exclude.contains(&f.start) {
-            *skipped
-                .entry("unwind info not restatable".into())
-                .or_default() += 1;
+        if let Some(&why) = exclude.get(&f.start) {
+            *skipped.entry(why.into()).or_default() += 1;
             continue;
         }
         if let Err(Skip(why)) = precheck(cfg, &analysis.insns[i]) {
