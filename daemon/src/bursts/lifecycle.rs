@@ -185,7 +185,11 @@ fn analyse(module: Module) -> anyhow::Result<Analysed> {
     // The dynamic loader's `_dl_debug_state` is where debuggers put the
     // breakpoint that tells them of every dlopen/dlclose (`r_debug.r_brk`):
     // it must run at its own address, so it keeps no clone.
-    for f in plan.functions.iter().filter(|f| f.name == "_dl_debug_state") {
+    for f in plan
+        .functions
+        .iter()
+        .filter(|f| f.name == "_dl_debug_state")
+    {
         exclude.insert(f.start, "debugger hook (r_brk)");
     }
     Ok(Analysed {
@@ -590,13 +594,7 @@ pub(crate) fn attach(
     // library is where the program's next mmap goes.
     let rooms = if opts.libraries && !held {
         let maps = inject::maps(pid)?;
-        library_rooms(
-            pid,
-            &maps,
-            exe_path,
-            &tables,
-            &mut reserved,
-        )
+        library_rooms(pid, &maps, exe_path, &tables, &mut reserved)
     } else {
         Rooms::default()
     };
