@@ -726,6 +726,25 @@ fn real_programs_survive_attach_cycles_and_a_sigkilled_daemon() {
     }
 }
 
+/// Runs gcc with `args`.
+fn gcc(args: &[&std::ffi::OsStr]) {
+    let cc = run_timeout(Command::new("gcc").args(args), Duration::from_secs(60));
+    assert!(cc.status.success(), "{}", cc.describe());
+}
+
+/// `cmd` untraced, then under `burstyd run --full-trace --freq 999`.
+fn full_trace(scratch: &Scratch, cmd: &[&str]) -> (Finished, BurstydRun) {
+    let untraced = run_untraced(cmd, Duration::from_secs(60));
+    let run = burstyd_run(
+        scratch,
+        &["--freq", "999", "--full-trace"],
+        cmd,
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    (untraced, run)
+}
+
 /// `llvm-bolt` (Debian's bolt-19, installed by scripts/setup.sh) takes
 /// edges.fdata for a binary linked with --emit-relocs: every profiled
 /// function matches (no stale profile), it reorders blocks, and the
@@ -742,23 +761,15 @@ fn llvm_bolt_accepts_the_edge_profile() {
     let scratch = Scratch::new("bolt");
     let exe = scratch.join("paths_known");
     let src = workspace_root().join("tests/fixtures/paths_known.c");
-    let cc = run_timeout(
-        Command::new("gcc")
-            .args(["-O2", "-g", "-Wl,--emit-relocs", "-o"])
-            .arg(&exe)
-            .arg(&src),
-        Duration::from_secs(60),
-    );
-    assert!(cc.status.success(), "{}", cc.describe());
-    let exe_s = exe.to_str().unwrap();
-    let untraced = run_untraced(&[exe_s, "1200000"], Duration::from_secs(60));
-    let run = burstyd_run(
-        &scratch,
-        &["--freq", "999", "--full-trace"],
-        &[exe_s, "1200000"],
-        Duration::from_secs(120),
-    );
-    run.assert_ok();
+    gcc(&[
+        "-O2".as_ref(),
+        "-g".as_ref(),
+        "-Wl,--emit-relocs".as_ref(),
+        "-o".as_ref(),
+        exe.as_os_str(),
+        src.as_os_str(),
+    ]);
+    let (untraced, run) = full_trace(&scratch, &[exe.to_str().unwrap(), "1200000"]);
     let fdata = run.out_dir.join("edges.fdata");
     let text = std::fs::read_to_string(&fdata).unwrap();
     assert!(text.lines().any(|l| l.starts_with("1 kernel ")), "{text}");
@@ -828,16 +839,17 @@ fn llvm_bolt_accepts_the_edge_profile() {
     // own edges-libpk.so.fdata is what BOLT takes for it, and the program
     // with the BOLTed library prints what it printed.
     let lib = scratch.join("libpk.so");
-    let cc = run_timeout(
-        Command::new("gcc")
-            .args(["-O2", "-g", "-fPIC", "-shared", "-Wl,--emit-relocs"])
-            .arg("-Dmain=paths_known_main")
-            .arg("-o")
-            .arg(&lib)
-            .arg(&src),
-        Duration::from_secs(60),
-    );
-    assert!(cc.status.success(), "{}", cc.describe());
+    gcc(&[
+        "-O2".as_ref(),
+        "-g".as_ref(),
+        "-fPIC".as_ref(),
+        "-shared".as_ref(),
+        "-Wl,--emit-relocs".as_ref(),
+        "-Dmain=paths_known_main".as_ref(),
+        "-o".as_ref(),
+        lib.as_os_str(),
+        src.as_os_str(),
+    ]);
     let main_c = scratch.join("pk.c");
     std::fs::write(
         &main_c,
@@ -846,25 +858,17 @@ fn llvm_bolt_accepts_the_edge_profile() {
     )
     .unwrap();
     let exe = scratch.join("pk");
-    let cc = run_timeout(
-        Command::new("gcc")
-            .args(["-O2", "-o"])
-            .arg(&exe)
-            .arg(&main_c)
-            .arg(format!("-L{}", scratch.join("").display()))
-            .args(["-lpk", "-Wl,-rpath,$ORIGIN"]),
-        Duration::from_secs(60),
-    );
-    assert!(cc.status.success(), "{}", cc.describe());
-    let exe_s = exe.to_str().unwrap();
-    let untraced = run_untraced(&[exe_s, "1200000"], Duration::from_secs(60));
-    let run = burstyd_run(
-        &scratch,
-        &["--freq", "999", "--full-trace"],
-        &[exe_s, "1200000"],
-        Duration::from_secs(120),
-    );
-    run.assert_ok();
+    let libdir = format!("-L{}", scratch.join("").display());
+    gcc(&[
+        "-O2".as_ref(),
+        "-o".as_ref(),
+        exe.as_os_str(),
+        main_c.as_os_str(),
+        libdir.as_ref(),
+        "-lpk".as_ref(),
+        "-Wl,-rpath,$ORIGIN".as_ref(),
+    ]);
+    let (untraced, run) = full_trace(&scratch, &[exe.to_str().unwrap(), "1200000"]);
     assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
     let fdata = run.out_dir.join("edges-libpk.so.fdata");
     let text =

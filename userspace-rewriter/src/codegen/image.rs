@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use burstyd_common::burst::END_LEFT_CLONES;
+use burstyd_common::burst::{END_LEFT_CLONES, PATH_INVALID};
 
 use iced_x86::{IcedError, OpKind, Register};
 use serde::Serialize;
@@ -340,8 +340,8 @@ pub fn generate_excluding(
                     removed.push((f.start, l));
                 }
                 // So do jumps from its other parts, ending the burst.
-                for b in std::iter::once(0).chain(cfg.extra_entries.iter().copied()) {
-                    let start = cfg.blocks[b].start;
+                for blk in &cfg.blocks {
+                    let start = blk.start;
                     if let Some(&(l, _)) = part_entries.get(&start) {
                         em.bind(l);
                         call_routine(&mut em, rt.end, END_LEFT_CLONES as u32, None, |_| Ok(()))?;
@@ -420,14 +420,18 @@ pub fn generate_excluding(
 /// (label of the block in the clone, the path register's value there). A
 /// part's start, for the parts of a family with several (the path of an
 /// entry there starts at 0, after the prologue, which records a call
-/// that did not happen), and each of its extra entries (a Ball-Larus
-/// path start of its own, like a loop header). Parts without path numbers
-/// have none: jumps into them leave the clones.
+/// that did not happen), each of its extra entries (a Ball-Larus
+/// path start of its own, like a loop header), and any other block start
+/// such a jump reaches (`PATH_INVALID`: see below).
 fn part_entries(plan: &Plan, chosen: &[usize], em: &mut Emitter) -> HashMap<u64, (u64, u64)> {
     let mut members: HashMap<usize, usize> = HashMap::new();
     for f in &plan.functions {
         *members.entry(f.family).or_default() += 1;
     }
+    let cfg_of = |i: usize| match &plan.functions[i].status {
+        FunctionStatus::Analyzed(fa) => fa.cfg.as_ref(),
+        _ => None,
+    };
     let mut out = HashMap::new();
     for &i in chosen {
         let f = &plan.functions[i];
@@ -446,6 +450,30 @@ fn part_entries(plan: &Plan, chosen: &[usize], em: &mut Emitter) -> HashMap<u64,
         for &b in &cfg.extra_entries {
             if let Some(restart) = n.loop_start_increment(b) {
                 out.insert(cfg.blocks[b].start, (em.label(), restart));
+            }
+        }
+    }
+    // Targets of jumps from another part that are not extra entries (the
+    // part's CFG failed with them as roots: a switch whose table base is
+    // loaded before the target, say) but start a block: the clone goes on
+    // there with the path invalid until the next path start. Sound as any
+    // entry with an unknown state is: the clone runs the same
+    // instructions, and its switch dispatch compares the actual target
+    // with its cases.
+    let targets: std::collections::HashSet<u64> = chosen
+        .iter()
+        .filter_map(|&i| cfg_of(i))
+        .flat_map(|c| c.exits.iter())
+        .filter_map(|e| match e.kind {
+            cfg::ExitKind::ColdJump { target } => Some(target),
+            _ => None,
+        })
+        .collect();
+    for &i in chosen {
+        let Some(cfg) = cfg_of(i) else { continue };
+        for blk in &cfg.blocks {
+            if targets.contains(&blk.start) && !out.contains_key(&blk.start) {
+                out.insert(blk.start, (em.label(), PATH_INVALID));
             }
         }
     }

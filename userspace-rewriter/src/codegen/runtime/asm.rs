@@ -98,3 +98,24 @@ pub(super) fn owner_gate(
     a.rip_rm(Code::Cmp_r64_rm64, scratch, local!(control, owner))?;
     a.jne(not_owner)
 }
+
+/// Drops the shadow entries of frames the program left without `rt_exit`
+/// (longjmp, unwinding): those whose rsp is at or below `r8` (the
+/// program's rsp). In: `rdx` = the shadow stack, `rsi` = its depth; out:
+/// `rsi` = the depth left (not stored). Clobbers `rdi` and the flags.
+pub(super) fn drop_dead_frames(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    use iced_x86::code_asm::{qword_ptr, r8, rdi, rdx, rsi};
+    let mut lp = a.create_label();
+    let mut done = a.create_label();
+    a.set_label(&mut lp)?;
+    a.test(rsi, rsi)?;
+    a.je(done)?;
+    a.mov(rdi, rsi)?;
+    a.shl(rdi, 4)?;
+    a.cmp(qword_ptr(rdx + rdi - 16), r8)?;
+    a.ja(done)?;
+    a.dec(rsi)?;
+    a.jmp(lp)?;
+    a.set_label(&mut done)?;
+    Ok(())
+}

@@ -7,7 +7,7 @@ use iced_x86::code_asm::{
 };
 
 use super::FRAME;
-use super::asm::{RipRel, field, local, owner_gate, tag};
+use super::asm::{RipRel, drop_dead_frames, field, local, owner_gate, tag};
 
 /// `rt_enter(eax = fid | flags)`: push (rsp, caller's path), path = 0,
 /// ENTER record (`w0 = tag | fid`, the flags stripped; `w1 = 0`). Shadow
@@ -24,8 +24,6 @@ pub(super) fn enter(
     entry: &mut CodeLabel,
     emit: CodeLabel,
 ) -> Result<(), IcedError> {
-    let mut lp = a.create_label();
-    let mut push = a.create_label();
     let mut store = a.create_label();
     let mut overflow = a.create_label();
     let mut not_owner = a.create_label();
@@ -38,17 +36,7 @@ pub(super) fn enter(
     a.lea(r8, qword_ptr(rsp + (FRAME + 24)))?; // the program's rsp
     a.rip_rm(Code::Lea_r64_m, rdx, local!(control, shadow))?;
     a.rip_rm(Code::Mov_r64_rm64, rsi, local!(control, depth))?;
-    // Drop entries whose rsp is at or below ours.
-    a.set_label(&mut lp)?;
-    a.test(rsi, rsi)?;
-    a.je(push)?;
-    a.mov(rdi, rsi)?;
-    a.shl(rdi, 4)?;
-    a.cmp(qword_ptr(rdx + rdi - 16), r8)?;
-    a.ja(push)?;
-    a.dec(rsi)?;
-    a.jmp(lp)?;
-    a.set_label(&mut push)?;
+    drop_dead_frames(a)?;
     a.cmp(rsi, SHADOW_DEPTH as i32)?;
     a.jae(overflow)?;
     a.mov(rdi, rsi)?;

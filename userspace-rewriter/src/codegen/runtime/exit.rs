@@ -129,12 +129,12 @@ pub(super) fn exit(
 mod tests {
     use burstyd_common::burst::{
         END_LEFT_CLONES, PATH_END_NORETURN, PATH_END_RETURN, PATH_END_TAIL, PATH_INVALID, REC_END,
-        REC_PATH, ShadowEntry,
+        REC_PATH,
     };
 
     use super::super::NO_PATH;
     use super::super::asm::tag;
-    use super::super::testing::{CLONE_LO, FRAME_CLOBBERS, Harness, Regs, fs0};
+    use super::super::testing::{CLONE_LO, FRAME_CLOBBERS, Harness, Regs};
 
     /// An original return address the table translates, and its clone.
     const ORIG: u64 = 0x40_2000;
@@ -157,17 +157,7 @@ mod tests {
     /// return address `ORIG`, and a return-site table with `ORIG` →
     /// `CLONE`.
     fn setup(entries: impl FnOnce(u64) -> Vec<(u64, u64)>) -> Harness {
-        let mut h = Harness::new();
-        let entries = entries(h.prog_rsp());
-        for (i, &(rsp, path)) in entries.iter().enumerate() {
-            h.loc_mut().shadow[i] = ShadowEntry { rsp, path };
-        }
-        h.ctl_mut().active = 1;
-        let l = h.loc_mut();
-        l.depth = entries.len() as u64;
-        l.path = 5;
-        l.owner = fs0();
-        l.budget = 50;
+        let mut h = Harness::in_burst(entries);
         h.set_ret_slot(ORIG);
         h.set_jump_slot(UNTOUCHED);
         h.set_ret_table(&[

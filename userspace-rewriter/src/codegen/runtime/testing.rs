@@ -68,6 +68,23 @@ impl Harness {
         }
     }
 
+    /// A burst this thread owns, with the shadow stack `entries` (made
+    /// from the program's rsp at the snippet), path 5 and budget 50.
+    pub(super) fn in_burst(entries: impl FnOnce(u64) -> Vec<(u64, u64)>) -> Harness {
+        let mut h = Harness::new();
+        let entries = entries(h.prog_rsp());
+        for (i, &(rsp, path)) in entries.iter().enumerate() {
+            h.loc_mut().shadow[i] = burstyd_common::burst::ShadowEntry { rsp, path };
+        }
+        h.ctl_mut().active = 1;
+        let l = h.loc_mut();
+        l.depth = entries.len() as u64;
+        l.path = 5;
+        l.owner = fs0();
+        l.budget = 50;
+        h
+    }
+
     /// The control block wherever the kernel puts it (high): the runtime
     /// reaches it RIP-relatively.
     pub(super) fn new_high() -> Harness {

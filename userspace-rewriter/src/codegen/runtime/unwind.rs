@@ -7,7 +7,7 @@ use iced_x86::code_asm::{
 };
 
 use super::FRAME;
-use super::asm::{RipRel, local, owner_gate, tag};
+use super::asm::{RipRel, drop_dead_frames, local, owner_gate, tag};
 
 /// `rt_unwind(rax = target) -> rax`: the clone of an indirect jump that
 /// runs after the stack pointer was loaded from a computed value (the
@@ -31,8 +31,6 @@ pub(super) fn unwind(
     lookup: CodeLabel,
     end: CodeLabel,
 ) -> Result<(), IcedError> {
-    let mut lp = a.create_label();
-    let mut dropped = a.create_label();
     let mut out = a.create_label();
     let mut not_owner = a.create_label();
 
@@ -44,21 +42,14 @@ pub(super) fn unwind(
     a.mov(rsi, rax)?; // the target
     a.lea(r8, qword_ptr(rsp + (FRAME + 24)))?; // the program's rsp
     a.rip_rm(Code::Lea_r64_m, rdx, local!(control, shadow))?;
-    a.rip_rm(Code::Mov_r64_rm64, rcx, local!(control, depth))?;
-    a.set_label(&mut lp)?;
-    a.test(rcx, rcx)?;
-    a.je(dropped)?;
-    a.mov(rdi, rcx)?;
-    a.shl(rdi, 4)?;
-    a.cmp(qword_ptr(rdx + rdi - 16), r8)?;
-    a.ja(dropped)?;
-    a.dec(rcx)?;
-    a.jmp(lp)?;
-    a.set_label(&mut dropped)?;
-    a.rip_mr(Code::Mov_rm64_r64, local!(control, depth), rcx)?;
+    a.mov(rcx, rsi)?; // the target, while rsi holds the depth
+    a.rip_rm(Code::Mov_r64_rm64, rsi, local!(control, depth))?;
+    drop_dead_frames(a)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, depth), rsi)?;
+    a.mov(rdx, rsi)?;
+    a.mov(rsi, rcx)?;
     a.mov(rax, PATH_INVALID)?;
     a.rip_mr(Code::Mov_rm64_r64, local!(control, path), rax)?;
-    a.mov(rdx, rcx)?;
     a.mov(rax, tag(REC_UNWIND))?;
     a.call(emit)?;
     a.mov(rax, rsi)?;
@@ -80,10 +71,10 @@ pub(super) fn unwind(
 
 #[cfg(test)]
 mod tests {
-    use burstyd_common::burst::{END_LEFT_CLONES, PATH_INVALID, REC_END, REC_UNWIND, ShadowEntry};
+    use burstyd_common::burst::{END_LEFT_CLONES, PATH_INVALID, REC_END, REC_UNWIND};
 
     use super::super::asm::tag;
-    use super::super::testing::{CLONE_LO, FRAME_CLOBBERS, Harness, Regs, fs0};
+    use super::super::testing::{CLONE_LO, FRAME_CLOBBERS, Harness, Regs};
 
     /// A landing pad the instruction table translates, and its clone.
     const PAD: u64 = 0x40_3000;
@@ -100,17 +91,7 @@ mod tests {
     }
 
     fn setup(entries: impl FnOnce(u64) -> Vec<(u64, u64)>) -> Harness {
-        let mut h = Harness::new();
-        let entries = entries(h.prog_rsp());
-        for (i, &(rsp, path)) in entries.iter().enumerate() {
-            h.loc_mut().shadow[i] = ShadowEntry { rsp, path };
-        }
-        h.ctl_mut().active = 1;
-        let l = h.loc_mut();
-        l.depth = entries.len() as u64;
-        l.path = 5;
-        l.owner = fs0();
-        l.budget = 50;
+        let mut h = Harness::in_burst(entries);
         h.set_table(&[
             (PAD - 0x10, CLONE - 0x10),
             (PAD, CLONE),
