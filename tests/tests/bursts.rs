@@ -1298,6 +1298,44 @@ fn jumps_into_cold_parts_and_back_stay_in_the_clones() {
     assert!(stat(&bursts_line(&run.finished.stderr), "taken") >= 10);
 }
 
+/// A `.cold` part that jumps back to a loop header its function's CFG
+/// cannot take as a root (`cold_return`'s `scan`: the switch's table base
+/// is loaded before the loop) lands on a block start of the clone all the
+/// same, and the burst goes on: in a full trace `scan.cold` runs once per
+/// 4 iterations, and so do the complete paths of cases 1 and 2 and case
+/// 3's path to the jump into `scan.cold` (case 0's begin where the jump
+/// back lands, with the path invalid). Before, the burst ended at each
+/// jump back and the counts were a fraction of that.
+#[test]
+fn jumps_back_to_a_block_that_is_no_entry_stay_in_the_clones() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("cold_return");
+    let exe_s = exe.to_str().unwrap();
+    const N: i64 = 4_000_000;
+    let n = N.to_string();
+    let scratch = Scratch::new("cold-return");
+    let (untraced, run) = full_trace(&scratch, &[exe_s, &n]);
+    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
+    let cold: i64 = counts
+        .iter()
+        .filter(|(k, _)| k.starts_with("scan.cold path "))
+        .map(|(_, &c)| c)
+        .sum();
+    let mut cases: Vec<i64> = counts
+        .iter()
+        .filter(|(k, c)| k.starts_with("scan path ") && **c >= N / 8)
+        .map(|(_, &c)| c)
+        .collect();
+    cases.sort_unstable();
+    assert!(
+        cold == N / 4 && cases == [N / 4; 3],
+        "scan.cold {cold}, scan's frequent paths {cases:?} (want {} each): {counts:#?}",
+        N / 4
+    );
+}
+
 /// A function with 2^70 paths (`manypaths`' `branchy`: 70 branches in a
 /// row) is cut into regions and gets path numbers: in a full trace its
 /// paths are recorded (each call crosses the same cut blocks, so the same
