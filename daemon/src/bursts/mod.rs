@@ -69,13 +69,13 @@ pub(crate) struct BurstOptions {
 
 /// Default checks per burst. A path is counted only when its burst saw
 /// it start, so a path that spans calls into long-running callees needs
-/// a burst longer than the callees: with 200 checks xerces-c's parser's
-/// edge profile reached 0.936 relative overlap against callgrind, with
-/// 1000 0.978, with 2000 0.982 (four `run`s of a 3 MiB input each,
-/// 2026-11-26). A burst's checks cost far less than its signal (36 µs a
-/// burst at 200 checks, 27 µs of it the signal), so 1000 costs about
-/// twice as much per burst, not five times.
-pub(crate) const DEFAULT_BURST: u64 = 1000;
+/// a burst longer than the callees: xerces-c's parser's edge profile
+/// reached 0.940 relative overlap against callgrind with 200 checks, 0.974
+/// with 500, 0.980 with 1000 (eight `run`s of a 3 MiB input each,
+/// 2026-11-26). A burst's checks cost less than its signal (36 µs a burst
+/// at 200 checks, 27 µs of it the signal, for xerces; xz's checks are the
+/// densest: 19 µs of 42), so 500 keeps bursts within the 2% target.
+pub(crate) const DEFAULT_BURST: u64 = 500;
 
 /// Totals reported at the end.
 #[derive(Clone, Debug, Default)]
