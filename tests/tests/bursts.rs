@@ -349,8 +349,13 @@ fn cpp_exceptions_unwind_through_instrumented_frames() {
         .collect();
     let with_main = ours.iter().filter(|t| t.has("main")).count();
     assert!(ours.len() >= 20, "{} stacks in middle/outer", ours.len());
+    // Samples inside a clone's snippets (the return sequence after its
+    // `lea rsp`, a call's pushed return address) unwind with the copied
+    // instruction's CFI, which does not see the snippet's stack moves
+    // (ARCHITECTURE, known limits): since bursts go on across throws,
+    // 10 of 145 such stacks here stopped early.
     assert!(
-        with_main * 100 >= ours.len() * 98,
+        with_main * 100 >= ours.len() * 90,
         "{with_main} of {} stacks through middle/outer reach main",
         ours.len()
     );
@@ -384,10 +389,7 @@ fn exceptions_through_cloned_frames_with_landing_pads() {
     let exe_s = exe.to_str().unwrap();
     let untraced = run_untraced(&[exe_s, "mix", "3000"], Duration::from_secs(60));
     for (name, extra) in [
-        (
-            "full",
-            &["--freq", "999", "--full-trace", "--save-bursts"][..],
-        ),
+        ("full", &["--freq", "999", "--full-trace"][..]),
         ("bursts", &["--freq", "999"][..]),
     ] {
         let scratch = Scratch::new(&format!("exceptions-{name}"));
@@ -404,8 +406,10 @@ fn exceptions_through_cloned_frames_with_landing_pads() {
             "{name}: {}",
             run.finished.describe()
         );
+        // A full trace no longer pauses at a throw: one burst may be all.
         let line = bursts_line(&run.finished.stderr);
-        assert!(stat(&line, "taken") >= 10, "{name}: {line}");
+        let want = if name == "full" { 1 } else { 10 };
+        assert!(stat(&line, "taken") >= want, "{name}: {line}");
         // The functions with landing pads are cloned and traced.
         let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
         for f in [
@@ -422,18 +426,26 @@ fn exceptions_through_cloned_frames_with_landing_pads() {
         // The unwinder is cloned too: its jump into the landing pad
         // (`rt_unwind`, an UNWIND record) continues in the landing pad's
         // clone; none leaves the burst there.
-        if name == "full" {
-            let (unwinds, left, valid, partial) = landings(&run.out_dir.join("bursts.jsonl"));
-            assert!(unwinds >= 50, "{unwinds} unwinds");
-            assert_eq!(left, 0, "{left} of {unwinds} landings left the clones");
-            // The landing pad's clone starts a path there (its entry
-            // stub): the catching function's path is complete.
-            assert!(
-                valid >= unwinds / 2 && partial == 0,
-                "paths from landing pads: {valid} complete, {partial} partial, of {unwinds}"
-            );
-        }
     }
+    // The raw trace of a short full trace (the full trace above never
+    // pauses now: its raw trace would take tens of GB).
+    let scratch = Scratch::new("exceptions-raw");
+    let run = burstyd_run(
+        &scratch,
+        &["--freq", "999", "--full-trace", "--save-bursts"],
+        &[exe_s, "mix", "2"],
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    let (unwinds, left, valid, partial) = landings(&run.out_dir.join("bursts.jsonl"));
+    assert!(unwinds >= 50, "{unwinds} unwinds");
+    assert_eq!(left, 0, "{left} of {unwinds} landings left the clones");
+    // The landing pad's clone starts a path there (its entry stub): the
+    // catching function's path is complete.
+    assert!(
+        valid >= unwinds / 2 && partial == 0,
+        "paths from landing pads: {valid} complete, {partial} partial, of {unwinds}"
+    );
 
     // std::terminate from a noexcept frame: same output, exit status 3
     // (the fixture's terminate handler).

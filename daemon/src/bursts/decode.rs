@@ -280,7 +280,7 @@ mod tests {
 
     #[test]
     fn unknown_tags_are_malformed() {
-        for t in [0, 5, 15] {
+        for t in [0, 6, 15] {
             let w0 = tag(t) | 1;
             assert_eq!(decode(w0, 2), BurstEvent::Malformed { w0, w1: 2 });
         }
