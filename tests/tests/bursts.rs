@@ -430,6 +430,7 @@ fn exceptions_through_cloned_frames_with_landing_pads() {
     // The raw trace of a short full trace (the full trace above never
     // pauses now: its raw trace would take tens of GB).
     let scratch = Scratch::new("exceptions-raw");
+    let untraced_short = run_untraced(&[exe_s, "mix", "2"], Duration::from_secs(60));
     let run = burstyd_run(
         &scratch,
         &["--freq", "999", "--full-trace", "--save-bursts"],
@@ -437,6 +438,7 @@ fn exceptions_through_cloned_frames_with_landing_pads() {
         Duration::from_secs(120),
     );
     run.assert_ok();
+    assert_eq!(run.finished.stdout_str(), untraced_short.stdout_str());
     let (unwinds, left, valid, partial) = landings(&run.out_dir.join("bursts.jsonl"));
     assert!(unwinds >= 50, "{unwinds} unwinds");
     assert_eq!(left, 0, "{left} of {unwinds} landings left the clones");
