@@ -37,7 +37,7 @@ macro_rules! control_block {
 
 /// `BurstControl::magic`: the version of the layout. It changes whenever
 /// [`CONTROL_FIELDS`] does; the `layout` test below fails until it has.
-pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd6");
+pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd7");
 /// Saved path registers (one per instrumented activation in a burst).
 pub const SHADOW_DEPTH: usize = 1024;
 /// Set in the path register when the path's start was not observed (the
@@ -114,10 +114,17 @@ control_block! {
         /// The ring's address in the target.
         pub ring_addr: u64,
         /// The [`TablesHeader`] of the runtime's lookup tables (of every
-        /// module with clones). One word, so that a later attach of more
-        /// modules (shared libraries, `dlopen`) swaps all three tables at
-        /// once with a single store while the program runs: a lookup that
-        /// loaded the old header searches the old tables, which stay.
+        /// module with clones) in bits 0..48, and a generation in bits
+        /// 48..64 ([`TABLES_GEN_SHIFT`]). One word, so that a later attach
+        /// of more modules (shared libraries, `dlopen`) swaps all three
+        /// tables at once with a single store while the program runs: a
+        /// lookup that loaded the old header searches the old tables, which
+        /// stay. A header of 0 means no tables: every lookup misses. The
+        /// handler sets it so (and bumps the generation) when the loader's
+        /// link map is about to change ([`BurstControl::hook_lo`]); the
+        /// daemon puts a header back with `lock cmpxchg` against the word it
+        /// read before it looked at the maps, so that it never installs
+        /// tables made before a change it has not seen.
         pub tables: u64,
         /// Counters kept by the target side.
         pub bursts: u64,
@@ -150,7 +157,25 @@ control_block! {
         /// Signals handled with `burst_len` 0 (`--burst 0`): the handler
         /// returned to the interrupted original code at once.
         pub declined_budget: u64,
-        pub _pad: [u64; 7],
+        /// The dynamic loader's `_dl_debug_state` (0: none), which it calls
+        /// before and after every change of its link map (`dlopen`,
+        /// `dlclose`; the debugger's `r_brk`), and `[hook_lo, hook_hi)`,
+        /// the loader's code around it. The eBPF program has a uprobe
+        /// there that sends the burst signal; the uprobe steps over the
+        /// function's `ret`, so the handler finds the thread either at
+        /// `hook` or just back from a `call hook` (`e8 rel32` before the
+        /// pc, and the pc still in the stack slot below `rsp`). Then it
+        /// invalidates `tables` (header 0, generation + 1) and counts
+        /// `link_changes`, before the loader maps or unmaps anything.
+        pub hook: u64,
+        pub hook_lo: u64,
+        pub hook_hi: u64,
+        /// Times the handler invalidated the tables at the hook.
+        pub link_changes: u64,
+        /// The header the daemon last wrote (valid or not in `tables`): a
+        /// later attach starts from it.
+        pub tables_base: u64,
+        pub _pad: [u64; 2],
         /// Words consumed by the daemon (consumer index), on its own line.
         pub tail: u64,
         /// The pid of the daemon that armed the region, as the target's
@@ -189,6 +214,11 @@ pub struct TablesHeader {
     pub returns_len: u64,
 }
 
+/// Bits 48..64 of [`BurstControl::tables`]: the generation.
+pub const TABLES_GEN_SHIFT: u32 = 48;
+/// Bits 0..48 of [`BurstControl::tables`]: the header's address.
+pub const TABLES_HEADER_MASK: u64 = (1 << TABLES_GEN_SHIFT) - 1;
+
 /// Modules a region can hold clones for.
 pub const MAX_MODULES: usize = 64;
 
@@ -205,6 +235,12 @@ pub struct ModuleEntry {
     /// Its load bias when injected (a module mapped elsewhere since is
     /// another mapping).
     pub bias: u64,
+    /// `[lo, hi)`: the address range of its mappings, and the inode of
+    /// its file. A module no longer mapped there from that inode was
+    /// unloaded: its table entries are masked and `id` becomes 0.
+    pub lo: u64,
+    pub hi: u64,
+    pub ino: u64,
 }
 
 control_block! {
@@ -291,7 +327,7 @@ mod layout {
     /// `BurstControl` or `BurstLocal` changed, give `CONTROL_MAGIC` a new value (a target
     /// still holding a region of the old layout must be recognised as
     /// foreign) and copy the new field list and magic here.
-    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd6");
+    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd7");
     const PINNED_FIELDS: &[(&str, usize, usize)] = &[
         ("magic", 0, 8),
         ("armed", 8, 4),
@@ -319,12 +355,17 @@ mod layout {
         ("exe_id", 176, 8),
         ("eh_frame", 184, 8),
         ("declined_budget", 192, 8),
-        ("_pad", 200, 56),
+        ("hook", 200, 8),
+        ("hook_lo", 208, 8),
+        ("hook_hi", 216, 8),
+        ("link_changes", 224, 8),
+        ("tables_base", 232, 8),
+        ("_pad", 240, 16),
         ("tail", 256, 8),
         ("tracer", 264, 8),
         ("made_for", 272, 8),
         ("n_modules", 280, 8),
-        ("modules", 288, 2048),
+        ("modules", 288, 3584),
     ];
     const PINNED_LOCAL_FIELDS: &[(&str, usize, usize)] = &[
         ("present", 0, 8),

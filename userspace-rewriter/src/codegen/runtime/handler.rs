@@ -1,15 +1,20 @@
 //! The burst signal handler and its `rt_sigreturn` restorer.
-use burstyd_common::burst::{END_LEFT_CLONES, PATH_INVALID, REC_START};
+use burstyd_common::burst::{END_LEFT_CLONES, PATH_INVALID, REC_START, TABLES_GEN_SHIFT};
 use iced_x86::Code;
 use iced_x86::IcedError;
 use iced_x86::code_asm::{
-    CodeAssembler, CodeLabel, eax, ecx, edi, qword_ptr, r9, r10, rax, rdx, rsi, rsp,
+    CodeAssembler, CodeLabel, byte_ptr, dword_ptr, eax, ecx, edi, qword_ptr, r9, r10, rax, rcx,
+    rdx, rsi, rsp,
 };
 
 use super::asm::{RipRel, field, local, tag};
 
 /// `uc_mcontext.gregs[REG_RIP]`: ucontext (40) + 16 * 8.
 pub(super) const UC_RIP: i32 = 40 + 16 * 8;
+/// `uc_mcontext.gregs[REG_RSP]`.
+pub(super) const UC_RSP: i32 = 40 + 15 * 8;
+/// `call rel32`.
+const CALL_REL32: i32 = 0xe8;
 
 const SYS_RT_SIGRETURN: u32 = 15;
 const SYS_ARCH_PRCTL: u32 = 158;
@@ -20,7 +25,9 @@ const SYS_GETTID: u32 = 186;
 /// armed, idle, and the interrupted PC was rewritten. Everything it
 /// clobbers is restored by `rt_sigreturn` from the ucontext.
 ///
-/// In order: disarmed, or in a forked child (`present` is not 1) →
+/// In order: in a forked child (`present` is not 1) →
+/// `declined_disarmed`; the signal came from the uprobe on the loader's
+/// link-map hook ([`link_hook`]) → the tables are invalidated; disarmed →
 /// `declined_disarmed`; `burst_len` 0 (`--burst 0`,
 /// back to the interrupted original code) → `declined_budget`; `active`
 /// already set (`lock cmpxchg` 0 → 1 fails) → `declined_busy`, unless the
@@ -53,6 +60,7 @@ pub(super) fn handler(
     // (MADV_WIPEONFORK): never armed.
     a.rip_mi(Code::Cmp_rm64_imm8, local!(control, present), 1)?;
     a.jne(disarmed)?;
+    link_hook(a, control)?;
     a.rip_mi(Code::Cmp_rm32_imm8, field!(control, armed), 0)?;
     a.je(disarmed)?;
     // Budget zero (`--burst 0`): back to the interrupted original code.
@@ -139,6 +147,59 @@ pub(super) fn handler(
     Ok(())
 }
 
+/// The loader is about to change its link map (see
+/// [`BurstControl::hook`](burstyd_common::burst::BurstControl::hook)): the
+/// interrupted pc (ucontext in rdx) is the hook itself, or the return
+/// site of a `call hook` the thread just came back from (the uprobe
+/// stepped over the hook's `ret`: the pc is in the loader's code, the
+/// five bytes before it are `e8 rel32` aimed at the hook, and the stack
+/// slot just below `rsp` still holds the pc). Then the tables' header
+/// becomes 0 and their generation goes up by one (`lock cmpxchg`, against
+/// the daemon's own), `link_changes` counts it, and the handler returns:
+/// no lookup finds a clone until the daemon has checked the maps and put
+/// a header back. Otherwise falls through. Clobbers rax, rcx, r10, and
+/// the flags.
+fn link_hook(a: &mut CodeAssembler, control: u64) -> Result<(), IcedError> {
+    let mut invalidate = a.create_label();
+    let mut retry = a.create_label();
+    let mut not_hook = a.create_label();
+    // In the loader's code (0, 0: no hook; never true).
+    a.mov(r10, qword_ptr(rdx + UC_RIP))?;
+    a.rip_rm(Code::Cmp_r64_rm64, r10, field!(control, hook_lo))?;
+    a.jb(not_hook)?;
+    a.rip_rm(Code::Cmp_r64_rm64, r10, field!(control, hook_hi))?;
+    a.jae(not_hook)?;
+    a.rip_rm(Code::Cmp_r64_rm64, r10, field!(control, hook))?;
+    a.je(invalidate)?;
+    // With room for a call before the pc.
+    a.lea(rax, qword_ptr(r10 - 5))?;
+    a.rip_rm(Code::Cmp_r64_rm64, rax, field!(control, hook_lo))?;
+    a.jb(not_hook)?;
+    a.cmp(byte_ptr(r10 - 5), CALL_REL32)?;
+    a.jne(not_hook)?;
+    a.movsxd(rax, dword_ptr(r10 - 4))?;
+    a.add(rax, r10)?;
+    a.rip_rm(Code::Cmp_r64_rm64, rax, field!(control, hook))?;
+    a.jne(not_hook)?;
+    a.mov(rax, qword_ptr(rdx + UC_RSP))?;
+    a.cmp(qword_ptr(rax - 8), r10)?;
+    a.jne(not_hook)?;
+    a.set_label(&mut invalidate)?;
+    a.rip_rm(Code::Mov_r64_rm64, rax, field!(control, tables))?;
+    a.set_label(&mut retry)?;
+    a.mov(rcx, rax)?;
+    a.shr(rcx, TABLES_GEN_SHIFT)?;
+    a.inc(rcx)?;
+    a.shl(rcx, TABLES_GEN_SHIFT)?;
+    a.lock()
+        .rip_mr(Code::Cmpxchg_rm64_r64, field!(control, tables), rcx)?;
+    a.jne(retry)?;
+    a.lock().rip_m(Code::Inc_rm64, field!(control, link_changes))?;
+    a.ret()?;
+    a.set_label(&mut not_hook)?;
+    Ok(())
+}
+
 /// The restorer (`SA_RESTORER`): `rt_sigreturn`, which does not return;
 /// `int3` if it ever does.
 pub(super) fn restorer(a: &mut CodeAssembler, entry: &mut CodeLabel) -> Result<(), IcedError> {
@@ -153,9 +214,11 @@ pub(super) fn restorer(a: &mut CodeAssembler, entry: &mut CodeLabel) -> Result<(
 mod tests {
     use burstyd_common::burst::{END_LEFT_CLONES, PATH_INVALID, REC_END, REC_START};
 
+    use burstyd_common::burst::{TABLES_GEN_SHIFT, TABLES_HEADER_MASK};
+
     use super::super::asm::tag;
     use super::super::testing::{CLONE_HI, CLONE_LO, Harness, Regs, fs0};
-    use super::UC_RIP;
+    use super::{UC_RIP, UC_RSP};
 
     /// The interrupted PC and its clone.
     const PC: u64 = 0x40_3000;
@@ -409,5 +472,98 @@ mod tests {
         let c = h.ctl();
         assert_eq!((c.active, c.bursts, c.head), (1, 1, 16));
         assert_eq!((c.lost_records, h.loc().budget, c.truncated), (1, 1, 1));
+    }
+
+    /// A stand-in for the loader's code on code page 1: `call hook` at
+    /// `SITE` (its return site `SITE + 5`), the hook at `HOOK`. Returns
+    /// (hook, return site).
+    fn with_loader(h: &mut Harness) -> (u64, u64) {
+        const SITE: usize = 0x100;
+        const HOOK: usize = 0x800;
+        let page = h.code_page(1);
+        let mut code = vec![0x90u8; 0x900];
+        let rel = (HOOK as i64 - (SITE as i64 + 5)) as i32;
+        code[SITE] = 0xe8;
+        code[SITE + 1..SITE + 5].copy_from_slice(&rel.to_le_bytes());
+        code[HOOK] = 0xc3;
+        h.load(1, &code);
+        let c = h.ctl_mut();
+        c.hook = page + HOOK as u64;
+        c.hook_lo = page;
+        c.hook_hi = page + 4096;
+        (page + HOOK as u64, page + SITE as u64 + 5)
+    }
+
+    /// The thread stopped where the uprobe on the hook leaves it: `rip`,
+    /// with `slot` in the stack word just below `rsp`.
+    fn at_hook(h: &mut Harness, rip: u64, slot: u64) {
+        h.set_uc_word(RIP, rip);
+        let rsp = h.prog_rsp();
+        h.set_ret_slot(slot);
+        h.set_uc_word(UC_RSP as usize, rsp + 8);
+    }
+
+    /// The uprobe on the loader's link-map hook sent the signal: the
+    /// tables' header becomes 0 and its generation goes up, whether the
+    /// thread is at the hook or just back from `call hook`; no burst
+    /// starts, nothing else changes; lookups miss from then on. A burst
+    /// signal anywhere else in the loader's code (no call before the pc,
+    /// a call elsewhere, a stale stack slot) is an ordinary one.
+    #[test]
+    fn the_link_map_hook_invalidates_the_tables() {
+        let mut h = armed();
+        let header = h.ctl().tables;
+        let (hook, site) = with_loader(&mut h);
+        at_hook(&mut h, hook, 0);
+        handle(&mut h, None);
+        let c = h.ctl();
+        assert_eq!(c.tables, 1 << TABLES_GEN_SHIFT);
+        assert_eq!((c.link_changes, c.active, h.uc_word(RIP)), (1, 0, hook));
+        assert_eq!(counters(&h), [0; 5]);
+
+        // The daemon puts the header back with the new generation.
+        h.ctl_mut().tables = (1 << TABLES_GEN_SHIFT) | header;
+        at_hook(&mut h, site, site);
+        handle(&mut h, None);
+        let c = h.ctl();
+        assert_eq!(c.tables, 2 << TABLES_GEN_SHIFT);
+        assert_eq!((c.link_changes, c.active, h.uc_word(RIP)), (2, 0, site));
+        assert_eq!(counters(&h), [0; 5]);
+        // Without a header every lookup misses: a burst signal at a
+        // rewritten pc is declined.
+        h.set_uc_word(RIP, PC);
+        handle(&mut h, None);
+        assert_eq!(counters(&h), [0, 0, 0, 0, 1]);
+
+        // Not the hook: a pc in the loader's code after something other
+        // than `call hook`, or whose stack slot no longer holds it.
+        let mut h = armed();
+        let header = h.ctl().tables;
+        let (_, site) = with_loader(&mut h);
+        for (rip, slot) in [(site, site + 1), (site + 1, site + 1), (site - 5, site - 5)] {
+            at_hook(&mut h, rip, slot);
+            handle(&mut h, None);
+            assert_eq!(h.ctl().tables, header, "rip {rip:#x}");
+        }
+        assert_eq!(h.ctl().link_changes, 0);
+        assert_eq!(counters(&h), [0, 0, 0, 0, 3]);
+        // No hook (0, 0): never taken.
+        let mut h = armed();
+        let header = h.ctl().tables;
+        at_hook(&mut h, 0, 0);
+        handle(&mut h, None);
+        assert_eq!((h.ctl().tables, h.ctl().link_changes), (header, 0));
+        assert_eq!(header & !TABLES_HEADER_MASK, 0);
+    }
+
+    /// A header with a generation above it is found as without one.
+    #[test]
+    fn a_header_with_a_generation_is_used() {
+        let mut h = armed();
+        let header = h.ctl().tables;
+        h.ctl_mut().tables = header | (0xfffe << TABLES_GEN_SHIFT);
+        handle(&mut h, None);
+        assert_eq!(h.uc_word(RIP), CLONE);
+        assert_eq!(counters(&h), [1, 0, 0, 0, 0]);
     }
 }

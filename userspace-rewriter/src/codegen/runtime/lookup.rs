@@ -6,6 +6,8 @@ use iced_x86::code_asm::{
     CodeAssembler, CodeLabel, eax, ecx, edx, qword_ptr, r8, rax, rcx, rdi, rdx, rsi,
 };
 
+use burstyd_common::burst::TABLES_GEN_SHIFT;
+
 use super::asm::RipRel;
 
 /// What a lookup returns when the original is not in the table.
@@ -20,9 +22,10 @@ pub(super) enum Miss {
 /// A binary search over the sorted `(original, clone)` table whose address
 /// and length (in pairs) are the words at `addr_off`/`len_off` of the
 /// [`TablesHeader`](burstyd_common::burst::TablesHeader) the control-block
-/// word at `tables_field` points to (read once: a header swapped in
-/// meanwhile is used by the next lookup): `rax` = original → `rax` =
-/// clone, or what `miss` says (also without a header). Clobbers rcx, rdx.
+/// word at `tables_field` points to (its low 48 bits; the generation above
+/// them is dropped; read once: a header swapped in meanwhile is used by
+/// the next lookup): `rax` = original → `rax` = clone, or what `miss` says
+/// (also without a header). Clobbers rcx, rdx.
 pub(super) fn lookup(
     a: &mut CodeAssembler,
     entry: &mut CodeLabel,
@@ -44,8 +47,10 @@ pub(super) fn lookup(
     a.xor(ecx, ecx)?; // lo
     a.xor(edx, edx)?; // hi (no header: no pairs)
     a.rip_rm(Code::Mov_r64_rm64, rsi, tables_field)?;
-    a.test(rsi, rsi)?;
+    // Drop the generation (bits 48..64); a header of 0: no tables.
+    a.shl(rsi, 64 - TABLES_GEN_SHIFT)?;
     a.je(none)?;
+    a.shr(rsi, 64 - TABLES_GEN_SHIFT)?;
     a.mov(rdx, qword_ptr(rsi + len_off as i32))?;
     a.mov(rsi, qword_ptr(rsi + addr_off as i32))?;
     a.set_label(&mut lp)?;

@@ -346,8 +346,8 @@ mod tests {
     }
 
     /// What no single-threaded behaviour test sees: every RIP-relative
-    /// operand is a control-block or private-state field, the claim of `active` is one
-    /// `lock cmpxchg`, and `fs:[0]` is read as such, at two placements.
+    /// operand is a control-block or private-state field, the claim of `active` and the
+    /// invalidation of `tables` are each one `lock cmpxchg`, and `fs:[0]` is read as such, at two placements.
     #[test]
     fn memory_operands() {
         let size = size_of::<BurstControl>() as u64;
@@ -374,10 +374,14 @@ mod tests {
                 .iter()
                 .filter(|i| i.mnemonic() == Mnemonic::Cmpxchg)
                 .collect();
-            assert_eq!(cmpxchg.len(), 1);
-            assert!(cmpxchg[0].has_lock_prefix());
-            assert_eq!(cmpxchg[0].code(), Code::Cmpxchg_rm32_r32);
-            assert_eq!(cmpxchg[0].ip_rel_memory_address(), field!(CONTROL, active));
+            // The handler's claim of `active`, and its invalidation of
+            // `tables` at the loader's hook.
+            assert_eq!(cmpxchg.len(), 2);
+            assert!(cmpxchg.iter().all(|i| i.has_lock_prefix()));
+            assert_eq!(cmpxchg[0].code(), Code::Cmpxchg_rm64_r64);
+            assert_eq!(cmpxchg[0].ip_rel_memory_address(), field!(CONTROL, tables));
+            assert_eq!(cmpxchg[1].code(), Code::Cmpxchg_rm32_r32);
+            assert_eq!(cmpxchg[1].ip_rel_memory_address(), field!(CONTROL, active));
             let fs: Vec<&Instruction> = insns
                 .iter()
                 .filter(|i| i.segment_prefix() == Register::FS)
