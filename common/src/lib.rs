@@ -174,8 +174,17 @@ pub mod counter {
     pub const DECLINED_ALTSTACK: u32 = 12;
     /// the task's signal state could not be read.
     pub const DECLINED_UNREADABLE: u32 = 13;
+    /// The loader of a traced process is about to change its link map
+    /// (the uprobe on `_dl_debug_state`): the burst signal was sent, so
+    /// the handler invalidates the lookup tables before the loader goes
+    /// on;
+    pub const LINK_SIGNALLED: u32 = 14;
+    /// or it could not be (the signal is blocked, the handler replaced,
+    /// the thread on its alternate stack): the daemon invalidates them at
+    /// its next drain.
+    pub const LINK_UNSIGNALLED: u32 = 15;
     /// Number of counters.
-    pub const COUNT: u32 = 14;
+    pub const COUNT: u32 = 16;
 }
 
 #[cfg(feature = "user")]

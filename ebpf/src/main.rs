@@ -23,9 +23,9 @@ use aya_ebpf::{
             bpf_get_stack, bpf_probe_read_user, bpf_send_signal_thread, bpf_task_pt_regs,
         },
     },
-    macros::{map, perf_event, tracepoint},
+    macros::{map, perf_event, tracepoint, uprobe},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{PerfEventContext, TracePointContext},
+    programs::{PerfEventContext, ProbeContext, TracePointContext},
 };
 use aya_log_ebpf::warn;
 use burstyd_common::{
@@ -55,6 +55,12 @@ static BURSTS: HashMap<u32, BurstTarget> = HashMap::with_max_entries(1024, 0);
 /// instructions ([`ClonePage`]): a pc elsewhere gets no burst signal.
 #[map]
 static CLONE_PAGES: HashMap<ClonePage, u8> = HashMap::with_max_entries(65536, 0);
+
+/// tgid -> how many times its loader announced a change of its link map
+/// (`dlopen`, `dlclose`) since the daemon began to watch it (and put the
+/// entry here): the daemon checks the maps of a process whose count moved.
+#[map]
+static LINK_CHANGES: HashMap<u32, u64> = HashMap::with_max_entries(1024, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
@@ -170,6 +176,50 @@ fn start_burst(ctx: &PerfEventContext, pid: u32, tid: u32, t: &BurstTarget, layo
     } else {
         bump(counter::BURST_SIGNAL_FAILED);
     }
+}
+
+/// A uprobe on the dynamic loader's `_dl_debug_state` in each process
+/// traced in bursts (the daemon attaches it per process): the loader calls
+/// it before it maps or unmaps a library and again once its link map is
+/// consistent. The lookup tables of the clones must not outlive a
+/// library: another one could be mapped at its addresses. So the burst
+/// signal goes to this very thread, whose handler finds it just back from
+/// the hook and invalidates the tables before the loader goes on (see
+/// `BurstControl::hook`); the daemon, seeing the count move, checks the
+/// maps and puts the tables back. The signal is sent only where the
+/// program cannot tell (as in [`start_burst`]); where it cannot be, the
+/// daemon invalidates the tables itself at its next drain.
+#[uprobe]
+pub fn on_link_change(ctx: ProbeContext) -> u32 {
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // Watched processes have an entry (the daemon puts it there).
+    let Some(n) = LINK_CHANGES.get_ptr_mut(&pid) else {
+        return 0;
+    };
+    // SAFETY: the map's value. Two threads of the process racing here
+    // may count one change: the daemon only needs the value to move.
+    unsafe { *n += 1 };
+    // SAFETY: a lookup; the value is copied.
+    let Some(t) = (unsafe { BURSTS.get(&pid) }).copied() else {
+        // Not armed (yet): no handler may be there to take the signal.
+        bump(counter::LINK_UNSIGNALLED);
+        return 0;
+    };
+    let config = CONFIG.get(0).copied().unwrap_or_default();
+    let regs = ctx.as_ptr() as *const pt_regs;
+    // SAFETY: a uprobe's context is the user registers.
+    let rsp = unsafe { (*regs).rsp };
+    if signal_state_allows(&t, &config.task, rsp).is_err() {
+        bump(counter::LINK_UNSIGNALLED);
+        return 0;
+    }
+    // SAFETY: plain helper call.
+    if unsafe { bpf_send_signal_thread(t.signal) } == 0 {
+        bump(counter::LINK_SIGNALLED);
+    } else {
+        bump(counter::LINK_UNSIGNALLED);
+    }
+    0
 }
 
 /// The current task's parent process id (0 if the layout is unknown).

@@ -74,6 +74,13 @@ pub(crate) struct Attachment {
     /// Pages (address >> `CLONE_PAGE_SHIFT`) of original code with a
     /// rewritten instruction: the eBPF program signals only there.
     pages: Vec<u64>,
+    /// The lookup tables' header last written into the target (in use
+    /// or not, see [`super::linkmap`]).
+    base: u64,
+    /// The process's count of link-map changes last seen, and whether
+    /// the tables must be checked against the maps (again).
+    link_seen: u64,
+    relink_due: bool,
 }
 
 /// What an attach produced: the attachment, and what the tracer keeps of
@@ -103,6 +110,8 @@ pub(crate) struct ModuleFacts {
     pub(crate) bias: u64,
     /// `[lo, hi)` of its mappings.
     pub(crate) range: (u64, u64),
+    /// The inode of its file.
+    pub(crate) ino: u64,
     /// Its functions' `fid`s are `fid_base + index in plan`.
     pub(crate) fid_base: u32,
     /// What `edges.fdata` needs from the file and the analysis.
@@ -163,6 +172,9 @@ impl Generated {
             code: self.code,
             fid_base: self.facts.fid_base.into(),
             bias: self.facts.bias,
+            lo: self.facts.range.0,
+            hi: self.facts.range.1,
+            ino: self.facts.ino,
         }
     }
 }
@@ -279,6 +291,7 @@ fn generate_at(
             plan: a.plan,
             bias: a.module.bias,
             range: a.module.range,
+            ino: a.module.ino,
             fid_base: a.fid_base,
             fdata,
             debug_file: (!a.module.is_exe)
@@ -319,6 +332,7 @@ impl Injected {
             old_action,
         } = self;
         let baseline = region.target_counters();
+        let base = control_tables_base(&region);
         let exe_range = modules[0].facts.range;
         let Extension {
             modules: facts,
@@ -347,6 +361,9 @@ impl Injected {
                 last_progress: (0, 0),
                 idle_since: None,
                 pages,
+                base,
+                link_seen: 0,
+                relink_due: true,
             },
             exe,
             modules: facts,
@@ -717,6 +734,7 @@ pub(crate) fn attach(
         cb.ring_mask = ring_words - 1;
         cb.ring_addr = ring_at;
         cb.tables = tables_at;
+        cb.tables_base = tables_at;
         cb.clone_lo = gens[0].img.code_range.0;
         cb.clone_hi = gens[0].img.code_range.1;
         cb.handler = gens[0].img.handler;
@@ -1134,6 +1152,16 @@ impl Extension {
     }
 }
 
+/// The header the daemon last wrote, as the control block records it (an
+/// earlier attach's, for a re-arm).
+fn control_tables_base(region: &SharedRegion) -> u64 {
+    let cb = region.control();
+    match cb.tables_base {
+        0 => cb.tables & burstyd_common::burst::TABLES_HEADER_MASK,
+        b => b,
+    }
+}
+
 /// Protections and flags of the clone code and table mappings.
 const RX: i32 = libc::PROT_READ | libc::PROT_EXEC;
 const CODE_FLAGS: i32 = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
@@ -1311,13 +1339,60 @@ impl Attachment {
         &self.pages
     }
 
-    /// Puts libraries' clones in use (see [`Extension::activate`]): their
-    /// entries into the module directory (a re-attach reads it), then one
-    /// store of the merged tables' header — from then on bursts go into
-    /// the libraries.
-    pub(crate) fn activate(&self, tables: u64, entries: Vec<ModuleEntry>) {
+    /// Readies libraries' clones for use (see [`Extension::activate`]):
+    /// their entries into the module directory (a re-attach reads it),
+    /// the merged tables' header as the base that the next
+    /// [`Self::relink`] checks against the maps and puts in use — from
+    /// then on bursts go into the libraries.
+    pub(crate) fn activate(&mut self, tables: u64, entries: Vec<ModuleEntry>) {
         self.region.add_modules(entries);
-        self.region.set_tables(tables);
+        self.base = tables;
+        self.region.control_mut().tables_base = tables;
+        // In use at the next `relink`, once checked against the maps.
+        self.relink_due = true;
+    }
+
+    /// The loader's link-map hook (`_dl_debug_state`, and the loader's
+    /// code around it), for the handler (see `BurstControl::hook`).
+    pub(crate) fn set_hook(&mut self, hook: u64, lo: u64, hi: u64) {
+        let cb = self.region.control_mut();
+        (cb.hook_lo, cb.hook_hi, cb.hook) = (lo, hi, hook);
+    }
+
+    /// The eBPF count of the process's link-map changes (`None`: not
+    /// watched) moved, or the last [`Self::relink`] did not finish:
+    /// whether to relink now.
+    pub(crate) fn relink_due(&mut self, changes: Option<u64>) -> bool {
+        if let Some(c) = changes
+            && c != self.link_seen
+        {
+            self.link_seen = c;
+            self.relink_due = true;
+        }
+        self.relink_due
+    }
+
+    /// Checks the lookup tables against the maps and puts them in use
+    /// ([`super::linkmap::relink`]); returns the `[lo, hi)` of each
+    /// library found unloaded, whose pages it drops. A failure (the
+    /// process gone, its memory unreadable) leaves the tables invalid.
+    pub(crate) fn relink(&mut self) -> Vec<(u64, u64)> {
+        match super::linkmap::relink(self.pid, &self.region, self.base) {
+            Ok(r) => {
+                self.relink_due = !r.installed;
+                let gone: Vec<(u64, u64)> =
+                    r.unloaded.iter().map(|&(_, lo, hi)| (lo, hi)).collect();
+                self.pages.retain(|&p| {
+                    let a = p << CLONE_PAGE_SHIFT;
+                    !gone.iter().any(|&(lo, hi)| a >= lo & !0xfff && a < hi)
+                });
+                gone
+            }
+            Err(e) => {
+                debug!(pid = %self.pid, "relinking the lookup tables: {e:#}");
+                Vec::new()
+            }
+        }
     }
 
     /// More such pages (libraries added).

@@ -34,6 +34,7 @@ pub(crate) mod counts;
 pub(crate) mod coverage;
 pub(crate) mod decode;
 pub(crate) mod lifecycle;
+pub(crate) mod linkmap;
 pub(crate) mod modules;
 mod parallel;
 pub(crate) mod ring;
@@ -180,6 +181,8 @@ pub(crate) struct BurstTracer {
     functions_skipped: usize,
     records: u64,
     reaped: u64,
+    /// The handler knows the loader's link-map hook.
+    hooked: bool,
 }
 
 /// A tracer after detach: what the profiles are made of.
@@ -228,6 +231,7 @@ impl BurstTracer {
             functions_skipped,
             records: 0,
             reaped: 0,
+            hooked: false,
             traced: Traced {
                 pid,
                 exe,
@@ -280,6 +284,54 @@ impl BurstTracer {
 
     pub(crate) fn pid(&self) -> Pid {
         self.traced.pid
+    }
+
+    /// Once the dynamic loader is among the modules with clones: tells
+    /// the handler where its link-map hook (`_dl_debug_state`) is, and
+    /// returns the loader's path for the uprobe that watches it (`None`
+    /// before, after, or without a loader).
+    pub(crate) fn link_hook(&mut self) -> Option<PathBuf> {
+        if self.hooked {
+            return None;
+        }
+        let (path, hook) = self.traced.modules.iter().find_map(|m| {
+            let f = m
+                .plan
+                .functions
+                .iter()
+                .find(|f| f.name == "_dl_debug_state")?;
+            Some((m.path.clone(), f.start.wrapping_add(m.bias)))
+        })?;
+        // The loader's executable mapping around it: the handler reads the
+        // bytes before a pc there.
+        let maps = userspace_rewriter::inject::maps(self.traced.pid).ok()?;
+        let text = maps
+            .iter()
+            .find(|m| m.is_exec() && (m.start..m.end).contains(&hook))?;
+        self.attachment.set_hook(hook, text.start, text.end);
+        self.hooked = true;
+        Some(PathBuf::from(path))
+    }
+
+    /// Checks the lookup tables against the maps and puts them in use,
+    /// if the loader's count of link-map changes moved (`changes`) or a
+    /// check is due; returns the `[lo, hi)` of each library found
+    /// unloaded (its clones are never entered again).
+    pub(crate) fn relink(&mut self, changes: Option<u64>) -> Vec<(u64, u64)> {
+        if !self.attachment.relink_due(changes) {
+            return Vec::new();
+        }
+        let gone = self.attachment.relink();
+        for &(lo, _) in &gone {
+            if let Some(m) = self.traced.modules.iter().find(|m| m.range.0 == lo) {
+                tracing::info!(
+                    pid = %self.traced.pid,
+                    "{} was unloaded: its clones are no longer entered",
+                    m.name()
+                );
+            }
+        }
+        gone
     }
 
     /// The clones, for the unwinder.
@@ -565,6 +617,22 @@ impl Bursts {
             let r = running(t.pid());
             t.drain(r);
         }
+    }
+
+    /// Relinks each tracer that needs it ([`BurstTracer::relink`]);
+    /// `changes(pid)` is its loader's count of link-map changes. Returns
+    /// the ranges of the libraries found unloaded, per process.
+    pub(crate) fn relink(
+        &mut self,
+        mut changes: impl FnMut(Pid) -> Option<u64>,
+    ) -> Vec<(Pid, Vec<(u64, u64)>)> {
+        self.tracers
+            .iter_mut()
+            .filter_map(|t| {
+                let gone = t.relink(changes(t.pid()));
+                (!gone.is_empty()).then(|| (t.pid(), gone))
+            })
+            .collect()
     }
 
     /// The tracers, for detaching (the set is empty afterwards).

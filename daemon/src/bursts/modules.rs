@@ -30,6 +30,8 @@ pub(crate) struct Module {
     pub(crate) bias: u64,
     /// The main executable (`/proc/PID/exe`).
     pub(crate) is_exe: bool,
+    /// The inode of its file (its mapping at the lowest offset).
+    pub(crate) ino: u64,
 }
 
 /// The executable (first) and, with `libraries`, the shared libraries
@@ -120,6 +122,7 @@ fn module_at(
         range: (lo, hi),
         bias,
         is_exe,
+        ino: first.inode,
     }))
 }
 

@@ -69,11 +69,28 @@ impl SharedRegion {
         self.active_word().store(0, Ordering::SeqCst);
     }
 
-    /// Points the runtime at new lookup tables (a `TablesHeader`) with one
-    /// atomic store, while the program runs.
-    pub(crate) fn set_tables(&self, header: u64) {
+    /// The `tables` word: the lookup tables' header and its generation
+    /// (see [`super::linkmap`]), which the target's handler changes too.
+    pub(crate) fn tables_word(&self) -> &AtomicU64 {
         self.word(offset_of!(BurstControl, tables))
-            .store(header, Ordering::SeqCst);
+    }
+
+    /// The module directory as it is now.
+    pub(crate) fn modules(&self) -> Vec<ModuleEntry> {
+        let n = (self
+            .word(offset_of!(BurstControl, n_modules))
+            .load(Ordering::Acquire) as usize)
+            .min(MAX_MODULES);
+        self.control().modules[..n].to_vec()
+    }
+
+    /// Marks module `i` of the directory unloaded (`id` 0: a re-attach
+    /// never re-arms it).
+    pub(crate) fn forget_module(&self, i: usize) {
+        let at = offset_of!(BurstControl, modules)
+            + i * std::mem::size_of::<ModuleEntry>()
+            + offset_of!(ModuleEntry, id);
+        self.word(at).store(0, Ordering::Release);
     }
 
     /// Appends modules to the control block's module directory (those
@@ -87,7 +104,9 @@ impl SharedRegion {
                 break;
             }
             let at = offset_of!(BurstControl, modules) + n * std::mem::size_of::<ModuleEntry>();
-            for (i, w) in [e.id, e.code, e.fid_base, e.bias].into_iter().enumerate() {
+            let words = [e.id, e.code, e.fid_base, e.bias, e.lo, e.hi, e.ino];
+            const _: () = assert!(std::mem::size_of::<ModuleEntry>() == 7 * 8);
+            for (i, w) in words.into_iter().enumerate() {
                 self.word(at + 8 * i).store(w, Ordering::Relaxed);
             }
             n += 1;

@@ -9,8 +9,9 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        PerfEvent, TracePoint,
+        PerfEvent, TracePoint, UProbe,
         perf_event::{PerfEventScope, SamplePolicy},
+        uprobe::{UProbeLinkId, UProbeScope},
     },
 };
 use burstyd_common::addr::Pid;
@@ -69,6 +70,11 @@ pub(crate) struct KernelCounters {
     pub(crate) burst_signal_failed: u64,
     /// Burst signals not sent, by reason (see `counter::DECLINED_*`).
     pub(crate) declined: Declined,
+    /// Link-map changes announced by traced processes' loaders: the
+    /// handler was signalled to invalidate the tables / it was not (the
+    /// daemon did at its next drain).
+    pub(crate) link_signalled: u64,
+    pub(crate) link_unsignalled: u64,
 }
 
 /// Overflows in traced processes that sent no burst signal because the
@@ -117,6 +123,8 @@ pub(crate) struct Sampler {
     cpus: usize,
     /// The `CLONE_PAGES` keys of each armed process, to take them out.
     clone_pages: std::collections::HashMap<Pid, Vec<u64>>,
+    /// The uprobe on each watched process's `_dl_debug_state`.
+    link_probes: std::collections::HashMap<Pid, UProbeLinkId>,
 }
 
 impl Sampler {
@@ -189,6 +197,7 @@ impl Sampler {
             _logger: logger,
             cpus: 0,
             clone_pages: Default::default(),
+            link_probes: Default::default(),
         };
         if let Some(pids) = &opts.targets {
             for &pid in pids {
@@ -382,6 +391,8 @@ impl Sampler {
             burst_signals: get(counter::BURST_SIGNALS),
             burst_busy: get(counter::BURST_BUSY),
             burst_signal_failed: get(counter::BURST_SIGNAL_FAILED),
+            link_signalled: get(counter::LINK_SIGNALLED),
+            link_unsignalled: get(counter::LINK_UNSIGNALLED),
             declined: Declined {
                 in_kernel: get(counter::DECLINED_IN_KERNEL),
                 no_clone: get(counter::DECLINED_NO_CLONE),
@@ -405,6 +416,7 @@ impl Sampler {
         let map_err = |name| move |source| SamplerError::Map { name, source };
         let Some((t, pages)) = target else {
             let r = self.remove_pid::<BurstTarget>("BURSTS", pid);
+            self.unwatch_link_map(pid);
             for page in self.clone_pages.remove(&pid).unwrap_or_default() {
                 let _ = self.clone_page_map()?.remove(&ClonePage {
                     pid: pid.0,
@@ -439,6 +451,98 @@ impl Sampler {
         self.pid_map::<BurstTarget>("BURSTS")?
             .insert(pid.0, t, 0)
             .map_err(map_err("BURSTS"))
+    }
+
+    /// Watches `pid`'s dynamic loader (`loader`, its path in the maps)
+    /// for changes of its link map: a uprobe on its `_dl_debug_state`
+    /// (`on_link_change`), for this process only, counting into
+    /// `LINK_CHANGES`. Idempotent.
+    pub(crate) fn watch_link_map(
+        &mut self,
+        pid: Pid,
+        loader: &std::path::Path,
+    ) -> Result<(), SamplerError> {
+        if self.link_probes.contains_key(&pid) {
+            return Ok(());
+        }
+        let Some(scope) = std::num::NonZeroU32::new(pid.0).map(UProbeScope::OneProcess) else {
+            return Ok(());
+        };
+        self.pid_map::<u64>("LINK_CHANGES")?
+            .insert(pid.0, 0, 0)
+            .map_err(|source| SamplerError::Map {
+                name: "LINK_CHANGES",
+                source,
+            })?;
+        let name = "on_link_change";
+        let program = |source| SamplerError::Program { name, source };
+        let prog: &mut UProbe = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(SamplerError::MissingMap(name))?
+            .try_into()
+            .map_err(program)?;
+        if prog.fd().is_err() {
+            prog.load().map_err(program)?;
+        }
+        // Through the process's root: the file it mapped, also in another
+        // mount namespace.
+        let path = std::path::PathBuf::from(format!("/proc/{pid}/root{}", loader.display()));
+        let link = prog
+            .attach("_dl_debug_state", &path, scope)
+            .map_err(program)?;
+        self.link_probes.insert(pid, link);
+        Ok(())
+    }
+
+    /// How many link-map changes `pid`'s loader announced since it was
+    /// watched (`None`: not watched).
+    pub(crate) fn link_changes(&mut self, pid: Pid) -> Option<u64> {
+        if !self.link_probes.contains_key(&pid) {
+            return None;
+        }
+        self.pid_map::<u64>("LINK_CHANGES")
+            .ok()?
+            .get(&pid.0, 0)
+            .ok()
+    }
+
+    fn unwatch_link_map(&mut self, pid: Pid) {
+        let Some(link) = self.link_probes.remove(&pid) else {
+            return;
+        };
+        if let Some(prog) = self
+            .ebpf
+            .program_mut("on_link_change")
+            .and_then(|p| <&mut UProbe>::try_from(p).ok())
+        {
+            let _ = prog.detach(link);
+        }
+        let _ = self.remove_pid::<u64>("LINK_CHANGES", pid);
+    }
+
+    /// Takes the pages in `ranges` out of `pid`'s `CLONE_PAGES` (an
+    /// unloaded library's).
+    pub(crate) fn remove_pages(&mut self, pid: Pid, ranges: &[(u64, u64)]) {
+        let Some(mut pages) = self.clone_pages.remove(&pid) else {
+            return;
+        };
+        let inside = |p: u64| {
+            let a = p << burstyd_common::burst::CLONE_PAGE_SHIFT;
+            ranges.iter().any(|&(lo, hi)| a >= (lo & !0xfff) && a < hi)
+        };
+        let gone: Vec<u64> = pages.iter().copied().filter(|&p| inside(p)).collect();
+        pages.retain(|&p| !inside(p));
+        if let Ok(mut map) = self.clone_page_map() {
+            for page in gone {
+                let _ = map.remove(&ClonePage {
+                    pid: pid.0,
+                    _pad: 0,
+                    page,
+                });
+            }
+        }
+        self.clone_pages.insert(pid, pages);
     }
 
     fn clone_page_map(

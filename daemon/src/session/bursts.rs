@@ -10,8 +10,22 @@ use super::{Session, ticker};
 use crate::bursts::coverage::HotCoverage;
 use crate::bursts::{Attach, BurstTracer, Finished};
 use crate::export::pprof::encode_gzip;
-use crate::sampling::sampler::KernelCounters;
+use crate::sampling::sampler::{KernelCounters, Sampler};
 use crate::service::metrics::METRICS;
+
+/// Before `t`'s tables are put in use: once its loader has clones, the
+/// uprobe that reports the loader's link-map changes, then the tables
+/// checked against the maps (see `bursts::linkmap`).
+fn link(sampler: &mut Sampler, t: &mut BurstTracer) {
+    let pid = t.pid();
+    if let Some(loader) = t.link_hook()
+        && let Err(e) = sampler.watch_link_map(pid, &loader)
+    {
+        warn!(%pid, "cannot watch the dynamic loader for dlopen/dlclose ({}): {e}", loader.display());
+    }
+    let gone = t.relink(sampler.link_changes(pid));
+    sampler.remove_pages(pid, &gone);
+}
 
 impl Session {
     /// Every 50 ms (5 ms in `--full-trace`): the burst records.
@@ -19,6 +33,10 @@ impl Session {
         let pipe = &mut self.pipe;
         self.bursts
             .drain(|pid| pipe.in_clones.remove(&pid).is_some_and(|n| n > 0));
+        let sampler = &mut self.sampler;
+        for (pid, gone) in self.bursts.relink(|pid| sampler.link_changes(pid)) {
+            sampler.remove_pages(pid, &gone);
+        }
     }
 
     /// An attach finished: arm the eBPF side for the process, let the
@@ -29,7 +47,7 @@ impl Session {
             Attach::Tracer { pid, tracer, armed } => (pid, tracer, armed),
             Attach::Libraries { pid, libraries } => return self.on_libraries(pid, libraries, true),
         };
-        let t = match tracer {
+        let mut t = match tracer {
             Ok(t) => t,
             Err(e) => {
                 warn!(%pid, "bursty tracing disabled for this process (it is sampled only): {e:#}");
@@ -37,6 +55,7 @@ impl Session {
                 return;
             }
         };
+        link(&mut self.sampler, &mut t);
         // Also with --burst 0: every overflow still reaches the handler,
         // which returns to the original code at once (what being attached
         // costs without bursts).
@@ -78,6 +97,7 @@ impl Session {
             return;
         };
         t.extend(ext, arm);
+        link(&mut self.sampler, t);
         let (target, frames) = (t.target(), t.clone_frames());
         if arm
             && let Err(e) = self
@@ -225,7 +245,7 @@ impl Session {
                 .join(", ");
             info!(
                 %pid,
-                "bursts: {} taken, {} truncated, {} declined by the handler (busy {}, PC not rewritten {}, budget 0 {}), {} reaped; {} signals sent, {} overflows during a burst, signals not sent: {declined}; functions rewritten {}, skipped {}; {} complete paths recorded (and {} partial ones left out), records lost: {}, bad records: {}",
+                "bursts: {} taken, {} truncated, {} declined by the handler (busy {}, PC not rewritten {}, budget 0 {}), {} reaped; {} signals sent, {} overflows during a burst, signals not sent: {declined}; link-map changes {} signalled, {} not; functions rewritten {}, skipped {}; {} complete paths recorded (and {} partial ones left out), records lost: {}, bad records: {}",
                 stats.bursts,
                 stats.bursts_truncated,
                 stats.declined_busy + stats.declined_pc + stats.declined_budget,
@@ -235,6 +255,8 @@ impl Session {
                 stats.reaped,
                 counters.burst_signals,
                 counters.burst_busy,
+                counters.link_signalled,
+                counters.link_unsignalled,
                 stats.functions_rewritten,
                 stats.functions_skipped,
                 stats.paths,

@@ -194,7 +194,8 @@ fn link_hook(a: &mut CodeAssembler, control: u64) -> Result<(), IcedError> {
     a.lock()
         .rip_mr(Code::Cmpxchg_rm64_r64, field!(control, tables), rcx)?;
     a.jne(retry)?;
-    a.lock().rip_m(Code::Inc_rm64, field!(control, link_changes))?;
+    a.lock()
+        .rip_m(Code::Inc_rm64, field!(control, link_changes))?;
     a.ret()?;
     a.set_label(&mut not_hook)?;
     Ok(())

@@ -30,7 +30,10 @@ const RET_TABLE: usize = FN_TABLE + TABLE_PAIRS * 16;
 /// The `TablesHeader`, in the control page after the `BurstControl`.
 const HEADER: usize = 4032;
 const _: () = assert!(core::mem::size_of::<BurstControl>() <= HEADER);
-const _: () = assert!(HEADER + core::mem::size_of::<burstyd_common::burst::TablesHeader>() <= burstyd_common::burst::LOCAL_OFFSET);
+const _: () = assert!(
+    HEADER + core::mem::size_of::<burstyd_common::burst::TablesHeader>()
+        <= burstyd_common::burst::LOCAL_OFFSET
+);
 const UCONTEXT: usize = RET_TABLE + TABLE_PAIRS * 16;
 const STACK: usize = UCONTEXT + PAGE;
 const STACK_END: usize = STACK + 64 * 1024;
