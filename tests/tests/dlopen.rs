@@ -1,16 +1,12 @@
 //! Libraries loaded and unloaded while a process is traced in bursts
-//! (`dlopen`, `dlclose`): the clones of a library that was unloaded are
-//! never entered again, even when another library is mapped at its
-//! addresses.
-use std::path::Path;
+//! (`dlopen`, `dlclose`): a library loaded after the attach is cloned and
+//! traced, and the clones of a library that was unloaded are never
+//! entered again, even when another library is mapped at its addresses.
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use burstyd_tests::*;
-
-/// Iterations of `work` per call, and rounds of dlopen/dlclose.
-const N: &str = "40000000";
-const ROUNDS: &str = "16";
 
 /// libdlswap_a.so (K = 3) and libdlswap_b.so (K = 5) in `dir`.
 fn build_libraries(dir: &Path) {
@@ -34,36 +30,37 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
-/// `tests/fixtures/dlswap.c` opens libdlswap_a.so and runs its `work`
-/// until burstyd (`--pid`) has cloned the library, then closes it and
-/// opens libdlswap_b.so and libdlswap_a.so in turn, 16 times, each mapped
-/// where the other was (checked): the same instructions but for one
-/// constant. A clone of libdlswap_a entered while libdlswap_b runs would
-/// compute with the wrong constant. The program must print what it prints
-/// untraced; burstyd must report the library unloaded and the loader's
-/// link-map changes signalled to the handler.
-#[test]
-fn a_library_unloaded_mid_run_is_never_entered_again() {
-    require_root();
-    let _s = serial();
+/// One traced run of `tests/fixtures/dlswap.c` and what it left.
+struct Swapped {
+    /// The program's stdout and stderr, and what it printed untraced.
+    stdout: String,
+    stderr: String,
+    untraced: String,
+    /// burstyd's log and output directory.
+    log: String,
+    out_dir: PathBuf,
+}
+
+/// `dlswap` with `n` and `rounds`, untraced, then under `burstyd --pid`
+/// (2000 Hz): it runs libdlswap_a.so's `work` until burstyd has cloned
+/// that library, then opens libdlswap_b.so and libdlswap_a.so in turn,
+/// `rounds` times, closing each before opening the next. Asserts that
+/// both ended well and that the libraries shared one address.
+fn swap(name: &str, n: &str, rounds: &str) -> (Swapped, Scratch) {
     let exe = fixture("dlswap");
-    let scratch = Scratch::new("dlswap");
+    let scratch = Scratch::new(name);
     let dir = scratch.join("libs");
     std::fs::create_dir_all(&dir).unwrap();
     build_libraries(&dir);
-    let dir_s = dir.to_str().unwrap();
-
+    let prog = |go: &Path| -> Vec<String> {
+        [exe.as_path(), &dir, go]
+            .iter()
+            .map(|p| p.to_str().unwrap().to_owned())
+            .chain([n.to_owned(), rounds.to_owned()])
+            .collect()
+    };
     let go_untraced = scratch.join("go-untraced");
     std::fs::write(&go_untraced, "").unwrap();
-    let prog = |go: &Path| {
-        vec![
-            exe.to_str().unwrap().to_owned(),
-            dir_s.to_owned(),
-            go.to_str().unwrap().to_owned(),
-            N.to_owned(),
-            ROUNDS.to_owned(),
-        ]
-    };
     let p = prog(&go_untraced);
     let untraced = run_untraced(
         &p.iter().map(String::as_str).collect::<Vec<_>>(),
@@ -95,7 +92,7 @@ fn a_library_unloaded_mid_run_is_never_entered_again() {
     let deadline = Instant::now() + Duration::from_secs(120);
     while !read(&log_path)
         .lines()
-        .any(|l| l.contains("librar") && l.contains("libdlswap_a.so") && l.contains("rewritten"))
+        .any(|l| l.contains("libdlswap_a.so") && l.contains("rewritten"))
     {
         assert!(
             Instant::now() < deadline && daemon.try_wait().unwrap().is_none(),
@@ -117,20 +114,27 @@ fn a_library_unloaded_mid_run_is_never_entered_again() {
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    let log = read(&log_path);
-    let (stdout, stderr) = (read(&out_path), read(&err_path));
+    let s = Swapped {
+        stdout: read(&out_path),
+        stderr: read(&err_path),
+        untraced: untraced.stdout_str(),
+        log: read(&log_path),
+        out_dir,
+    };
     assert!(
         status.success(),
-        "dlswap failed: {status}\n{stderr}\nburstyd:\n{}",
-        tail(&log, 30)
+        "dlswap failed: {status}\n{}\nburstyd:\n{}",
+        s.stderr,
+        tail(&s.log, 30)
     );
     assert!(
         dstatus.success(),
         "burstyd failed: {dstatus}\n{}",
-        tail(&log, 30)
+        tail(&s.log, 30)
     );
     // Each library was mapped where the other had been.
-    let bases: std::collections::BTreeSet<&str> = stderr
+    let bases: std::collections::BTreeSet<&str> = s
+        .stderr
         .lines()
         .filter_map(|l| l.strip_prefix("base "))
         .filter_map(|l| l.split_whitespace().nth(1))
@@ -138,20 +142,73 @@ fn a_library_unloaded_mid_run_is_never_entered_again() {
     assert_eq!(
         bases.len(),
         1,
-        "the libraries did not share an address:\n{stderr}"
+        "the libraries did not share an address:\n{}",
+        s.stderr
     );
     assert_eq!(
-        stdout,
-        untraced.stdout_str(),
+        s.stdout,
+        s.untraced,
         "output differs\nburstyd:\n{}",
-        tail(&log, 30)
+        tail(&s.log, 30)
     );
+    (s, scratch)
+}
+
+/// A library opened after the attach (libdlswap_b.so, once
+/// libdlswap_a.so was cloned and closed) is cloned in its turn: its
+/// `work` has paths in `paths.pb.gz` and it gets its own BOLT profile.
+#[test]
+fn a_library_opened_after_attach_is_traced() {
+    require_root();
+    let _s = serial();
+    let (s, _scratch) = swap("dlopen-late", "400000000", "1");
     assert!(
-        log.contains("libdlswap_a.so was unloaded: its clones are no longer entered"),
+        s.log
+            .lines()
+            .any(|l| l.contains("(libdlswap_b.so) loaded since the attach rewritten")),
         "{}",
-        tail(&log, 30)
+        tail(&s.log, 30)
     );
-    let line = bursts_line(&log);
+    let p = burstyd_tests::pprof::read_profile(&s.out_dir.join("paths.pb.gz"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let in_b: i64 = p
+        .samples
+        .iter()
+        .filter(|x| x.frames[0].mapping_file.ends_with("libdlswap_b.so"))
+        .map(|x| x.values[0])
+        .sum();
+    assert!(
+        in_b > 1000,
+        "{in_b} path executions in libdlswap_b.so\n{}",
+        tail(&s.log, 30)
+    );
+    let fdata = read(&s.out_dir.join("edges-libdlswap_b.so.fdata"));
+    assert!(
+        fdata.lines().any(|l| l.contains(" work ")),
+        "no edges of work in edges-libdlswap_b.so.fdata:\n{fdata}"
+    );
+}
+
+/// `tests/fixtures/dlswap.c` opens libdlswap_a.so and runs its `work`
+/// until burstyd (`--pid`) has cloned the library, then closes it and
+/// opens libdlswap_b.so and libdlswap_a.so in turn, 16 times, each mapped
+/// where the other was (checked): the same instructions but for one
+/// constant. A clone of libdlswap_a entered while libdlswap_b runs would
+/// compute with the wrong constant. The program must print what it prints
+/// untraced; burstyd must report the library unloaded and the loader's
+/// link-map changes signalled to the handler.
+#[test]
+fn a_library_unloaded_mid_run_is_never_entered_again() {
+    require_root();
+    let _s = serial();
+    let (s, _scratch) = swap("dlswap", "40000000", "16");
+    assert!(
+        s.log
+            .contains("libdlswap_a.so was unloaded: its clones are no longer entered"),
+        "{}",
+        tail(&s.log, 30)
+    );
+    let line = bursts_line(&s.log);
     // Each dlopen and dlclose calls the hook twice (before and after).
     assert!(stat(&line, "signalled") >= 2 * 16, "{line}");
     assert!(stat(&line, "taken") > 0, "{line}");

@@ -81,6 +81,9 @@ pub(crate) struct Attachment {
     /// the tables must be checked against the maps (again).
     link_seen: u64,
     relink_due: bool,
+    /// Modules found unloaded so far: tables built from the target's
+    /// before one of them was masked are stale.
+    forgets: u64,
 }
 
 /// What an attach produced: the attachment, and what the tracer keeps of
@@ -364,6 +367,7 @@ impl Injected {
                 base,
                 link_seen: 0,
                 relink_due: true,
+                forgets: 0,
             },
             exe,
             modules: facts,
@@ -449,7 +453,8 @@ pub(crate) fn attach(
     // The executable now; its libraries in a second step
     // ([`add_libraries`]), so that a short program is traced from early on.
     // Each module on a thread of its own (held, the libraries too).
-    let mapped = modules::mapped_modules(pid, &maps, exe_path, data, held && opts.libraries)?;
+    let mut mapped = modules::mapped_modules(pid, &maps, exe_path, data, held && opts.libraries)?;
+    cap_modules(pid, &mut mapped, 0);
     let names: Vec<(bool, String)> = mapped.iter().map(|m| (m.is_exe, m.path.clone())).collect();
     for ((is_exe, path), result) in names.into_iter().zip(super::parallel::map(mapped, analyse)) {
         match result {
@@ -982,7 +987,8 @@ pub(crate) fn add_libraries(
     let cancelled = || cancel.load(Ordering::Relaxed);
     let t0 = std::time::Instant::now();
     let maps = inject::maps(pid)?;
-    let all = modules::mapped_libraries(pid, &maps, &pending.exe_path);
+    let mut all = modules::mapped_libraries(pid, &maps, &pending.exe_path);
+    cap_modules(pid, &mut all, 1);
     if all.is_empty() {
         return Ok(None);
     }
@@ -1160,6 +1166,107 @@ fn control_tables_base(region: &SharedRegion) -> u64 {
         0 => cb.tables & burstyd_common::burst::TABLES_HEADER_MASK,
         b => b,
     }
+}
+
+/// Leaves out the modules beyond what the control block's directory can
+/// record after `before` others (a relink checks only what it records:
+/// an unloaded module it did not record would keep its table entries).
+fn cap_modules(pid: Pid, modules: &mut Vec<Module>, before: usize) {
+    let room = MAX_MODULES.saturating_sub(before);
+    if modules.len() > room {
+        for m in &modules[room..] {
+            warn!(%pid, "{} is not cloned: the module directory is full ({MAX_MODULES} modules)", m.path);
+        }
+        modules.truncate(room);
+    }
+}
+
+/// Libraries mapped after the attach (`dlopen`), to be cloned and added
+/// ([`add_loaded`]).
+#[derive(Debug)]
+pub(crate) struct LoadRequest {
+    pub(crate) pid: Pid,
+    control: u64,
+    exe_path: String,
+    /// The first `fid` they may use.
+    next_fid: u32,
+    /// The tables in the target now, to merge theirs with.
+    base: u64,
+    /// [`Attachment::forgets`] when asked: if it moved by the time the
+    /// clones are ready, the tables merged here are stale.
+    pub(crate) forgets: u64,
+    pub(crate) libraries: Vec<super::linkmap::Loaded>,
+}
+
+/// Clones libraries mapped since the attach (`dlopen`): each is analysed
+/// and generated for a gap near it while the program runs, then a short
+/// ptrace stop maps and writes their clones and the lookup tables of
+/// every module (the target's current ones, masked entries left out, with
+/// theirs), as the first step of an attach does. The session puts them
+/// in use ([`Attachment::activate`]). `None` when none could be cloned.
+pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>> {
+    let pid = req.pid;
+    let t0 = std::time::Instant::now();
+    let maps = inject::maps(pid)?;
+    let mut fid_base = req.next_fid;
+    let mut gens = Vec::new();
+    let mut reserved = Vec::new();
+    for module in modules::mapped_libraries(pid, &maps, &req.exe_path) {
+        if !req
+            .libraries
+            .iter()
+            .any(|l| l.path == module.path && l.lo == module.range.0 && l.ino == module.ino)
+        {
+            continue;
+        }
+        let path = module.path.clone();
+        let mut a = match analyse(module) {
+            Ok(a) => a,
+            Err(e) => {
+                warn!(%pid, "{path} (loaded since the attach) is not cloned: {e:#}");
+                continue;
+            }
+        };
+        let Some(next) = fid_base
+            .checked_add(a.plan.functions.len() as u32)
+            .filter(|&b| b < NO_PATH)
+        else {
+            warn!(%pid, "{path} is not cloned: too many functions to number");
+            continue;
+        };
+        a.fid_base = fid_base;
+        fid_base = next;
+        match generate(pid, a, req.control, None, &mut reserved) {
+            Ok(g) => gens.push(g),
+            Err(e) => warn!(%pid, "{path} (loaded since the attach) is not cloned: {e:#}"),
+        }
+    }
+    if gens.is_empty() {
+        return Ok(None);
+    }
+    let current = super::linkmap::read_tables(pid, req.base)?;
+    let tables = Tables::merge(std::iter::once(&current).chain(gens.iter().map(|g| &g.img.tables)));
+    let tables_len = tables.len_bytes().next_multiple_of(PAGE_SIZE);
+    let prepared_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
+    let stopped = std::time::Instant::now();
+    place_checks(&mut t, &gens, tables_len)?;
+    let (tables_at, _) = place(&mut t, pid, &gens, &tables, tables_len, None)?;
+    t.detach()?;
+    let stopped_ms = stopped.elapsed().as_secs_f64() * 1e3;
+    let entries = gens.iter().map(Generated::entry).collect();
+    let names: Vec<String> = gens.iter().map(|g| g.facts.name().to_owned()).collect();
+    let mut ext = Extension::of(gens);
+    ext.activate = Some((tables_at, entries));
+    info!(
+        %pid,
+        "bursty tracing: {} functions of {} ({}) loaded since the attach rewritten ({} skipped); analysis and generation {prepared_ms:.0} ms, target stopped {stopped_ms:.1} ms",
+        ext.functions_rewritten,
+        if names.len() == 1 { "a library" } else { "libraries" },
+        names.join(", "),
+        ext.functions_skipped,
+    );
+    Ok(Some(ext))
 }
 
 /// Protections and flags of the clone code and table mappings.
@@ -1376,23 +1483,53 @@ impl Attachment {
     /// ([`super::linkmap::relink`]); returns the `[lo, hi)` of each
     /// library found unloaded, whose pages it drops. A failure (the
     /// process gone, its memory unreadable) leaves the tables invalid.
-    pub(crate) fn relink(&mut self) -> Vec<(u64, u64)> {
-        match super::linkmap::relink(self.pid, &self.region, self.base) {
+    pub(crate) fn relink(&mut self, exe_path: &str) -> super::linkmap::Relinked {
+        match super::linkmap::relink(self.pid, &self.region, self.base, exe_path) {
             Ok(r) => {
                 self.relink_due = !r.installed;
-                let gone: Vec<(u64, u64)> =
-                    r.unloaded.iter().map(|&(_, lo, hi)| (lo, hi)).collect();
+                self.forgets += r.unloaded.len() as u64;
                 self.pages.retain(|&p| {
                     let a = p << CLONE_PAGE_SHIFT;
-                    !gone.iter().any(|&(lo, hi)| a >= lo & !0xfff && a < hi)
+                    !r.unloaded
+                        .iter()
+                        .any(|&(_, lo, hi)| a >= lo & !0xfff && a < hi)
                 });
-                gone
+                r
             }
             Err(e) => {
                 debug!(pid = %self.pid, "relinking the lookup tables: {e:#}");
-                Vec::new()
+                super::linkmap::Relinked::default()
             }
         }
+    }
+
+    /// What a request for libraries loaded since needs to know
+    /// ([`LoadRequest`]).
+    pub(crate) fn load_request(
+        &self,
+        exe_path: &str,
+        next_fid: u32,
+        libraries: Vec<super::linkmap::Loaded>,
+    ) -> LoadRequest {
+        LoadRequest {
+            pid: self.pid,
+            control: self.control_addr,
+            exe_path: exe_path.to_owned(),
+            next_fid,
+            base: self.base,
+            forgets: self.forgets,
+            libraries,
+        }
+    }
+
+    /// The next [`Self::relink_due`] says yes.
+    pub(crate) fn relink_soon(&mut self) {
+        self.relink_due = true;
+    }
+
+    /// Modules found unloaded so far.
+    pub(crate) fn forgets(&self) -> u64 {
+        self.forgets
     }
 
     /// More such pages (libraries added).

@@ -51,15 +51,33 @@ pub(crate) struct Relinked {
     /// Directory index and `[lo, hi)` of each module found unloaded (its
     /// entries masked now).
     pub(crate) unloaded: Vec<(usize, u64, u64)>,
+    /// Libraries mapped now that have no clones (loaded with `dlopen`
+    /// since, or not cloned at all): `(path, lowest address, inode)`.
+    pub(crate) uncloned: Vec<Loaded>,
     /// The tables are in use again (false: a change came in meanwhile,
     /// or the maps could not be read; try again).
     pub(crate) installed: bool,
 }
 
+/// A library found in the maps: its path, lowest mapped address and
+/// inode.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Loaded {
+    pub(crate) path: String,
+    pub(crate) lo: u64,
+    pub(crate) ino: u64,
+}
+
 /// Makes the tables at `base` agree with `pid`'s maps and puts them in
 /// use (see the module doc). Modules of the directory whose mapping is
-/// gone are masked in `base` and forgotten in the directory.
-pub(crate) fn relink(pid: Pid, region: &SharedRegion, base: u64) -> anyhow::Result<Relinked> {
+/// gone are masked in `base` and forgotten in the directory. `exe_path`:
+/// the executable's maps path (not a library).
+pub(crate) fn relink(
+    pid: Pid,
+    region: &SharedRegion,
+    base: u64,
+    exe_path: &str,
+) -> anyhow::Result<Relinked> {
     let tables = region.tables_word();
     // Invalidate first: nothing may use tables older than the maps read
     // below.
@@ -87,6 +105,26 @@ pub(crate) fn relink(pid: Pid, region: &SharedRegion, base: u64) -> anyhow::Resu
         region.forget_module(i);
         out.unloaded.push((i, e.lo, e.hi));
     }
+    let live: Vec<ModuleEntry> = region.modules().into_iter().filter(|e| e.id != 0).collect();
+    for path in super::modules::library_paths(&maps, exe_path) {
+        let Some(first) = maps
+            .iter()
+            .filter(|m| m.is_path(path))
+            .min_by_key(|m| m.start)
+        else {
+            continue;
+        };
+        if !live
+            .iter()
+            .any(|e| e.lo == first.start && e.ino == first.inode)
+        {
+            out.uncloned.push(Loaded {
+                path: path.to_owned(),
+                lo: first.start,
+                ino: first.inode,
+            });
+        }
+    }
     out.installed = tables
         .compare_exchange(
             w,
@@ -106,6 +144,41 @@ fn still_mapped(e: &ModuleEntry, maps: &[MapEntry]) -> bool {
         return true;
     }
     maps.iter().any(|m| m.start == e.lo && m.inode == e.ino)
+}
+
+/// The tables whose header is at `header` in `pid`, without the entries
+/// [`mask`] masked (a masked instruction or return maps to 0, a function
+/// to itself; no clone is ever its original).
+pub(crate) fn read_tables(
+    pid: Pid,
+    header: u64,
+) -> anyhow::Result<userspace_rewriter::codegen::Tables> {
+    let mem =
+        std::fs::File::open(format!("/proc/{pid}/mem")).context("opening the target's memory")?;
+    let mut h = [0u8; std::mem::size_of::<TablesHeader>()];
+    mem.read_exact_at(&mut h, header)
+        .context("reading the tables' header")?;
+    let word = |i: usize| u64::from_ne_bytes(h[8 * i..8 * i + 8].try_into().unwrap());
+    let table = |at: u64, len: u64| -> anyhow::Result<Vec<(u64, u64)>> {
+        let mut bytes = vec![0u8; 16 * len as usize];
+        mem.read_exact_at(&mut bytes, at)
+            .context("reading the lookup tables")?;
+        Ok(bytes
+            .chunks_exact(16)
+            .map(|p| {
+                (
+                    u64::from_ne_bytes(p[..8].try_into().unwrap()),
+                    u64::from_ne_bytes(p[8..].try_into().unwrap()),
+                )
+            })
+            .filter(|&(orig, clone)| clone != 0 && clone != orig)
+            .collect())
+    };
+    Ok(userspace_rewriter::codegen::Tables {
+        insns: table(word(0), word(1))?,
+        functions: table(word(2), word(3))?,
+        returns: table(word(4), word(5))?,
+    })
 }
 
 /// Masks, in the tables whose header is at `header` in `pid`, every entry
@@ -225,6 +298,11 @@ mod tests {
             ]
         );
         assert_eq!(rets, vec![0x0fff, 0x9200, 0x1055, 0, 0x10a0, 0x9202]);
+        // Read back, the masked entries are gone.
+        let t = read_tables(pid, header.as_ptr() as u64).unwrap();
+        assert_eq!(t.insns.len(), 4);
+        assert_eq!(t.functions, vec![(0x1000, 0x9100), (0x10c0, 0x9103)]);
+        assert_eq!(t.returns, vec![(0x0fff, 0x9200), (0x10a0, 0x9202)]);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use burstyd_common::addr::Pid;
-use burstyd_common::burst::BurstTarget;
+use burstyd_common::burst::{BurstTarget, MAX_MODULES};
 use tokio::sync::mpsc;
 use tracing::warn;
 use userspace_rewriter::analysis::paths::PathNumbering;
@@ -183,7 +183,22 @@ pub(crate) struct BurstTracer {
     reaped: u64,
     /// The handler knows the loader's link-map hook.
     hooked: bool,
+    /// Clone libraries (not `--exe-only`), also those loaded later.
+    libraries: bool,
+    /// Libraries loaded since the attach that were sent to be cloned (a
+    /// request under way: `loading`), and how often each file was.
+    tried: std::collections::HashSet<linkmap::Loaded>,
+    loading: bool,
+    clonings: std::collections::HashMap<(String, u64), u32>,
+    /// The attach's second step (the libraries mapped then) is still to
+    /// come: libraries found uncloned now are its business.
+    awaiting_libraries: bool,
 }
+
+/// How often one library file may be cloned anew in a process that
+/// unloads and loads it again (each time a ptrace stop, and tables and
+/// clones that stay mapped in the target).
+const MAX_CLONINGS: u32 = 8;
 
 /// A tracer after detach: what the profiles are made of.
 pub(crate) struct Finished {
@@ -232,6 +247,11 @@ impl BurstTracer {
             records: 0,
             reaped: 0,
             hooked: false,
+            libraries: opts.libraries,
+            tried: Default::default(),
+            loading: false,
+            clonings: Default::default(),
+            awaiting_libraries: matches!(pending, Some(lifecycle::Then::Libraries(_))),
             traced: Traced {
                 pid,
                 exe,
@@ -244,6 +264,12 @@ impl BurstTracer {
 
     /// Adds the shared libraries' clones ([`lifecycle::add_libraries`]);
     /// with `activate`, bursts go into them from now on.
+    /// The attach's second step is done (its libraries added or not).
+    pub(crate) fn libraries_added(&mut self) {
+        self.awaiting_libraries = false;
+        self.attachment.relink_soon();
+    }
+
     pub(crate) fn extend(&mut self, ext: lifecycle::Extension, activate: bool) {
         let lifecycle::Extension {
             modules,
@@ -317,12 +343,23 @@ impl BurstTracer {
     /// if the loader's count of link-map changes moved (`changes`) or a
     /// check is due; returns the `[lo, hi)` of each library found
     /// unloaded (its clones are never entered again).
-    pub(crate) fn relink(&mut self, changes: Option<u64>) -> Vec<(u64, u64)> {
+    /// Also returns a request to clone the libraries loaded since (none
+    /// with `--exe-only`, while one is under way, or for a library tried
+    /// before).
+    pub(crate) fn relink(
+        &mut self,
+        changes: Option<u64>,
+    ) -> (Vec<(u64, u64)>, Option<lifecycle::LoadRequest>) {
         if !self.attachment.relink_due(changes) {
-            return Vec::new();
+            return (Vec::new(), None);
         }
-        let gone = self.attachment.relink();
-        for &(lo, _) in &gone {
+        let exe_path = self.traced.exe_module().path.clone();
+        let r = self.attachment.relink(&exe_path);
+        let mut gone = Vec::new();
+        for &(_, lo, hi) in &r.unloaded {
+            gone.push((lo, hi));
+            // Loaded again later, it may be cloned again.
+            self.tried.retain(|l| l.lo != lo);
             if let Some(m) = self.traced.modules.iter().find(|m| m.range.0 == lo) {
                 tracing::info!(
                     pid = %self.traced.pid,
@@ -331,7 +368,71 @@ impl BurstTracer {
                 );
             }
         }
-        gone
+        if !self.libraries || self.loading || self.awaiting_libraries {
+            return (gone, None);
+        }
+        // The module directory records what a relink checks: a module it
+        // cannot hold is never cloned.
+        let mut room = MAX_MODULES.saturating_sub(self.attachment.region().modules().len());
+        let mut new = Vec::new();
+        for l in r.uncloned {
+            if self.tried.contains(&l) {
+                continue;
+            }
+            self.tried.insert(l.clone());
+            let n = self.clonings.entry((l.path.clone(), l.ino)).or_default();
+            if *n >= MAX_CLONINGS || room == 0 {
+                tracing::info!(
+                    pid = %self.traced.pid,
+                    "{} is not cloned: {}",
+                    l.path,
+                    if room == 0 { "the module directory is full" } else { "loaded and unloaded too often" }
+                );
+                continue;
+            }
+            *n += 1;
+            room -= 1;
+            new.push(l);
+        }
+        if new.is_empty() {
+            return (gone, None);
+        }
+        self.loading = true;
+        let next_fid = self
+            .traced
+            .modules
+            .iter()
+            .map(|m| m.fid_base + m.plan.functions.len() as u32)
+            .max()
+            .unwrap_or(0);
+        let req = self.attachment.load_request(&exe_path, next_fid, new);
+        (gone, Some(req))
+    }
+
+    /// The libraries of `req` were cloned (`ext`): added, unless a library
+    /// was unloaded meanwhile (the tables merged for them are stale: they
+    /// are dropped and tried again at the next relink). Returns whether
+    /// they were added; [`Self::relink`] puts their tables in use.
+    pub(crate) fn loaded(
+        &mut self,
+        req: &lifecycle::LoadRequest,
+        ext: Option<lifecycle::Extension>,
+    ) -> bool {
+        self.loading = false;
+        // Relink at the next drain: more may have been loaded meanwhile.
+        self.attachment.relink_soon();
+        let Some(ext) = ext else {
+            return false;
+        };
+        if req.forgets != self.attachment.forgets() {
+            for l in &req.libraries {
+                self.tried.remove(l);
+            }
+            tracing::debug!(pid = %self.traced.pid, "a library was unloaded while others were cloned: trying again");
+            return false;
+        }
+        self.extend(ext, true);
+        true
     }
 
     /// The clones, for the unwinder.
@@ -439,7 +540,13 @@ pub(crate) enum Attach {
     },
     Libraries {
         pid: Pid,
-        libraries: anyhow::Result<lifecycle::Extension>,
+        libraries: anyhow::Result<Option<lifecycle::Extension>>,
+    },
+    /// Libraries loaded since the attach ([`BurstTracer::relink`]'s
+    /// request), cloned.
+    Loaded {
+        request: lifecycle::LoadRequest,
+        libraries: anyhow::Result<Option<lifecycle::Extension>>,
     },
 }
 
@@ -454,6 +561,9 @@ pub(crate) struct Bursts {
     /// Set when the session ends: the attach thread starts no further
     /// attach (the one under way runs to its end and is detached).
     cancel: Arc<AtomicBool>,
+    /// Libraries loaded since an attach, for the attach thread to clone
+    /// (dropped when the session ends: the thread returns).
+    requests: Option<std::sync::mpsc::Sender<lifecycle::LoadRequest>>,
 }
 
 impl Bursts {
@@ -481,11 +591,14 @@ impl Bursts {
             full_trace: opts.is_some_and(|o| o.full_trace),
             attaching: None,
             cancel: Arc::new(AtomicBool::new(false)),
+            requests: None,
         };
         let Some(opts) = opts else {
             return bursts;
         };
         let (tx, rx) = mpsc::unbounded_channel();
+        let (requests, requested) = std::sync::mpsc::channel::<lifecycle::LoadRequest>();
+        bursts.requests = Some(requests);
         let (opts, pids, cancel) = (opts.clone(), pids.to_vec(), bursts.cancel.clone());
         let spawned = std::thread::Builder::new()
             .name("burstyd-attach".into())
@@ -544,19 +657,30 @@ impl Bursts {
                 // tid) has no memory effects.
                 unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
                 for (pid, p) in pending {
+                    // Sent also when there is nothing to add: the session
+                    // then looks for libraries loaded since.
                     let libraries = match lifecycle::add_libraries(pid, p, &cancel) {
-                        Ok(Some(ext)) => Ok(ext),
-                        Ok(None) => {
-                            if cancel.load(Ordering::Relaxed) {
-                                tracing::info!(%pid, "the session ended before its shared libraries were cloned");
-                            }
+                        Ok(None) if cancel.load(Ordering::Relaxed) => {
+                            tracing::info!(%pid, "the session ended before its shared libraries were cloned");
                             continue;
                         }
                         // It exited meanwhile: nothing to say.
                         Err(_) if !crate::sys::process_running(pid) => continue,
-                        Err(e) => Err(e),
+                        r => r,
                     };
                     if tx.send(Attach::Libraries { pid, libraries }).is_err() {
+                        return;
+                    }
+                    crate::sys::return_free_memory();
+                }
+                // Then the libraries the targets load (dlopen), until the
+                // session ends.
+                while let Ok(request) = requested.recv() {
+                    if cancel.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let libraries = lifecycle::add_loaded(&request);
+                    if tx.send(Attach::Loaded { request, libraries }).is_err() {
                         return;
                     }
                     crate::sys::return_free_memory();
@@ -586,8 +710,9 @@ impl Bursts {
     }
 
     /// No further attaches (the one under way still finishes).
-    pub(crate) fn cancel_pending(&self) {
+    pub(crate) fn cancel_pending(&mut self) {
         self.cancel.store(true, Ordering::Relaxed);
+        self.requests = None;
     }
 
     /// The tracer of `pid`, if it is traced.
@@ -626,13 +751,25 @@ impl Bursts {
         &mut self,
         mut changes: impl FnMut(Pid) -> Option<u64>,
     ) -> Vec<(Pid, Vec<(u64, u64)>)> {
-        self.tracers
-            .iter_mut()
-            .filter_map(|t| {
-                let gone = t.relink(changes(t.pid()));
-                (!gone.is_empty()).then(|| (t.pid(), gone))
-            })
-            .collect()
+        let mut out = Vec::new();
+        let requests = self.requests.as_ref();
+        for t in &mut self.tracers {
+            let (gone, request) = t.relink(changes(t.pid()));
+            if let (Some(r), Some(tx)) = (request, requests) {
+                let _ = tx.send(r);
+            }
+            if !gone.is_empty() {
+                out.push((t.pid(), gone));
+            }
+        }
+        out
+    }
+
+    /// Asks the attach thread to clone libraries loaded since.
+    pub(crate) fn request(&self, r: lifecycle::LoadRequest) {
+        if let Some(tx) = &self.requests {
+            let _ = tx.send(r);
+        }
     }
 
     /// The tracers, for detaching (the set is empty afterwards).

@@ -8,6 +8,7 @@ use tracing::{debug, info, warn};
 
 use super::{Session, ticker};
 use crate::bursts::coverage::HotCoverage;
+use crate::bursts::lifecycle::LoadRequest;
 use crate::bursts::{Attach, BurstTracer, Finished};
 use crate::export::pprof::encode_gzip;
 use crate::sampling::sampler::{KernelCounters, Sampler};
@@ -16,15 +17,18 @@ use crate::service::metrics::METRICS;
 /// Before `t`'s tables are put in use: once its loader has clones, the
 /// uprobe that reports the loader's link-map changes, then the tables
 /// checked against the maps (see `bursts::linkmap`).
-fn link(sampler: &mut Sampler, t: &mut BurstTracer) {
+/// Returns a request to clone libraries loaded since (for
+/// [`crate::bursts::Bursts::request`]).
+fn link(sampler: &mut Sampler, t: &mut BurstTracer) -> Option<LoadRequest> {
     let pid = t.pid();
     if let Some(loader) = t.link_hook()
         && let Err(e) = sampler.watch_link_map(pid, &loader)
     {
         warn!(%pid, "cannot watch the dynamic loader for dlopen/dlclose ({}): {e}", loader.display());
     }
-    let gone = t.relink(sampler.link_changes(pid));
+    let (gone, request) = t.relink(sampler.link_changes(pid));
     sampler.remove_pages(pid, &gone);
+    request
 }
 
 impl Session {
@@ -46,6 +50,7 @@ impl Session {
         let (pid, tracer, armed) = match a {
             Attach::Tracer { pid, tracer, armed } => (pid, tracer, armed),
             Attach::Libraries { pid, libraries } => return self.on_libraries(pid, libraries, true),
+            Attach::Loaded { request, libraries } => return self.on_loaded(request, libraries),
         };
         let mut t = match tracer {
             Ok(t) => t,
@@ -55,7 +60,7 @@ impl Session {
                 return;
             }
         };
-        link(&mut self.sampler, &mut t);
+        let request = link(&mut self.sampler, &mut t);
         // Also with --burst 0: every overflow still reaches the handler,
         // which returns to the original code at once (what being attached
         // costs without bursts).
@@ -66,6 +71,9 @@ impl Session {
             warn!(%pid, "cannot arm bursts: {e}");
         }
         self.joined(*t);
+        if let Some(r) = request {
+            self.bursts.request(r);
+        }
         if self.timers.bursts.is_none() {
             self.timers.bursts = Some(ticker(self.bursts.drain_interval()));
         }
@@ -79,11 +87,15 @@ impl Session {
     fn on_libraries(
         &mut self,
         pid: burstyd_common::addr::Pid,
-        libraries: anyhow::Result<crate::bursts::lifecycle::Extension>,
+        libraries: anyhow::Result<Option<crate::bursts::lifecycle::Extension>>,
         arm: bool,
     ) {
+        if let Some(t) = self.bursts.tracer_mut(pid) {
+            t.libraries_added();
+        }
         let ext = match libraries {
-            Ok(ext) => ext,
+            Ok(Some(ext)) => ext,
+            Ok(None) => return,
             Err(e) => {
                 warn!(%pid, "shared libraries not cloned (the executable's clones go on): {e:#}");
                 return;
@@ -97,7 +109,7 @@ impl Session {
             return;
         };
         t.extend(ext, arm);
-        link(&mut self.sampler, t);
+        let request = link(&mut self.sampler, t);
         let (target, frames) = (t.target(), t.clone_frames());
         if arm
             && let Err(e) = self
@@ -107,6 +119,53 @@ impl Session {
             warn!(%pid, "cannot arm bursts in the libraries: {e}");
         }
         self.pipe.procs.set_clone_frames(pid, frames);
+        if let Some(r) = request {
+            self.bursts.request(r);
+        }
+    }
+
+    /// Libraries `pid` loaded since the attach were cloned: added and put
+    /// in use like the second step's (unless stale, see
+    /// [`BurstTracer::loaded`]).
+    fn on_loaded(
+        &mut self,
+        request: LoadRequest,
+        libraries: anyhow::Result<Option<crate::bursts::lifecycle::Extension>>,
+    ) {
+        let pid = request.pid;
+        let ext = match libraries {
+            Ok(ext) => ext,
+            Err(e) => {
+                if crate::sys::process_running(pid) {
+                    warn!(%pid, "libraries loaded since the attach are not cloned: {e:#}");
+                }
+                None
+            }
+        };
+        if let Some(ext) = &ext {
+            METRICS
+                .functions_rewritten
+                .add(ext.functions_rewritten as u64);
+            METRICS.functions_skipped.add(ext.functions_skipped as u64);
+        }
+        let Some(t) = self.bursts.tracer_mut(pid) else {
+            return;
+        };
+        if !t.loaded(&request, ext) {
+            return;
+        }
+        let request = link(&mut self.sampler, t);
+        let (target, frames) = (t.target(), t.clone_frames());
+        if let Err(e) = self
+            .sampler
+            .set_burst_target(pid, Some((target, t.pages())))
+        {
+            warn!(%pid, "cannot arm bursts in the libraries loaded since: {e}");
+        }
+        self.pipe.procs.set_clone_frames(pid, frames);
+        if let Some(r) = request {
+            self.bursts.request(r);
+        }
     }
 
     /// An attach that finished after the session ended: never armed in
@@ -120,6 +179,8 @@ impl Session {
             Attach::Libraries { pid, libraries } => {
                 return self.on_libraries(pid, libraries, false);
             }
+            // Never put in use: the session is ending.
+            Attach::Loaded { .. } => return,
         };
         match tracer {
             Ok(t) => {
