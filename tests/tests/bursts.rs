@@ -887,7 +887,11 @@ fn llvm_bolt_accepts_the_edge_profile() {
     let fdata = run.out_dir.join("edges-libpk.so.fdata");
     let text =
         std::fs::read_to_string(&fdata).unwrap_or_else(|e| panic!("{}: {e}", fdata.display()));
-    assert!(text.lines().any(|l| l.starts_with("1 kernel ")), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("1 kernel ")),
+        "{text}\n{}",
+        tail(&run.finished.stderr, 20)
+    );
     let bolted_dir = scratch.join("bolted");
     std::fs::create_dir_all(&bolted_dir).unwrap();
     let b = run_timeout(

@@ -232,3 +232,45 @@ fn cpp_containers_and_iostreams_in_libstdcxx_are_traced() {
         assert!(fdata, "no edges-libstdc++*.fdata");
     });
 }
+
+/// A Python script whose time is in zlib (libz, mapped at start) and
+/// hashlib (`_hashlib` and libcrypto, loaded with `dlopen` when the
+/// script imports hashlib, after `run` cloned everything mapped at the
+/// entry point): the libraries loaded later are cloned too, the output is
+/// identical with default bursts and a full trace, the samples over all
+/// modules land in instrumented code (>= 95%) and libz and libcrypto have
+/// paths.
+#[test]
+fn python_zlib_and_hashlib_loaded_with_dlopen_are_traced() {
+    require_root();
+    let _serial = serial();
+    let script = workspace_root().join("tests/fixtures/zlib_hashlib.py");
+    let prog = ["/usr/bin/python3.11", script.to_str().unwrap(), "30"];
+    let untraced = run_untraced(&prog, Duration::from_secs(120));
+    each_mode("python-zlib-hashlib", &prog, &untraced, |run, full| {
+        let stderr = &run.finished.stderr;
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.contains("libcrypto.so.3") && l.contains("loaded since the attach")),
+            "libcrypto was not cloned after its dlopen:\n{}",
+            tail(stderr, 30)
+        );
+        if !full {
+            let cov = process_coverage(stderr);
+            assert!(
+                cov >= 95.0,
+                "coverage over all modules {cov}%: {}",
+                hot_coverage(stderr).0
+            );
+        }
+        let paths = read_profile(&run.out_dir.join("paths.pb.gz")).unwrap();
+        for lib in ["libz.so", "libcrypto.so"] {
+            let (execs, distinct) = paths_in(&paths, lib);
+            assert!(
+                execs >= 1_000 && distinct >= 5,
+                "paths in {lib}: {execs} executions of {distinct} paths (full trace: {full})"
+            );
+        }
+    });
+}

@@ -53,6 +53,10 @@ const MEMFD_NAME: &str = "burstyd-bursts";
 /// before it is taken for lost (see [`Attachment::reap_stuck_burst`]).
 const STUCK_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// And only once the process was sampled this often meanwhile, none of
+/// them in its clones (it ran, elsewhere).
+const STUCK_SAMPLES: u64 = 5;
+
 /// `BurstLocal::owner`, from the control block.
 const OWNER_OFFSET: u64 = (LOCAL_OFFSET + offset_of!(BurstLocal, owner)) as u64;
 
@@ -71,6 +75,8 @@ pub(crate) struct Attachment {
     /// running burst has made no progress.
     last_progress: (u64, u64),
     idle_since: Option<std::time::Instant>,
+    /// Samples of the process (none in its clones) since then.
+    idle_samples: u64,
     /// Pages (address >> `CLONE_PAGE_SHIFT`) of original code with a
     /// rewritten instruction: the eBPF program signals only there.
     pages: Vec<u64>,
@@ -139,6 +145,21 @@ struct Analysed {
 }
 
 impl Analysed {
+    /// Gives the module's functions the `fid`s from `*next` on, and moves
+    /// `*next` past them; false (nothing changed) when the `fid`s would
+    /// run out.
+    fn take_fids(&mut self, next: &mut u32) -> bool {
+        let Some(after) = next
+            .checked_add(self.plan.functions.len() as u32)
+            .filter(|&b| b < NO_PATH)
+        else {
+            return false;
+        };
+        self.fid_base = *next;
+        *next = after;
+        true
+    }
+
     /// Bytes of the functions the plan analysed (what code room is sized
     /// by).
     fn original_bytes(&self) -> u64 {
@@ -363,6 +384,7 @@ impl Injected {
                 baseline,
                 last_progress: (0, 0),
                 idle_since: None,
+                idle_samples: 0,
                 pages,
                 base,
                 link_seen: 0,
@@ -459,11 +481,9 @@ pub(crate) fn attach(
     for ((is_exe, path), result) in names.into_iter().zip(super::parallel::map(mapped, analyse)) {
         match result {
             Ok(mut a) => {
-                a.fid_base = fid_base;
-                fid_base = fid_base
-                    .checked_add(a.plan.functions.len() as u32)
-                    .filter(|&b| b < NO_PATH)
-                    .context("too many functions to number")?;
+                if !a.take_fids(&mut fid_base) {
+                    bail!("too many functions to number");
+                }
                 analysed.push(a);
             }
             Err(e) if is_exe => return Err(e),
@@ -1001,15 +1021,10 @@ pub(crate) fn add_libraries(
         let path = module.path.clone();
         let a = match analyse(module) {
             Ok(mut a) => {
-                let Some(next) = fid_base
-                    .checked_add(a.plan.functions.len() as u32)
-                    .filter(|&b| b < NO_PATH)
-                else {
+                if !a.take_fids(&mut fid_base) {
                     warn!(%pid, "{path} is not cloned: too many functions to number");
                     continue;
-                };
-                a.fid_base = fid_base;
-                fid_base = next;
+                }
                 a
             }
             Err(e) => {
@@ -1227,15 +1242,10 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
                 continue;
             }
         };
-        let Some(next) = fid_base
-            .checked_add(a.plan.functions.len() as u32)
-            .filter(|&b| b < NO_PATH)
-        else {
+        if !a.take_fids(&mut fid_base) {
             warn!(%pid, "{path} is not cloned: too many functions to number");
             continue;
-        };
-        a.fid_base = fid_base;
-        fid_base = next;
+        }
         match generate(pid, a, req.control, None, &mut reserved) {
             Ok(g) => gens.push(g),
             Err(e) => warn!(%pid, "{path} (loaded since the attach) is not cloned: {e:#}"),
@@ -1585,18 +1595,27 @@ impl Attachment {
     /// later, fails that return site's check (the owner is cleared first)
     /// and goes back to the original code.
     ///
-    /// `running` says a sample of the process landed in its clones since
-    /// the last drain: its burst is alive, in a loop that writes nothing
-    /// (a k-boring loop has no back-edge instrumentation), not lost.
-    pub(crate) fn reap_stuck_burst(&mut self, head: u64, running: bool) -> bool {
+    /// `activity`: the process's samples since the last drain. One in its
+    /// clones says its burst is alive, in a loop that writes nothing (a
+    /// k-boring loop has no back-edge instrumentation), not lost. And a
+    /// process that was not sampled did not run (a loaded machine): its
+    /// silence says nothing either, so the burst is reaped only after
+    /// [`STUCK_SAMPLES`] samples elsewhere (a full trace of `libpk.so` in
+    /// `llvm_bolt_accepts_the_edge_profile` was once reaped in `warmup`'s
+    /// k-boring loop while another test loaded the machine).
+    pub(crate) fn reap_stuck_burst(&mut self, head: u64, activity: super::Activity) -> bool {
         let (active, bursts) = self.region.burst_state();
-        if !active || running || (head, bursts) != self.last_progress {
+        if !active || activity.in_clones > 0 || (head, bursts) != self.last_progress {
             self.last_progress = (head, bursts);
             self.idle_since = None;
+            self.idle_samples = 0;
             return false;
         }
+        // Silence counts only while the process runs: one that does not
+        // get the CPU (a loaded machine) writes nothing either.
+        self.idle_samples += activity.samples;
         let since = *self.idle_since.get_or_insert_with(std::time::Instant::now);
-        if since.elapsed() < STUCK_AFTER {
+        if since.elapsed() < STUCK_AFTER || self.idle_samples < STUCK_SAMPLES {
             return false;
         }
         // The owner first (a return into a clone then fails its check),
@@ -1604,6 +1623,7 @@ impl Attachment {
         self.clear_owner();
         self.region.clear_active();
         self.idle_since = None;
+        self.idle_samples = 0;
         true
     }
 

@@ -55,6 +55,15 @@ fn fid_facts(m: &lifecycle::ModuleFacts) -> impl Iterator<Item = (Option<u64>, u
     })
 }
 
+/// The samples of a traced process between two drains of its records.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Activity {
+    /// All of them (it ran).
+    pub(crate) samples: u64,
+    /// Those whose pc was in its clones.
+    pub(crate) in_clones: u64,
+}
+
 /// How bursts run.
 #[derive(Clone, Debug)]
 pub(crate) struct BurstOptions {
@@ -320,20 +329,29 @@ impl BurstTracer {
         if self.hooked {
             return None;
         }
-        let (path, hook) = self.traced.modules.iter().find_map(|m| {
-            let f = m
-                .plan
-                .functions
-                .iter()
-                .find(|f| f.name == "_dl_debug_state")?;
-            Some((m.path.clone(), f.start.wrapping_add(m.bias)))
-        })?;
+        // From the loader's plan; or, re-armed before the libraries are
+        // (the loader's plan comes with them), as an earlier attach
+        // recorded it: the process's libraries may change meanwhile.
+        let hook = self
+            .traced
+            .modules
+            .iter()
+            .find_map(|m| {
+                let f = m
+                    .plan
+                    .functions
+                    .iter()
+                    .find(|f| f.name == "_dl_debug_state")?;
+                Some(f.start.wrapping_add(m.bias))
+            })
+            .or_else(|| Some(self.attachment.region().control().hook).filter(|&h| h != 0))?;
         // The loader's executable mapping around it: the handler reads the
         // bytes before a pc there.
         let maps = userspace_rewriter::inject::maps(self.traced.pid).ok()?;
         let text = maps
             .iter()
             .find(|m| m.is_exec() && (m.start..m.end).contains(&hook))?;
+        let path = text.path.clone()?;
         self.attachment.set_hook(hook, text.start, text.end);
         self.hooked = true;
         Some(PathBuf::from(path))
@@ -452,9 +470,9 @@ impl BurstTracer {
     }
 
     /// Consumes every record the target wrote. Returns how many.
-    /// `running`: a sample of the process landed in its clones since the
-    /// last drain (its burst is alive even if it wrote nothing).
-    pub(crate) fn drain(&mut self, running: bool) -> u64 {
+    /// `activity`: the process's samples since the last drain (one in its
+    /// clones says its burst is alive even if it wrote nothing).
+    pub(crate) fn drain(&mut self, activity: Activity) -> u64 {
         let (counts, trace) = (&mut self.counts, &mut self.trace);
         let (n, head) = self.attachment.region().take_records(|w0, w1| {
             let ev = decode::decode(w0, w1);
@@ -464,7 +482,7 @@ impl BurstTracer {
             counts.add(&ev);
         });
         self.records += n;
-        if self.attachment.reap_stuck_burst(head, running) {
+        if self.attachment.reap_stuck_burst(head, activity) {
             self.reaped += 1;
             self.counts.burst_reaped();
         }
@@ -510,10 +528,10 @@ impl BurstTracer {
     /// (sleeps, ptrace).
     pub(crate) fn detach(mut self) -> Finished {
         self.disarm();
-        while self.drain(false) > 0 {}
+        while self.drain(Activity::default()) > 0 {}
         // Let a signal already in flight arrive and be declined.
         std::thread::sleep(std::time::Duration::from_millis(20));
-        self.drain(false);
+        self.drain(Activity::default());
         let stats = self.stats();
         if let Some(t) = &mut self.trace {
             t.flush();
@@ -735,12 +753,11 @@ impl Bursts {
         std::time::Duration::from_millis(if self.full_trace { 5 } else { 50 })
     }
 
-    /// `running(pid)`: whether a sample of `pid` landed in its clones
-    /// since the last drain.
-    pub(crate) fn drain(&mut self, mut running: impl FnMut(Pid) -> bool) {
+    /// `activity(pid)`: the samples of `pid` since the last drain.
+    pub(crate) fn drain(&mut self, mut activity: impl FnMut(Pid) -> Activity) {
         for t in &mut self.tracers {
-            let r = running(t.pid());
-            t.drain(r);
+            let a = activity(t.pid());
+            t.drain(a);
         }
     }
 

@@ -36,7 +36,7 @@ impl Session {
     pub(super) fn on_burst_tick(&mut self) {
         let pipe = &mut self.pipe;
         self.bursts
-            .drain(|pid| pipe.in_clones.remove(&pid).is_some_and(|n| n > 0));
+            .drain(|pid| pipe.in_clones.remove(&pid).unwrap_or_default());
         let sampler = &mut self.sampler;
         for (pid, gone) in self.bursts.relink(|pid| sampler.link_changes(pid)) {
             sampler.remove_pages(pid, &gone);
@@ -109,6 +109,16 @@ impl Session {
             return;
         };
         t.extend(ext, arm);
+        self.extended(pid, arm);
+    }
+
+    /// `pid`'s tracer has more modules: the unwinder sees their clones,
+    /// their tables go in use (checked against the maps), bursts may start
+    /// in them (`arm`), and libraries loaded meanwhile are asked for.
+    fn extended(&mut self, pid: burstyd_common::addr::Pid, arm: bool) {
+        let Some(t) = self.bursts.tracer_mut(pid) else {
+            return;
+        };
         let request = link(&mut self.sampler, t);
         let (target, frames) = (t.target(), t.clone_frames());
         if arm
@@ -151,20 +161,8 @@ impl Session {
         let Some(t) = self.bursts.tracer_mut(pid) else {
             return;
         };
-        if !t.loaded(&request, ext) {
-            return;
-        }
-        let request = link(&mut self.sampler, t);
-        let (target, frames) = (t.target(), t.clone_frames());
-        if let Err(e) = self
-            .sampler
-            .set_burst_target(pid, Some((target, t.pages())))
-        {
-            warn!(%pid, "cannot arm bursts in the libraries loaded since: {e}");
-        }
-        self.pipe.procs.set_clone_frames(pid, frames);
-        if let Some(r) = request {
-            self.bursts.request(r);
+        if t.loaded(&request, ext) {
+            self.extended(pid, true);
         }
     }
 

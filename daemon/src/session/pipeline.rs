@@ -37,9 +37,10 @@ pub(super) struct Pipeline {
     /// For processes traced in bursts: event weight per sampled PC (the
     /// original address), to attribute the event to paths.
     pub(super) leaf_weights: HashMap<Pid, HashMap<u64, u64>>,
-    /// Per process traced in bursts: samples whose pc was in its clones
-    /// since the last drain of its records (its burst is alive).
-    pub(super) in_clones: HashMap<Pid, u64>,
+    /// Per process traced in bursts, since the last drain of its records:
+    /// its samples whose pc was in its clones (its burst is alive), and
+    /// all its samples (it ran).
+    pub(super) in_clones: HashMap<Pid, crate::bursts::Activity>,
 }
 
 impl Pipeline {
@@ -125,11 +126,13 @@ impl Pipeline {
         {
             *m.entry(pc).or_insert(0) += s.period.max(1);
         }
-        if s.flags & SAMPLE_USER_REGS != 0
-            && let Some(c) = self.procs.clone_frames(pid)
-            && c.regions.iter().any(|r| r.range.contains(&s.rip))
-        {
-            *self.in_clones.entry(pid).or_insert(0) += 1;
+        if let Some(c) = self.procs.clone_frames(pid) {
+            let a = self.in_clones.entry(pid).or_default();
+            a.samples += 1;
+            if s.flags & SAMPLE_USER_REGS != 0 && c.regions.iter().any(|r| r.range.contains(&s.rip))
+            {
+                a.in_clones += 1;
+            }
         }
         for w in &mut self.windows {
             if let Some(n) = self.cct.process_names.get(&pid) {
