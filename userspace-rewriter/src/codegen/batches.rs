@@ -144,11 +144,30 @@ impl Batches {
             }
             self.fixups.push((self.bytes.len() + end, label));
         }
+        // An instruction the encoder replaced by a sequence of its own has
+        // no offset (u32::MAX): it must not be a place to go to.
+        let rewritten = |idx: usize| offsets[idx] == u32::MAX;
+        if let Some((l, _)) = bound
+            .iter()
+            .find(|&(l, &idx)| self.exported.contains(l) && rewritten(idx))
+        {
+            return Err(GenError::Encode(format!(
+                "label {:#x} names an instruction the encoder rewrote",
+                l - LABEL_BASE
+            )));
+        }
         for (o, idx, end) in table.drain(..) {
-            self.table.push((o, addr(idx)));
-            self.reverse.push((addr(idx), o, end));
+            if !rewritten(idx) {
+                self.table.push((o, addr(idx)));
+                self.reverse.push((addr(idx), o, end));
+            }
         }
         for (o, idx) in returns.drain(..) {
+            if rewritten(idx) {
+                return Err(GenError::Encode(format!(
+                    "the return site of {o:#x} was rewritten by the encoder"
+                )));
+            }
             self.returns.push((o, addr(idx)));
         }
         self.bytes.extend_from_slice(&enc.code_buffer);

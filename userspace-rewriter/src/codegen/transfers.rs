@@ -60,10 +60,25 @@ impl FnGen<'_> {
                     }
                 };
                 let mut j = insn.instr;
-                j.set_near_branch64(target);
                 let code = j.code().as_near_branch();
-                j.set_code(code);
-                self.em.emit(j);
+                if code == j.code() && code.as_short_branch() == code {
+                    // `loop*` and `jrcxz` have no near form: the block
+                    // encoder would replace one that cannot reach with a
+                    // sequence of its own, whose offset it does not return
+                    // (the instruction table would point nowhere). Spelled
+                    // out instead: the short branch to a near jump.
+                    let (taken, over) = (self.em.label(), self.em.label());
+                    j.set_near_branch64(taken);
+                    self.em.emit(j);
+                    self.em.jmp(over).map_err(|_| Skip("encoding loop"))?;
+                    self.em.bind(taken);
+                    self.em.jmp(target).map_err(|_| Skip("encoding loop"))?;
+                    self.em.bind(over);
+                } else {
+                    j.set_near_branch64(target);
+                    j.set_code(code);
+                    self.em.emit(j);
+                }
                 self.continuation(b, last, blk, stubs)
             }
             Flow::Jump(t) => {

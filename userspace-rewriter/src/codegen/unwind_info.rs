@@ -11,30 +11,105 @@
 //! by C++ exceptions, `backtrace()` and debuggers once the table is
 //! registered (`__register_frame`).
 //!
-//! Functions whose CFI uses DWARF expressions (rare: hand-written assembly,
-//! PLT stubs) cannot be restated this way; [`untranslatable`] lists them so
-//! the generator leaves them out.
+//! DWARF expressions are restated as they are when they read registers and
+//! memory only (OpenSSL's assembly realigns its stack and finds the CFA
+//! through a saved `rsp`: `DW_OP_breg7 N; DW_OP_deref; DW_OP_plus_uconst
+//! 8`), since the registers and the stack at a copied instruction are the
+//! original's. Functions whose CFI uses anything else (the pc, `rip`, an
+//! address, a branch inside the expression) cannot be restated this way;
+//! [`untranslatable`] lists them so the generator leaves them out.
 use std::collections::BTreeSet;
 
 use gimli::write::{
-    Address, CallFrameInstruction, CommonInformationEntry, EhFrame, EndianVec,
+    Address, CallFrameInstruction, CommonInformationEntry, EhFrame, EndianVec, Expression,
     FrameDescriptionEntry, FrameTable,
 };
 use gimli::{CfaRule, Encoding, Format, LittleEndian, Register, RegisterRule, X86_64};
 
 use crate::codegen::CloneImage;
 
-/// Row rules we can restate: CFA = register + offset; registers
-/// undefined, same value, saved at CFA+n, CFA+n, or in another register.
-type Row = (u64, Register, i64, Vec<(Register, Rule)>);
+/// Row rules we can restate: CFA = register + offset, or a position
+/// independent expression; registers undefined, same value, saved at
+/// CFA+n, CFA+n, in another register, or at (or equal to) a position
+/// independent expression.
+type Row = (u64, Cfa, Vec<(Register, Rule)>);
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Cfa {
+    RegisterOffset(Register, i64),
+    Expression(Vec<u8>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Rule {
     Undefined,
     SameValue,
     Offset(i64),
     ValOffset(i64),
     Register(Register),
+    Expression(Vec<u8>),
+    ValExpression(Vec<u8>),
+}
+
+/// The bytes of a CFI expression whose value is the same at a copied
+/// instruction of a clone as at the original: it reads registers other
+/// than `rip` and memory, and computes; nothing else (an address, the
+/// pc, a branch or call inside the expression) is accepted.
+fn position_independent(
+    eh: &crate::analysis::cfg::EhFrameInfo,
+    e: &gimli::UnwindExpression<usize>,
+) -> Result<Vec<u8>, ()> {
+    use gimli::Operation as Op;
+    let expr = e.get(&eh.section).map_err(|_| ())?;
+    let bytes = expr.0.slice().to_vec();
+    let encoding = Encoding {
+        address_size: 8,
+        format: Format::Dwarf32,
+        version: 4,
+    };
+    let mut input = expr.0;
+    while !gimli::Reader::is_empty(&input) {
+        let op = Op::parse(&mut input, encoding).map_err(|_| ())?;
+        let ok = match op {
+            Op::Register { register } | Op::RegisterOffset { register, .. } => {
+                register != X86_64::RA
+            }
+            Op::Deref { space: false, .. }
+            | Op::Drop
+            | Op::Pick { .. }
+            | Op::Swap
+            | Op::Rot
+            | Op::Abs
+            | Op::And
+            | Op::Div
+            | Op::Minus
+            | Op::Mod
+            | Op::Mul
+            | Op::Neg
+            | Op::Not
+            | Op::Or
+            | Op::Plus
+            | Op::PlusConstant { .. }
+            | Op::Shl
+            | Op::Shr
+            | Op::Shra
+            | Op::Xor
+            | Op::Eq
+            | Op::Ge
+            | Op::Gt
+            | Op::Le
+            | Op::Lt
+            | Op::Ne
+            | Op::UnsignedConstant { .. }
+            | Op::SignedConstant { .. }
+            | Op::Nop => true,
+            _ => false,
+        };
+        if !ok {
+            return Err(());
+        }
+    }
+    Ok(bytes)
 }
 
 /// The rows of the FDE covering `svma`, or `Err(())` when a rule is not
@@ -55,9 +130,11 @@ fn rows(
     let mut table = fde.rows(&eh.section, &eh.bases, &mut ctx).map_err(|_| ())?;
     let mut out = Vec::new();
     while let Some(row) = table.next_row().map_err(|_| ())? {
-        let (reg, off) = match row.cfa() {
-            CfaRule::RegisterAndOffset { register, offset } => (*register, *offset),
-            CfaRule::Expression(_) => return Err(()),
+        let cfa = match row.cfa() {
+            CfaRule::RegisterAndOffset { register, offset } => {
+                Cfa::RegisterOffset(*register, *offset)
+            }
+            CfaRule::Expression(e) => Cfa::Expression(position_independent(eh, e)?),
         };
         let mut regs = Vec::new();
         for (r, rule) in row.registers() {
@@ -67,12 +144,14 @@ fn rows(
                 RegisterRule::Offset(n) => Rule::Offset(*n),
                 RegisterRule::ValOffset(n) => Rule::ValOffset(*n),
                 RegisterRule::Register(o) => Rule::Register(*o),
+                RegisterRule::Expression(e) => Rule::Expression(position_independent(eh, e)?),
+                RegisterRule::ValExpression(e) => Rule::ValExpression(position_independent(eh, e)?),
                 _ => return Err(()),
             };
             regs.push((*r, rule));
         }
         regs.sort_by_key(|(r, _)| r.0);
-        out.push((row.start_address(), reg, off, regs));
+        out.push((row.start_address(), cfa, regs));
     }
     Ok(Some((
         fde.initial_address(),
@@ -161,18 +240,26 @@ pub fn eh_frame(data: &[u8], image: &CloneImage, bias: u64) -> Result<CloneUnwin
                 }
             };
             let off = (at - cstart) as u32;
-            if prev.is_none_or(|p| p.1 != row.1 || p.2 != row.2) {
-                fde.add_instruction(off, CallFrameInstruction::Cfa(row.1, row.2 as i32));
+            if prev.is_none_or(|p| p.1 != row.1) {
+                fde.add_instruction(
+                    off,
+                    match &row.1 {
+                        Cfa::RegisterOffset(r, o) => CallFrameInstruction::Cfa(*r, *o as i32),
+                        Cfa::Expression(e) => {
+                            CallFrameInstruction::CfaExpression(Expression::raw(e.clone()))
+                        }
+                    },
+                );
             }
-            let before: &[(Register, Rule)] = prev.map(|p| p.3.as_slice()).unwrap_or(&[]);
-            for (r, rule) in &row.3 {
+            let before: &[(Register, Rule)] = prev.map(|p| p.2.as_slice()).unwrap_or(&[]);
+            for (r, rule) in &row.2 {
                 if before.iter().any(|(br, bru)| br == r && bru == rule) {
                     continue;
                 }
-                fde.add_instruction(off, instruction(*r, *rule));
+                fde.add_instruction(off, instruction(*r, rule.clone()));
             }
             for (br, _) in before {
-                if !row.3.iter().any(|(r, _)| r == br) {
+                if !row.2.iter().any(|(r, _)| r == br) {
                     // Back to the CIE's rule (the return address) or
                     // untouched.
                     fde.add_instruction(off, CallFrameInstruction::Restore(*br));
@@ -199,5 +286,7 @@ fn instruction(r: Register, rule: Rule) -> CallFrameInstruction {
         Rule::Offset(n) => CallFrameInstruction::Offset(r, n as i32),
         Rule::ValOffset(n) => CallFrameInstruction::ValOffset(r, n as i32),
         Rule::Register(o) => CallFrameInstruction::Register(r, o),
+        Rule::Expression(e) => CallFrameInstruction::Expression(r, Expression::raw(e)),
+        Rule::ValExpression(e) => CallFrameInstruction::ValExpression(r, Expression::raw(e)),
     }
 }
