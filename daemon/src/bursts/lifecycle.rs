@@ -1083,23 +1083,7 @@ pub(crate) fn add_libraries(
                 tables.len_bytes()
             );
         }
-        // Written through /proc/PID/mem while the program runs: nothing
-        // points at these bytes until the tables are swapped below.
-        use std::os::unix::fs::FileExt;
-        let mem = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/{pid}/mem"))
-            .context("opening the target's memory")?;
-        let write = |at: u64, bytes: &[u8]| {
-            mem.write_all_at(bytes, at)
-                .with_context(|| format!("writing {} bytes at {at:#x} in pid {pid}", bytes.len()))
-        };
-        for g in &gens {
-            write(g.code, &g.img.bytes)?;
-            write(g.eh.0, &g.eh.1)?;
-        }
-        write(tables_at, &tables.bytes(tables_at))?;
+        write_unused(pid, &gens, &tables, tables_at)?;
         activate = Some((tables_at, gens.iter().map(Generated::entry).collect()));
     }
     let names: Vec<&str> = gens.iter().map(|g| g.facts.name()).collect();
@@ -1215,10 +1199,11 @@ pub(crate) struct LoadRequest {
 
 /// Clones libraries mapped since the attach (`dlopen`): each is analysed
 /// and generated for a gap near it while the program runs, then a short
-/// ptrace stop maps and writes their clones and the lookup tables of
+/// ptrace stop maps room for their clones and for the lookup tables of
 /// every module (the target's current ones, masked entries left out, with
-/// theirs), as the first step of an attach does. The session puts them
-/// in use ([`Attachment::activate`]). `None` when none could be cloned.
+/// theirs), which are written through `/proc/PID/mem` once it runs again,
+/// as the second step of an attach does. The session puts them in use
+/// ([`Attachment::activate`]). `None` when none could be cloned.
 pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>> {
     let pid = req.pid;
     let t0 = std::time::Instant::now();
@@ -1258,12 +1243,21 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
     let tables = Tables::merge(std::iter::once(&current).chain(gens.iter().map(|g| &g.img.tables)));
     let tables_len = tables.len_bytes().next_multiple_of(PAGE_SIZE);
     let prepared_ms = t0.elapsed().as_secs_f64() * 1e3;
+    // The stop only maps (a ptrace stop can cut a system call under way
+    // short: as short as it can be); the bytes go in after it.
     let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
     let stopped = std::time::Instant::now();
     place_checks(&mut t, &gens, tables_len)?;
-    let (tables_at, _) = place(&mut t, pid, &gens, &tables, tables_len, None)?;
+    for g in &gens {
+        t.mmap(g.code, g.code_len, RX, CODE_FLAGS, -1, 0)
+            .with_context(|| format!("mapping the clone code of {}", g.facts.path))?;
+    }
+    let tables_at = t
+        .mmap(0, tables_len, libc::PROT_READ, TABLE_FLAGS, -1, 0)
+        .context("mapping the lookup tables")?;
     t.detach()?;
     let stopped_ms = stopped.elapsed().as_secs_f64() * 1e3;
+    write_unused(pid, &gens, &tables, tables_at)?;
     let entries = gens.iter().map(Generated::entry).collect();
     let names: Vec<String> = gens.iter().map(|g| g.facts.name().to_owned()).collect();
     let mut ext = Extension::of(gens);
@@ -1277,6 +1271,32 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
         ext.functions_skipped,
     );
     Ok(Some(ext))
+}
+
+/// Writes clones and lookup tables through `/proc/PID/mem` while the
+/// program runs: nothing points at these bytes until the session puts the
+/// tables in use.
+fn write_unused(
+    pid: Pid,
+    gens: &[Generated],
+    tables: &Tables,
+    tables_at: u64,
+) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mem = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{pid}/mem"))
+        .context("opening the target's memory")?;
+    let write = |at: u64, bytes: &[u8]| {
+        mem.write_all_at(bytes, at)
+            .with_context(|| format!("writing {} bytes at {at:#x} in pid {pid}", bytes.len()))
+    };
+    for g in gens {
+        write(g.code, &g.img.bytes)?;
+        write(g.eh.0, &g.eh.1)?;
+    }
+    write(tables_at, &tables.bytes(tables_at))
 }
 
 /// Protections and flags of the clone code and table mappings.
