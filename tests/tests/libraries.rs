@@ -37,6 +37,17 @@ fn paths_in(p: &Profile, lib: &str) -> (i64, usize) {
     (n, distinct)
 }
 
+/// At least 95% of the process's user-mode samples over all modules land
+/// in instrumented code.
+fn assert_covered(stderr: &str) {
+    let cov = process_coverage(stderr);
+    assert!(
+        cov >= 95.0,
+        "coverage over all modules {cov}%: {}",
+        hot_coverage(stderr).0
+    );
+}
+
 /// `prog` under `burstyd run` with default bursts, then with a full trace
 /// (both at 999 Hz): each run must print what `untraced` printed, lose no
 /// record and write no bad one; `check` gets each run and whether it was
@@ -257,12 +268,7 @@ fn python_zlib_and_hashlib_loaded_with_dlopen_are_traced() {
             tail(stderr, 30)
         );
         if !full {
-            let cov = process_coverage(stderr);
-            assert!(
-                cov >= 95.0,
-                "coverage over all modules {cov}%: {}",
-                hot_coverage(stderr).0
-            );
+            assert_covered(stderr);
         }
         let paths = read_profile(&run.out_dir.join("paths.pb.gz")).unwrap();
         for lib in ["libz.so", "libcrypto.so"] {

@@ -31,6 +31,14 @@ fn link(sampler: &mut Sampler, t: &mut BurstTracer) -> Option<LoadRequest> {
     request
 }
 
+/// The functions an extension rewrote and skipped, into the metrics.
+fn count_functions(ext: &crate::bursts::lifecycle::Extension) {
+    METRICS
+        .functions_rewritten
+        .add(ext.functions_rewritten as u64);
+    METRICS.functions_skipped.add(ext.functions_skipped as u64);
+}
+
 impl Session {
     /// Every 50 ms (5 ms in `--full-trace`): the burst records.
     pub(super) fn on_burst_tick(&mut self) {
@@ -101,10 +109,7 @@ impl Session {
                 return;
             }
         };
-        METRICS
-            .functions_rewritten
-            .add(ext.functions_rewritten as u64);
-        METRICS.functions_skipped.add(ext.functions_skipped as u64);
+        count_functions(&ext);
         let Some(t) = self.bursts.tracer_mut(pid) else {
             return;
         };
@@ -153,10 +158,7 @@ impl Session {
             }
         };
         if let Some(ext) = &ext {
-            METRICS
-                .functions_rewritten
-                .add(ext.functions_rewritten as u64);
-            METRICS.functions_skipped.add(ext.functions_skipped as u64);
+            count_functions(ext);
         }
         let Some(t) = self.bursts.tracer_mut(pid) else {
             return;
