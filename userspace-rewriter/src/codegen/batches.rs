@@ -19,10 +19,14 @@
 
 use std::collections::{HashMap, HashSet};
 
-use iced_x86::{BlockEncoder, BlockEncoderOptions, InstructionBlock, OpKind};
+use burstyd_common::burst::CONTROL_BYTES;
+use iced_x86::{
+    BlockEncoder, BlockEncoderOptions, Instruction, InstructionBlock, OpKind, Register,
+};
 
-use super::emitter::{Emitter, LABEL_BASE};
+use super::emitter::{Emitter, LABEL_BASE, Tag};
 use super::image::GenError;
+use super::relocs::{Field, Relocs};
 
 /// A batch is encoded once it holds this many instructions (at the end of
 /// a function: a function is never split).
@@ -35,6 +39,13 @@ const PLACEHOLDER_DISTANCE: u64 = 1 << 30;
 pub(super) struct Batches {
     /// AVMA of the first batch.
     base: u64,
+    /// The image's start (the runtime's, before the first batch) and the
+    /// control block: what a branch or operand that leaves the batches is
+    /// classified by ([`Relocs`]).
+    image: u64,
+    control: u64,
+    /// The layout-dependent fields, as offsets from `image`.
+    pub(super) relocs: Relocs,
     /// The code of the batches encoded so far.
     pub(super) bytes: Vec<u8>,
     /// Labels other batches may branch to.
@@ -52,9 +63,12 @@ pub(super) struct Batches {
 }
 
 impl Batches {
-    pub(super) fn new(base: u64, exported: HashSet<u64>) -> Self {
+    pub(super) fn new(base: u64, exported: HashSet<u64>, image: u64, control: u64) -> Self {
         Batches {
             base,
+            image,
+            control,
+            relocs: Relocs::default(),
             bytes: Vec::new(),
             exported,
             labels: HashMap::new(),
@@ -76,10 +90,12 @@ impl Batches {
         returns: &mut Vec<(u64, usize)>,
     ) -> Result<(), GenError> {
         let (mut insns, alias) = em.take();
+        let tags = std::mem::take(&mut em.tags);
         if insns.is_empty() {
             return Ok(());
         }
         let at = self.base + self.bytes.len() as u64;
+        let fields = self.fields(&insns, &tags, at);
         let placeholder = at + PLACEHOLDER_DISTANCE;
         // Labels bound in this batch → instruction index.
         let mut bound: HashMap<u64, usize> = HashMap::new();
@@ -120,9 +136,35 @@ impl Batches {
         let enc = BlockEncoder::encode(
             64,
             InstructionBlock::new(&insns, at),
-            BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
+            BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS
+                | BlockEncoderOptions::RETURN_CONSTANT_OFFSETS,
         )?;
         let offsets = enc.new_instruction_offsets;
+        let start = at - self.image;
+        for (idx, field) in fields {
+            let (o, co) = (offsets[idx], &enc.constant_offsets[idx]);
+            if o == u32::MAX {
+                self.relocs.refuse(format!(
+                    "the encoder rewrote an instruction with a {field:?} field"
+                ));
+                continue;
+            }
+            let o = start + u64::from(o);
+            match field {
+                Field::OrigQword => self.relocs.push(field, o, 8),
+                Field::RelOrig | Field::RelControl | Field::AbsControl if co.has_displacement() => {
+                    let (d, n) = (co.displacement_offset(), co.displacement_size());
+                    self.relocs.push(field, o + d as u64, n)
+                }
+                _ if co.has_immediate() => {
+                    let (d, n) = (co.immediate_offset(), co.immediate_size());
+                    self.relocs.push(field, o + d as u64, n)
+                }
+                _ => self
+                    .relocs
+                    .refuse(format!("no constant found for a {field:?} field")),
+            }
+        }
         let code_len = enc.code_buffer.len();
         let addr = |idx: usize| at + u64::from(offsets[idx]);
         for (&l, &idx) in &bound {
@@ -174,6 +216,52 @@ impl Batches {
         Ok(())
     }
 
+    /// The layout-dependent fields of a batch at `at`, before its labels
+    /// are resolved: `(instruction index, kind)`. A branch or operand
+    /// whose target is neither a label nor in the image so far leaves the
+    /// image: for the control block or the original code.
+    fn fields(&self, insns: &[Instruction], tags: &[(usize, Tag)], at: u64) -> Vec<(usize, Field)> {
+        let inside = |t: u64| t >= LABEL_BASE || (self.image..at).contains(&t);
+        let control = |t: u64| (self.control..self.control + CONTROL_BYTES as u64).contains(&t);
+        let mut out = Vec::new();
+        for (idx, ins) in insns.iter().enumerate() {
+            if ins.op_count() > 0 && matches!(ins.op0_kind(), OpKind::NearBranch64) {
+                if !inside(ins.near_branch64()) {
+                    out.push((idx, Field::RelOrig));
+                }
+            } else if ins.is_ip_rel_memory_operand() {
+                let t = ins.memory_displacement64();
+                if !inside(t) {
+                    out.push((
+                        idx,
+                        if control(t) {
+                            Field::RelControl
+                        } else {
+                            Field::RelOrig
+                        },
+                    ));
+                }
+            } else if (0..ins.op_count()).any(|k| ins.op_kind(k) == OpKind::Memory)
+                && ins.memory_base() == Register::None
+                && ins.memory_index() == Register::None
+                && ins.segment_prefix() == Register::None
+                && control(ins.memory_displacement64())
+            {
+                out.push((idx, Field::AbsControl));
+            }
+        }
+        out.extend(tags.iter().map(|&(idx, t)| {
+            (
+                idx,
+                match t {
+                    Tag::Fid => Field::Fid,
+                    Tag::OrigQword => Field::OrigQword,
+                },
+            )
+        }));
+        out
+    }
+
     /// The address of an exported label already encoded.
     pub(super) fn label(&self, l: u64) -> Option<u64> {
         self.labels.get(&l).copied()
@@ -209,7 +297,7 @@ fn unbound(label: u64) -> GenError {
 
 #[cfg(test)]
 mod tests {
-    use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Register};
+    use iced_x86::{Code, Decoder, DecoderOptions, FlowControl};
 
     use super::*;
 
@@ -222,7 +310,7 @@ mod tests {
         let base = 0x5555_5600_0000;
         let mut em = Emitter::new();
         let (a, b, c, unexported) = (em.label(), em.label(), em.label(), em.label());
-        let mut batches = Batches::new(base, [a, b, c].into_iter().collect());
+        let mut batches = Batches::new(base, [a, b, c].into_iter().collect(), base, 0x10_0000);
         let (mut table, mut returns) = (Vec::new(), Vec::new());
         let nop = || Instruction::with(Code::Nopd);
         let mut starts = Vec::new();

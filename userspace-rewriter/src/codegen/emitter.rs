@@ -11,9 +11,23 @@ use iced_x86::{Code, IcedError, Instruction, MemoryOperand, OpKind, Register};
 /// non-canonical, so no real address collides with one.
 pub(super) const LABEL_BASE: u64 = 0x8000_0000_0000_0000;
 
+/// What an instruction holds that depends on where the module is loaded
+/// (besides its branches and RIP-relative operands, which the batch
+/// encoder classifies by their targets): the relocation of a cached clone
+/// image needs to find it ([`super::relocs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Tag {
+    /// The first immediate is a `fid` (`fid_base` + index).
+    Fid,
+    /// A `dq` holding an address of the original code.
+    OrigQword,
+}
+
 /// An instruction list with labels (several labels may name one point).
 pub(super) struct Emitter {
     pub(super) out: Vec<Instruction>,
+    /// `(index in out, what)`, in index order.
+    pub(super) tags: Vec<(usize, Tag)>,
     next: u64,
     pending: Vec<u64>,
     alias: HashMap<u64, u64>,
@@ -23,6 +37,7 @@ impl Emitter {
     pub(super) fn new() -> Self {
         Emitter {
             out: Vec::new(),
+            tags: Vec::new(),
             next: 0,
             pending: Vec::new(),
             alias: HashMap::new(),
@@ -57,16 +72,26 @@ impl Emitter {
         Ok(())
     }
 
+    /// Tags the instruction emitted last.
+    pub(super) fn tag_last(&mut self, t: Tag) {
+        debug_assert!(!self.out.is_empty());
+        self.tags.push((self.out.len() - 1, t));
+    }
+
     /// Drops everything emitted since `mark` (a function that failed).
     pub(super) fn truncate(&mut self, mark: usize) {
         self.out.truncate(mark);
+        while self.tags.last().is_some_and(|&(i, _)| i >= mark) {
+            self.tags.pop();
+        }
         self.pending.clear();
     }
 
     /// Takes what was emitted so far (a batch to encode), with every label
     /// bound here that named the same point as another replaced by that
     /// one; returns the instructions and those aliases (label → the label
-    /// an instruction carries). Labels stay unique across batches.
+    /// an instruction carries). Labels stay unique across batches. The
+    /// tags are taken with them ([`Self::tags`] indexes the batch).
     pub(super) fn take(&mut self) -> (Vec<Instruction>, HashMap<u64, u64>) {
         if !self.pending.is_empty() {
             self.emit(Instruction::with(Code::Zero_bytes));

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use burstyd_common::burst::*;
 use iced_x86::{IcedError, Instruction, OpKind, Register};
 
-use super::emitter::Emitter;
+use super::emitter::{Emitter, Tag};
 use super::image::{GenStats, Layout};
 use super::runtime::{NO_PATH, Runtime};
 use crate::analysis::cfg::{self, Cfg, EdgeKind, ExitKind, LiveSet};
@@ -156,9 +156,7 @@ impl FnGen<'_> {
             let orig = self.avma(self.insns[first].addr);
             self.check(flags, orig)?;
         }
-        self.rt_call(self.rt.enter, self.fid | self.no_path_flag(), None, |_| {
-            Ok(())
-        })?;
+        self.rt_call_fid(self.rt.enter, self.no_path_flag(), None, |_| Ok(()))?;
 
         for b in 0..nb {
             self.entry_stub(b)?;
@@ -235,6 +233,7 @@ impl FnGen<'_> {
                 }
                 OutOfLine::Slot(v) => {
                     self.em.e(Instruction::with_declare_qword(&[v]))?;
+                    self.em.tag_last(Tag::OrigQword);
                 }
             }
             k += 1;

@@ -13,14 +13,15 @@ use serde::Serialize;
 use super::batches::{BATCH_INSTRUCTIONS, Batches};
 use super::emitter::Emitter;
 use super::function::{FnGen, Skip};
-use super::instrument::call_routine;
+use super::instrument::{Arg, call_routine};
+use super::relocs::Relocs;
 use super::runtime::{self, RuntimeError};
 use crate::analysis::cfg::{self, Cfg};
 use crate::analysis::disasm::Insn;
 use crate::analysis::plan::{FunctionStatus, Plan};
 
 /// Where the image goes in the target.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     /// `AVMA - SVMA` of the executable.
     pub bias: u64,
@@ -83,6 +84,11 @@ pub struct CloneImage {
     /// `(clone address, original address, original end)` of every copied
     /// instruction, sorted by clone address (clone frames → original).
     pub reverse: Vec<(u64, u64, u64)>,
+    /// The layout it is encoded for, and where its bytes depend on it.
+    pub layout: Layout,
+    pub relocs: Relocs,
+    /// Offset of the first clone (after the runtime).
+    pub clones_offset: u64,
 }
 
 /// The three sorted tables of `(original, clone)` pairs the runtime
@@ -182,6 +188,8 @@ pub enum GenError {
     Encode(String),
     #[error("the plan has no CFGs (computed without keep_details)")]
     NoDetails,
+    #[error("the cached clones cannot be moved: {0}")]
+    Relocate(String),
 }
 
 impl From<RuntimeError> for GenError {
@@ -265,7 +273,7 @@ pub fn generate_excluding(
         .copied()
         .chain(part_entries.values().map(|&(l, _)| l))
         .collect();
-    let mut batches = Batches::new(clones_at, exported);
+    let mut batches = Batches::new(clones_at, exported, layout.code, layout.control);
 
     let mut stats = GenStats::default();
     // (original AVMA, instruction index of its clone code, original end)
@@ -344,7 +352,13 @@ pub fn generate_excluding(
                     let start = blk.start;
                     if let Some(&(l, _)) = part_entries.get(&start) {
                         em.bind(l);
-                        call_routine(&mut em, rt.end, END_LEFT_CLONES as u32, None, |_| Ok(()))?;
+                        call_routine(
+                            &mut em,
+                            rt.end,
+                            Arg::Const(END_LEFT_CLONES as u32),
+                            None,
+                            |_| Ok(()),
+                        )?;
                         em.jmp(start + layout.bias)?;
                     }
                 }
@@ -412,7 +426,70 @@ pub fn generate_excluding(
         skipped,
         stats,
         reverse,
+        layout: *layout,
+        relocs: std::mem::take(&mut batches.relocs),
+        clones_offset: clones_at - layout.code,
     })
+}
+
+impl CloneImage {
+    /// The image moved to `to` (another process's layout of the same
+    /// module): its layout-dependent fields patched ([`Relocs`]), the
+    /// runtime assembled again, the tables and maps moved. The bytes equal
+    /// what [`generate_excluding`] would produce at `to`
+    /// (`tests/relocate.rs` checks it on real binaries); an error when
+    /// they could not (the image holds a field the move cannot patch, or
+    /// the runtime would not have the same size).
+    pub fn relocate(mut self, to: &Layout) -> Result<CloneImage, GenError> {
+        let from = self.layout;
+        let low = |l: &Layout| l.control < super::LOW_STATE_LIMIT;
+        if low(&from) != low(to) {
+            return Err(GenError::Relocate(
+                "the control block moved across 2 GiB (the operands change form)".into(),
+            ));
+        }
+        let rt = runtime::assemble(to.control, to.code)?;
+        if (to.code + rt.bytes.len() as u64).next_multiple_of(16) - to.code != self.clones_offset {
+            return Err(GenError::Relocate(
+                "the runtime would differ in size".into(),
+            ));
+        }
+        self.relocs
+            .apply(&mut self.bytes, &from, to)
+            .map_err(GenError::Relocate)?;
+        self.bytes[..rt.bytes.len()].copy_from_slice(&rt.bytes);
+        let (db, dc) = (
+            to.bias.wrapping_sub(from.bias),
+            to.code.wrapping_sub(from.code),
+        );
+        let pairs = |v: &mut Vec<(u64, u64)>| {
+            for e in v.iter_mut() {
+                *e = (e.0.wrapping_add(db), e.1.wrapping_add(dc));
+            }
+        };
+        pairs(&mut self.tables.insns);
+        pairs(&mut self.tables.functions);
+        pairs(&mut self.tables.returns);
+        for f in &mut self.functions {
+            f.orig = f.orig.wrapping_add(db);
+            f.clone = f.clone.wrapping_add(dc);
+        }
+        for e in &mut self.reverse {
+            *e = (
+                e.0.wrapping_add(dc),
+                e.1.wrapping_add(db),
+                e.2.wrapping_add(db),
+            );
+        }
+        self.handler = rt.handler;
+        self.restorer = rt.restorer;
+        self.code_range = (
+            self.code_range.0.wrapping_add(dc),
+            self.code_range.1.wrapping_add(dc),
+        );
+        self.layout = *to;
+        Ok(self)
+    }
 }
 
 /// Where the clones of one part of a function continue when another part

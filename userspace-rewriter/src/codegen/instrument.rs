@@ -5,7 +5,7 @@
 
 use iced_x86::{Code, IcedError, Instruction, MemoryOperand, Register};
 
-use super::emitter::{Emitter, rip};
+use super::emitter::{Emitter, Tag, rip};
 use super::function::{FnGen, OutOfLine, Skip};
 use super::image::Layout;
 
@@ -87,12 +87,13 @@ impl FnGen<'_> {
     fn path_end(&mut self, end_inc: u64) -> Result<(), Skip> {
         if end_inc > i32::MAX as u64 || self.fid > i32::MAX as u32 {
             let l = *self.layout;
-            return self.rt_call(self.rt.back, self.fid, None, |em| add_path(em, &l, end_inc));
+            return self.rt_call_fid(self.rt.back, 0, None, |em| add_path(em, &l, end_inc));
         }
         let em = &mut *self.em;
         em.lea_rsp(-128)?;
         em.e(Instruction::with1(Code::Pushq_imm32, end_inc as i32))?;
         em.e(Instruction::with1(Code::Pushq_imm32, self.fid as i32))?;
+        em.tag_last(Tag::Fid);
         em.call(self.rt.back_at)?;
         em.lea_rsp(128 + 16)?;
         Ok(())
@@ -192,8 +193,29 @@ impl FnGen<'_> {
         arg2: Option<u32>,
         pre: impl FnOnce(&mut Emitter) -> Result<(), IcedError>,
     ) -> Result<(), Skip> {
+        Ok(call_routine(self.em, routine, Arg::Const(arg), arg2, pre)?)
+    }
+
+    /// [`Self::rt_call`] whose first argument is this function's `fid`
+    /// with `flags` or'ed in.
+    pub(super) fn rt_call_fid(
+        &mut self,
+        routine: u64,
+        flags: u32,
+        arg2: Option<u32>,
+        pre: impl FnOnce(&mut Emitter) -> Result<(), IcedError>,
+    ) -> Result<(), Skip> {
+        let arg = Arg::Fid(self.fid | flags);
         Ok(call_routine(self.em, routine, arg, arg2, pre)?)
     }
+}
+
+/// The first argument of a runtime call: a constant, or a `fid` (which a
+/// cached image's relocation adjusts).
+#[derive(Clone, Copy)]
+pub(super) enum Arg {
+    Const(u32),
+    Fid(u32),
 }
 
 /// A runtime call in the standard frame: `eax = arg`, `ecx = arg2`; `pre`
@@ -201,7 +223,7 @@ impl FnGen<'_> {
 pub(super) fn call_routine(
     em: &mut Emitter,
     routine: u64,
-    arg: u32,
+    arg: Arg,
     arg2: Option<u32>,
     pre: impl FnOnce(&mut Emitter) -> Result<(), IcedError>,
 ) -> Result<(), IcedError> {
@@ -211,7 +233,14 @@ pub(super) fn call_routine(
     em.push(Register::RCX)?;
     em.push(Register::RDX)?;
     pre(em)?;
-    em.mov_imm(Register::RAX, u64::from(arg))?;
+    match arg {
+        Arg::Const(v) => em.mov_imm(Register::RAX, u64::from(v))?,
+        Arg::Fid(v) => {
+            // Always the imm32 form, whatever the value.
+            em.e(Instruction::with2(Code::Mov_r32_imm32, Register::EAX, v))?;
+            em.tag_last(Tag::Fid);
+        }
+    }
     if let Some(a2) = arg2 {
         em.mov_imm(Register::RCX, u64::from(a2))?;
     }

@@ -112,12 +112,14 @@ mod emitter;
 mod function;
 mod image;
 mod instrument;
+mod relocs;
 mod transfers;
 pub mod unwind_info;
 
 pub use image::{
     CloneImage, ClonedFunction, GenError, GenStats, Layout, Tables, generate, generate_excluding,
 };
+pub use relocs::Relocs;
 pub use runtime::NO_PATH;
 
 #[cfg(test)]

@@ -428,10 +428,10 @@ impl FnGen<'_> {
                 return self.copy_unrecorded(k);
             }
         };
-        let arg = self.fid | self.no_path_flag();
+        let flags = self.no_path_flag();
         self.stats.path_records += 1;
         let l = *self.layout;
-        self.rt_call(self.rt.exit, arg, Some(path_kind as u32), |em| {
+        self.rt_call_fid(self.rt.exit, flags, Some(path_kind as u32), |em| {
             if exit_inc != 0 {
                 add_path(em, &l, exit_inc)?;
             }

@@ -290,3 +290,40 @@ fn instruction(r: Register, rule: Rule) -> CallFrameInstruction {
         Rule::ValExpression(e) => CallFrameInstruction::ValExpression(r, Expression::raw(e)),
     }
 }
+
+/// Moves an [`eh_frame`] made for clones at one address to clones `delta`
+/// bytes further: each FDE's start is an absolute 8-byte address at 8
+/// bytes into the FDE (read back and checked before it is patched).
+pub fn relocate_eh_frame(bytes: &mut [u8], delta: u64) -> Result<(), String> {
+    use gimli::UnwindSection;
+    let mut starts = Vec::new();
+    {
+        let eh = gimli::EhFrame::new(bytes, LittleEndian);
+        let bases = gimli::BaseAddresses::default();
+        let mut entries = eh.entries(&bases);
+        while let Some(e) = entries.next().map_err(|e| e.to_string())? {
+            if let gimli::CieOrFde::Fde(p) = e {
+                let fde = p
+                    .parse(gimli::EhFrame::cie_from_offset)
+                    .map_err(|e| e.to_string())?;
+                let at = fde.offset() + 8;
+                let stored = bytes
+                    .get(at..at + 8)
+                    .map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+                if stored != Some(fde.initial_address()) {
+                    return Err(format!(
+                        "the FDE at {:#x} holds no absolute start",
+                        fde.offset()
+                    ));
+                }
+                starts.push(at);
+            }
+        }
+    }
+    for at in starts {
+        let f = &mut bytes[at..at + 8];
+        let v = u64::from_le_bytes((&*f).try_into().unwrap()).wrapping_add(delta);
+        f.copy_from_slice(&v.to_le_bytes());
+    }
+    Ok(())
+}
