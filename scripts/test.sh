@@ -20,6 +20,9 @@ echo "[test] cargo test" >&2
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
+# One plan cache for the whole suite, as on a host: the first test to
+# trace a file analyses it, the others move its cached clones.
+export BURSTYD_CACHE_DIR="$PWD/target/burstyd-tests/plan-cache"
 BURSTYD_BIN="$PWD/target/release/burstyd" cargo test --no-fail-fast 2> >(quiet) | tee "$log" || status=$?
 # One closing line for the whole suite (cargo prints one per test binary,
 # the last of which is often an empty doc-test run).

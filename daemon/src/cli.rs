@@ -196,6 +196,23 @@ pub(crate) struct ProfileArgs {
     #[arg(long)]
     pub(crate) save_bursts: bool,
 
+    /// The plan cache: what bursty tracing analysed and generated for
+    /// each module, kept by the file's content, so that the next attach to
+    /// the same file (a re-attach, another process of the program, another
+    /// program using the same library) costs no analysis and no generation
+    /// [default: /var/cache/burstyd as root, else ~/.cache/burstyd].
+    #[arg(long, value_name = "DIR", env = "BURSTYD_CACHE_DIR")]
+    pub(crate) cache_dir: Option<PathBuf>,
+
+    /// Neither read nor write the plan cache.
+    #[arg(long)]
+    pub(crate) no_cache: bool,
+
+    /// Bound on the plan cache's size: the least recently used entries
+    /// go beyond it.
+    #[arg(long, value_name = "MB", default_value_t = crate::bursts::cache::DEFAULT_MAX_MB)]
+    pub(crate) cache_max_mb: u64,
+
     /// More logging (-v debug, -vv trace).
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub(crate) verbose: u8,

@@ -316,6 +316,18 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
     // thread releases it once it traces it (to hold it at its entry).
     let bursts_on = !args.no_bursts && (child.is_some() || !cli.pids.is_empty());
     let hold = matches!(cli.command, Some(Command::Run { no_hold: false, .. })) && bursts_on;
+    if bursts_on {
+        crate::bursts::cache::init(
+            (!args.no_cache)
+                .then(|| {
+                    args.cache_dir
+                        .clone()
+                        .or_else(crate::bursts::cache::default_dir)
+                })
+                .flatten(),
+            args.cache_max_mb,
+        );
+    }
     let gate = gate.take().filter(|_| hold);
     let ended = session::run(
         SessionOptions {

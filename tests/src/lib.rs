@@ -813,6 +813,39 @@ pub fn hot_coverage(stderr: &str) -> (String, f64) {
     (line, pct)
 }
 
+/// The path counts of a full trace of the `paths_known` fixture run with
+/// `n`: its `kernel` function's six body paths run 4, 2, 2, 2, 1 and 1
+/// times per 12 iterations, and nothing was lost.
+pub fn assert_paths_known_counts(run: &BurstydRun, n: i64) {
+    let line = bursts_line(&run.finished.stderr);
+    assert!(line.contains("records lost: 0"), "{line}");
+    let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
+    let mut kernel: Vec<i64> = counts
+        .iter()
+        .filter(|(k, _)| k.starts_with("kernel path "))
+        .map(|(_, v)| *v)
+        .collect();
+    kernel.sort_unstable_by(|a, b| b.cmp(a));
+    // The first iteration runs on the path that starts at the function
+    // entry instead of the loop header, so one count may be short by one;
+    // the path that leaves the loop runs once.
+    let unit = n / 12;
+    let expect = [4 * unit, 2 * unit, 2 * unit, 2 * unit, unit, unit];
+    assert!(kernel.len() >= 6, "{counts:#?}\n{line}");
+    for (got, want) in kernel.iter().zip(expect) {
+        assert!(
+            (got - want).abs() <= 1,
+            "kernel paths {kernel:?}, expected {expect:?} (±1)\n{line}"
+        );
+    }
+    let total: i64 = kernel.iter().sum();
+    assert!(
+        (total - (n + 1)).abs() <= 1,
+        "kernel paths add up to {total}, not n + 1 = {}: {kernel:?}",
+        n + 1
+    );
+}
+
 #[cfg(test)]
 mod unit {
     use super::*;

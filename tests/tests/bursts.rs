@@ -526,34 +526,7 @@ fn full_trace_path_counts_are_exact() {
     );
     run.assert_ok();
     assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
-    let line = bursts_line(&run.finished.stderr);
-    assert!(line.contains("records lost: 0"), "{line}");
-    let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
-    let mut kernel: Vec<i64> = counts
-        .iter()
-        .filter(|(k, _)| k.starts_with("kernel path "))
-        .map(|(_, v)| *v)
-        .collect();
-    kernel.sort_unstable_by(|a, b| b.cmp(a));
-    // Per 12 iterations the six body paths run 4, 2, 2, 2, 1 and 1 times.
-    // The first iteration runs on the path that starts at the function
-    // entry instead of the loop header, so one count may be short by one;
-    // the path that leaves the loop runs once.
-    let unit = n / 12;
-    let expect = [4 * unit, 2 * unit, 2 * unit, 2 * unit, unit, unit];
-    assert!(kernel.len() >= 6, "{counts:#?}\n{line}");
-    for (got, want) in kernel.iter().zip(expect) {
-        assert!(
-            (got - want).abs() <= 1,
-            "kernel paths {kernel:?}, expected {expect:?} (±1)\n{line}"
-        );
-    }
-    let total: i64 = kernel.iter().sum();
-    assert!(
-        (total - (n + 1)).abs() <= 1,
-        "kernel paths add up to {total}, not n + 1 = {}: {kernel:?}",
-        n + 1
-    );
+    assert_paths_known_counts(&run, n);
 }
 
 /// The real programs of scripts/realprogs.sh with their arguments (output

@@ -168,3 +168,13 @@ fn a_control_block_moved_across_2_gib_is_refused() {
     };
     assert!(a.relocate(&to).is_err());
 }
+
+/// A plan written as JSON (what the plan cache stores) reads back equal.
+#[test]
+fn a_plan_reads_back_equal() {
+    let exe = common::build("paths.c", "paths-nopie", &["-O2", "-no-pie"], false);
+    let m = module(&exe);
+    let json = serde_json::to_vec(&m.plan).unwrap();
+    let back: Plan = serde_json::from_slice(&json).unwrap();
+    assert!(back == m.plan);
+}

@@ -37,6 +37,7 @@ use userspace_rewriter::codegen::{self, LOW_STATE_LIMIT, Layout, NO_PATH, Tables
 use userspace_rewriter::inject::{self, KernelSigaction, SA_RESTORER, Tracee};
 
 use super::BurstOptions;
+use super::cache;
 use super::coverage::CodeMap;
 use super::modules::{self, Module};
 use super::ring::{SharedRegion, TargetCounters};
@@ -129,19 +130,32 @@ pub(crate) struct ModuleFacts {
     pub(crate) debug_file: Option<PathBuf>,
 }
 
-/// One module analysed, before generation.
+/// One module analysed (or found in the plan cache), before generation.
 struct Analysed {
     module: Module,
     plan: Plan,
-    analysis: userspace_rewriter::analysis::cfg::Analysis,
-    /// Functions whose unwind info cannot be restated: not cloned (C++
-    /// exceptions and backtraces must unwind through every clone).
-    exclude: std::collections::BTreeMap<u64, &'static str>,
+    made: Made,
     /// `exe_id` of its bytes.
     id: u64,
     fid_base: u32,
     /// Bytes its clones needed where a generation found too little room.
     outgrew: u64,
+    /// Its key in the plan cache, when there is one.
+    key: Option<String>,
+}
+
+/// Where a module's clones come from.
+enum Made {
+    /// Generated from the analysis done now.
+    Fresh {
+        analysis: userspace_rewriter::analysis::cfg::Analysis,
+        /// Functions whose unwind info cannot be restated: not cloned (C++
+        /// exceptions and backtraces must unwind through every clone).
+        exclude: std::collections::BTreeMap<u64, &'static str>,
+    },
+    /// Moved from the plan cache to this process's layout (taken when
+    /// moved).
+    Cached(Option<Box<cache::Entry>>),
 }
 
 impl Analysed {
@@ -160,16 +174,27 @@ impl Analysed {
         true
     }
 
-    /// Bytes of the functions the plan analysed (what code room is sized
-    /// by).
-    fn original_bytes(&self) -> u64 {
-        self.plan
-            .functions
-            .iter()
-            .filter(|f| matches!(f.status, FunctionStatus::Analyzed(_)))
-            .map(|f| f.size)
-            .sum()
+    /// The room to look for: the exact size of cached clones, a generous
+    /// bound on fresh ones (by the bytes of the functions analysed).
+    fn room(&self) -> u64 {
+        match &self.made {
+            Made::Cached(Some(c)) => code_len(&c.img, &c.eh),
+            Made::Cached(None) => 0,
+            Made::Fresh { .. } => code_room(
+                self.plan
+                    .functions
+                    .iter()
+                    .filter(|f| matches!(f.status, FunctionStatus::Analyzed(_)))
+                    .map(|f| f.size)
+                    .sum(),
+            ),
+        }
     }
+}
+
+/// Bytes of the mapping for clones and their unwind info (whole pages).
+fn code_len(img: &codegen::CloneImage, eh: &[u8]) -> u64 {
+    (((img.bytes.len() as u64 + 15) & !15) + eh.len() as u64 + 0xfff) & !0xfff
 }
 
 /// One module's clones, generated for their address (the analysis is
@@ -186,6 +211,9 @@ struct Generated {
     eh: (u64, Vec<u8>),
     /// The module throws C++ exceptions (or unwinds with libgcc).
     exceptions: bool,
+    /// Its key in the plan cache, if it is to be stored there (generated
+    /// now).
+    key: Option<String>,
 }
 
 impl Generated {
@@ -203,7 +231,39 @@ impl Generated {
     }
 }
 
+/// Finds `module` in the plan cache, or analyses it.
 fn analyse(module: Module) -> anyhow::Result<Analysed> {
+    let id = exe_id(&module.data);
+    let key = cache::get().map(|_| cache::key(&module.data, id));
+    if let Some(entry) = key.as_deref().and_then(|k| cache::get()?.load(k)) {
+        let mut entry = Box::new(entry);
+        let plan = std::mem::replace(&mut entry.plan, empty_plan());
+        return Ok(Analysed {
+            module,
+            plan,
+            made: Made::Cached(Some(entry)),
+            id,
+            fid_base: 0,
+            outgrew: 0,
+            key: None,
+        });
+    }
+    let mut a = analyse_fresh(module, id)?;
+    a.key = key;
+    Ok(a)
+}
+
+fn empty_plan() -> Plan {
+    Plan {
+        build_id: None,
+        pie: false,
+        k: 0,
+        summary: Default::default(),
+        functions: Vec::new(),
+    }
+}
+
+fn analyse_fresh(module: Module, id: u64) -> anyhow::Result<Analysed> {
     let (report, analysis) = plan::analyze_with_insns(&module.data, &PlanOptions::default())
         .with_context(|| format!("analysing {}", module.path))?;
     let mut plan = report.plan;
@@ -229,13 +289,13 @@ fn analyse(module: Module) -> anyhow::Result<Analysed> {
         exclude.insert(f.start, "debugger hook (r_brk)");
     }
     Ok(Analysed {
-        id: exe_id(&module.data),
+        id,
         module,
         plan,
-        analysis,
-        exclude,
+        made: Made::Fresh { analysis, exclude },
         fid_base: 0,
         outgrew: 0,
+        key: None,
     })
 }
 
@@ -253,7 +313,7 @@ fn generate(
     reserved: &mut Vec<(u64, u64)>,
 ) -> anyhow::Result<Generated> {
     let (lo, hi) = a.module.range;
-    let mut code_len = code_room(a.original_bytes());
+    let mut code_len = a.room();
     let mut a = a;
     loop {
         let code = match fixed {
@@ -296,18 +356,50 @@ fn generate_at(
         code,
         fid_base: a.fid_base,
     };
-    let img = codegen::generate_excluding(&a.plan, &a.analysis, &layout, &a.exclude)?;
-    let eh =
-        unwind_info::eh_frame(&a.module.data, &img, a.module.bias).map_err(anyhow::Error::msg)?;
-    let need = (((img.bytes.len() as u64 + 15) & !15) + eh.bytes.len() as u64 + 0xfff) & !0xfff;
+    let mut a = a;
+    let (img, eh, exceptions, fdata) = match &mut a.made {
+        Made::Cached(c) => {
+            let c = *c.take().context("cached clones moved twice")?;
+            let from = c.img.layout.code;
+            match c.img.relocate(&layout) {
+                Ok(img) => {
+                    let mut eh = c.eh;
+                    unwind_info::relocate_eh_frame(&mut eh, code.wrapping_sub(from))
+                        .map_err(anyhow::Error::msg)?;
+                    (img, eh, c.exceptions, c.fdata)
+                }
+                Err(e) => {
+                    // Analysed as if it were not cached.
+                    warn!("{}: {e}; analysing it again", a.module.path);
+                    let fresh = analyse_fresh(a.module, a.id)?;
+                    let a = Analysed {
+                        fid_base: a.fid_base,
+                        ..fresh
+                    };
+                    return generate_at(a, control, code, room);
+                }
+            }
+        }
+        Made::Fresh { analysis, exclude } => {
+            let img = codegen::generate_excluding(&a.plan, analysis, &layout, exclude)?;
+            let eh = unwind_info::eh_frame(&a.module.data, &img, a.module.bias)
+                .map_err(anyhow::Error::msg)?
+                .bytes;
+            let exceptions = uses_exceptions(&a.module.data, analysis);
+            let fdata = FdataFacts::new(&a.module.data, &a.plan, analysis);
+            (img, eh, exceptions, fdata)
+        }
+    };
+    let need = code_len(&img, &eh);
     if room.is_some_and(|r| need > r) {
-        let mut a = a;
+        if matches!(a.made, Made::Cached(_)) {
+            // The room was sized for them.
+            bail!("the cached clones of {} need {need} bytes", a.module.path);
+        }
         a.outgrew = need;
         return Ok(Err(Box::new(a)));
     }
     let eh_addr = code + ((img.bytes.len() as u64 + 15) & !15);
-    let exceptions = uses_exceptions(&a.module.data, &a.analysis);
-    let fdata = FdataFacts::new(&a.module.data, &a.plan, &a.analysis);
     Ok(Ok(Generated {
         facts: ModuleFacts {
             path: a.module.path,
@@ -326,8 +418,9 @@ fn generate_at(
         img,
         code,
         code_len: need,
-        eh: (eh_addr, eh.bytes),
+        eh: (eh_addr, eh),
         exceptions,
+        key: a.key,
     }))
 }
 
@@ -436,11 +529,7 @@ fn live_tracer(tracer: u64) -> Option<u64> {
 /// A fast content hash of the executable (FNV-1a), to tell whether an
 /// injected region was made for this very file.
 fn exe_id(data: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in data {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    cache::fnv(data)
 }
 
 /// Injects (or re-arms) the clones in `pid`: of its executable and, with
@@ -491,6 +580,7 @@ pub(crate) fn attach(
         }
     }
     let analysis_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let cached = cached_note(&analysed);
 
     // An earlier attach's region, if it was made for this file (a memfd's
     // maps line says " (deleted)"; the path here is without it). Its
@@ -582,7 +672,7 @@ pub(crate) fn attach(
     let mut placed = Vec::new();
     for a in analysed {
         let (is_exe, path) = (a.module.is_exe, a.module.path.clone());
-        let len = code_room(a.original_bytes());
+        let len = a.room();
         let (lo, hi) = a.module.range;
         match inject::find_gap_near(pid, lo, hi, len, &reserved) {
             Ok(code) => {
@@ -804,10 +894,11 @@ pub(crate) fn attach(
     };
     info!(
         %pid,
-        "bursty tracing: {rewritten} functions rewritten ({skipped} skipped) in {} module(s) ({}), {kib} KiB of clones, signal {signal}; analysis {analysis_ms:.0} ms, generation {generation_ms:.0} ms, {stop}",
+        "bursty tracing: {rewritten} functions rewritten ({skipped} skipped) in {} module(s) ({}), {kib} KiB of clones, signal {signal}; analysis {analysis_ms:.0} ms, generation {generation_ms:.0} ms{cached}, {stop}",
         gens.len(),
         names.join(", "),
     );
+    remember(&gens);
     let then = match still_held {
         Some(t) => Some(Then::Release(t)),
         None => opts.libraries.then(|| {
@@ -1014,6 +1105,7 @@ pub(crate) fn add_libraries(
     }
     let mut fid_base = pending.next_fid;
     let mut gens = Vec::new();
+    let mut from_cache = 0;
     for module in all {
         if cancelled() {
             return Ok(None);
@@ -1035,6 +1127,7 @@ pub(crate) fn add_libraries(
         if cancelled() {
             return Ok(None);
         }
+        from_cache += usize::from(matches!(a.made, Made::Cached(_)));
         if let Some(entries) = &pending.rearm {
             // Re-armed: what an earlier attach wrote is in place.
             let Some(e) = entries
@@ -1086,6 +1179,7 @@ pub(crate) fn add_libraries(
         write_unused(pid, &gens, &tables, tables_at)?;
         activate = Some((tables_at, gens.iter().map(Generated::entry).collect()));
     }
+    remember(&gens);
     let names: Vec<&str> = gens.iter().map(|g| g.facts.name()).collect();
     let n = gens.len();
     let names = names.join(", ");
@@ -1093,10 +1187,15 @@ pub(crate) fn add_libraries(
     ext.activate = activate;
     info!(
         %pid,
-        "bursty tracing: {} functions of {n} librar{} ({names}) rewritten ({} skipped); analysis and generation {prepared_ms:.0} ms, added without stopping the program",
+        "bursty tracing: {} functions of {n} librar{} ({names}) rewritten ({} skipped); analysis and generation {prepared_ms:.0} ms{}, added without stopping the program",
         ext.functions_rewritten,
         if n == 1 { "y" } else { "ies" },
         ext.functions_skipped,
+        if from_cache > 0 {
+            format!(" ({from_cache} from the plan cache)")
+        } else {
+            String::new()
+        },
     );
     Ok(Some(ext))
 }
@@ -1258,6 +1357,7 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
     t.detach()?;
     let stopped_ms = stopped.elapsed().as_secs_f64() * 1e3;
     write_unused(pid, &gens, &tables, tables_at)?;
+    remember(&gens);
     let entries = gens.iter().map(Generated::entry).collect();
     let names: Vec<String> = gens.iter().map(|g| g.facts.name().to_owned()).collect();
     let mut ext = Extension::of(gens);
@@ -1271,6 +1371,48 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
         ext.functions_skipped,
     );
     Ok(Some(ext))
+}
+
+/// `" (N of M modules from the plan cache)"`, or nothing when none was.
+fn cached_note(analysed: &[Analysed]) -> String {
+    let n = analysed
+        .iter()
+        .filter(|a| matches!(a.made, Made::Cached(_)))
+        .count();
+    if n == 0 {
+        return String::new();
+    }
+    format!(" ({n} of {} modules from the plan cache)", analysed.len())
+}
+
+/// Stores the modules generated now in the plan cache (once the program
+/// runs with them: the next attach to the same files moves these).
+fn remember(gens: &[Generated]) {
+    let Some(cache) = cache::get() else {
+        return;
+    };
+    for g in gens {
+        let Some(key) = &g.key else {
+            continue;
+        };
+        let t0 = std::time::Instant::now();
+        let stored = cache::Stored {
+            path: &g.facts.path,
+            plan: &g.facts.plan,
+            fdata: &g.facts.fdata,
+            img: &g.img,
+            eh: &g.eh.1,
+            exceptions: g.exceptions,
+        };
+        match cache.store(key, &stored) {
+            Ok(()) => debug!(
+                "{} stored in the plan cache in {:.0} ms",
+                g.facts.path,
+                t0.elapsed().as_secs_f64() * 1e3
+            ),
+            Err(e) => warn!("{} is not stored in the plan cache: {e:#}", g.facts.path),
+        }
+    }
 }
 
 /// Writes clones and lookup tables through `/proc/PID/mem` while the

@@ -30,6 +30,7 @@ use userspace_rewriter::analysis::plan::FunctionStatus;
 
 use crate::stacks::clones::CloneFrames;
 
+pub(crate) mod cache;
 pub(crate) mod counts;
 pub(crate) mod coverage;
 pub(crate) mod decode;

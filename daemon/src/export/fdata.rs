@@ -8,6 +8,7 @@ use crate::bursts::counts::PathCounts;
 
 /// What `edges.fdata` needs from the executable and its analysis, taken at
 /// attach (the file's bytes and the analysis are not kept).
+#[derive(serde::Serialize, serde::Deserialize)]
 pub(crate) struct FdataFacts {
     /// `llvm-bolt`'s names of the functions (local ones as `name/N`), by
     /// start address (SVMA).

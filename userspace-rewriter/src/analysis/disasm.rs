@@ -25,7 +25,7 @@ use serde::Serialize;
 /// What an instruction does to control flow.
 ///
 /// Targets are SVMAs (the decoder runs with `ip` = the function's SVMA).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub enum Flow {
     /// Falls through to the next instruction.
     Next,

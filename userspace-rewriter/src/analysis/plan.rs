@@ -63,7 +63,7 @@ pub enum PlanError {
 }
 
 /// Totals over the analysable functions (the JSON summary's keys).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Summary {
     /// Functions found (PLT stubs excluded: they are the dynamic linker's
     /// code, never cloned).
@@ -96,7 +96,7 @@ pub struct Summary {
 }
 
 /// One loop of a function.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct LoopPlan {
     pub header: u64,
     pub blocks: usize,
@@ -108,7 +108,7 @@ pub struct LoopPlan {
 }
 
 /// What the plan says about one analysable function.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct FunctionAnalysis {
     pub blocks: usize,
     pub edges: usize,
@@ -118,7 +118,7 @@ pub struct FunctionAnalysis {
     pub paths: Option<u64>,
     /// Edges cut to keep the paths under [`MAX_PATHS`] (0 for almost
     /// every function): the function's paths also end there.
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(skip_serializing_if = "is_zero", default)]
     pub cut_edges: usize,
     /// In the entry-check set C.
     pub entry_check: bool,
@@ -132,31 +132,31 @@ pub struct FunctionAnalysis {
     pub numbering: Option<PathNumbering>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "status", rename_all = "snake_case")]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FunctionStatus {
     Analyzed(Box<FunctionAnalysis>),
     Skipped { reason: SkipReason },
     Plt,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct FunctionPlan {
     pub name: String,
     pub start: u64,
     pub size: u64,
+    #[serde(deserialize_with = "source_names_back")]
     pub sources: Vec<&'static str>,
     pub(crate) cold_part: bool,
     /// Index of the first part of the function this one belongs to (a
     /// `.cold` part's parent family; its own index for most): a part
     /// returns from the frame its family's entry made.
     pub family: usize,
-    #[serde(flatten)]
     pub status: FunctionStatus,
 }
 
 /// The plan of one binary.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Plan {
     pub build_id: Option<String>,
     pub pie: bool,
@@ -182,6 +182,22 @@ fn source_names(s: FunctionSources) -> Vec<&'static str> {
     .filter(|(bit, _)| s.contains(*bit))
     .map(|(_, n)| n)
     .collect()
+}
+
+/// [`source_names`] read back (a cached plan).
+fn source_names_back<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<&'static str>, D::Error> {
+    let names: Vec<String> = serde::Deserialize::deserialize(d)?;
+    names
+        .iter()
+        .map(|n| {
+            ["symtab", "dynsym", "eh_frame", "plt"]
+                .into_iter()
+                .find(|k| k == n)
+                .ok_or_else(|| serde::de::Error::custom(format!("unknown function source {n}")))
+        })
+        .collect()
 }
 
 /// Variant name of a skip reason (`UnresolvedIndirectJump`, ...).

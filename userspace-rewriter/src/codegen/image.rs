@@ -49,9 +49,29 @@ pub struct ClonedFunction {
 }
 
 impl ClonedFunction {
+    /// A cloned function read back (a cached image).
+    pub fn new(fid: u32, orig: u64, clone: u64, paths: bool) -> Self {
+        ClonedFunction {
+            fid,
+            orig,
+            clone,
+            paths,
+        }
+    }
+
     /// Index into the plan's `functions`.
     pub fn fid(&self) -> u32 {
         self.fid
+    }
+
+    /// AVMA of the clone's entry.
+    pub fn clone_entry(&self) -> u64 {
+        self.clone
+    }
+
+    /// Whether its path records are valid Ball-Larus numbers.
+    pub fn paths(&self) -> bool {
+        self.paths
     }
 
     /// AVMA of the original function.
@@ -167,7 +187,7 @@ impl Tables {
     }
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct GenStats {
     instructions: usize,
     pub(crate) edge_increments: usize,

@@ -70,7 +70,7 @@ pub mod flag {
 }
 
 /// Registers and flags live at a point.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct LiveSet {
     /// Bit `n` = GPR `n` (rax rcx rdx rbx rsp rbp rsi rdi r8..r15).
     pub regs: u16,

@@ -87,7 +87,7 @@ pub use liveness::{LiveSet, flag, liveness};
 use noreturn::is_known_noreturn;
 
 /// Why a function was left out.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize, thiserror::Error)]
 pub enum SkipReason {
     /// The function's range is not backed by bytes in the file.
     #[error("no bytes in the file for the function's range")]
@@ -169,7 +169,7 @@ pub enum SkipReason {
 }
 
 /// The kind of an intra-function edge.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 pub enum EdgeKind {
     /// The block ends because the next instruction starts a block.
     FallThrough,
@@ -186,7 +186,7 @@ pub enum EdgeKind {
 }
 
 /// A basic block: consecutive reached instructions.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Block {
     /// SVMA of the first instruction.
     pub start: u64,
@@ -197,7 +197,7 @@ pub struct Block {
 }
 
 /// An edge between two blocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Edge {
     /// Source block index.
     pub from: usize,
@@ -208,7 +208,7 @@ pub struct Edge {
 }
 
 /// How control leaves the function from a block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub enum ExitKind {
     /// `ret`.
     Return,
@@ -246,7 +246,7 @@ pub enum ExitKind {
 }
 
 /// One way out of the function.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Exit {
     /// The block it leaves from.
     pub block: usize,
@@ -257,7 +257,7 @@ pub struct Exit {
 }
 
 /// Entry format of a [`JumpTable`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub enum JumpTableKind {
     /// `lea rB,[rip+T]; movsxd rX,[rB+idx*4]; add rX,rB; jmp rX`: entries are
     /// signed 32-bit offsets from `T` (GCC with `-fPIC`/`-fpie`).
@@ -276,7 +276,7 @@ pub enum JumpTableKind {
 }
 
 /// A recovered switch jump table.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct JumpTable {
     /// SVMA of the indirect `jmp`.
     pub jump: u64,
@@ -289,7 +289,7 @@ pub struct JumpTable {
 }
 
 /// A call site.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct CallSite {
     /// SVMA of the call instruction.
     insn: u64,
@@ -298,7 +298,7 @@ pub struct CallSite {
 }
 
 /// A function's control-flow graph.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Cfg {
     /// SVMA of the function.
     pub function: u64,

@@ -1,0 +1,400 @@
+//! The plan and code cache: what the first attach to a module analysed and
+//! generated, kept on disk, so that the next attach to the same file (a
+//! re-attach, another process of the same program, another program using
+//! the same library) costs no analysis and no generation. The cached
+//! clones are moved to the new process's layout
+//! ([`CloneImage::relocate`]: the same bytes a generation there makes,
+//! `userspace-rewriter/tests/relocate.rs`), which takes milliseconds.
+//!
+//! - **Key**: the module's content: its ELF build ID (when it has one),
+//!   its size and a 64-bit FNV-1a hash of its bytes, all three; and
+//!   burstyd's own build ID (a rebuilt burstyd never reads another
+//!   build's entries).
+//! - **Where**: one file per module under the cache directory
+//!   (`/var/cache/burstyd` as root, the service's `CacheDirectory=`;
+//!   `$XDG_CACHE_HOME/burstyd` or `~/.cache/burstyd` otherwise), written
+//!   under a temporary name and renamed, so a reader never sees half an
+//!   entry.
+//! - **Bound**: after each write, the least recently used entries (by
+//!   modification time, refreshed on every hit) are removed until the
+//!   directory holds at most the bound (`cache_max_mb`, 1024 MB).
+//! - **Format**: a magic line, then sections of `u64` length and bytes: a
+//!   JSON header, the plan and the fdata facts as JSON, the clone image,
+//!   its relocations, tables, functions and map as little-endian words,
+//!   and the `.eh_frame`.
+//!
+//! An entry that cannot be read or moved is ignored (and removed if it is
+//! corrupt); the module is then analysed as if there were none.
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::SystemTime;
+
+use anyhow::{Context as _, bail};
+use serde::{Deserialize, Serialize};
+use tracing::{debug, warn};
+use userspace_rewriter::analysis::plan::Plan;
+use userspace_rewriter::codegen::{CloneImage, ClonedFunction, GenStats, Layout, Relocs, Tables};
+
+use crate::export::fdata::FdataFacts;
+
+const MAGIC: &[u8] = b"burstyd plan cache 2\n";
+
+/// Default bound on the cache directory.
+pub(crate) const DEFAULT_MAX_MB: u64 = 1024;
+
+/// One module's cached analysis and clones.
+pub(crate) struct Entry {
+    pub(crate) plan: Plan,
+    pub(crate) fdata: FdataFacts,
+    /// Encoded for the layout of the attach that made it.
+    pub(crate) img: CloneImage,
+    pub(crate) eh: Vec<u8>,
+    pub(crate) exceptions: bool,
+}
+
+/// The cache directory and its bound.
+pub(crate) struct Cache {
+    dir: PathBuf,
+    max_bytes: u64,
+    /// burstyd's own build ID.
+    ours: String,
+}
+
+static CACHE: OnceLock<Option<Cache>> = OnceLock::new();
+
+/// Sets the process's cache (once; `None`: no cache).
+pub(crate) fn init(dir: Option<PathBuf>, max_mb: u64) {
+    let cache = dir.map(|dir| Cache {
+        dir,
+        max_bytes: max_mb.saturating_mul(1 << 20),
+        ours: own_build_id(),
+    });
+    let _ = CACHE.set(cache);
+}
+
+/// The process's cache, if any.
+pub(crate) fn get() -> Option<&'static Cache> {
+    CACHE.get().and_then(Option::as_ref)
+}
+
+/// The default directory: `/var/cache/burstyd` as root, else the user's
+/// cache directory.
+pub(crate) fn default_dir() -> Option<PathBuf> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return Some(PathBuf::from("/var/cache/burstyd"));
+    }
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+        .map(|d| d.join("burstyd"))
+}
+
+/// burstyd's build ID, or its size and modification time without one.
+fn own_build_id() -> String {
+    let exe = std::fs::read("/proc/self/exe").unwrap_or_default();
+    userspace_rewriter::analysis::elf::ElfInfo::parse(&exe)
+        .ok()
+        .and_then(|e| e.build_id_hex())
+        .unwrap_or_else(|| format!("{:x}-{:016x}", exe.len(), fnv(&exe)))
+}
+
+/// FNV-1a, 64 bits.
+pub(crate) fn fnv(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in data {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The key of a module's bytes, whose [`fnv`] is `hash`.
+pub(crate) fn key(data: &[u8], hash: u64) -> String {
+    let build_id = userspace_rewriter::analysis::elf::ElfInfo::parse(data)
+        .ok()
+        .and_then(|e| e.build_id_hex())
+        .unwrap_or_else(|| "none".into());
+    format!("{build_id}-{:x}-{hash:016x}", data.len())
+}
+
+/// What the header records besides the sections.
+#[derive(Serialize, Deserialize)]
+struct Header {
+    ours: String,
+    key: String,
+    /// For a human reading the directory.
+    path: String,
+    layout: [u64; 4],
+    code_range: (u64, u64),
+    clones_offset: u64,
+    handler: u64,
+    restorer: u64,
+    exceptions: bool,
+    stats: GenStats,
+    skipped: std::collections::BTreeMap<String, usize>,
+}
+
+impl Cache {
+    fn path(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}.bin"))
+    }
+
+    /// The entry for `key`, if there is a readable one.
+    pub(crate) fn load(&self, key: &str) -> Option<Entry> {
+        let path = self.path(key);
+        let file = std::fs::File::open(&path).ok()?;
+        match read(&file, &self.ours, key) {
+            Ok(e) => {
+                // Recently used: the eviction goes by modification time.
+                let _ = file.set_modified(SystemTime::now());
+                Some(e)
+            }
+            Err(e) => {
+                warn!("ignoring the cached plan {}: {e:#}", path.display());
+                let _ = std::fs::remove_file(&path);
+                None
+            }
+        }
+    }
+
+    /// Stores an entry for `key`, then keeps the directory within its
+    /// bound.
+    pub(crate) fn store(&self, key: &str, e: &Stored<'_>) -> anyhow::Result<()> {
+        if e.img.relocs.unrelocatable.is_some() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("creating the cache directory {}", self.dir.display()))?;
+        let tmp = self.dir.join(format!(".{key}.{}.tmp", std::process::id()));
+        let result = write(&tmp, &self.ours, key, e).and_then(|()| {
+            std::fs::rename(&tmp, self.path(key)).context("renaming the cache entry")
+        });
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result?;
+        self.evict();
+        Ok(())
+    }
+
+    /// Removes the least recently used entries beyond the bound.
+    fn evict(&self) {
+        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut entries: Vec<(SystemTime, u64, PathBuf)> = dir
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".bin"))
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                Some((m.modified().ok()?, m.len(), e.path()))
+            })
+            .collect();
+        let mut total: u64 = entries.iter().map(|e| e.1).sum();
+        entries.sort();
+        for (_, len, path) in entries {
+            if total <= self.max_bytes {
+                break;
+            }
+            debug!("cache bound: removing {}", path.display());
+            if std::fs::remove_file(&path).is_ok() {
+                total -= len;
+            }
+        }
+    }
+}
+
+/// What an entry is written from: a module generated now.
+pub(crate) struct Stored<'a> {
+    /// Names the module (for a human reading the directory).
+    pub(crate) path: &'a str,
+    pub(crate) plan: &'a Plan,
+    pub(crate) fdata: &'a FdataFacts,
+    pub(crate) img: &'a CloneImage,
+    pub(crate) eh: &'a [u8],
+    pub(crate) exceptions: bool,
+}
+
+fn write(tmp: &Path, ours: &str, key: &str, e: &Stored<'_>) -> anyhow::Result<()> {
+    let Stored {
+        path,
+        plan,
+        fdata,
+        img,
+        eh,
+        exceptions,
+    } = *e;
+    let l = &img.layout;
+    let header = Header {
+        ours: ours.into(),
+        key: key.into(),
+        path: path.into(),
+        layout: [l.bias, l.control, l.code, l.fid_base.into()],
+        code_range: img.code_range,
+        clones_offset: img.clones_offset,
+        handler: img.handler,
+        restorer: img.restorer,
+        exceptions,
+        stats: img.stats.clone(),
+        skipped: img.skipped.clone(),
+    };
+    let file = std::fs::File::create(tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+    w.write_all(MAGIC)?;
+    let section = |w: &mut std::io::BufWriter<std::fs::File>, bytes: &[u8]| {
+        w.write_all(&(bytes.len() as u64).to_le_bytes())?;
+        w.write_all(bytes)
+    };
+    section(&mut w, &serde_json::to_vec(&header)?)?;
+    section(&mut w, &rmp_serde::to_vec_named(plan)?)?;
+    section(&mut w, &rmp_serde::to_vec_named(fdata)?)?;
+    section(&mut w, &img.bytes)?;
+    let r = &img.relocs;
+    for v in [
+        &r.rel_orig,
+        &r.rel_control,
+        &r.abs_control,
+        &r.orig_qwords,
+        &r.fids,
+    ] {
+        section(&mut w, &words(v.iter().map(|&x| u64::from(x))))?;
+    }
+    for t in [
+        &img.tables.insns,
+        &img.tables.functions,
+        &img.tables.returns,
+    ] {
+        section(&mut w, &words(t.iter().flat_map(|&(a, b)| [a, b])))?;
+    }
+    section(
+        &mut w,
+        &words(img.functions.iter().flat_map(|f| {
+            [
+                f.fid().into(),
+                f.orig(),
+                f.clone_entry(),
+                u64::from(f.paths()),
+            ]
+        })),
+    )?;
+    section(
+        &mut w,
+        &words(img.reverse.iter().flat_map(|&(a, b, c)| [a, b, c])),
+    )?;
+    section(&mut w, eh)?;
+    w.into_inner()
+        .map_err(|e| e.into_error())?
+        .sync_data()
+        .context("writing the cache entry")?;
+    Ok(())
+}
+
+fn words(v: impl Iterator<Item = u64>) -> Vec<u8> {
+    v.flat_map(u64::to_le_bytes).collect()
+}
+
+fn read(file: &std::fs::File, ours: &str, key: &str) -> anyhow::Result<Entry> {
+    // SAFETY: a private read-only mapping of a file written once and
+    // renamed into place; a concurrent rewrite replaces the name, not
+    // these pages.
+    let map = unsafe { memmap2::Mmap::map(file)? };
+    let mut rest: &[u8] = map
+        .strip_prefix(MAGIC)
+        .context("not a burstyd plan cache file")?;
+    let mut next = || -> anyhow::Result<&[u8]> {
+        let n = rest
+            .get(..8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()) as usize)
+            .context("truncated")?;
+        let s = rest.get(8..8 + n).context("truncated")?;
+        rest = &rest[8 + n..];
+        Ok(s)
+    };
+    let header: Header = serde_json::from_slice(next()?)?;
+    if header.ours != ours || header.key != key {
+        bail!("made by another burstyd or for another file");
+    }
+    let t0 = std::time::Instant::now();
+    let plan: Plan = rmp_serde::from_slice(next()?).context("the plan")?;
+    let fdata: FdataFacts = rmp_serde::from_slice(next()?).context("the fdata facts")?;
+    debug!("plan read in {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
+    let bytes = next()?.to_vec();
+    let mut u32s = || -> anyhow::Result<Vec<u32>> {
+        unwords(next()?)?
+            .into_iter()
+            .map(|x| u32::try_from(x).context("a relocation offset"))
+            .collect()
+    };
+    let relocs = Relocs {
+        rel_orig: u32s()?,
+        rel_control: u32s()?,
+        abs_control: u32s()?,
+        orig_qwords: u32s()?,
+        fids: u32s()?,
+        unrelocatable: None,
+    };
+    let mut pairs = || -> anyhow::Result<Vec<(u64, u64)>> {
+        Ok(unwords(next()?)?
+            .chunks_exact(2)
+            .map(|c| (c[0], c[1]))
+            .collect())
+    };
+    let tables = Tables {
+        insns: pairs()?,
+        functions: pairs()?,
+        returns: pairs()?,
+    };
+    let functions = unwords(next()?)?
+        .chunks_exact(4)
+        .map(|c| {
+            Ok(ClonedFunction::new(
+                u32::try_from(c[0]).context("a fid")?,
+                c[1],
+                c[2],
+                c[3] != 0,
+            ))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let reverse = unwords(next()?)?
+        .chunks_exact(3)
+        .map(|c| (c[0], c[1], c[2]))
+        .collect();
+    let eh = next()?.to_vec();
+    let [bias, control, code, fid_base] = header.layout;
+    let img = CloneImage {
+        bytes,
+        handler: header.handler,
+        restorer: header.restorer,
+        code_range: header.code_range,
+        tables,
+        functions,
+        skipped: header.skipped,
+        stats: header.stats,
+        reverse,
+        layout: Layout {
+            bias,
+            control,
+            code,
+            fid_base: u32::try_from(fid_base).context("fid base")?,
+        },
+        relocs,
+        clones_offset: header.clones_offset,
+    };
+    Ok(Entry {
+        plan,
+        fdata,
+        img,
+        eh,
+        exceptions: header.exceptions,
+    })
+}
+
+fn unwords(b: &[u8]) -> anyhow::Result<Vec<u64>> {
+    if !b.len().is_multiple_of(8) {
+        bail!("a section of {} bytes is not of words", b.len());
+    }
+    Ok(b.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect())
+}

@@ -1,0 +1,122 @@
+//! The plan cache: the first attach to a program analyses and generates
+//! its modules and stores them; the next attach to the same files moves
+//! the cached clones to the new process's layout (no analysis, no
+//! generation) and traces exactly as well: a full trace counts the same
+//! paths. A damaged entry is ignored and replaced, never used.
+use std::time::Duration;
+
+use burstyd_tests::*;
+
+/// `paths_known` under a full trace with the cache in `cache`: the run,
+/// checked for identical output and exact path counts.
+fn traced(scratch: &Scratch, cache: &std::path::Path, n: i64, untraced: &Finished) -> BurstydRun {
+    let exe = fixture("paths_known");
+    let arg = n.to_string();
+    let run = burstyd_run(
+        scratch,
+        &[
+            "--freq",
+            "999",
+            "--full-trace",
+            "--cache-dir",
+            cache.to_str().unwrap(),
+        ],
+        &[exe.to_str().unwrap(), &arg],
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    assert_paths_known_counts(&run, n);
+    run
+}
+
+/// The "bursty tracing: ..." attach line.
+fn attach_line(run: &BurstydRun) -> String {
+    run.finished
+        .stderr
+        .lines()
+        .find(|l| l.contains("bursty tracing: ") && l.contains("rewritten"))
+        .unwrap_or_else(|| panic!("no attach line\n{}", run.finished.describe()))
+        .to_owned()
+}
+
+#[test]
+fn a_second_run_moves_the_cached_clones_and_counts_the_same_paths() {
+    require_root();
+    let n: i64 = 360_000;
+    let exe = fixture("paths_known");
+    let untraced = run_untraced(
+        &[exe.to_str().unwrap(), &n.to_string()],
+        Duration::from_secs(60),
+    );
+    let scratch = Scratch::new("plan-cache");
+    let cache = scratch.join("cache");
+
+    // First: analysed and generated, then stored (one entry per module).
+    let first = traced(&scratch, &cache, n, &untraced);
+    let line = attach_line(&first);
+    assert!(!line.contains("plan cache"), "{line}");
+    let entries = || -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(&cache)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+            .collect();
+        v.sort();
+        v
+    };
+    let stored = entries();
+    let modules = line
+        .split(" in ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse::<usize>().ok())
+        .unwrap_or_else(|| panic!("no module count in {line}"));
+    assert_eq!(stored.len(), modules, "{stored:?}\n{line}");
+
+    // Second: every module from the cache, the same exact counts.
+    let second = traced(&scratch, &cache, n, &untraced);
+    let line = attach_line(&second);
+    assert!(
+        line.contains(&format!(
+            "({modules} of {modules} modules from the plan cache)"
+        )),
+        "{line}"
+    );
+
+    // A damaged entry is ignored (with a warning) and replaced.
+    for p in &stored {
+        let len = std::fs::metadata(p).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.set_len(len / 2).unwrap();
+    }
+    let third = traced(&scratch, &cache, n, &untraced);
+    let line = attach_line(&third);
+    assert!(!line.contains("plan cache"), "{line}");
+    assert!(
+        third.finished.stderr.contains("ignoring the cached plan"),
+        "{}",
+        third.finished.describe()
+    );
+    let fourth = traced(&scratch, &cache, n, &untraced);
+    assert!(attach_line(&fourth).contains("modules from the plan cache"));
+}
+
+/// `--no-cache` neither reads nor writes it.
+#[test]
+fn no_cache_leaves_the_directory_alone() {
+    require_root();
+    let n: i64 = 12_000;
+    let exe = fixture("paths_known");
+    let scratch = Scratch::new("no-cache");
+    let cache = scratch.join("cache");
+    let run = burstyd_run(
+        &scratch,
+        &["--no-cache", "--cache-dir", cache.to_str().unwrap()],
+        &[exe.to_str().unwrap(), &n.to_string()],
+        Duration::from_secs(60),
+    );
+    run.assert_ok();
+    assert!(!cache.exists(), "{}", run.finished.describe());
+}
