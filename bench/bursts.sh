@@ -38,7 +38,10 @@
 #   - whether every traced run's output equals the untraced output (the
 #     --pid runs, the `run` runs and the full traces; byte for byte),
 #   - the attach under `run` (analysis, generation, how long the command
-#     was held) and the daemon's peak RSS (default and full trace),
+#     was held), first with an empty plan cache and then cached (the
+#     second run moves the first's clones), and the daemon's peak RSS
+#     (first, cached and full trace); the --pid runs share a plan cache
+#     of their own, so all but the first attach there are cached,
 #   - the speed of the binary optimized by llvm-bolt with the edge profile
 #     of the default runs (edges.fdata, merged with merge-fdata) relative to
 #     the original binary.
@@ -89,6 +92,8 @@ bash "$ROOT/scripts/realprogs.sh" $bench_progs >&2 || die "scripts/realprogs.sh 
 (cd "$ROOT" && cargo build --release -q -p burstyd-tests --bin bench_tool) >&2 || die "building bench_tool failed"
 TOOL="$ROOT/target/release/bench_tool"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/burstyd-bursts.XXXXXX")"
+# The plan cache of the --pid runs (not the host's).
+export BURSTYD_CACHE_DIR="$WORK/cache"
 # (A run whose output differs leaves $WORK/keep: the directory is kept.)
 trap '[[ "${KEEP:-0}" == 1 || -e "$WORK/keep" ]] && echo "bursts.sh: kept $WORK" >&2 || rm -rf "$WORK"' EXIT
 
@@ -273,7 +278,10 @@ for prog in $PROGRAMS; do
     echo "== $prog: $RUNS default runs and a full trace under \`burstyd run\` (held at its entry point until cloned: traced from its start)" >&2
     rests=()
     for i in $(seq 1 "$RUNS"); do
-        run_traced "$WORK/rdef$i" -- "${RUN[@]}"
+        # The first two with a plan cache of their own: the first attach
+        # analyses and generates, the second moves the cached clones.
+        cache=(); [[ $i -le 2 ]] && cache=(--cache-dir "$WORK/cache-run-$prog")
+        run_traced "$WORK/rdef$i" "${cache[@]}" -- "${RUN[@]}"
         rests+=("$WORK/rdef$i/paths.pb.gz")
     done
     run_traced "$WORK/rfull" --full-trace -- "${RUN[@]}"
@@ -285,9 +293,13 @@ for prog in $PROGRAMS; do
     hot_all=$(grep -o 'Over all modules: [0-9.]*%' "$WORK/rdef1.log" | head -1 | sed 's/Over all modules: //' || true)
     # The attach under `run` (every module analysed and generated while
     # the command is held) and the daemon's peak RSS, default and full trace.
-    attach=$(grep -o 'analysis [0-9]* ms, generation [0-9]* ms, the command held at its entry point for [0-9]* ms' "$WORK/rdef1.log" \
-        | head -1 | sed 's/the command held at its entry point for/held/' || true)
+    attach_of() {
+        grep -o 'analysis [0-9]* ms, generation [0-9]* ms[^,]*, the command held at its entry point for [0-9]* ms' "$1" \
+            | head -1 | sed 's/the command held at its entry point for/held/; s/ modules from the plan cache//' || true
+    }
+    attach="first $(attach_of "$WORK/rdef1.log"); cached $(attach_of "$WORK/rdef2.log")"
     rss=$(grep -o 'peak RSS [0-9.]* MB' "$WORK/rdef1.log" | head -1 | sed 's/peak RSS //' || true)
+    rss_cached=$(grep -o 'peak RSS [0-9.]* MB' "$WORK/rdef2.log" | head -1 | sed 's/peak RSS //' || true)
     rss_full=$(grep -o 'peak RSS [0-9.]* MB' "$WORK/rfull.log" | head -1 | sed 's/peak RSS //' || true)
 
     bolted="n/a (no relocations in the binary)"
@@ -331,8 +343,8 @@ for prog in $PROGRAMS; do
     fi
 
     outputs="$(grep -c '^same$' "$WORK/outputs" || true)/$(wc -l <"$WORK/outputs")"
-    REPORT+=("$(printf '%-10s %4d %s %5.2fs | default %.4f %.4f (%.4f-%.4f) | --burst 0 %.4f %.4f (%.4f-%.4f) | --no-bursts %.4f %.4f | full-trace %.2fx | bursts/s %.0f | burst %.1fus signal %.1fus: bursts add %.4f, --burst 0 adds %.4f | %s | %s | hot coverage %s (all modules %s) | output identical %s | attach (run): %s, daemon peak RSS %s (full trace %s) | BOLTed %s' \
-        "$prog" "$mb" "$unit" "$U_MED" "$DEF_BEST" "$DEF_MED" "$DEF_MIN" "$DEF_MAX" "$OFF_BEST" "$OFF_MED" "$OFF_MIN" "$OFF_MAX" "$SMP_BEST" "$SMP_MED" "$(ratio "$fa" "$U_MED")" "$BPS_MED" "$C_BURST" "$C_SIGNAL" "$IMPL_DEF" "$IMPL_OFF" "$acc" "$cg" "$hot" "${hot_all:-n/a}" "$outputs" "${attach:-n/a}" "${rss:-n/a}" "${rss_full:-n/a}" "$bolted")")
+    REPORT+=("$(printf '%-10s %4d %s %5.2fs | default %.4f %.4f (%.4f-%.4f) | --burst 0 %.4f %.4f (%.4f-%.4f) | --no-bursts %.4f %.4f | full-trace %.2fx | bursts/s %.0f | burst %.1fus signal %.1fus: bursts add %.4f, --burst 0 adds %.4f | %s | %s | hot coverage %s (all modules %s) | output identical %s | attach (run): %s, daemon peak RSS %s (cached %s, full trace %s) | BOLTed %s' \
+        "$prog" "$mb" "$unit" "$U_MED" "$DEF_BEST" "$DEF_MED" "$DEF_MIN" "$DEF_MAX" "$OFF_BEST" "$OFF_MED" "$OFF_MIN" "$OFF_MAX" "$SMP_BEST" "$SMP_MED" "$(ratio "$fa" "$U_MED")" "$BPS_MED" "$C_BURST" "$C_SIGNAL" "$IMPL_DEF" "$IMPL_OFF" "$acc" "$cg" "$hot" "${hot_all:-n/a}" "$outputs" "${attach:-n/a}" "${rss:-n/a}" "${rss_cached:-n/a}" "${rss_full:-n/a}" "$bolted")")
     [[ -n "$stale" ]] && echo "  bolt: $stale" >&2
 done
 echo

@@ -38,7 +38,7 @@ use userspace_rewriter::codegen::{CloneImage, ClonedFunction, GenStats, Layout, 
 
 use crate::export::fdata::FdataFacts;
 
-const MAGIC: &[u8] = b"burstyd plan cache 2\n";
+const MAGIC: &[u8] = b"burstyd plan cache 3\n";
 
 /// Default bound on the cache directory.
 pub(crate) const DEFAULT_MAX_MB: u64 = 1024;
@@ -258,7 +258,10 @@ fn write(tmp: &Path, ours: &str, key: &str, e: &Stored<'_>) -> anyhow::Result<()
         &r.orig_qwords,
         &r.fids,
     ] {
-        section(&mut w, &words(v.iter().map(|&x| u64::from(x))))?;
+        section(
+            &mut w,
+            &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+        )?;
     }
     for t in [
         &img.tables.insns,
@@ -295,72 +298,57 @@ fn words(v: impl Iterator<Item = u64>) -> Vec<u8> {
 }
 
 fn read(file: &std::fs::File, ours: &str, key: &str) -> anyhow::Result<Entry> {
-    // SAFETY: a private read-only mapping of a file written once and
-    // renamed into place; a concurrent rewrite replaces the name, not
-    // these pages.
-    let map = unsafe { memmap2::Mmap::map(file)? };
-    let mut rest: &[u8] = map
-        .strip_prefix(MAGIC)
-        .context("not a burstyd plan cache file")?;
-    let mut next = || -> anyhow::Result<&[u8]> {
-        let n = rest
-            .get(..8)
-            .map(|b| u64::from_le_bytes(b.try_into().unwrap()) as usize)
-            .context("truncated")?;
-        let s = rest.get(8..8 + n).context("truncated")?;
-        rest = &rest[8 + n..];
-        Ok(s)
+    // Read as a stream (a mapping would count the whole file in the
+    // daemon's resident memory at once).
+    let size = file.metadata()?.len();
+    let mut r = Sections {
+        r: std::io::BufReader::with_capacity(1 << 16, file),
+        left: size,
     };
-    let header: Header = serde_json::from_slice(next()?)?;
+    let mut magic = vec![0; MAGIC.len()];
+    r.exact(&mut magic)?;
+    if magic != MAGIC {
+        bail!("not a burstyd plan cache file");
+    }
+    let n = r.len()?;
+    let header: Header = serde_json::from_slice(&r.bytes(n)?)?;
     if header.ours != ours || header.key != key {
         bail!("made by another burstyd or for another file");
     }
     let t0 = std::time::Instant::now();
-    let plan: Plan = rmp_serde::from_slice(next()?).context("the plan")?;
-    let fdata: FdataFacts = rmp_serde::from_slice(next()?).context("the fdata facts")?;
+    let plan: Plan = r.msgpack().context("the plan")?;
+    let fdata: FdataFacts = r.msgpack().context("the fdata facts")?;
     debug!("plan read in {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
-    let bytes = next()?.to_vec();
-    let mut u32s = || -> anyhow::Result<Vec<u32>> {
-        unwords(next()?)?
-            .into_iter()
-            .map(|x| u32::try_from(x).context("a relocation offset"))
-            .collect()
-    };
+    let n = r.len()?;
+    let bytes = r.bytes(n)?;
     let relocs = Relocs {
-        rel_orig: u32s()?,
-        rel_control: u32s()?,
-        abs_control: u32s()?,
-        orig_qwords: u32s()?,
-        fids: u32s()?,
+        rel_orig: r.u32s()?,
+        rel_control: r.u32s()?,
+        abs_control: r.u32s()?,
+        orig_qwords: r.u32s()?,
+        fids: r.u32s()?,
         unrelocatable: None,
     };
-    let mut pairs = || -> anyhow::Result<Vec<(u64, u64)>> {
-        Ok(unwords(next()?)?
-            .chunks_exact(2)
-            .map(|c| (c[0], c[1]))
-            .collect())
-    };
     let tables = Tables {
-        insns: pairs()?,
-        functions: pairs()?,
-        returns: pairs()?,
+        insns: r.words(|w: [u64; 2]| (w[0], w[1]))?,
+        functions: r.words(|w: [u64; 2]| (w[0], w[1]))?,
+        returns: r.words(|w: [u64; 2]| (w[0], w[1]))?,
     };
-    let functions = unwords(next()?)?
-        .chunks_exact(4)
-        .map(|c| {
+    let functions = r
+        .words(|w: [u64; 4]| (w[0], w[1], w[2], w[3]))?
+        .into_iter()
+        .map(|(fid, orig, clone, paths)| {
             Ok(ClonedFunction::new(
-                u32::try_from(c[0]).context("a fid")?,
-                c[1],
-                c[2],
-                c[3] != 0,
+                u32::try_from(fid).context("a fid")?,
+                orig,
+                clone,
+                paths != 0,
             ))
         })
         .collect::<anyhow::Result<_>>()?;
-    let reverse = unwords(next()?)?
-        .chunks_exact(3)
-        .map(|c| (c[0], c[1], c[2]))
-        .collect();
-    let eh = next()?.to_vec();
+    let reverse = r.words(|w: [u64; 3]| (w[0], w[1], w[2]))?;
+    let n = r.len()?;
+    let eh = r.bytes(n)?;
     let [bias, control, code, fid_base] = header.layout;
     let img = CloneImage {
         bytes,
@@ -390,11 +378,81 @@ fn read(file: &std::fs::File, ours: &str, key: &str) -> anyhow::Result<Entry> {
     })
 }
 
-fn unwords(b: &[u8]) -> anyhow::Result<Vec<u64>> {
-    if !b.len().is_multiple_of(8) {
-        bail!("a section of {} bytes is not of words", b.len());
+/// The sections of an entry, read in turn.
+struct Sections<R> {
+    r: R,
+    /// Bytes left in the file: no section may claim more.
+    left: u64,
+}
+
+impl<R: std::io::Read> Sections<R> {
+    fn exact(&mut self, buf: &mut [u8]) -> anyhow::Result<()> {
+        self.r.read_exact(buf).context("truncated")?;
+        self.left = self.left.saturating_sub(buf.len() as u64);
+        Ok(())
     }
-    Ok(b.chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect())
+
+    /// The next section's length.
+    fn len(&mut self) -> anyhow::Result<u64> {
+        let mut b = [0; 8];
+        self.exact(&mut b)?;
+        let n = u64::from_le_bytes(b);
+        if n > self.left {
+            bail!("a section of {n} bytes in {} left", self.left);
+        }
+        Ok(n)
+    }
+
+    fn bytes(&mut self, n: u64) -> anyhow::Result<Vec<u8>> {
+        let mut v = vec![0; n as usize];
+        self.exact(&mut v)?;
+        Ok(v)
+    }
+
+    /// A MessagePack section.
+    fn msgpack<T: serde::de::DeserializeOwned>(&mut self) -> anyhow::Result<T> {
+        let n = self.len()?;
+        let mut section = std::io::Read::take(&mut self.r, n);
+        let v = rmp_serde::from_read(&mut section)?;
+        if section.limit() != 0 {
+            bail!("{} bytes left in a section", section.limit());
+        }
+        self.left -= n;
+        Ok(v)
+    }
+
+    /// A section of `u32` words.
+    fn u32s(&mut self) -> anyhow::Result<Vec<u32>> {
+        let n = self.len()?;
+        if !n.is_multiple_of(4) {
+            bail!("a section of {n} bytes is not of 32-bit words");
+        }
+        let mut v = Vec::with_capacity((n / 4) as usize);
+        let mut b = [0; 4];
+        for _ in 0..n / 4 {
+            self.exact(&mut b)?;
+            v.push(u32::from_le_bytes(b));
+        }
+        Ok(v)
+    }
+
+    /// A section of records of `K` little-endian `u64`s, each made into a
+    /// `T` by `f`.
+    fn words<const K: usize, T>(&mut self, f: impl Fn([u64; K]) -> T) -> anyhow::Result<Vec<T>> {
+        let n = self.len()?;
+        if !n.is_multiple_of(8 * K as u64) {
+            bail!("a section of {n} bytes is not of {K}-word records");
+        }
+        let mut v = Vec::with_capacity((n / (8 * K as u64)) as usize);
+        let mut b = [0; 8];
+        for _ in 0..n / (8 * K as u64) {
+            let mut w = [0u64; K];
+            for x in &mut w {
+                self.exact(&mut b)?;
+                *x = u64::from_le_bytes(b);
+            }
+            v.push(f(w));
+        }
+        Ok(v)
+    }
 }
