@@ -48,20 +48,23 @@ fn assert_covered(stderr: &str) {
     );
 }
 
-/// `prog` under `burstyd run` with default bursts, then with a full trace
-/// (both at 999 Hz): each run must print what `untraced` printed, lose no
-/// record and write no bad one; `check` gets each run and whether it was
-/// the full trace.
+/// `prog` under `burstyd run` with default bursts, then `full_prog` (the
+/// same program on less work: a full trace runs 10-25x slower) with a
+/// full trace (both at 999 Hz): each run must print what the program
+/// prints untraced, lose no record and write no bad one; `check` gets
+/// each run and whether it was the full trace.
 fn each_mode(
     name: &str,
     prog: &[&str],
-    untraced: &Finished,
+    full_prog: &[&str],
     mut check: impl FnMut(&BurstydRun, bool),
 ) {
     for (args, full) in [
         (&["--freq", "999"][..], false),
         (&["--freq", "999", "--full-trace"][..], true),
     ] {
+        let prog = if full { full_prog } else { prog };
+        let untraced = run_untraced(prog, Duration::from_secs(120));
         let scratch = Scratch::new(name);
         let run = burstyd_run(&scratch, args, prog, Duration::from_secs(300));
         run.assert_ok();
@@ -93,8 +96,7 @@ fn time_in_libc_is_traced_in_bursts() {
     let exe = fixture("libc_heavy");
     let exe_s = exe.to_str().unwrap();
     let prog = [exe_s, "600"];
-    let untraced = run_untraced(&prog, Duration::from_secs(60));
-    each_mode("libraries", &prog, &untraced, |run, full| {
+    each_mode("libraries", &prog, &[exe_s, "150"], |run, full| {
         let stderr = &run.finished.stderr;
         if !full {
             // In a full trace the runtime's own ring writes take samples
@@ -117,6 +119,7 @@ fn time_in_libc_is_traced_in_bursts() {
         assert!(fdata.lines().count() >= 20, "{fdata}");
     });
 
+    let untraced = run_untraced(&prog, Duration::from_secs(60));
     let scratch = Scratch::new("libraries-exe-only");
     let run = burstyd_run(
         &scratch,
@@ -169,8 +172,7 @@ fn printf_and_the_allocator_in_libc_are_traced() {
     let exe_s = exe.to_str().unwrap();
     // About 4 s untraced: libc is cloned about a second after the start.
     let prog = [exe_s, "3000"];
-    let untraced = run_untraced(&prog, Duration::from_secs(60));
-    each_mode("libc-printf", &prog, &untraced, |run, full| {
+    each_mode("libc-printf", &prog, &[exe_s, "600"], |run, full| {
         let stderr = &run.finished.stderr;
         if !full {
             let cov = process_coverage(stderr);
@@ -211,8 +213,7 @@ fn cpp_containers_and_iostreams_in_libstdcxx_are_traced() {
     let exe = fixture("containers");
     let exe_s = exe.to_str().unwrap();
     let prog = [exe_s, "400"];
-    let untraced = run_untraced(&prog, Duration::from_secs(120));
-    each_mode("libraries-cpp", &prog, &untraced, |run, full| {
+    each_mode("libraries-cpp", &prog, &[exe_s, "80"], |run, full| {
         let stderr = &run.finished.stderr;
         assert!(
             stderr.contains("libstdc++") && stderr.contains("libgcc_s"),
@@ -256,27 +257,31 @@ fn python_zlib_and_hashlib_loaded_with_dlopen_are_traced() {
     require_root();
     let _serial = serial();
     let script = workspace_root().join("tests/fixtures/zlib_hashlib.py");
-    let prog = ["/usr/bin/python3.11", script.to_str().unwrap(), "30"];
-    let untraced = run_untraced(&prog, Duration::from_secs(120));
-    each_mode("python-zlib-hashlib", &prog, &untraced, |run, full| {
-        let stderr = &run.finished.stderr;
-        assert!(
-            stderr
-                .lines()
-                .any(|l| l.contains("libcrypto.so.3") && l.contains("loaded since the attach")),
-            "libcrypto was not cloned after its dlopen:\n{}",
-            tail(stderr, 30)
-        );
-        if !full {
-            assert_covered(stderr);
-        }
-        let paths = read_profile(&run.out_dir.join("paths.pb.gz")).unwrap();
-        for lib in ["libz.so", "libcrypto.so"] {
-            let (execs, distinct) = paths_in(&paths, lib);
+    let (python, script) = ("/usr/bin/python3.11", script.to_str().unwrap());
+    each_mode(
+        "python-zlib-hashlib",
+        &[python, script, "30"],
+        &[python, script, "10"],
+        |run, full| {
+            let stderr = &run.finished.stderr;
             assert!(
-                execs >= 1_000 && distinct >= 5,
-                "paths in {lib}: {execs} executions of {distinct} paths (full trace: {full})"
+                stderr
+                    .lines()
+                    .any(|l| l.contains("libcrypto.so.3") && l.contains("loaded since the attach")),
+                "libcrypto was not cloned after its dlopen:\n{}",
+                tail(stderr, 30)
             );
-        }
-    });
+            if !full {
+                assert_covered(stderr);
+            }
+            let paths = read_profile(&run.out_dir.join("paths.pb.gz")).unwrap();
+            for lib in ["libz.so", "libcrypto.so"] {
+                let (execs, distinct) = paths_in(&paths, lib);
+                assert!(
+                    execs >= 1_000 && distinct >= 5,
+                    "paths in {lib}: {execs} executions of {distinct} paths (full trace: {full})"
+                );
+            }
+        },
+    );
 }

@@ -120,3 +120,42 @@ fn no_cache_leaves_the_directory_alone() {
     run.assert_ok();
     assert!(!cache.exists(), "{}", run.finished.describe());
 }
+
+/// The cached clones run inside traced processes: a cache directory that
+/// others may write is not used (said once), and nothing is read from it.
+#[test]
+fn a_cache_directory_others_may_write_is_not_used() {
+    use std::os::unix::fs::PermissionsExt;
+    require_root();
+    let n: i64 = 12_000;
+    let exe = fixture("paths_known");
+    let scratch = Scratch::new("open-cache");
+    let cache = scratch.join("cache");
+    let run_once = || {
+        let run = burstyd_run(
+            &scratch,
+            &["--cache-dir", cache.to_str().unwrap()],
+            &[exe.to_str().unwrap(), &n.to_string()],
+            Duration::from_secs(60),
+        );
+        run.assert_ok();
+        run
+    };
+    run_once();
+    assert!(std::fs::read_dir(&cache).unwrap().count() > 0);
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let run = run_once();
+    assert!(
+        run.finished.stderr.contains("the plan cache is not used")
+            && run.finished.stderr.contains("writable by others"),
+        "{}",
+        run.finished.describe()
+    );
+    assert!(
+        !attach_line(&run).contains("plan cache"),
+        "{}",
+        attach_line(&run)
+    );
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(attach_line(&run_once()).contains("modules from the plan cache"));
+}

@@ -24,7 +24,9 @@
 //!   and the `.eh_frame`.
 //!
 //! An entry that cannot be read or moved is ignored (and removed if it is
-//! corrupt); the module is then analysed as if there were none.
+//! corrupt); the module is then analysed as if there were none. The
+//! clones of an entry run inside traced processes, so a directory or an
+//! entry that another user owns or may write is not used at all.
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -59,6 +61,8 @@ pub(crate) struct Cache {
     max_bytes: u64,
     /// burstyd's own build ID.
     ours: String,
+    /// The directory was found untrusted (said once).
+    warned: std::sync::atomic::AtomicBool,
 }
 
 static CACHE: OnceLock<Option<Cache>> = OnceLock::new();
@@ -69,6 +73,7 @@ pub(crate) fn init(dir: Option<PathBuf>, max_mb: u64) {
         dir,
         max_bytes: max_mb.saturating_mul(1 << 20),
         ours: own_build_id(),
+        warned: Default::default(),
     });
     let _ = CACHE.set(cache);
 }
@@ -144,6 +149,13 @@ impl Cache {
     pub(crate) fn load(&self, key: &str) -> Option<Entry> {
         let path = self.path(key);
         let file = std::fs::File::open(&path).ok()?;
+        if let Err(why) = self
+            .trusted(&self.dir)
+            .and_then(|()| trusted_meta(&path, &file.metadata()?))
+        {
+            self.warn_untrusted(&why);
+            return None;
+        }
         match read(&file, &self.ours, key) {
             Ok(e) => {
                 // Recently used: the eviction goes by modification time.
@@ -166,6 +178,10 @@ impl Cache {
         }
         std::fs::create_dir_all(&self.dir)
             .with_context(|| format!("creating the cache directory {}", self.dir.display()))?;
+        if let Err(why) = self.trusted(&self.dir) {
+            self.warn_untrusted(&why);
+            return Ok(());
+        }
         let tmp = self.dir.join(format!(".{key}.{}.tmp", std::process::id()));
         let result = write(&tmp, &self.ours, key, e).and_then(|()| {
             std::fs::rename(&tmp, self.path(key)).context("renaming the cache entry")
@@ -176,6 +192,18 @@ impl Cache {
         result?;
         self.evict();
         Ok(())
+    }
+
+    /// The clones of a cache entry run inside traced processes: only a
+    /// directory (and files) that no other user can write is used.
+    fn trusted(&self, dir: &Path) -> std::io::Result<()> {
+        trusted_meta(dir, &std::fs::metadata(dir)?)
+    }
+
+    fn warn_untrusted(&self, why: &std::io::Error) {
+        if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            warn!("the plan cache is not used: {why}");
+        }
     }
 
     /// Removes the least recently used entries beyond the bound.
@@ -203,6 +231,28 @@ impl Cache {
             }
         }
     }
+}
+
+/// `path` (with metadata `m`) belongs to us and no one else may write it.
+fn trusted_meta(path: &Path, m: &std::fs::Metadata) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if m.uid() != euid {
+        return Err(std::io::Error::other(format!(
+            "{} belongs to uid {}, not to burstyd's {euid}",
+            path.display(),
+            m.uid()
+        )));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is writable by others (mode {:o})",
+            path.display(),
+            m.mode() & 0o7777
+        )));
+    }
+    Ok(())
 }
 
 /// What an entry is written from: a module generated now.

@@ -454,6 +454,17 @@ impl BurstTracer {
         true
     }
 
+    /// Cloning the libraries of `req` failed (the address space changed
+    /// under the stop, the stop failed): they are asked for again at the
+    /// next relink, within the bound on clonings per file.
+    pub(crate) fn load_failed(&mut self, req: &lifecycle::LoadRequest) {
+        self.loading = false;
+        for l in &req.libraries {
+            self.tried.remove(l);
+        }
+        self.attachment.relink_soon();
+    }
+
     /// The clones, for the unwinder.
     pub(crate) fn clone_frames(&self) -> Arc<CloneFrames> {
         self.frames.clone()

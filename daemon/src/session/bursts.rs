@@ -152,9 +152,12 @@ impl Session {
             Ok(ext) => ext,
             Err(e) => {
                 if crate::sys::process_running(pid) {
-                    warn!(%pid, "libraries loaded since the attach are not cloned: {e:#}");
+                    warn!(%pid, "libraries loaded since the attach are not cloned yet: {e:#}; trying again");
                 }
-                None
+                if let Some(t) = self.bursts.tracer_mut(pid) {
+                    t.load_failed(&request);
+                }
+                return;
             }
         };
         if let Some(ext) = &ext {
