@@ -1191,11 +1191,7 @@ pub(crate) fn add_libraries(
         ext.functions_rewritten,
         if n == 1 { "y" } else { "ies" },
         ext.functions_skipped,
-        if from_cache > 0 {
-            format!(" ({from_cache} from the plan cache)")
-        } else {
-            String::new()
-        },
+        from_cache_note(from_cache),
     );
     Ok(Some(ext))
 }
@@ -1310,6 +1306,7 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
     let mut fid_base = req.next_fid;
     let mut gens = Vec::new();
     let mut reserved = Vec::new();
+    let mut from_cache = 0;
     for module in modules::mapped_libraries(pid, &maps, &req.exe_path) {
         if !req
             .libraries
@@ -1330,6 +1327,7 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
             warn!(%pid, "{path} is not cloned: too many functions to number");
             continue;
         }
+        from_cache += usize::from(matches!(a.made, Made::Cached(_)));
         match generate(pid, a, req.control, None, &mut reserved) {
             Ok(g) => gens.push(g),
             Err(e) => warn!(%pid, "{path} (loaded since the attach) is not cloned: {e:#}"),
@@ -1364,11 +1362,12 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
     ext.activate = Some((tables_at, entries));
     info!(
         %pid,
-        "bursty tracing: {} functions of {} ({}) loaded since the attach rewritten ({} skipped); analysis and generation {prepared_ms:.0} ms, target stopped {stopped_ms:.1} ms",
+        "bursty tracing: {} functions of {} ({}) loaded since the attach rewritten ({} skipped); analysis and generation {prepared_ms:.0} ms{}, target stopped {stopped_ms:.1} ms",
         ext.functions_rewritten,
         if names.len() == 1 { "a library" } else { "libraries" },
         names.join(", "),
         ext.functions_skipped,
+        from_cache_note(from_cache),
     );
     Ok(Some(ext))
 }
@@ -1383,6 +1382,14 @@ fn cached_note(analysed: &[Analysed]) -> String {
         return String::new();
     }
     format!(" ({n} of {} modules from the plan cache)", analysed.len())
+}
+
+/// `" (N from the plan cache)"`, or nothing for none.
+fn from_cache_note(n: usize) -> String {
+    if n == 0 {
+        return String::new();
+    }
+    format!(" ({n} from the plan cache)")
 }
 
 /// Stores the modules generated now in the plan cache (once the program
