@@ -45,9 +45,9 @@ const MAGIC: &[u8] = b"burstyd plan cache 3\n";
 /// Default bound on the cache directory.
 pub(crate) const DEFAULT_MAX_MB: u64 = 1024;
 
-/// One module's cached analysis and clones.
+/// One module's cached clones and what the exporters need besides its
+/// plan (returned beside it by [`Cache::load`]).
 pub(crate) struct Entry {
-    pub(crate) plan: Plan,
     pub(crate) fdata: FdataFacts,
     /// Encoded for the layout of the attach that made it.
     pub(crate) img: CloneImage,
@@ -146,7 +146,7 @@ impl Cache {
     }
 
     /// The entry for `key`, if there is a readable one.
-    pub(crate) fn load(&self, key: &str) -> Option<Entry> {
+    pub(crate) fn load(&self, key: &str) -> Option<(Plan, Entry)> {
         let path = self.path(key);
         let file = std::fs::File::open(&path).ok()?;
         if let Err(why) = self
@@ -347,7 +347,7 @@ fn words(v: impl Iterator<Item = u64>) -> Vec<u8> {
     v.flat_map(u64::to_le_bytes).collect()
 }
 
-fn read(file: &std::fs::File, ours: &str, key: &str) -> anyhow::Result<Entry> {
+fn read(file: &std::fs::File, ours: &str, key: &str) -> anyhow::Result<(Plan, Entry)> {
     // Read as a stream (a mapping would count the whole file in the
     // daemon's resident memory at once).
     let size = file.metadata()?.len();
@@ -419,13 +419,15 @@ fn read(file: &std::fs::File, ours: &str, key: &str) -> anyhow::Result<Entry> {
         relocs,
         clones_offset: header.clones_offset,
     };
-    Ok(Entry {
+    Ok((
         plan,
-        fdata,
-        img,
-        eh,
-        exceptions: header.exceptions,
-    })
+        Entry {
+            fdata,
+            img,
+            eh,
+            exceptions: header.exceptions,
+        },
+    ))
 }
 
 /// The sections of an entry, read in turn.

@@ -235,13 +235,11 @@ impl Generated {
 fn analyse(module: Module) -> anyhow::Result<Analysed> {
     let id = exe_id(&module.data);
     let key = cache::get().map(|_| cache::key(&module.data, id));
-    if let Some(entry) = key.as_deref().and_then(|k| cache::get()?.load(k)) {
-        let mut entry = Box::new(entry);
-        let plan = std::mem::replace(&mut entry.plan, empty_plan());
+    if let Some((plan, entry)) = key.as_deref().and_then(|k| cache::get()?.load(k)) {
         return Ok(Analysed {
             module,
             plan,
-            made: Made::Cached(Some(entry)),
+            made: Made::Cached(Some(Box::new(entry))),
             id,
             fid_base: 0,
             outgrew: 0,
@@ -251,16 +249,6 @@ fn analyse(module: Module) -> anyhow::Result<Analysed> {
     let mut a = analyse_fresh(module, id)?;
     a.key = key;
     Ok(a)
-}
-
-fn empty_plan() -> Plan {
-    Plan {
-        build_id: None,
-        pie: false,
-        k: 0,
-        summary: Default::default(),
-        functions: Vec::new(),
-    }
 }
 
 fn analyse_fresh(module: Module, id: u64) -> anyhow::Result<Analysed> {
