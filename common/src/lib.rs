@@ -26,16 +26,15 @@ pub const USER_STACK_BYTES: usize = 16 * 1024;
 /// Kernel return addresses captured per sample (by `bpf_get_stack`).
 pub const MAX_KERNEL_FRAMES: usize = 64;
 
-/// Ring buffer size in bytes (power of two, multiple of the page size).
-/// 32 MiB holds about 1900 samples: two seconds of a 2-core host at 997 Hz
-/// a core if the daemon stalls.
+/// Largest ring buffer, in bytes (power of two, multiple of the page
+/// size): the size compiled into the eBPF object. The daemon sizes the
+/// ring at load time for about a second of samples at the sampling rate
+/// (`Config::wakeup_bytes` follows), between `MIN_RING_BYTES` and this.
+/// 32 MiB holds about 1900 samples.
 pub const RING_BYTES: u32 = 32 * 1024 * 1024;
 
-/// The overflow program wakes the daemon only once this many bytes are
-/// waiting (an eighth of the ring); otherwise the daemon drains on its own
-/// timer (`DRAIN_INTERVAL_MS`). One wakeup per sample would cost the
-/// daemon more than the sample itself.
-pub const WAKEUP_BYTES: u64 = RING_BYTES as u64 / 8;
+/// Smallest ring buffer the daemon sizes (about 240 samples).
+pub const MIN_RING_BYTES: u32 = 4 * 1024 * 1024;
 
 /// How often the daemon drains the ring buffer without a wakeup.
 pub const DRAIN_INTERVAL_MS: u64 = 100;
@@ -109,6 +108,11 @@ pub struct Config {
     pub follow_children: u32,
     /// Where the overflow program finds a task's signal state.
     pub task: TaskLayout,
+    /// The overflow program wakes the daemon only once this many bytes
+    /// are waiting (an eighth of the ring); otherwise the daemon drains on
+    /// its own timer (`DRAIN_INTERVAL_MS`). One wakeup per sample would
+    /// cost the daemon more than the sample itself.
+    pub wakeup_bytes: u64,
 }
 
 /// Byte offsets into the running kernel's `struct task_struct` and the

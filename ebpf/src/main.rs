@@ -30,7 +30,7 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use burstyd_common::{
     Config, FILTER_TARGETS, MAX_KERNEL_FRAMES, RING_BYTES, SAMPLE_USER_MODE, SAMPLE_USER_REGS,
-    SAMPLE_USTACK_SHORT, Sample, TaskLayout, USER_STACK_BYTES, WAKEUP_BYTES,
+    SAMPLE_USTACK_SHORT, Sample, TaskLayout, USER_STACK_BYTES,
     burst::{ARMED_OFFSET, BurstTarget, CLONE_PAGE_SHIFT, CONTROL_MAGIC, ClonePage},
     counter,
 };
@@ -384,7 +384,7 @@ fn try_on_overflow(ctx: &PerfEventContext) -> Result<u32, u32> {
     }
     // Batch wakeups: the daemon drains on a timer, and is woken early only
     // when the ring fills up.
-    let wakeup = if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= WAKEUP_BYTES {
+    let wakeup = if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= config.wakeup_bytes {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP

@@ -127,9 +127,34 @@ pub(crate) struct Sampler {
     link_probes: std::collections::HashMap<Pid, UProbeLinkId>,
 }
 
+/// The sample ring's size for `sampling` on `cpus` CPUs: about a second of
+/// samples (the daemon drains every `DRAIN_INTERVAL_MS`, and is woken at
+/// an eighth), a power of two between `MIN_RING_BYTES` and `RING_BYTES`.
+/// The largest ring when the rate is unknown (a period). Every byte of
+/// the ring is kernel memory for as long as the daemon runs, and mapped
+/// twice into the daemon (its RSS counts it twice), so a fixed 32 MiB
+/// ring cost 64 MB of RSS at the default 199 Hz, where 8 MiB hold 1.2 s.
+pub(crate) fn ring_bytes(sampling: Sampling, cpus: usize) -> u32 {
+    use burstyd_common::{MIN_RING_BYTES, RING_BYTES};
+    let Sampling::Frequency(hz) = sampling else {
+        return RING_BYTES;
+    };
+    let per_second =
+        (hz as u128) * (cpus.max(1) as u128) * (std::mem::size_of::<Sample>() as u128 + 16);
+    let bytes = per_second.min(RING_BYTES as u128) as u32;
+    bytes.next_power_of_two().clamp(MIN_RING_BYTES, RING_BYTES)
+}
+
 impl Sampler {
     pub(crate) fn start(opts: &SamplerOptions) -> Result<Self, SamplerError> {
-        let mut ebpf = EbpfLoader::new().load(EBPF_OBJECT)?;
+        let cpus = aya::util::online_cpus()
+            .map_err(|(what, e)| SamplerError::Cpus(what, e))?
+            .len();
+        let ring_bytes = ring_bytes(opts.sampling, cpus);
+        tracing::debug!("sample ring: {} MiB", ring_bytes >> 20);
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("SAMPLES", ring_bytes)
+            .load(EBPF_OBJECT)?;
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
             Ok(l) => Some(l),
             Err(e) => {
@@ -165,6 +190,7 @@ impl Sampler {
                 self_pid: std::process::id(),
                 kernel_stacks: opts.kernel_stacks as u32,
                 follow_children: opts.follow_children as u32,
+                wakeup_bytes: ring_bytes as u64 / 8,
             };
             config.set(0, cfg, 0).map_err(|source| SamplerError::Map {
                 name: "CONFIG",
@@ -554,5 +580,36 @@ impl Sampler {
             .map_mut(name)
             .ok_or(SamplerError::MissingMap(name))?;
         HashMap::try_from(map).map_err(|source| SamplerError::Map { name, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burstyd_common::{MIN_RING_BYTES, RING_BYTES};
+
+    #[test]
+    fn the_ring_holds_about_a_second_of_samples() {
+        let sample = std::mem::size_of::<Sample>() as u64 + 16;
+        // The default rate on 2 CPUs: 8 MiB, more than a second.
+        let b = ring_bytes(Sampling::Frequency(199), 2);
+        assert_eq!(b, 8 << 20);
+        assert!(b as u64 >= 199 * 2 * sample);
+        // Never below the floor, never above the compiled size.
+        assert_eq!(ring_bytes(Sampling::Frequency(1), 1), MIN_RING_BYTES);
+        assert_eq!(ring_bytes(Sampling::Frequency(997), 64), RING_BYTES);
+        assert_eq!(
+            ring_bytes(Sampling::Frequency(u64::MAX), usize::MAX),
+            RING_BYTES
+        );
+        // A period: the rate is unknown.
+        assert_eq!(ring_bytes(Sampling::Period(1_000_000), 2), RING_BYTES);
+        for hz in [10, 99, 199, 499, 997, 4000] {
+            for cpus in [1, 2, 4, 16] {
+                let b = ring_bytes(Sampling::Frequency(hz), cpus);
+                assert!(b.is_power_of_two(), "{hz} Hz {cpus} CPUs: {b}");
+                assert!(b as u64 >= (hz * cpus as u64 * sample).min(RING_BYTES as u64));
+            }
+        }
     }
 }

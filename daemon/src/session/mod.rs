@@ -317,7 +317,7 @@ impl Session {
             liveness: tokio::time::interval(Duration::from_millis(250)),
             // The eBPF side wakes us only when the ring buffer fills up;
             // otherwise we drain on this timer (see
-            // burstyd_common::WAKEUP_BYTES).
+            // burstyd_common::Config::wakeup_bytes).
             drain: ticker(Duration::from_millis(burstyd_common::DRAIN_INTERVAL_MS)),
             second: ticker(Duration::from_secs(1)),
             watchdog: tokio::time::interval(watchdog_every.unwrap_or(Duration::from_secs(3600))),
