@@ -101,6 +101,35 @@ fn a_second_run_moves_the_cached_clones_and_counts_the_same_paths() {
     );
     let fourth = traced(&scratch, &cache, n, &untraced);
     assert!(attach_line(&fourth).contains("modules from the plan cache"));
+
+    // The daemon reads the CFGs of the functions with paths from the
+    // entries when it exports them: entries removed meanwhile (the bound,
+    // a cleanup) are still read through the files it keeps open.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let remover = {
+        let (stop, cache) = (stop.clone(), cache.clone());
+        std::thread::spawn(move || {
+            let mut removed = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for e in std::fs::read_dir(&cache).into_iter().flatten().flatten() {
+                    if e.path().extension().is_some_and(|x| x == "bin")
+                        && std::fs::remove_file(e.path()).is_ok()
+                    {
+                        removed += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            removed
+        })
+    };
+    let fifth = traced(&scratch, &cache, n, &untraced);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        remover.join().unwrap() >= modules,
+        "{}",
+        fifth.finished.describe()
+    );
 }
 
 /// `--no-cache` neither reads nor writes it.

@@ -18,6 +18,7 @@
 //! threads may still hold return addresses into clones, which lead back to
 //! the original code at the next check. A later attach finds the memfd in
 //! `/proc/PID/maps` and reuses it.
+use std::borrow::Cow;
 use std::mem::offset_of;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -126,8 +127,18 @@ pub(crate) struct ModuleFacts {
     pub(crate) fid_base: u32,
     /// What `edges.fdata` needs from the file and the analysis.
     pub(crate) fdata: FdataFacts,
+    /// Where the plan's CFGs and path numberings are when the plan holds
+    /// none: its plan cache entry (see [`ModuleFacts::path_details`]).
+    details: Option<cache::Details>,
+    details_failed: std::sync::atomic::AtomicBool,
     /// Its separate debug file (DWARF lines of a stripped library).
     pub(crate) debug_file: Option<PathBuf>,
+}
+
+/// A function's CFG and path numbering (see [`ModuleFacts::path_details`]).
+pub(crate) struct PathFacts<'a> {
+    pub(crate) cfg: Cow<'a, userspace_rewriter::analysis::cfg::Cfg>,
+    pub(crate) numbering: Cow<'a, userspace_rewriter::analysis::paths::PathNumbering>,
 }
 
 /// One module analysed (or found in the plan cache), before generation.
@@ -345,7 +356,7 @@ fn generate_at(
         fid_base: a.fid_base,
     };
     let mut a = a;
-    let (img, eh, exceptions, fdata) = match &mut a.made {
+    let (img, eh, exceptions, fdata, details) = match &mut a.made {
         Made::Cached(c) => {
             let c = *c.take().context("cached clones moved twice")?;
             let from = c.img.layout.code;
@@ -354,7 +365,7 @@ fn generate_at(
                     let mut eh = c.eh;
                     unwind_info::relocate_eh_frame(&mut eh, code.wrapping_sub(from))
                         .map_err(anyhow::Error::msg)?;
-                    (img, eh, c.exceptions, c.fdata)
+                    (img, eh, c.exceptions, c.fdata, Some(c.details))
                 }
                 Err(e) => {
                     // Analysed as if it were not cached.
@@ -375,7 +386,7 @@ fn generate_at(
                 .bytes;
             let exceptions = uses_exceptions(&a.module.data, analysis);
             let fdata = FdataFacts::new(&a.module.data, &a.plan, analysis);
-            (img, eh, exceptions, fdata)
+            (img, eh, exceptions, fdata, None)
         }
     };
     let need = code_len(&img, &eh);
@@ -398,6 +409,8 @@ fn generate_at(
             ino: a.module.ino,
             fid_base: a.fid_base,
             fdata,
+            details,
+            details_failed: Default::default(),
             debug_file: (!a.module.is_exe)
                 .then(|| modules::debug_file(&a.module.data))
                 .flatten(),
@@ -483,6 +496,31 @@ impl Injected {
 }
 
 impl ModuleFacts {
+    /// The CFG and path numbering of function `local` (index in the
+    /// plan), from the plan or, where the plan keeps none, from its plan
+    /// cache entry; `None` where it has none (or its entry cannot be
+    /// read: said once per module).
+    pub(crate) fn path_details(&self, local: usize) -> Option<PathFacts<'_>> {
+        if let Some((cfg, numbering)) = self.plan.details_of(local) {
+            return Some(PathFacts {
+                cfg: Cow::Borrowed(cfg),
+                numbering: Cow::Borrowed(numbering),
+            });
+        }
+        match self.details.as_ref()?.get(local) {
+            Ok(d) => d.map(|d| PathFacts {
+                cfg: Cow::Owned(d.cfg),
+                numbering: Cow::Owned(d.numbering),
+            }),
+            Err(e) => {
+                if !self.details_failed.swap(true, Ordering::Relaxed) {
+                    warn!("{}: {e:#}; its paths are left out", self.path);
+                }
+                None
+            }
+        }
+    }
+
     /// The file name.
     pub(crate) fn name(&self) -> &str {
         Path::new(&self.path)
@@ -886,7 +924,7 @@ pub(crate) fn attach(
         gens.len(),
         names.join(", "),
     );
-    remember(&gens);
+    remember(&mut gens);
     let then = match still_held {
         Some(t) => Some(Then::Release(t)),
         None => opts.libraries.then(|| {
@@ -1167,7 +1205,7 @@ pub(crate) fn add_libraries(
         write_unused(pid, &gens, &tables, tables_at)?;
         activate = Some((tables_at, gens.iter().map(Generated::entry).collect()));
     }
-    remember(&gens);
+    remember(&mut gens);
     let names: Vec<&str> = gens.iter().map(|g| g.facts.name()).collect();
     let n = gens.len();
     let names = names.join(", ");
@@ -1343,7 +1381,7 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
     t.detach()?;
     let stopped_ms = stopped.elapsed().as_secs_f64() * 1e3;
     write_unused(pid, &gens, &tables, tables_at)?;
-    remember(&gens);
+    remember(&mut gens);
     let entries = gens.iter().map(Generated::entry).collect();
     let names: Vec<String> = gens.iter().map(|g| g.facts.name().to_owned()).collect();
     let mut ext = Extension::of(gens);
@@ -1381,8 +1419,9 @@ fn from_cache_note(n: usize) -> String {
 }
 
 /// Stores the modules generated now in the plan cache (once the program
-/// runs with them: the next attach to the same files moves these).
-fn remember(gens: &[Generated]) {
+/// runs with them: the next attach to the same files moves these). A
+/// module stored keeps its CFGs and path numberings in its entry only.
+fn remember(gens: &mut [Generated]) {
     let Some(cache) = cache::get() else {
         return;
     };
@@ -1400,11 +1439,17 @@ fn remember(gens: &[Generated]) {
             exceptions: g.exceptions,
         };
         match cache.store(key, &stored) {
-            Ok(()) => debug!(
-                "{} stored in the plan cache in {:.0} ms",
-                g.facts.path,
-                t0.elapsed().as_secs_f64() * 1e3
-            ),
+            Ok(details) => {
+                debug!(
+                    "{} stored in the plan cache in {:.0} ms",
+                    g.facts.path,
+                    t0.elapsed().as_secs_f64() * 1e3
+                );
+                if let Some(d) = details {
+                    drop(g.facts.plan.take_details());
+                    g.facts.details = Some(d);
+                }
+            }
             Err(e) => warn!("{} is not stored in the plan cache: {e:#}", g.facts.path),
         }
     }

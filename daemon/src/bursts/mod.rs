@@ -23,9 +23,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use burstyd_common::addr::Pid;
 use burstyd_common::burst::{BurstTarget, MAX_MODULES};
+use std::collections::HashMap;
 use tokio::sync::mpsc;
 use tracing::warn;
-use userspace_rewriter::analysis::paths::PathNumbering;
 use userspace_rewriter::analysis::plan::FunctionStatus;
 
 use crate::stacks::clones::CloneFrames;
@@ -49,7 +49,7 @@ use lifecycle::{Attached, Attachment};
 fn fid_facts(m: &lifecycle::ModuleFacts) -> impl Iterator<Item = (Option<u64>, u32)> + '_ {
     m.plan.functions.iter().map(move |f| {
         let paths = match &f.status {
-            FunctionStatus::Analyzed(fa) => fa.numbering.as_ref().map(|n| n.total_paths()),
+            FunctionStatus::Analyzed(fa) => fa.paths,
             _ => None,
         };
         (paths, m.fid_base + f.family as u32)
@@ -169,13 +169,21 @@ impl Traced {
         &self.modules[0]
     }
 
-    /// The path numbering of function `fid`, if it has one.
-    pub(crate) fn numbering(&self, fid: u32) -> Option<&PathNumbering> {
-        let (m, i) = self.function(fid)?;
-        match &m.plan.functions[i].status {
-            FunctionStatus::Analyzed(fa) => fa.numbering.as_ref(),
-            _ => None,
+    /// The CFGs and path numberings of functions `fids` (those that have
+    /// them), read once each.
+    pub(crate) fn path_details(
+        &self,
+        fids: impl IntoIterator<Item = u32>,
+    ) -> HashMap<u32, lifecycle::PathFacts<'_>> {
+        let mut out = HashMap::new();
+        for fid in fids {
+            if let std::collections::hash_map::Entry::Vacant(v) = out.entry(fid)
+                && let Some(d) = self.function(fid).and_then(|(m, i)| m.path_details(i))
+            {
+                v.insert(d);
+            }
         }
+        out
     }
 }
 

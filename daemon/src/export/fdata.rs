@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use userspace_rewriter::analysis::plan::{FunctionStatus, Plan};
 
 use crate::bursts::counts::PathCounts;
+use crate::bursts::lifecycle::{ModuleFacts, PathFacts};
 
 /// What `edges.fdata` needs from the executable and its analysis, taken at
 /// attach (the file's bytes and the analysis are not kept).
@@ -38,27 +39,29 @@ impl FdataFacts {
 /// target block's start; call fall-throughs are not branches for BOLT
 /// and are left out.
 ///
-/// `counts` may hold several modules' functions: those of this `plan` are
+/// `counts` may hold several modules' functions: those of module `m` are
 /// its `fid_base + index`.
-pub(crate) fn fdata(plan: &Plan, facts: &FdataFacts, counts: &PathCounts, fid_base: u32) -> String {
+pub(crate) fn fdata(m: &ModuleFacts, counts: &PathCounts) -> String {
     use userspace_rewriter::analysis::cfg::EdgeKind;
+    let (plan, facts, fid_base) = (&m.plan, &m.fdata, m.fid_base);
+    let local = |gfid: u32| {
+        gfid.checked_sub(fid_base)
+            .filter(|&f| (f as usize) < plan.functions.len())
+    };
+    let mut details: HashMap<u32, Option<PathFacts<'_>>> = HashMap::new();
     let mut edges: std::collections::BTreeMap<(u32, u64, u64), u64> = Default::default();
     for ((_, gfid, path), n) in counts.iter() {
-        let Some(fid) = gfid
-            .checked_sub(fid_base)
-            .filter(|&f| (f as usize) < plan.functions.len())
+        let Some(fid) = local(*gfid) else {
+            continue;
+        };
+        let f = &plan.functions[fid as usize];
+        let Some(PathFacts { cfg, numbering }) = details
+            .entry(fid)
+            .or_insert_with(|| m.path_details(fid as usize))
         else {
             continue;
         };
-        let fid = &fid;
-        let f = &plan.functions[*fid as usize];
-        let FunctionStatus::Analyzed(fa) = &f.status else {
-            continue;
-        };
-        let (Some(cfg), Some(num)) = (fa.cfg.as_ref(), fa.numbering.as_ref()) else {
-            continue;
-        };
-        let Ok(p) = num.regenerate(*path) else {
+        let Ok(p) = numbering.regenerate(*path) else {
             continue;
         };
         for (v, idx) in p.edges.iter().copied().chain(p.end_edge) {
@@ -70,12 +73,12 @@ pub(crate) fn fdata(plan: &Plan, facts: &FdataFacts, counts: &PathCounts, fid_ba
             if matches!(e.kind, EdgeKind::CallFallThrough | EdgeKind::FallThrough) {
                 continue;
             }
-            let Some(&last) = facts.last_insn.get(fid).and_then(|l| l.get(v)) else {
+            let Some(&last) = facts.last_insn.get(&fid).and_then(|l| l.get(v)) else {
                 continue;
             };
             let from = last - f.start;
             let to = cfg.blocks[e.to].start - f.start;
-            *edges.entry((*fid, from, to)).or_insert(0) += n;
+            *edges.entry((fid, from, to)).or_insert(0) += n;
         }
     }
     let mut out = String::new();

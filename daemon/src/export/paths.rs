@@ -9,6 +9,7 @@ use userspace_rewriter::analysis::plan::FunctionStatus;
 
 use super::pprof::{LineKey, MappingKey, ProfileBuilder};
 use crate::bursts::counts::PathCounts;
+use crate::bursts::lifecycle::PathFacts;
 use crate::bursts::{Traced, TracedModule};
 use crate::stacks::symbolize::demangle;
 
@@ -39,16 +40,16 @@ fn executions(counts: &PathCounts) -> HashMap<(u32, u64), u64> {
 /// the event each path incurs, given the block-level samples).
 fn path_events(
     traced: &Traced,
-    counts: &PathCounts,
+    details: &HashMap<u32, PathFacts<'_>>,
+    execs: &HashMap<(u32, u64), u64>,
     leaf_weights: &HashMap<u64, u64>,
 ) -> HashMap<(u32, u64), f64> {
-    // Executions per (fid, path), and the paths through each block.
-    let execs = executions(counts);
+    // The paths through each block.
     let mut through: HashMap<(u32, usize), Vec<(u64, u64)>> = HashMap::new();
-    for (&(fid, path), &n) in &execs {
-        let Some(p) = traced
-            .numbering(fid)
-            .and_then(|num| num.regenerate(path).ok())
+    for (&(fid, path), &n) in execs {
+        let Some(p) = details
+            .get(&fid)
+            .and_then(|d| d.numbering.regenerate(path).ok())
         else {
             continue;
         };
@@ -88,16 +89,12 @@ fn path_events(
         if pc >= end {
             continue;
         }
-        let Some((m, local)) = traced.function(fid) else {
+        let Some((m, _)) = traced.function(fid) else {
             continue;
         };
-        let FunctionStatus::Analyzed(fa) = &m.plan.functions[local].status else {
-            continue;
-        };
-        let Some(blk) = fa
-            .cfg
-            .as_ref()
-            .and_then(|c| c.block_at(pc.wrapping_sub(m.bias)))
+        let Some(blk) = details
+            .get(&fid)
+            .and_then(|d| d.cfg.block_at(pc.wrapping_sub(m.bias)))
         else {
             continue;
         };
@@ -120,8 +117,9 @@ pub(crate) fn add_paths(
     counts: &PathCounts,
     leaf_weights: &HashMap<u64, u64>,
 ) {
-    let events = path_events(traced, counts, leaf_weights);
     let execs = executions(counts);
+    let details = traced.path_details(execs.keys().map(|k| k.0));
+    let events = path_events(traced, &details, &execs, leaf_weights);
     let line_of = |m: &TracedModule, svma: u64| -> (Option<String>, u32) {
         m.lines
             .as_ref()
@@ -172,13 +170,9 @@ pub(crate) fn add_paths(
         };
         let mapping = mappings[module_index(m)];
         let f = &m.plan.functions[local];
-        let Some(numbering) = traced.numbering(*fid) else {
+        let Some(PathFacts { cfg, numbering }) = details.get(fid) else {
             continue;
         };
-        let FunctionStatus::Analyzed(fa) = &f.status else {
-            continue;
-        };
-        let Some(cfg) = fa.cfg.as_ref() else { continue };
         let Ok(p) = numbering.regenerate(*path) else {
             continue;
         };

@@ -283,7 +283,7 @@ impl Session {
             // One BOLT profile per module: llvm-bolt optimises one binary
             // at a time.
             for m in &traced.modules {
-                let text = crate::export::fdata::fdata(&m.plan, &m.fdata, &counts, m.fid_base);
+                let text = crate::export::fdata::fdata(m, &counts);
                 if m.is_exe || !text.is_empty() {
                     fdatas.push((pid, (!m.is_exe).then(|| m.name().to_owned()), text));
                 }

@@ -165,6 +165,77 @@ pub struct Plan {
     pub functions: Vec<FunctionPlan>,
 }
 
+/// A function's CFG and path numbering: what turns its path numbers back
+/// into blocks and edges. A long-lived holder of plans (the daemon) keeps
+/// them apart from the plan, on disk, and reads a function's when its
+/// paths are exported ([`Plan::take_details`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct PathDetails {
+    pub cfg: Cfg,
+    pub numbering: PathNumbering,
+}
+
+impl Plan {
+    /// Takes every function's CFG and path numbering out of the plan, in
+    /// function order (`Some` where it had both). The rest of the plan,
+    /// [`FunctionAnalysis::paths`] included, stays as it was.
+    pub fn take_details(&mut self) -> Vec<Option<PathDetails>> {
+        self.functions
+            .iter_mut()
+            .map(|f| match &mut f.status {
+                FunctionStatus::Analyzed(fa) => match (fa.cfg.take(), fa.numbering.take()) {
+                    (Some(cfg), Some(numbering)) => Some(PathDetails { cfg, numbering }),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A copy of the plan without the CFGs and path numberings (see
+    /// [`Plan::take_details`]).
+    pub fn without_details(&self) -> Plan {
+        let functions = self
+            .functions
+            .iter()
+            .map(|f| FunctionPlan {
+                name: f.name.clone(),
+                start: f.start,
+                size: f.size,
+                sources: f.sources.clone(),
+                cold_part: f.cold_part,
+                family: f.family,
+                status: match &f.status {
+                    FunctionStatus::Analyzed(fa) => {
+                        FunctionStatus::Analyzed(Box::new(FunctionAnalysis {
+                            loops: fa.loops.clone(),
+                            cfg: None,
+                            numbering: None,
+                            ..**fa
+                        }))
+                    }
+                    other => other.clone(),
+                },
+            })
+            .collect();
+        Plan {
+            build_id: self.build_id.clone(),
+            pie: self.pie,
+            k: self.k,
+            summary: self.summary.clone(),
+            functions,
+        }
+    }
+
+    /// The CFG and path numbering of function `i`, if the plan holds them.
+    pub fn details_of(&self, i: usize) -> Option<(&Cfg, &PathNumbering)> {
+        match &self.functions.get(i)?.status {
+            FunctionStatus::Analyzed(fa) => Some((fa.cfg.as_ref()?, fa.numbering.as_ref()?)),
+            _ => None,
+        }
+    }
+}
+
 /// A plan and how long it took.
 pub struct AnalysisReport {
     pub plan: Plan,
