@@ -44,7 +44,9 @@ use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 use userspace_rewriter::analysis::plan::{PathDetails, Plan};
-use userspace_rewriter::codegen::{CloneImage, ClonedFunction, GenStats, Layout, Relocs, Tables};
+use userspace_rewriter::codegen::{
+    CloneImage, ClonedFunction, GenStats, Layout, Relocs, ReverseMap, Tables,
+};
 
 use crate::export::fdata::FdataFacts;
 
@@ -57,12 +59,39 @@ pub(crate) const DEFAULT_MAX_MB: u64 = 1024;
 /// plan (returned beside it by [`Cache::load`]).
 pub(crate) struct Entry {
     pub(crate) fdata: FdataFacts,
-    /// Encoded for the layout of the attach that made it.
+    /// Encoded for the layout of the attach that made it, without its
+    /// bytes (`bytes`: read when they are written into a process).
     pub(crate) img: CloneImage,
+    pub(crate) bytes: CachedBytes,
     pub(crate) eh: Vec<u8>,
     pub(crate) exceptions: bool,
     /// The plan's CFGs and path numberings, on disk.
     pub(crate) details: Details,
+}
+
+/// A cached image's bytes, in its entry (python3.11's are 22 MB: they go
+/// from the file into the process a piece at a time).
+pub(crate) struct CachedBytes {
+    file: std::sync::Arc<std::fs::File>,
+    at: u64,
+    len: u64,
+}
+
+impl CachedBytes {
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Bytes `offset..offset + buf.len()` of the image.
+    pub(crate) fn read_at(&self, offset: u64, buf: &mut [u8]) -> anyhow::Result<()> {
+        use std::os::unix::fs::FileExt as _;
+        if offset + buf.len() as u64 > self.len {
+            bail!("a read past the cached image");
+        }
+        self.file
+            .read_exact_at(buf, self.at + offset)
+            .context("reading cached clones")
+    }
 }
 
 /// The CFGs and path numberings of a module's plan, read from its cache
@@ -376,10 +405,7 @@ fn write(tmp: &Path, ours: &str, key: &str, e: &Stored<'_>) -> anyhow::Result<De
         &r.orig_qwords,
         &r.fids,
     ] {
-        section(
-            &mut w,
-            &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
-        )?;
+        section(&mut w, &u32s(v))?;
     }
     for t in [
         &img.tables.insns,
@@ -399,10 +425,11 @@ fn write(tmp: &Path, ours: &str, key: &str, e: &Stored<'_>) -> anyhow::Result<De
             ]
         })),
     )?;
-    section(
-        &mut w,
-        &words(img.reverse.iter().flat_map(|&(a, b, c)| [a, b, c])),
-    )?;
+    let (clone_base, orig_base, clone, orig, len) = img.reverse.parts();
+    section(&mut w, &words([clone_base, orig_base].into_iter()))?;
+    section(&mut w, &u32s(clone))?;
+    section(&mut w, &u32s(orig))?;
+    section(&mut w, len)?;
     section(&mut w, eh)?;
     let file = w.into_inner().map_err(|e| e.into_error())?;
     file.sync_data().context("writing the cache entry")?;
@@ -414,6 +441,10 @@ fn write(tmp: &Path, ours: &str, key: &str, e: &Stored<'_>) -> anyhow::Result<De
 
 fn words(v: impl Iterator<Item = u64>) -> Vec<u8> {
     v.flat_map(u64::to_le_bytes).collect()
+}
+
+fn u32s(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 fn read(
@@ -458,7 +489,12 @@ fn read(
     let fdata: FdataFacts = r.msgpack().context("the fdata facts")?;
     debug!("plan read in {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
     let n = r.len()?;
-    let bytes = r.bytes(n)?;
+    let bytes = CachedBytes {
+        file: file.clone(),
+        at: size - r.left,
+        len: n,
+    };
+    r.skip(n)?;
     let relocs = Relocs {
         rel_orig: r.u32s()?,
         rel_control: r.u32s()?,
@@ -484,12 +520,19 @@ fn read(
             ))
         })
         .collect::<anyhow::Result<_>>()?;
-    let reverse = r.words(|w: [u64; 3]| (w[0], w[1], w[2]))?;
+    let bases: Vec<u64> = r.words(|[w]: [u64; 1]| w)?;
+    let [clone_base, orig_base] = bases[..] else {
+        bail!("the map's bases");
+    };
+    let (clone, orig) = (r.u32s()?, r.u32s()?);
+    let n = r.len()?;
+    let reverse = ReverseMap::from_parts(clone_base, orig_base, clone, orig, r.bytes(n)?)
+        .map_err(anyhow::Error::msg)?;
     let n = r.len()?;
     let eh = r.bytes(n)?;
     let [bias, control, code, fid_base] = header.layout;
     let img = CloneImage {
-        bytes,
+        bytes: Vec::new(),
         handler: header.handler,
         restorer: header.restorer,
         code_range: header.code_range,
@@ -512,6 +555,7 @@ fn read(
         Entry {
             fdata,
             img,
+            bytes,
             eh,
             exceptions: header.exceptions,
             details,

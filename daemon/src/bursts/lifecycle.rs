@@ -189,7 +189,7 @@ impl Analysed {
     /// bound on fresh ones (by the bytes of the functions analysed).
     fn room(&self) -> u64 {
         match &self.made {
-            Made::Cached(Some(c)) => code_len(&c.img, &c.eh),
+            Made::Cached(Some(c)) => code_len(c.bytes.len(), &c.eh),
             Made::Cached(None) => 0,
             Made::Fresh { .. } => code_room(
                 self.plan
@@ -204,8 +204,8 @@ impl Analysed {
 }
 
 /// Bytes of the mapping for clones and their unwind info (whole pages).
-fn code_len(img: &codegen::CloneImage, eh: &[u8]) -> u64 {
-    (((img.bytes.len() as u64 + 15) & !15) + eh.len() as u64 + 0xfff) & !0xfff
+fn code_len(bytes: u64, eh: &[u8]) -> u64 {
+    (((bytes + 15) & !15) + eh.len() as u64 + 0xfff) & !0xfff
 }
 
 /// One module's clones, generated for their address (the analysis is
@@ -225,6 +225,68 @@ struct Generated {
     /// Its key in the plan cache, if it is to be stored there (generated
     /// now).
     key: Option<String>,
+    /// Where the bytes of `img` are.
+    code_bytes: CodeBytes,
+}
+
+/// Where a module's clone code is, to be written into the process.
+enum CodeBytes {
+    /// In the image (generated now).
+    InImage,
+    /// In the plan cache entry, encoded for another layout: read, moved
+    /// and written a piece at a time (never held whole).
+    Cached {
+        bytes: cache::CachedBytes,
+        mv: Box<codegen::BytesMove>,
+    },
+}
+
+/// Pieces of cached clone code are read and written this many bytes at a
+/// time.
+const CODE_PIECE: u64 = 1 << 20;
+
+impl Generated {
+    /// Bytes of clone code.
+    fn code_bytes_len(&self) -> u64 {
+        match &self.code_bytes {
+            CodeBytes::InImage => self.img.bytes.len() as u64,
+            CodeBytes::Cached { bytes, .. } => bytes.len(),
+        }
+    }
+
+    /// Hands `write` the clone code for this process (address, bytes), in
+    /// pieces.
+    fn write_code(
+        &self,
+        mut write: impl FnMut(u64, &[u8]) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        match &self.code_bytes {
+            CodeBytes::InImage => write(self.code, &self.img.bytes),
+            CodeBytes::Cached { bytes, mv } => {
+                moved_pieces(bytes, mv, |at, b| write(self.code + at, b))
+            }
+        }
+    }
+}
+
+/// Reads cached clone code a piece at a time, moves each for this
+/// process and hands it to `f` with its offset.
+fn moved_pieces(
+    bytes: &cache::CachedBytes,
+    mv: &codegen::BytesMove,
+    mut f: impl FnMut(u64, &[u8]) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut buf = Vec::new();
+    let mut start = 0;
+    while start < mv.len() {
+        let end = mv.piece_end(start, start + CODE_PIECE);
+        buf.resize((end - start) as usize, 0);
+        bytes.read_at(start, &mut buf)?;
+        mv.patch(&mut buf, start).map_err(anyhow::Error::msg)?;
+        f(start, &buf)?;
+        start = end;
+    }
+    Ok(())
 }
 
 impl Generated {
@@ -356,16 +418,30 @@ fn generate_at(
         fid_base: a.fid_base,
     };
     let mut a = a;
-    let (img, eh, exceptions, fdata, details) = match &mut a.made {
+    let (img, eh, exceptions, fdata, details, code_bytes) = match &mut a.made {
         Made::Cached(c) => {
             let c = *c.take().context("cached clones moved twice")?;
             let from = c.img.layout.code;
-            match c.img.relocate(&layout) {
-                Ok(img) => {
+            // Every piece is moved once now, to see that every field fits
+            // (or to analyse afresh), and again as it is written.
+            let moved = c
+                .img
+                .relocate_lazily(&layout, c.bytes.len())
+                .map_err(anyhow::Error::from)
+                .and_then(|(img, mv)| {
+                    moved_pieces(&c.bytes, &mv, |_, _| Ok(()))?;
+                    Ok((img, mv))
+                });
+            match moved {
+                Ok((img, mv)) => {
                     let mut eh = c.eh;
                     unwind_info::relocate_eh_frame(&mut eh, code.wrapping_sub(from))
                         .map_err(anyhow::Error::msg)?;
-                    (img, eh, c.exceptions, c.fdata, Some(c.details))
+                    let code_bytes = CodeBytes::Cached {
+                        bytes: c.bytes,
+                        mv: Box::new(mv),
+                    };
+                    (img, eh, c.exceptions, c.fdata, Some(c.details), code_bytes)
                 }
                 Err(e) => {
                     // Analysed as if it were not cached.
@@ -386,10 +462,14 @@ fn generate_at(
                 .bytes;
             let exceptions = uses_exceptions(&a.module.data, analysis);
             let fdata = FdataFacts::new(&a.module.data, &a.plan, analysis);
-            (img, eh, exceptions, fdata, None)
+            (img, eh, exceptions, fdata, None, CodeBytes::InImage)
         }
     };
-    let need = code_len(&img, &eh);
+    let code_size = match &code_bytes {
+        CodeBytes::InImage => img.bytes.len() as u64,
+        CodeBytes::Cached { bytes, .. } => bytes.len(),
+    };
+    let need = code_len(code_size, &eh);
     if room.is_some_and(|r| need > r) {
         if matches!(a.made, Made::Cached(_)) {
             // The room was sized for them.
@@ -398,7 +478,7 @@ fn generate_at(
         a.outgrew = need;
         return Ok(Err(Box::new(a)));
     }
-    let eh_addr = code + ((img.bytes.len() as u64 + 15) & !15);
+    let eh_addr = code + ((code_size + 15) & !15);
     Ok(Ok(Generated {
         facts: ModuleFacts {
             path: a.module.path,
@@ -422,6 +502,7 @@ fn generate_at(
         eh: (eh_addr, eh),
         exceptions,
         key: a.key,
+        code_bytes,
     }))
 }
 
@@ -728,8 +809,8 @@ pub(crate) fn attach(
             Err(e) => warn!(%pid, "{path} is not cloned: {e:#}"),
         }
     }
-    let tables = Tables::merge(gens.iter().map(|g| &g.img.tables));
-    let tables_len = tables.len_bytes().next_multiple_of(PAGE_SIZE);
+    let tables: Vec<&Tables> = gens.iter().map(|g| &g.img.tables).collect();
+    let tables_len = Tables::merged_len_bytes(&tables).next_multiple_of(PAGE_SIZE);
 
     let generation_ms = t0.elapsed().as_secs_f64() * 1e3 - analysis_ms;
     let mut t = if held {
@@ -752,7 +833,13 @@ pub(crate) fn attach(
     // library is where the program's next mmap goes.
     let rooms = if opts.libraries && !held {
         let maps = inject::maps(pid)?;
-        library_rooms(pid, &maps, exe_path, &tables, &mut reserved)
+        library_rooms(
+            pid,
+            &maps,
+            exe_path,
+            Tables::merged_len_bytes(&tables),
+            &mut reserved,
+        )
     } else {
         Rooms::default()
     };
@@ -908,7 +995,7 @@ pub(crate) fn attach(
                 + g.facts.plan.summary.skipped.values().sum::<usize>()
         })
         .sum();
-    let kib: usize = gens.iter().map(|g| g.img.bytes.len()).sum::<usize>() / 1024;
+    let kib = gens.iter().map(Generated::code_bytes_len).sum::<u64>() / 1024;
     let names: Vec<&str> = gens.iter().map(|g| g.facts.name()).collect();
     let stop = if held {
         format!(
@@ -931,7 +1018,7 @@ pub(crate) fn attach(
             Then::Libraries(Pending {
                 control,
                 exe_path: exe_path.to_owned(),
-                tables,
+                tables: Tables::merge(gens.iter().map(|g| &g.img.tables)),
                 next_fid: fid_base,
                 rearm: None,
                 rooms,
@@ -1007,7 +1094,7 @@ fn library_rooms(
     pid: Pid,
     maps: &[inject::MapEntry],
     exe_path: &str,
-    exe_tables: &Tables,
+    exe_tables_len: u64,
     reserved: &mut Vec<(u64, u64)>,
 ) -> Rooms {
     let mut rooms = Rooms::default();
@@ -1030,7 +1117,7 @@ fn library_rooms(
         }
     }
     if !rooms.libraries.is_empty() {
-        let len = (exe_tables.len_bytes() + 40 * exec_total + 4096).next_multiple_of(PAGE_SIZE);
+        let len = (exe_tables_len + 40 * exec_total + 4096).next_multiple_of(PAGE_SIZE);
         rooms.tables = (0, len);
     }
     rooms
@@ -1192,15 +1279,13 @@ pub(crate) fn add_libraries(
     let prepared_ms = t0.elapsed().as_secs_f64() * 1e3;
     let mut activate = None;
     if pending.rearm.is_none() {
-        let tables = Tables::merge(
-            std::iter::once(&pending.tables).chain(gens.iter().map(|g| &g.img.tables)),
-        );
+        let tables: Vec<&Tables> = std::iter::once(&pending.tables)
+            .chain(gens.iter().map(|g| &g.img.tables))
+            .collect();
         let (tables_at, room) = pending.rooms.tables;
-        if tables.len_bytes() > room {
-            bail!(
-                "the lookup tables need {} bytes, {room} were set aside",
-                tables.len_bytes()
-            );
+        let need = Tables::merged_len_bytes(&tables);
+        if need > room {
+            bail!("the lookup tables need {need} bytes, {room} were set aside");
         }
         write_unused(pid, &gens, &tables, tables_at)?;
         activate = Some((tables_at, gens.iter().map(Generated::entry).collect()));
@@ -1225,15 +1310,17 @@ pub(crate) fn add_libraries(
 impl Extension {
     /// What the daemon keeps of generated modules.
     fn of(gens: Vec<Generated>) -> Extension {
-        let mut pages: Vec<u64> = gens
-            .iter()
-            .flat_map(|g| {
-                g.img
-                    .table()
-                    .iter()
-                    .map(|&(orig, _)| orig >> CLONE_PAGE_SHIFT)
-            })
-            .collect();
+        // (Each table is sorted: its pages come in order, so only the
+        // pages are collected, not an entry per instruction.)
+        let mut pages: Vec<u64> = Vec::new();
+        for g in &gens {
+            for &(orig, _) in g.img.table() {
+                let page = orig >> CLONE_PAGE_SHIFT;
+                if pages.last() != Some(&page) {
+                    pages.push(page);
+                }
+            }
+        }
         pages.sort_unstable();
         pages.dedup();
         let cloned = gens
@@ -1363,8 +1450,10 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
         return Ok(None);
     }
     let current = super::linkmap::read_tables(pid, req.base)?;
-    let tables = Tables::merge(std::iter::once(&current).chain(gens.iter().map(|g| &g.img.tables)));
-    let tables_len = tables.len_bytes().next_multiple_of(PAGE_SIZE);
+    let tables: Vec<&Tables> = std::iter::once(&current)
+        .chain(gens.iter().map(|g| &g.img.tables))
+        .collect();
+    let tables_len = Tables::merged_len_bytes(&tables).next_multiple_of(PAGE_SIZE);
     let prepared_ms = t0.elapsed().as_secs_f64() * 1e3;
     // The stop only maps (a ptrace stop can cut a system call under way
     // short: as short as it can be); the bytes go in after it.
@@ -1461,7 +1550,7 @@ fn remember(gens: &mut [Generated]) {
 fn write_unused(
     pid: Pid,
     gens: &[Generated],
-    tables: &Tables,
+    tables: &[&Tables],
     tables_at: u64,
 ) -> anyhow::Result<()> {
     use std::os::unix::fs::FileExt;
@@ -1475,11 +1564,16 @@ fn write_unused(
             .with_context(|| format!("writing {} bytes at {at:#x} in pid {pid}", bytes.len()))
     };
     for g in gens {
-        write(g.code, &g.img.bytes)?;
+        g.write_code(write)?;
         write(g.eh.0, &g.eh.1)?;
     }
-    write(tables_at, &tables.bytes(tables_at))
+    Tables::write_merged(tables, tables_at, TABLES_CHUNK, write)?;
+    Ok(())
 }
+
+/// The lookup tables are written in pieces of this many bytes (not built
+/// whole in the daemon first).
+const TABLES_CHUNK: usize = 1 << 20;
 
 /// Protections and flags of the clone code and table mappings.
 const RX: i32 = libc::PROT_READ | libc::PROT_EXEC;
@@ -1525,7 +1619,7 @@ fn place(
     t: &mut Tracee,
     pid: Pid,
     gens: &[Generated],
-    tables: &Tables,
+    tables: &[&Tables],
     tables_len: u64,
     register_frame: Option<u64>,
 ) -> anyhow::Result<(u64, u64)> {
@@ -1536,10 +1630,12 @@ fn place(
     let tables_at = t
         .mmap(0, tables_len, libc::PROT_READ, TABLE_FLAGS, -1, 0)
         .context("mapping the lookup tables")?;
-    t.write_memory(tables_at, &tables.bytes(tables_at))?;
+    Tables::write_merged(tables, tables_at, TABLES_CHUNK, |at, b| {
+        t.write_memory(at, b)
+    })?;
     let mut exe_eh = 0;
     for g in gens {
-        t.write_memory(g.code, &g.img.bytes)?;
+        g.write_code(|at, b| Ok(t.write_memory(at, b)?))?;
         t.write_memory(g.eh.0, &g.eh.1)?;
         // Register the clones' unwind info with the target's unwinder, so
         // that backtraces from signal frames pass through clone frames.

@@ -124,8 +124,10 @@ pub(crate) struct Traced {
 /// One module with clones.
 pub(crate) struct TracedModule {
     pub(crate) facts: lifecycle::ModuleFacts,
-    /// DWARF lines of the module, opened while the process lives.
-    pub(crate) lines: Option<addr2line::Loader>,
+    /// The file with the module's DWARF lines, opened while the process
+    /// lives (its files may be gone when its paths are exported) and
+    /// parsed only while they are: python3.11's lines take 40 MB parsed.
+    lines_file: Option<std::fs::File>,
 }
 
 impl TracedModule {
@@ -139,8 +141,16 @@ impl TracedModule {
                 .unwrap_or_else(|| PathBuf::from(format!("/proc/{pid}/root{}", facts.path)))
         };
         TracedModule {
-            lines: addr2line::Loader::new(file).ok(),
+            lines_file: std::fs::File::open(file).ok(),
             facts,
+        }
+    }
+
+    /// `(file, line)` of the SVMAs `addrs` that the module's DWARF has.
+    pub(crate) fn lines(&self, addrs: &[u64]) -> HashMap<u64, (Option<String>, u32)> {
+        match &self.lines_file {
+            Some(f) => crate::export::lines::lines_in_file(f, addrs),
+            None => HashMap::new(),
         }
     }
 }

@@ -120,11 +120,42 @@ pub(crate) fn add_paths(
     let execs = executions(counts);
     let details = traced.path_details(execs.keys().map(|k| k.0));
     let events = path_events(traced, &details, &execs, leaf_weights);
+    let module_index = |m: &TracedModule| {
+        traced
+            .modules
+            .iter()
+            .position(|x| std::ptr::eq(x, m))
+            .unwrap_or(0)
+    };
+    // The addresses whose lines name the paths and frames below, per
+    // module: the paths' blocks, their functions, the contexts'
+    // functions; then each module's lines of those only.
+    let mut wanted: Vec<Vec<u64>> = vec![Vec::new(); traced.modules.len()];
+    for ((ctx, fid, path), _) in counts.iter() {
+        for c in counts.contexts().fids(*ctx).iter().chain([fid]) {
+            if let Some((m, local)) = traced.function(*c) {
+                wanted[module_index(m)].push(m.plan.functions[local].start);
+            }
+        }
+        let (Some((m, _)), Some(d)) = (traced.function(*fid), details.get(fid)) else {
+            continue;
+        };
+        if let Ok(p) = d.numbering.regenerate(*path) {
+            let w = &mut wanted[module_index(m)];
+            w.extend(p.blocks.iter().map(|&blk| d.cfg.blocks[blk].start));
+        }
+    }
+    let lines: Vec<HashMap<u64, (Option<String>, u32)>> = traced
+        .modules
+        .iter()
+        .zip(&wanted)
+        .map(|(m, w)| m.lines(w))
+        .collect();
+    drop(wanted);
     let line_of = |m: &TracedModule, svma: u64| -> (Option<String>, u32) {
-        m.lines
-            .as_ref()
-            .and_then(|l| l.find_location(svma).ok().flatten())
-            .map(|loc| (loc.file.map(str::to_owned), loc.line.unwrap_or(0)))
+        lines[module_index(m)]
+            .get(&svma)
+            .cloned()
             .unwrap_or((None, 0))
     };
     // One mapping per module, named as the process maps it. Each spans
@@ -154,13 +185,6 @@ pub(crate) fn add_paths(
             )
         })
         .collect();
-    let module_index = |m: &TracedModule| {
-        traced
-            .modules
-            .iter()
-            .position(|x| std::ptr::eq(x, m))
-            .unwrap_or(0)
-    };
     let mut func_loc: HashMap<u32, u64> = HashMap::new();
     let mut entries: Vec<_> = counts.iter().collect();
     entries.sort();

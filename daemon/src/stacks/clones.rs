@@ -29,9 +29,8 @@ pub(crate) struct CloneRegion {
     /// lies in the target.
     pub(crate) eh_frame: Arc<[u8]>,
     pub(crate) eh_frame_addr: u64,
-    /// `(clone address, original address, original end)` of every copied
-    /// instruction, sorted by clone address.
-    pub(crate) map: Vec<(u64, u64, u64)>,
+    /// The original instruction of every copied instruction.
+    pub(crate) map: userspace_rewriter::codegen::ReverseMap,
 }
 
 impl CloneFrames {
@@ -44,8 +43,7 @@ impl CloneFrames {
             .iter()
             .find(|r| r.range.contains(&frame.address().0))?;
         let Avma(probe) = frame.lookup_address();
-        let i = r.map.partition_point(|e| e.0 <= probe);
-        let &(_, orig, orig_end) = r.map.get(i.checked_sub(1)?)?;
+        let (orig, orig_end) = r.map.lookup(probe)?;
         Some(match frame {
             FrameAddress::InstructionPointer(_) => FrameAddress::InstructionPointer(Avma(orig)),
             FrameAddress::ReturnAddress(_) => FrameAddress::ReturnAddress(Avma(orig_end)),
@@ -65,7 +63,11 @@ mod tests {
             range: lo..lo + 0x1000,
             eh_frame: Arc::from(&[0u8; 0][..]),
             eh_frame_addr: 0,
-            map: vec![(lo, orig, orig + 5), (lo + 5, orig + 5, orig + 10)],
+            map: userspace_rewriter::codegen::ReverseMap::new(&[
+                (lo, orig, orig + 5),
+                (lo + 5, orig + 5, orig + 10),
+            ])
+            .unwrap(),
         };
         // The executable's clones, and a library's far away.
         let c = CloneFrames {

@@ -15,6 +15,7 @@ use super::emitter::Emitter;
 use super::function::{FnGen, Skip};
 use super::instrument::{Arg, call_routine};
 use super::relocs::Relocs;
+use super::reverse::ReverseMap;
 use super::runtime::{self, RuntimeError};
 use crate::analysis::cfg::{self, Cfg};
 use crate::analysis::disasm::Insn;
@@ -81,7 +82,7 @@ impl ClonedFunction {
 }
 
 /// The generated code and tables.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct CloneImage {
     /// The runtime, then (16-aligned) the clones.
     pub bytes: Vec<u8>,
@@ -101,9 +102,9 @@ pub struct CloneImage {
     pub skipped: BTreeMap<String, usize>,
     /// Instrumentation points emitted.
     pub stats: GenStats,
-    /// `(clone address, original address, original end)` of every copied
-    /// instruction, sorted by clone address (clone frames → original).
-    pub reverse: Vec<(u64, u64, u64)>,
+    /// The original instruction of every copied instruction (clone frames
+    /// → original).
+    pub reverse: ReverseMap,
     /// The layout it is encoded for, and where its bytes depend on it.
     pub layout: Layout,
     pub relocs: Relocs,
@@ -180,11 +181,97 @@ impl Tables {
         b
     }
 
+    /// Writes the tables of several images merged (as [`Tables::merge`]
+    /// and [`Tables::bytes`] would make them) to `at`, handing `out`
+    /// pieces of at most `chunk` bytes with their address, without
+    /// building either: python3.11's merged tables are 20 MB. Each table
+    /// of each part must be sorted (as generated, moved or read back).
+    /// Returns the bytes written.
+    pub fn write_merged<E>(
+        parts: &[&Tables],
+        at: u64,
+        chunk: usize,
+        mut out: impl FnMut(u64, &[u8]) -> Result<(), E>,
+    ) -> Result<u64, E> {
+        use burstyd_common::burst::TablesHeader;
+        let lists = |f: fn(&Tables) -> &[(u64, u64)]| -> Vec<&[(u64, u64)]> {
+            parts.iter().map(|t| f(t)).collect()
+        };
+        let all = [
+            lists(|t| &t.insns),
+            lists(|t| &t.functions),
+            lists(|t| &t.returns),
+        ];
+        let lens = all.each_ref().map(|l| merged(l).count() as u64);
+        let head = std::mem::size_of::<TablesHeader>() as u64;
+        let starts = [
+            at + head,
+            at + head + 16 * lens[0],
+            at + head + 16 * (lens[0] + lens[1]),
+        ];
+        let mut buf: Vec<u8> = Vec::with_capacity(chunk.max(64));
+        let mut addr = at;
+        let mut put = |buf: &mut Vec<u8>, bytes: &[u8], flush: bool| -> Result<(), E> {
+            buf.extend_from_slice(bytes);
+            if buf.len() + 16 > chunk || flush {
+                out(addr, buf)?;
+                addr += buf.len() as u64;
+                buf.clear();
+            }
+            Ok(())
+        };
+        for (start, len) in starts.iter().zip(lens) {
+            put(&mut buf, &start.to_le_bytes(), false)?;
+            put(&mut buf, &len.to_le_bytes(), false)?;
+        }
+        for l in &all {
+            for (o, c) in merged(l) {
+                let mut pair = [0u8; 16];
+                pair[..8].copy_from_slice(&o.to_le_bytes());
+                pair[8..].copy_from_slice(&c.to_le_bytes());
+                put(&mut buf, &pair, false)?;
+            }
+        }
+        put(&mut buf, &[], true)?;
+        Ok(addr - at)
+    }
+
+    /// Bytes of [`Tables::write_merged`] for `parts`.
+    pub fn merged_len_bytes(parts: &[&Tables]) -> u64 {
+        let lists = |f: fn(&Tables) -> &[(u64, u64)]| -> u64 {
+            merged(&parts.iter().map(|t| f(t)).collect::<Vec<_>>()).count() as u64
+        };
+        std::mem::size_of::<burstyd_common::burst::TablesHeader>() as u64
+            + 16 * (lists(|t| &t.insns) + lists(|t| &t.functions) + lists(|t| &t.returns))
+    }
+
     /// Bytes of [`Self::bytes`].
     pub fn len_bytes(&self) -> u64 {
         (std::mem::size_of::<burstyd_common::burst::TablesHeader>()
             + 16 * (self.insns.len() + self.functions.len() + self.returns.len())) as u64
     }
+}
+
+/// The sorted lists merged into one sorted list, the first (smallest)
+/// pair of each original kept ([`Tables::merge`]'s order and dedup).
+fn merged<'a>(lists: &[&'a [(u64, u64)]]) -> impl Iterator<Item = (u64, u64)> + 'a {
+    debug_assert!(lists.iter().all(|l| l.is_sorted()));
+    let mut heads: Vec<&'a [(u64, u64)]> = lists.to_vec();
+    let mut last: Option<u64> = None;
+    std::iter::from_fn(move || {
+        loop {
+            let (i, &e) = heads
+                .iter()
+                .enumerate()
+                .filter_map(|(i, l)| l.first().map(|e| (i, e)))
+                .min_by_key(|&(_, e)| e)?;
+            heads[i] = &heads[i][1..];
+            if last != Some(e.0) {
+                last = Some(e.0);
+                return Some(e);
+            }
+        }
+    })
 }
 
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
@@ -445,7 +532,7 @@ pub fn generate_excluding(
         functions,
         skipped,
         stats,
-        reverse,
+        reverse: ReverseMap::new(&reverse).map_err(GenError::Encode)?,
         layout: *layout,
         relocs: std::mem::take(&mut batches.relocs),
         clones_offset: clones_at - layout.code,
@@ -462,6 +549,25 @@ impl CloneImage {
     /// the runtime would not have the same size).
     pub fn relocate(mut self, to: &Layout) -> Result<CloneImage, GenError> {
         let from = self.layout;
+        let mut bytes = std::mem::take(&mut self.bytes);
+        let len = bytes.len() as u64;
+        let (mut img, mv) = self.relocate_lazily(to, len)?;
+        mv.patch(&mut bytes, 0).map_err(GenError::Relocate)?;
+        debug_assert_eq!(mv.from, from);
+        img.bytes = bytes;
+        Ok(img)
+    }
+
+    /// Moves everything but the bytes (which may be absent: `len` of
+    /// them, kept elsewhere), and returns how to move those piece by
+    /// piece ([`BytesMove`]): python3.11's clones are 22 MB, which a
+    /// daemon need not hold to write them into a process.
+    pub fn relocate_lazily(
+        mut self,
+        to: &Layout,
+        len: u64,
+    ) -> Result<(CloneImage, BytesMove), GenError> {
+        let from = self.layout;
         let low = |l: &Layout| l.control < super::LOW_STATE_LIMIT;
         if low(&from) != low(to) {
             return Err(GenError::Relocate(
@@ -474,10 +580,23 @@ impl CloneImage {
                 "the runtime would differ in size".into(),
             ));
         }
-        self.relocs
-            .apply(&mut self.bytes, &from, to)
-            .map_err(GenError::Relocate)?;
-        self.bytes[..rt.bytes.len()].copy_from_slice(&rt.bytes);
+        if let Some(why) = &self.relocs.unrelocatable {
+            return Err(GenError::Relocate(why.clone()));
+        }
+        if (rt.bytes.len() as u64) > len {
+            return Err(GenError::Relocate(
+                "the image is shorter than its runtime".into(),
+            ));
+        }
+        let mut relocs = self.relocs.clone();
+        relocs.sort();
+        let mv = BytesMove {
+            from,
+            to: *to,
+            runtime: rt.bytes.clone(),
+            relocs,
+            len,
+        };
         let (db, dc) = (
             to.bias.wrapping_sub(from.bias),
             to.code.wrapping_sub(from.code),
@@ -494,13 +613,7 @@ impl CloneImage {
             f.orig = f.orig.wrapping_add(db);
             f.clone = f.clone.wrapping_add(dc);
         }
-        for e in &mut self.reverse {
-            *e = (
-                e.0.wrapping_add(dc),
-                e.1.wrapping_add(db),
-                e.2.wrapping_add(db),
-            );
-        }
+        self.reverse.relocate(dc, db);
         self.handler = rt.handler;
         self.restorer = rt.restorer;
         self.code_range = (
@@ -508,7 +621,56 @@ impl CloneImage {
             self.code_range.1.wrapping_add(dc),
         );
         self.layout = *to;
-        Ok(self)
+        Ok((self, mv))
+    }
+}
+
+/// How an image's bytes move to another layout, applied to pieces of
+/// them in turn ([`CloneImage::relocate_lazily`]).
+pub struct BytesMove {
+    from: Layout,
+    to: Layout,
+    /// The runtime assembled for the new layout: the image's first bytes.
+    runtime: Vec<u8>,
+    /// Sorted.
+    relocs: Relocs,
+    len: u64,
+}
+
+impl BytesMove {
+    /// The image's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Where a piece from `start` meant to end at `end` must end so that
+    /// no field is cut in two (at or after `end`, at most 7 bytes more;
+    /// never past the image).
+    pub fn piece_end(&self, start: u64, end: u64) -> u64 {
+        let end = end.min(self.len);
+        self.relocs
+            .field_across(end)
+            .filter(|&e| e > start)
+            .unwrap_or(end)
+            .max(end)
+            .min(self.len)
+    }
+
+    /// Patches `piece`, the image's bytes from offset `start` as encoded
+    /// for the old layout, for the new one. Its ends must not cut a field
+    /// ([`Self::piece_end`]).
+    pub fn patch(&self, piece: &mut [u8], start: u64) -> Result<(), String> {
+        self.relocs.apply_at(piece, start, &self.from, &self.to)?;
+        let rt = self.runtime.len() as u64;
+        if start < rt {
+            let n = (rt - start).min(piece.len() as u64) as usize;
+            piece[..n].copy_from_slice(&self.runtime[start as usize..start as usize + n]);
+        }
+        Ok(())
     }
 }
 
@@ -615,4 +777,57 @@ fn precheck(cfg: &Cfg, insns: &[Insn]) -> Result<(), Skip> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tables;
+
+    /// `write_merged` writes what `merge` then `bytes` make, in pieces.
+    #[test]
+    fn merged_tables_written_in_pieces_equal_the_merged_bytes() {
+        // A small deterministic generator (no rand dependency).
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut parts = Vec::new();
+        for p in 0..5u64 {
+            let mut list = |n: usize| {
+                let mut v: Vec<(u64, u64)> = (0..n)
+                    .map(|_| ((p << 40) | (next() % 5000), next() % 1000))
+                    .collect();
+                // Some originals in two modules (merged keeps the first).
+                v.push((7, p));
+                v.sort_unstable();
+                v.dedup_by_key(|e| e.0);
+                v
+            };
+            parts.push(Tables {
+                insns: list(3000),
+                functions: list(100),
+                returns: list(700),
+            });
+        }
+        parts.push(Tables::default());
+        let refs: Vec<&Tables> = parts.iter().collect();
+        let at = 0x7f00_0000_0000;
+        let want = Tables::merge(refs.iter().copied()).bytes(at);
+        for chunk in [1, 17, 4096, 1 << 20] {
+            let mut got = Vec::new();
+            let n = Tables::write_merged(&refs, at, chunk, |addr, b| {
+                assert_eq!(addr, at + got.len() as u64);
+                assert!(b.len() <= chunk.max(64));
+                got.extend_from_slice(b);
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+            assert_eq!(n, want.len() as u64);
+            assert_eq!(got, want, "chunk {chunk}");
+        }
+        assert_eq!(Tables::merged_len_bytes(&refs), want.len() as u64);
+    }
 }

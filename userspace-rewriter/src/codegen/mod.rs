@@ -113,13 +113,16 @@ mod function;
 mod image;
 mod instrument;
 mod relocs;
+mod reverse;
 mod transfers;
 pub mod unwind_info;
 
 pub use image::{
-    CloneImage, ClonedFunction, GenError, GenStats, Layout, Tables, generate, generate_excluding,
+    BytesMove, CloneImage, ClonedFunction, GenError, GenStats, Layout, Tables, generate,
+    generate_excluding,
 };
 pub use relocs::Relocs;
+pub use reverse::ReverseMap;
 pub use runtime::NO_PATH;
 
 #[cfg(test)]

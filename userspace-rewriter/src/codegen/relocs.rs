@@ -95,6 +95,69 @@ impl Relocs {
         self.len() == 0
     }
 
+    /// Sorts each kind's offsets (as pieces are patched in order).
+    pub(super) fn sort(&mut self) {
+        for v in [
+            &mut self.rel_orig,
+            &mut self.rel_control,
+            &mut self.abs_control,
+            &mut self.orig_qwords,
+            &mut self.fids,
+        ] {
+            v.sort_unstable();
+        }
+    }
+
+    /// The end of a field that starts before `at` and ends after it, if
+    /// one does (the lists sorted).
+    pub(super) fn field_across(&self, at: u64) -> Option<u64> {
+        [
+            (&self.rel_orig, 4),
+            (&self.rel_control, 4),
+            (&self.abs_control, 4),
+            (&self.fids, 4),
+            (&self.orig_qwords, 8),
+        ]
+        .into_iter()
+        .filter_map(|(v, size)| {
+            let i = v.partition_point(|&o| u64::from(o) < at);
+            let o = u64::from(*v.get(i.checked_sub(1)?)?);
+            (o + size > at).then_some(o + size)
+        })
+        .max()
+    }
+
+    /// Patches `bytes`, the image's bytes from offset `base` (encoded for
+    /// `from`), for `to`: the fields that start among them, which must
+    /// end among them too. The lists must be sorted.
+    pub(super) fn apply_at(
+        &self,
+        bytes: &mut [u8],
+        base: u64,
+        from: &Layout,
+        to: &Layout,
+    ) -> Result<(), String> {
+        if let Some(why) = &self.unrelocatable {
+            return Err(why.clone());
+        }
+        let end = base + bytes.len() as u64;
+        let within = |v: &'_ [u32]| -> Vec<u32> {
+            let lo = v.partition_point(|&o| u64::from(o) < base);
+            let hi = v.partition_point(|&o| u64::from(o) < end);
+            v[lo..hi].iter().map(|&o| o - base as u32).collect()
+        };
+        let part = Relocs {
+            rel_orig: within(&self.rel_orig),
+            rel_control: within(&self.rel_control),
+            abs_control: within(&self.abs_control),
+            orig_qwords: within(&self.orig_qwords),
+            fids: within(&self.fids),
+            unrelocatable: None,
+        };
+        part.apply(bytes, from, to)
+            .map_err(|e| format!("{e} (in the piece at {base:#x})"))
+    }
+
     /// Patches `bytes` (an image encoded for `from`) for `to`.
     pub(super) fn apply(&self, bytes: &mut [u8], from: &Layout, to: &Layout) -> Result<(), String> {
         if let Some(why) = &self.unrelocatable {
