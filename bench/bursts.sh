@@ -39,8 +39,10 @@
 #     --pid runs, the `run` runs and the full traces; byte for byte),
 #   - the attach under `run` (analysis, generation, how long the command
 #     was held), first with an empty plan cache and then cached (the
-#     second run moves the first's clones), and the daemon's peak RSS
-#     (first, cached and full trace); the --pid runs share a plan cache
+#     second run moves the first's clones; the first's modules are
+#     analysed by worker processes, whose peak RSS the attach line
+#     gives), and the daemon's peak RSS (first, cached and full trace);
+#     the --pid runs share a plan cache
 #     of their own, so all but the first attach there are cached,
 #   - the speed of the binary optimized by llvm-bolt with the edge profile
 #     of the default runs (edges.fdata, merged with merge-fdata) relative to

@@ -251,8 +251,9 @@ mod sample_layout {
                 600 + USER_STACK_BYTES
             ]
         );
-        assert_eq!(size_of::<Config>(), 64);
+        assert_eq!(size_of::<Config>(), 72);
         assert_eq!(offset_of!(Config, task), 16);
+        assert_eq!(offset_of!(Config, wakeup_bytes), 64);
         assert_eq!(size_of::<burst::BurstTarget>(), 24);
         assert_eq!(size_of::<burst::ClonePage>(), 16);
     }

@@ -135,6 +135,10 @@ pub(crate) enum Command {
         #[arg(short, long, default_value_t = userspace_rewriter::analysis::plan::DEFAULT_K)]
         k: u64,
     },
+    /// Internal: a module's first analysis and generation, run by the
+    /// daemon in a process of its own (its bytes on standard input).
+    #[command(hide = true)]
+    PrepareModule(crate::bursts::worker::WorkerArgs),
 }
 
 #[derive(Debug, Args, Clone)]

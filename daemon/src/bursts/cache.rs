@@ -213,6 +213,32 @@ impl Cache {
         self.dir.join(format!("{key}.bin"))
     }
 
+    /// The directory.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The bound, in MB.
+    pub(crate) fn max_mb(&self) -> u64 {
+        self.max_bytes >> 20
+    }
+
+    /// Entries can be stored and read: the directory exists (made now if
+    /// need be) and no one else may write it (said once if not).
+    pub(crate) fn usable(&self) -> bool {
+        if let Err(e) = std::fs::create_dir_all(&self.dir) {
+            self.warn_untrusted(&e);
+            return false;
+        }
+        match self.trusted(&self.dir) {
+            Ok(()) => true,
+            Err(why) => {
+                self.warn_untrusted(&why);
+                false
+            }
+        }
+    }
+
     /// The entry for `key`, if there is a readable one.
     pub(crate) fn load(&self, key: &str) -> Option<(Plan, Entry)> {
         let path = self.path(key);

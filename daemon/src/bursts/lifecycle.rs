@@ -42,6 +42,7 @@ use super::cache;
 use super::coverage::CodeMap;
 use super::modules::{self, Module};
 use super::ring::{SharedRegion, TargetCounters};
+use super::worker;
 use crate::export::fdata::FdataFacts;
 use crate::stacks::clones::{CloneFrames, CloneRegion};
 
@@ -153,6 +154,8 @@ struct Analysed {
     outgrew: u64,
     /// Its key in the plan cache, when there is one.
     key: Option<String>,
+    /// A worker process made its cache entry now ([`super::worker`]).
+    worker: Option<worker::Report>,
 }
 
 /// Where a module's clones come from.
@@ -170,6 +173,11 @@ enum Made {
 }
 
 impl Analysed {
+    /// Found in the plan cache as it was (not made now by a worker).
+    fn cached_before(&self) -> bool {
+        matches!(self.made, Made::Cached(_)) && self.worker.is_none()
+    }
+
     /// Gives the module's functions the `fid`s from `*next` on, and moves
     /// `*next` past them; false (nothing changed) when the `fid`s would
     /// run out.
@@ -246,6 +254,18 @@ enum CodeBytes {
 const CODE_PIECE: u64 = 1 << 20;
 
 impl Generated {
+    /// What its plan cache entry is written from.
+    fn stored(&self) -> cache::Stored<'_> {
+        cache::Stored {
+            path: &self.facts.path,
+            plan: &self.facts.plan,
+            fdata: &self.facts.fdata,
+            img: &self.img,
+            eh: &self.eh.1,
+            exceptions: self.exceptions,
+        }
+    }
+
     /// Bytes of clone code.
     fn code_bytes_len(&self) -> u64 {
         match &self.code_bytes {
@@ -304,24 +324,86 @@ impl Generated {
     }
 }
 
-/// Finds `module` in the plan cache, or analyses it.
+/// Finds `module` in the plan cache, or has a worker process make its
+/// entry there ([`super::worker`]), or (without a cache, or should the
+/// worker fail) analyses it in this process.
 fn analyse(module: Module) -> anyhow::Result<Analysed> {
     let id = exe_id(&module.data);
     let key = cache::get().map(|_| cache::key(&module.data, id));
-    if let Some((plan, entry)) = key.as_deref().and_then(|k| cache::get()?.load(k)) {
-        return Ok(Analysed {
-            module,
-            plan,
-            made: Made::Cached(Some(Box::new(entry))),
-            id,
-            fid_base: 0,
-            outgrew: 0,
-            key: None,
-        });
+    if let (Some(cache), Some(k)) = (cache::get(), key.as_deref()) {
+        let mut found = cache.load(k).map(|e| (e, None));
+        if found.is_none() && cache.usable() {
+            match worker::prepare(&module, k) {
+                Ok(report) => match cache.load(k) {
+                    Some(e) => found = Some((e, Some(report))),
+                    None => warn!(
+                        "{}: the worker's plan cache entry cannot be read; analysing it in the daemon",
+                        module.path
+                    ),
+                },
+                Err(e) => warn!("{}: {e:#}; analysing it in the daemon", module.path),
+            }
+        }
+        if let Some(((plan, entry), worker)) = found {
+            return Ok(Analysed {
+                module,
+                plan,
+                made: Made::Cached(Some(Box::new(entry))),
+                id,
+                fid_base: 0,
+                outgrew: 0,
+                key: None,
+                worker,
+            });
+        }
     }
     let mut a = analyse_fresh(module, id)?;
     a.key = key;
     Ok(a)
+}
+
+/// A worker's side of [`analyse`] ([`super::worker`]): analyses `module`,
+/// generates its clones for a provisional layout near it (the control
+/// block in the low 2 GiB, where attaches put it) and stores them in the
+/// plan cache under `key`. Returns the analysis and generation times
+/// (ms).
+pub(crate) fn prepare_entry(module: Module, id: u64, key: &str) -> anyhow::Result<(u64, u64)> {
+    let cache = cache::get().context("no plan cache")?;
+    let t0 = std::time::Instant::now();
+    let mut a = analyse_fresh(module, id)?;
+    let analysis_ms = t0.elapsed().as_millis() as u64;
+    a.key = Some(key.to_owned());
+    let (lo, hi) = a.module.range;
+    let code = provisional_code(lo, hi, a.room());
+    let g = match generate_at(a, PROVISIONAL_CONTROL, code, None)? {
+        Ok(g) => g,
+        Err(_) => bail!("the clones outgrew a room that had no bound"),
+    };
+    let generation_ms = t0.elapsed().as_millis() as u64 - analysis_ms;
+    match cache.store(key, &g.stored())? {
+        Some(_) => Ok((analysis_ms, generation_ms)),
+        None => bail!(
+            "the plan cache did not take the entry (clones that cannot be moved, or a directory others may write)"
+        ),
+    }
+}
+
+/// Where a worker's control block goes: in the low 2 GiB, like an
+/// attach's (a control block high up is rare; clones made for a low one
+/// cannot be moved there and are generated again by the attach).
+const PROVISIONAL_CONTROL: u64 = 0x4000_0000;
+
+/// Where a worker's clones of the module at `[lo, hi)` go: 64 MiB above
+/// it, or below it when that would leave the user address space. An
+/// attach's gap is near the module too: the move changes no field's form.
+fn provisional_code(lo: u64, hi: u64, room: u64) -> u64 {
+    const GAP: u64 = 64 << 20;
+    let above = (hi + GAP).next_multiple_of(PAGE_SIZE);
+    if above + room < 0x7fff_ffff_0000 {
+        above
+    } else {
+        lo.saturating_sub(GAP + room) & !(PAGE_SIZE - 1)
+    }
 }
 
 fn analyse_fresh(module: Module, id: u64) -> anyhow::Result<Analysed> {
@@ -357,6 +439,7 @@ fn analyse_fresh(module: Module, id: u64) -> anyhow::Result<Analysed> {
         fid_base: 0,
         outgrew: 0,
         key: None,
+        worker: None,
     })
 }
 
@@ -1240,7 +1323,7 @@ pub(crate) fn add_libraries(
         if cancelled() {
             return Ok(None);
         }
-        from_cache += usize::from(matches!(a.made, Made::Cached(_)));
+        from_cache += usize::from(a.cached_before());
         if let Some(entries) = &pending.rearm {
             // Re-armed: what an earlier attach wrote is in place.
             let Some(e) = entries
@@ -1440,7 +1523,7 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
             warn!(%pid, "{path} is not cloned: too many functions to number");
             continue;
         }
-        from_cache += usize::from(matches!(a.made, Made::Cached(_)));
+        from_cache += usize::from(a.cached_before());
         match generate(pid, a, req.control, None, &mut reserved) {
             Ok(g) => gens.push(g),
             Err(e) => warn!(%pid, "{path} (loaded since the attach) is not cloned: {e:#}"),
@@ -1487,16 +1570,32 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
     Ok(Some(ext))
 }
 
-/// `" (N of M modules from the plan cache)"`, or nothing when none was.
+/// `" (N of M modules from the plan cache)"`, or nothing when none was;
+/// then what worker processes made, if any ([`worker_note`]).
 fn cached_note(analysed: &[Analysed]) -> String {
-    let n = analysed
-        .iter()
-        .filter(|a| matches!(a.made, Made::Cached(_)))
-        .count();
+    let n = analysed.iter().filter(|a| a.cached_before()).count();
+    let workers = worker_note(analysed);
     if n == 0 {
-        return String::new();
+        return workers;
     }
-    format!(" ({n} of {} modules from the plan cache)", analysed.len())
+    format!(
+        " ({n} of {} modules from the plan cache){workers}",
+        analysed.len()
+    )
+}
+
+/// `" (N analysed in worker processes; their peak RSS up to X MB)"`, or
+/// nothing.
+fn worker_note(analysed: &[Analysed]) -> String {
+    let reports: Vec<&worker::Report> = analysed.iter().filter_map(|a| a.worker.as_ref()).collect();
+    let Some(peak) = reports.iter().map(|r| r.peak_rss_bytes).max() else {
+        return String::new();
+    };
+    format!(
+        " ({} analysed in worker processes; their peak RSS up to {:.1} MB)",
+        reports.len(),
+        peak as f64 / 1e6
+    )
 }
 
 /// `" (N from the plan cache)"`, or nothing for none.
@@ -1519,15 +1618,7 @@ fn remember(gens: &mut [Generated]) {
             continue;
         };
         let t0 = std::time::Instant::now();
-        let stored = cache::Stored {
-            path: &g.facts.path,
-            plan: &g.facts.plan,
-            fdata: &g.facts.fdata,
-            img: &g.img,
-            eh: &g.eh.1,
-            exceptions: g.exceptions,
-        };
-        match cache.store(key, &stored) {
+        match cache.store(key, &g.stored()) {
             Ok(details) => {
                 debug!(
                     "{} stored in the plan cache in {:.0} ms",

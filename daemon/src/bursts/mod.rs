@@ -39,6 +39,7 @@ pub(crate) mod linkmap;
 pub(crate) mod modules;
 mod parallel;
 pub(crate) mod ring;
+pub(crate) mod worker;
 
 use counts::{PathCounts, TraceFile};
 use lifecycle::{Attached, Attachment};

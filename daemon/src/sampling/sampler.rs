@@ -139,8 +139,9 @@ pub(crate) fn ring_bytes(sampling: Sampling, cpus: usize) -> u32 {
     let Sampling::Frequency(hz) = sampling else {
         return RING_BYTES;
     };
-    let per_second =
-        (hz as u128) * (cpus.max(1) as u128) * (std::mem::size_of::<Sample>() as u128 + 16);
+    let per_second = (hz as u128)
+        .saturating_mul(cpus.max(1) as u128)
+        .saturating_mul(std::mem::size_of::<Sample>() as u128 + 16);
     let bytes = per_second.min(RING_BYTES as u128) as u32;
     bytes.next_power_of_two().clamp(MIN_RING_BYTES, RING_BYTES)
 }

@@ -548,6 +548,9 @@ impl Session {
         let counters = self.sampler.counters();
         self.write_path_profiles(finished, &counters);
         drop(self.sampler);
+        // The traced processes' state is gone: its free pages go back
+        // before the symbolizer reads the modules' DWARF for the profile.
+        crate::sys::return_free_memory();
         let mut pipe = self.pipe;
         let mut symbolizer = self.symbolizer;
         let mut out = self.out;

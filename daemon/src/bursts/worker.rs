@@ -1,0 +1,149 @@
+//! A module's first analysis and generation, in a process of its own: a
+//! plan cache entry. The daemon runs `burstyd prepare-module` (itself,
+//! `/proc/self/exe`) with the module's bytes on its standard input; the
+//! worker analyses and generates them for a provisional layout near the
+//! module, stores the entry in the plan cache, reports on its standard
+//! output and exits. The daemon then moves the entry's clones to the real
+//! layout like any cached ones ([`super::lifecycle`]).
+//!
+//! Why a process: the first analysis and generation of a large module
+//! need a lot of memory for a short time (python3.11: 470 MB), which a
+//! daemon that runs for weeks should neither hold nor keep fragmented
+//! afterwards; the worker's whole heap goes back at its exit. A module the
+//! analysis cannot handle (a panic, a runaway) takes down the worker, not
+//! the daemon: the module is then analysed in the daemon (said once) or,
+//! if that fails too, left uncloned.
+//!
+//! Without a plan cache (`--no-cache`, an untrusted directory) there is no
+//! entry to hand over: the daemon analyses in its own process.
+use std::io::{Read as _, Write as _};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context as _, bail};
+use serde::{Deserialize, Serialize};
+
+use super::cache;
+use super::modules::Module;
+
+/// What a worker reports on its standard output (one JSON line).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Report {
+    pub(crate) analysis_ms: u64,
+    pub(crate) generation_ms: u64,
+    /// The worker's peak RSS.
+    pub(crate) peak_rss_bytes: u64,
+}
+
+/// The worker's command line, from the daemon (`burstyd prepare-module`,
+/// hidden).
+#[derive(Clone, Debug, clap::Args)]
+pub(crate) struct WorkerArgs {
+    /// The module's key in the plan cache (the bytes read must have it).
+    #[arg(long)]
+    key: String,
+    /// Its path as the process maps it.
+    #[arg(long)]
+    path: String,
+    #[arg(long)]
+    bias: u64,
+    #[arg(long)]
+    lo: u64,
+    #[arg(long)]
+    hi: u64,
+    #[arg(long)]
+    ino: u64,
+    #[arg(long)]
+    exe: bool,
+    #[arg(long)]
+    cache_dir: std::path::PathBuf,
+    #[arg(long)]
+    cache_max_mb: u64,
+}
+
+/// Has a worker make `module`'s cache entry under `key`, and waits for
+/// it. `Err` when the worker could not run, failed or stored nothing.
+pub(crate) fn prepare(module: &Module, key: &str) -> anyhow::Result<Report> {
+    let cache = cache::get().context("no plan cache to hand the entry over")?;
+    let mut child = Command::new("/proc/self/exe")
+        .arg("prepare-module")
+        .args(["--key", key, "--path", &module.path])
+        .args(["--bias", &module.bias.to_string()])
+        .args(["--lo", &module.range.0.to_string()])
+        .args(["--hi", &module.range.1.to_string()])
+        .args(["--ino", &module.ino.to_string()])
+        .args(module.is_exe.then_some("--exe"))
+        .arg("--cache-dir")
+        .arg(cache.dir())
+        .args(["--cache-max-mb", &cache.max_mb().to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the worker process")?;
+    // The bytes go in from a thread of their own: the worker may fail
+    // before it reads them all, and its output must be read meanwhile.
+    let mut stdin = child.stdin.take().context("the worker's stdin")?;
+    let (out, err) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let _ = stdin.write_all(&module.data);
+            drop(stdin);
+        });
+        let mut stdout = child.stdout.take();
+        let mut stderr = child.stderr.take();
+        let err = s.spawn(move || {
+            let mut e = String::new();
+            if let Some(x) = stderr.as_mut() {
+                let _ = x.read_to_string(&mut e);
+            }
+            e
+        });
+        let mut o = String::new();
+        if let Some(x) = stdout.as_mut() {
+            let _ = x.read_to_string(&mut o);
+        }
+        (o, err.join().unwrap_or_default())
+    });
+    let status = child.wait().context("waiting for the worker")?;
+    if !status.success() {
+        let last = err.lines().last().unwrap_or("").trim();
+        bail!("the worker process failed ({status}): {last}");
+    }
+    serde_json::from_str(out.trim()).with_context(|| format!("the worker's report {out:?}"))
+}
+
+/// The worker: reads the module's bytes from standard input, analyses
+/// and generates them, stores the entry, prints its [`Report`]. Its exit
+/// status says whether the entry was stored.
+pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
+    let mut data = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut data)
+        .context("reading the module's bytes")?;
+    let id = cache::fnv(&data);
+    if cache::key(&data, id) != args.key {
+        bail!("the bytes read are not those of key {}", args.key);
+    }
+    cache::init(Some(args.cache_dir.clone()), args.cache_max_mb);
+    let module = Module {
+        path: args.path.clone(),
+        data,
+        range: (args.lo, args.hi),
+        bias: args.bias,
+        is_exe: args.exe,
+        ino: args.ino,
+    };
+    let t0 = std::time::Instant::now();
+    let (analysis_ms, generation_ms) = super::lifecycle::prepare_entry(module, id, &args.key)?;
+    let report = Report {
+        analysis_ms,
+        generation_ms,
+        peak_rss_bytes: crate::sys::self_peak_rss(),
+    };
+    tracing::debug!(
+        "prepared {} in {:.0} ms",
+        args.path,
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
