@@ -164,22 +164,56 @@ pub(crate) fn default_dir() -> Option<PathBuf> {
         .map(|d| d.join("burstyd"))
 }
 
-/// burstyd's build ID, or its size and modification time without one.
+/// burstyd's build ID, or its size and FNV-1a hash without one. Read
+/// as far as needed: the binary with its debug info is 70 MB, which the
+/// daemon would otherwise hold, once, at its start.
 fn own_build_id() -> String {
-    let exe = std::fs::read("/proc/self/exe").unwrap_or_default();
-    userspace_rewriter::analysis::elf::ElfInfo::parse(&exe)
+    use object::Object as _;
+    let Ok(f) = std::fs::File::open("/proc/self/exe") else {
+        return "unknown".into();
+    };
+    let read = object::ReadCache::new(&f);
+    if let Some(id) = object::File::parse(&read)
         .ok()
-        .and_then(|e| e.build_id_hex())
-        .unwrap_or_else(|| format!("{:x}-{:016x}", exe.len(), fnv(&exe)))
+        .and_then(|o| o.build_id().ok().flatten())
+    {
+        return id.iter().map(|b| format!("{b:02x}")).collect();
+    }
+    drop(read);
+    let (mut h, mut len, mut buf) = (Fnv::default(), 0u64, vec![0; 1 << 16]);
+    let mut r = &f;
+    while let Ok(n) = std::io::Read::read(&mut r, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        h.write(&buf[..n]);
+        len += n as u64;
+    }
+    format!("{len:x}-{:016x}", h.0)
+}
+
+/// FNV-1a, 64 bits, fed in pieces.
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn write(&mut self, data: &[u8]) {
+        for &b in data {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
 }
 
 /// FNV-1a, 64 bits.
 pub(crate) fn fnv(data: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in data {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    let mut h = Fnv::default();
+    h.write(data);
+    h.0
 }
 
 /// The key of a module's bytes, whose [`fnv`] is `hash`.
