@@ -249,6 +249,16 @@ enum CodeBytes {
     },
 }
 
+impl CodeBytes {
+    /// Bytes of clone code of `img` (whose bytes these are).
+    fn len(&self, img: &codegen::CloneImage) -> u64 {
+        match self {
+            CodeBytes::InImage => img.bytes.len() as u64,
+            CodeBytes::Cached { bytes, .. } => bytes.len(),
+        }
+    }
+}
+
 /// Pieces of cached clone code are read and written this many bytes at a
 /// time.
 const CODE_PIECE: u64 = 1 << 20;
@@ -268,10 +278,7 @@ impl Generated {
 
     /// Bytes of clone code.
     fn code_bytes_len(&self) -> u64 {
-        match &self.code_bytes {
-            CodeBytes::InImage => self.img.bytes.len() as u64,
-            CodeBytes::Cached { bytes, .. } => bytes.len(),
-        }
+        self.code_bytes.len(&self.img)
     }
 
     /// Hands `write` the clone code for this process (address, bytes), in
@@ -548,10 +555,7 @@ fn generate_at(
             (img, eh, exceptions, fdata, None, CodeBytes::InImage)
         }
     };
-    let code_size = match &code_bytes {
-        CodeBytes::InImage => img.bytes.len() as u64,
-        CodeBytes::Cached { bytes, .. } => bytes.len(),
-    };
+    let code_size = code_bytes.len(&img);
     let need = code_len(code_size, &eh);
     if room.is_some_and(|r| need > r) {
         if matches!(a.made, Made::Cached(_)) {
