@@ -805,16 +805,37 @@ fn llvm_bolt_accepts_the_edge_profile() {
             .arg("-o")
             .arg(&out)
             .arg(format!("-data={}", fdata.display()))
-            .args(["-reorder-blocks=ext-tsp", "-split-functions"]),
+            .args(["-reorder-blocks=ext-tsp", "-split-functions", "-v=1"]),
         Duration::from_secs(120),
     );
     let log = format!("{}{}", b.stdout_str(), b.stderr);
     assert!(b.status.success(), "{}", b.describe());
+    // BOLT cannot optimise bzip2's `main` (its PIC jump table: "failed to
+    // post-process indirect branches for main"), whether or not a burst
+    // gave it paths; BOLT counts such a function apart. Every other
+    // function of the profile must be matched.
+    let not_simple: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| {
+            log.contains(&format!(
+                "failed to post-process indirect branches for {n}\n"
+            ))
+        })
+        .collect();
+    let matched = names.len() - not_simple.len();
     assert!(
-        log.contains(&format!("BOLT-INFO: {} out of ", names.len())),
-        "BOLT must match all {} functions of the profile: {names:?}\n{log}",
+        log.contains(&format!("BOLT-INFO: {matched} out of ")),
+        "BOLT must match all {} functions of the profile but {not_simple:?}: {names:?}\n{log}",
         names.len()
     );
+    if !not_simple.is_empty() {
+        let n = not_simple.len();
+        assert!(
+            log.contains(&format!("BOLT-INFO: {n} function")),
+            "{not_simple:?} are not simple to BOLT but it does not count them:\n{log}"
+        );
+    }
     assert!(!log.contains("was ignored"), "{log}");
     assert!(!log.contains("invalid (possibly stale) profile"), "{log}");
     let bolted = run_untraced(
