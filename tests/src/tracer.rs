@@ -353,7 +353,7 @@ struct Layout {
 fn layout(pid: libc::pid_t, exe: &Path) -> Result<Layout> {
     use std::os::unix::fs::FileExt;
     let data = std::fs::read(exe).with_context(|| format!("reading {}", exe.display()))?;
-    let info = userspace_rewriter::analysis::elf::ElfInfo::parse(&data)?;
+    let info = userspace_rewriter::analysis::elf::ElfInfo::parse(&data[..])?;
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
     let mem = std::fs::File::open(format!("/proc/{pid}/mem"))?;
     let mut text = Vec::new();

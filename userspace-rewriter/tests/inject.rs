@@ -169,7 +169,7 @@ fn symbol(pid: Pid, which: impl Fn(&str) -> bool, name: &str) -> u64 {
         .find(|s| s.name() == Ok(name))
         .unwrap_or_else(|| panic!("{name} not in {path}"))
         .address();
-    let bias = ElfInfo::parse(&data)
+    let bias = ElfInfo::parse(&data[..])
         .unwrap()
         .load_bias_for(m.start, m.offset, true)
         .unwrap();

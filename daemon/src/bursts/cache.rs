@@ -48,6 +48,7 @@ use userspace_rewriter::codegen::{
     CloneImage, ClonedFunction, GenStats, Layout, Relocs, ReverseMap, Tables,
 };
 
+use super::tables::FileTables;
 use crate::export::fdata::FdataFacts;
 
 const MAGIC: &[u8] = b"burstyd plan cache 4\n";
@@ -60,9 +61,11 @@ pub(crate) const DEFAULT_MAX_MB: u64 = 1024;
 pub(crate) struct Entry {
     pub(crate) fdata: FdataFacts,
     /// Encoded for the layout of the attach that made it, without its
-    /// bytes (`bytes`: read when they are written into a process).
+    /// bytes (`bytes`: read when they are written into a process) and
+    /// its lookup tables (`tables`: the same).
     pub(crate) img: CloneImage,
     pub(crate) bytes: CachedBytes,
+    pub(crate) tables: FileTables,
     pub(crate) eh: Vec<u8>,
     pub(crate) exceptions: bool,
     /// The plan's CFGs and path numberings, on disk.
@@ -193,7 +196,7 @@ fn own_build_id() -> String {
 }
 
 /// FNV-1a, 64 bits, fed in pieces.
-struct Fnv(u64);
+pub(crate) struct Fnv(u64);
 
 impl Default for Fnv {
     fn default() -> Self {
@@ -202,10 +205,14 @@ impl Default for Fnv {
 }
 
 impl Fnv {
-    fn write(&mut self, data: &[u8]) {
+    pub(crate) fn write(&mut self, data: &[u8]) {
         for &b in data {
             self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
+    }
+
+    pub(crate) fn finish(&self) -> u64 {
+        self.0
     }
 }
 
@@ -216,13 +223,10 @@ pub(crate) fn fnv(data: &[u8]) -> u64 {
     h.0
 }
 
-/// The key of a module's bytes, whose [`fnv`] is `hash`.
-pub(crate) fn key(data: &[u8], hash: u64) -> String {
-    let build_id = userspace_rewriter::analysis::elf::ElfInfo::parse(data)
-        .ok()
-        .and_then(|e| e.build_id_hex())
-        .unwrap_or_else(|| "none".into());
-    format!("{build_id}-{:x}-{hash:016x}", data.len())
+/// The key of a module's bytes: their build ID (hex), length and
+/// [`fnv`] hash.
+pub(crate) fn key(build_id: Option<&str>, len: u64, hash: u64) -> String {
+    format!("{}-{len:x}-{hash:016x}", build_id.unwrap_or("none"))
 }
 
 /// What the header records besides the sections.
@@ -291,7 +295,12 @@ impl Cache {
                 Some(e)
             }
             Err(e) => {
-                warn!("ignoring the cached plan {}: {e:#}", path.display());
+                // Every entry after an upgrade: expected, not a fault.
+                if e.is::<OtherBurstyd>() {
+                    debug!("replacing the cached plan {}: {e}", path.display());
+                } else {
+                    warn!("ignoring the cached plan {}: {e:#}", path.display());
+                }
                 let _ = std::fs::remove_file(&path);
                 None
             }
@@ -499,6 +508,18 @@ fn write(tmp: &Path, ours: &str, key: &str, e: &Stored<'_>) -> anyhow::Result<De
     })
 }
 
+/// An entry made by another build of burstyd (before an upgrade).
+#[derive(Debug)]
+struct OtherBurstyd;
+
+impl std::fmt::Display for OtherBurstyd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("made by another build of burstyd")
+    }
+}
+
+impl std::error::Error for OtherBurstyd {}
+
 fn words(v: impl Iterator<Item = u64>) -> Vec<u8> {
     v.flat_map(u64::to_le_bytes).collect()
 }
@@ -526,8 +547,11 @@ fn read(
     }
     let n = r.len()?;
     let header: Header = serde_json::from_slice(&r.bytes(n)?)?;
-    if header.ours != ours || header.key != key {
-        bail!("made by another burstyd or for another file");
+    if header.ours != ours {
+        return Err(OtherBurstyd.into());
+    }
+    if header.key != key {
+        bail!("made for another file");
     }
     let t0 = std::time::Instant::now();
     let plan: Plan = r.msgpack().context("the plan")?;
@@ -563,11 +587,17 @@ fn read(
         fids: r.u32s()?,
         unrelocatable: None,
     };
-    let tables = Tables {
-        insns: r.words(|w: [u64; 2]| (w[0], w[1]))?,
-        functions: r.words(|w: [u64; 2]| (w[0], w[1]))?,
-        returns: r.words(|w: [u64; 2]| (w[0], w[1]))?,
-    };
+    // The lookup tables: streamed from here when they are written.
+    let mut at = [(0, 0); 3];
+    for t in &mut at {
+        let n = r.len()?;
+        if !n.is_multiple_of(16) {
+            bail!("a table of {n} bytes is not of pairs");
+        }
+        *t = (size - r.left, n / 16);
+        r.skip(n)?;
+    }
+    let tables = FileTables::in_file(file.clone(), at);
     let functions = r
         .words(|w: [u64; 4]| (w[0], w[1], w[2], w[3]))?
         .into_iter()
@@ -596,7 +626,7 @@ fn read(
         handler: header.handler,
         restorer: header.restorer,
         code_range: header.code_range,
-        tables,
+        tables: Tables::default(),
         functions,
         skipped: header.skipped,
         stats: header.stats,
@@ -616,6 +646,7 @@ fn read(
             fdata,
             img,
             bytes,
+            tables,
             eh,
             exceptions: header.exceptions,
             details,

@@ -34,7 +34,7 @@ use tracing::{debug, info, warn};
 use userspace_rewriter::PAGE_SIZE;
 use userspace_rewriter::analysis::plan::{self, FunctionStatus, Plan, PlanOptions};
 use userspace_rewriter::codegen::unwind_info;
-use userspace_rewriter::codegen::{self, LOW_STATE_LIMIT, Layout, NO_PATH, Tables};
+use userspace_rewriter::codegen::{self, LOW_STATE_LIMIT, Layout, NO_PATH, TableSource, Tables};
 use userspace_rewriter::inject::{self, KernelSigaction, SA_RESTORER, Tracee};
 
 use super::BurstOptions;
@@ -42,6 +42,7 @@ use super::cache;
 use super::coverage::CodeMap;
 use super::modules::{self, Module};
 use super::ring::{SharedRegion, TargetCounters};
+use super::tables::FileTables;
 use super::worker;
 use crate::export::fdata::FdataFacts;
 use crate::stacks::clones::{CloneFrames, CloneRegion};
@@ -147,7 +148,7 @@ struct Analysed {
     module: Module,
     plan: Plan,
     made: Made,
-    /// `exe_id` of its bytes.
+    /// The hash of its bytes ([`Module::hash`]).
     id: u64,
     fid_base: u32,
     /// Bytes its clones needed where a generation found too little room.
@@ -166,6 +167,8 @@ enum Made {
         /// Functions whose unwind info cannot be restated: not cloned (C++
         /// exceptions and backtraces must unwind through every clone).
         exclude: std::collections::BTreeMap<u64, &'static str>,
+        /// The module's bytes (read for this analysis).
+        data: Vec<u8>,
     },
     /// Moved from the plan cache to this process's layout (taken when
     /// moved).
@@ -235,6 +238,9 @@ struct Generated {
     key: Option<String>,
     /// Where the bytes of `img` are.
     code_bytes: CodeBytes,
+    /// Its lookup tables, when they are not in `img` but in its plan
+    /// cache entry.
+    tables: Option<FileTables>,
 }
 
 /// Where a module's clone code is, to be written into the process.
@@ -273,6 +279,14 @@ impl Generated {
             img: &self.img,
             eh: &self.eh.1,
             exceptions: self.exceptions,
+        }
+    }
+
+    /// Its lookup tables, wherever they are.
+    fn tables(&self) -> &dyn TableSource {
+        match &self.tables {
+            Some(t) => t,
+            None => &self.img.tables,
         }
     }
 
@@ -335,8 +349,8 @@ impl Generated {
 /// entry there ([`super::worker`]), or (without a cache, or should the
 /// worker fail) analyses it in this process.
 fn analyse(module: Module) -> anyhow::Result<Analysed> {
-    let id = exe_id(&module.data);
-    let key = cache::get().map(|_| cache::key(&module.data, id));
+    let id = module.hash;
+    let key = cache::get().map(|_| module.key());
     if let (Some(cache), Some(k)) = (cache::get(), key.as_deref()) {
         let mut found = cache.load(k).map(|e| (e, None));
         if found.is_none() && cache.usable() {
@@ -414,12 +428,13 @@ fn provisional_code(lo: u64, hi: u64, room: u64) -> u64 {
 }
 
 fn analyse_fresh(module: Module, id: u64) -> anyhow::Result<Analysed> {
-    let (report, analysis) = plan::analyze_with_insns(&module.data, &PlanOptions::default())
+    let data = module.bytes()?;
+    let (report, analysis) = plan::analyze_with_insns(&data, &PlanOptions::default())
         .with_context(|| format!("analysing {}", module.path))?;
     let mut plan = report.plan;
-    modules::name_from_debug_file(&mut plan, &module.data);
+    modules::name_from_debug_file(&mut plan, module.build_id.as_deref());
     let mut exclude: std::collections::BTreeMap<u64, &'static str> = unwind_info::untranslatable(
-        &module.data,
+        &data,
         plan.functions.iter().filter_map(|f| match f.status {
             FunctionStatus::Analyzed(_) => Some(f.start),
             _ => None,
@@ -442,7 +457,11 @@ fn analyse_fresh(module: Module, id: u64) -> anyhow::Result<Analysed> {
         id,
         module,
         plan,
-        made: Made::Fresh { analysis, exclude },
+        made: Made::Fresh {
+            analysis,
+            exclude,
+            data,
+        },
         fid_base: 0,
         outgrew: 0,
         key: None,
@@ -508,10 +527,14 @@ fn generate_at(
         fid_base: a.fid_base,
     };
     let mut a = a;
-    let (img, eh, exceptions, fdata, details, code_bytes) = match &mut a.made {
+    let (img, eh, exceptions, fdata, details, code_bytes, tables) = match &mut a.made {
         Made::Cached(c) => {
             let c = *c.take().context("cached clones moved twice")?;
             let from = c.img.layout.code;
+            let tables = c.tables.moved(
+                layout.bias.wrapping_sub(c.img.layout.bias),
+                code.wrapping_sub(from),
+            );
             // Every piece is moved once now, to see that every field fits
             // (or to analyse afresh), and again as it is written.
             let moved = c
@@ -531,7 +554,15 @@ fn generate_at(
                         bytes: c.bytes,
                         mv: Box::new(mv),
                     };
-                    (img, eh, c.exceptions, c.fdata, Some(c.details), code_bytes)
+                    (
+                        img,
+                        eh,
+                        c.exceptions,
+                        c.fdata,
+                        Some(c.details),
+                        code_bytes,
+                        Some(tables),
+                    )
                 }
                 Err(e) => {
                     // Analysed as if it were not cached.
@@ -545,14 +576,18 @@ fn generate_at(
                 }
             }
         }
-        Made::Fresh { analysis, exclude } => {
+        Made::Fresh {
+            analysis,
+            exclude,
+            data,
+        } => {
             let img = codegen::generate_excluding(&a.plan, analysis, &layout, exclude)?;
-            let eh = unwind_info::eh_frame(&a.module.data, &img, a.module.bias)
+            let eh = unwind_info::eh_frame(data, &img, a.module.bias)
                 .map_err(anyhow::Error::msg)?
                 .bytes;
-            let exceptions = uses_exceptions(&a.module.data, analysis);
-            let fdata = FdataFacts::new(&a.module.data, &a.plan, analysis);
-            (img, eh, exceptions, fdata, None, CodeBytes::InImage)
+            let exceptions = uses_exceptions(data, analysis);
+            let fdata = FdataFacts::new(data, &a.plan, analysis);
+            (img, eh, exceptions, fdata, None, CodeBytes::InImage, None)
         }
     };
     let code_size = code_bytes.len(&img);
@@ -579,7 +614,7 @@ fn generate_at(
             details,
             details_failed: Default::default(),
             debug_file: (!a.module.is_exe)
-                .then(|| modules::debug_file(&a.module.data))
+                .then(|| modules::debug_file(a.module.build_id.as_deref()))
                 .flatten(),
         },
         id: a.id,
@@ -590,6 +625,7 @@ fn generate_at(
         exceptions,
         key: a.key,
         code_bytes,
+        tables,
     }))
 }
 
@@ -720,12 +756,6 @@ fn live_tracer(tracer: u64) -> Option<u64> {
     comm.starts_with("burstyd").then_some(tracer)
 }
 
-/// A fast content hash of the executable (FNV-1a), to tell whether an
-/// injected region was made for this very file.
-fn exe_id(data: &[u8]) -> u64 {
-    cache::fnv(data)
-}
-
 /// Injects (or re-arms) the clones in `pid`: of its executable and, with
 /// `opts.libraries`, of every shared library it has mapped.
 /// With `held` the program is this thread's tracee, stopped at its entry
@@ -737,13 +767,12 @@ pub(crate) fn attach(
     held: bool,
 ) -> anyhow::Result<(Attached, Option<Then>)> {
     let exe = PathBuf::from(format!("/proc/{pid}/exe"));
-    let data = std::fs::read(&exe)
-        .with_context(|| format!("reading the executable of pid {pid} ({})", exe.display()))?;
+    let exe_file = std::fs::File::open(&exe)
+        .with_context(|| format!("opening the executable of pid {pid} ({})", exe.display()))?;
     if inject::shadow_stack_enabled(pid) {
         bail!("pid {pid} runs with CET shadow stacks; bursty tracing cannot redirect its returns");
     }
     let t0 = std::time::Instant::now();
-    let id = exe_id(&data);
 
     // Where the modules are mapped. An executable removed or replaced on
     // disk since it started is still the mapped one: `/proc/PID/exe` and
@@ -758,8 +787,11 @@ pub(crate) fn attach(
     // The executable now; its libraries in a second step
     // ([`add_libraries`]), so that a short program is traced from early on.
     // Each module on a thread of its own (held, the libraries too).
-    let mut mapped = modules::mapped_modules(pid, &maps, exe_path, data, held && opts.libraries)?;
+    let mut mapped =
+        modules::mapped_modules(pid, &maps, exe_path, exe_file, held && opts.libraries)?;
     cap_modules(pid, &mut mapped, 0);
+    // The executable's id: the hash of its bytes.
+    let id = mapped[0].hash;
     let names: Vec<(bool, String)> = mapped.iter().map(|m| (m.is_exe, m.path.clone())).collect();
     for ((is_exe, path), result) in names.into_iter().zip(super::parallel::map(mapped, analyse)) {
         match result {
@@ -816,7 +848,7 @@ pub(crate) fn attach(
             let pending = opts.libraries.then(|| Pending {
                 control: m.start,
                 exe_path: exe_path.to_owned(),
-                tables: Tables::default(),
+                tables: 0,
                 next_fid: 0,
                 rearm: Some(entries),
                 rooms: Rooms::default(),
@@ -896,7 +928,7 @@ pub(crate) fn attach(
             Err(e) => warn!(%pid, "{path} is not cloned: {e:#}"),
         }
     }
-    let tables: Vec<&Tables> = gens.iter().map(|g| &g.img.tables).collect();
+    let tables: Vec<&dyn TableSource> = gens.iter().map(Generated::tables).collect();
     let tables_len = Tables::merged_len_bytes(&tables).next_multiple_of(PAGE_SIZE);
 
     let generation_ms = t0.elapsed().as_secs_f64() * 1e3 - analysis_ms;
@@ -1105,7 +1137,7 @@ pub(crate) fn attach(
             Then::Libraries(Pending {
                 control,
                 exe_path: exe_path.to_owned(),
-                tables: Tables::merge(gens.iter().map(|g| &g.img.tables)),
+                tables: tables_at,
                 next_fid: fid_base,
                 rearm: None,
                 rooms,
@@ -1143,8 +1175,9 @@ pub(crate) struct Pending {
     control: u64,
     /// The executable's maps path (not a library).
     exe_path: String,
-    /// The lookup tables in the target now.
-    tables: Tables,
+    /// The header of the lookup tables in the target now (the first
+    /// step's).
+    tables: u64,
     /// The first `fid` the libraries may use.
     next_fid: u32,
     /// Modules an earlier attach injected (a re-arm): regenerated at
@@ -1366,8 +1399,9 @@ pub(crate) fn add_libraries(
     let prepared_ms = t0.elapsed().as_secs_f64() * 1e3;
     let mut activate = None;
     if pending.rearm.is_none() {
-        let tables: Vec<&Tables> = std::iter::once(&pending.tables)
-            .chain(gens.iter().map(|g| &g.img.tables))
+        let current = FileTables::in_process(pid, pending.tables)?;
+        let tables: Vec<&dyn TableSource> = std::iter::once(&current as &dyn TableSource)
+            .chain(gens.iter().map(Generated::tables))
             .collect();
         let (tables_at, room) = pending.rooms.tables;
         let need = Tables::merged_len_bytes(&tables);
@@ -1401,7 +1435,7 @@ impl Extension {
         // pages are collected, not an entry per instruction.)
         let mut pages: Vec<u64> = Vec::new();
         for g in &gens {
-            for &(orig, _) in g.img.table() {
+            for (orig, _) in g.tables().pairs(0) {
                 let page = orig >> CLONE_PAGE_SHIFT;
                 if pages.last() != Some(&page) {
                     pages.push(page);
@@ -1536,9 +1570,9 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
     if gens.is_empty() {
         return Ok(None);
     }
-    let current = super::linkmap::read_tables(pid, req.base)?;
-    let tables: Vec<&Tables> = std::iter::once(&current)
-        .chain(gens.iter().map(|g| &g.img.tables))
+    let current = FileTables::in_process(pid, req.base)?;
+    let tables: Vec<&dyn TableSource> = std::iter::once(&current as &dyn TableSource)
+        .chain(gens.iter().map(Generated::tables))
         .collect();
     let tables_len = Tables::merged_len_bytes(&tables).next_multiple_of(PAGE_SIZE);
     let prepared_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -1645,7 +1679,7 @@ fn remember(gens: &mut [Generated]) {
 fn write_unused(
     pid: Pid,
     gens: &[Generated],
-    tables: &[&Tables],
+    tables: &[&dyn TableSource],
     tables_at: u64,
 ) -> anyhow::Result<()> {
     use std::os::unix::fs::FileExt;
@@ -1662,8 +1696,21 @@ fn write_unused(
         g.write_code(write)?;
         write(g.eh.0, &g.eh.1)?;
     }
-    Tables::write_merged(tables, tables_at, TABLES_CHUNK, write)?;
-    Ok(())
+    write_tables(tables, tables_at, write)
+}
+
+/// Writes `tables` merged at `at` in pieces through `write`; fails if a
+/// source stopped short (its tables would be incomplete).
+fn write_tables(
+    tables: &[&dyn TableSource],
+    at: u64,
+    write: impl FnMut(u64, &[u8]) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    Tables::write_merged(tables, at, TABLES_CHUNK, write)?;
+    match tables.iter().find_map(|t| t.error()) {
+        Some(e) => bail!("the lookup tables could not be read: {e}"),
+        None => Ok(()),
+    }
 }
 
 /// The lookup tables are written in pieces of this many bytes (not built
@@ -1714,7 +1761,7 @@ fn place(
     t: &mut Tracee,
     pid: Pid,
     gens: &[Generated],
-    tables: &[&Tables],
+    tables: &[&dyn TableSource],
     tables_len: u64,
     register_frame: Option<u64>,
 ) -> anyhow::Result<(u64, u64)> {
@@ -1725,9 +1772,7 @@ fn place(
     let tables_at = t
         .mmap(0, tables_len, libc::PROT_READ, TABLE_FLAGS, -1, 0)
         .context("mapping the lookup tables")?;
-    Tables::write_merged(tables, tables_at, TABLES_CHUNK, |at, b| {
-        t.write_memory(at, b)
-    })?;
+    write_tables(tables, tables_at, |at, b| Ok(t.write_memory(at, b)?))?;
     let mut exe_eh = 0;
     for g in gens {
         g.write_code(|at, b| Ok(t.write_memory(at, b)?))?;
@@ -2136,7 +2181,7 @@ fn register_frame_fn(pid: Pid, maps: &[inject::MapEntry], plan: &Plan, bias: u64
         first.start, first.end
     ))
     .ok()?;
-    let elf = userspace_rewriter::analysis::elf::ElfInfo::parse(&data).ok()?;
+    let elf = userspace_rewriter::analysis::elf::ElfInfo::parse(&data[..]).ok()?;
     let lbias = elf.load_bias_for(first.start, first.offset, first.is_exec())?;
     let file = object::File::parse(&*data).ok()?;
     let sym = file

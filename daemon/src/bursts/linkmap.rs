@@ -146,41 +146,6 @@ fn still_mapped(e: &ModuleEntry, maps: &[MapEntry]) -> bool {
     maps.iter().any(|m| m.start == e.lo && m.inode == e.ino)
 }
 
-/// The tables whose header is at `header` in `pid`, without the entries
-/// [`mask`] masked (a masked instruction or return maps to 0, a function
-/// to itself; no clone is ever its original).
-pub(crate) fn read_tables(
-    pid: Pid,
-    header: u64,
-) -> anyhow::Result<userspace_rewriter::codegen::Tables> {
-    let mem =
-        std::fs::File::open(format!("/proc/{pid}/mem")).context("opening the target's memory")?;
-    let mut h = [0u8; std::mem::size_of::<TablesHeader>()];
-    mem.read_exact_at(&mut h, header)
-        .context("reading the tables' header")?;
-    let word = |i: usize| u64::from_ne_bytes(h[8 * i..8 * i + 8].try_into().unwrap());
-    let table = |at: u64, len: u64| -> anyhow::Result<Vec<(u64, u64)>> {
-        let mut bytes = vec![0u8; 16 * len as usize];
-        mem.read_exact_at(&mut bytes, at)
-            .context("reading the lookup tables")?;
-        Ok(bytes
-            .chunks_exact(16)
-            .map(|p| {
-                (
-                    u64::from_ne_bytes(p[..8].try_into().unwrap()),
-                    u64::from_ne_bytes(p[8..].try_into().unwrap()),
-                )
-            })
-            .filter(|&(orig, clone)| clone != 0 && clone != orig)
-            .collect())
-    };
-    Ok(userspace_rewriter::codegen::Tables {
-        insns: table(word(0), word(1))?,
-        functions: table(word(2), word(3))?,
-        returns: table(word(4), word(5))?,
-    })
-}
-
 /// Masks, in the tables whose header is at `header` in `pid`, every entry
 /// whose original address is in `[lo, hi)` (see the module doc).
 /// Returns how many.
@@ -299,10 +264,18 @@ mod tests {
         );
         assert_eq!(rets, vec![0x0fff, 0x9200, 0x1055, 0, 0x10a0, 0x9202]);
         // Read back, the masked entries are gone.
-        let t = read_tables(pid, header.as_ptr() as u64).unwrap();
-        assert_eq!(t.insns.len(), 4);
-        assert_eq!(t.functions, vec![(0x1000, 0x9100), (0x10c0, 0x9103)]);
-        assert_eq!(t.returns, vec![(0x0fff, 0x9200), (0x10a0, 0x9202)]);
+        use userspace_rewriter::codegen::TableSource;
+        let t = crate::bursts::tables::FileTables::in_process(pid, header.as_ptr() as u64).unwrap();
+        assert_eq!(t.pairs(0).count(), 4);
+        assert_eq!(
+            t.pairs(1).collect::<Vec<_>>(),
+            vec![(0x1000, 0x9100), (0x10c0, 0x9103)]
+        );
+        assert_eq!(
+            t.pairs(2).collect::<Vec<_>>(),
+            vec![(0x0fff, 0x9200), (0x10a0, 0x9202)]
+        );
+        assert_eq!(t.error(), None);
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //!
 //! - [`lifecycle`]: attach / re-arm / detach under ptrace, the signal
 //!   handler, stuck-burst reaping;
+//! - [`tables`]: the lookup tables it writes, streamed from a cache entry
+//!   or the target's memory;
 //! - [`ring`]: the memory shared with the target → raw `(w0, w1)` records;
 //! - [`decode`]: raw records → [`decode::BurstEvent`]s, the only code that
 //!   knows the record format;
@@ -39,6 +41,7 @@ pub(crate) mod linkmap;
 pub(crate) mod modules;
 mod parallel;
 pub(crate) mod ring;
+pub(crate) mod tables;
 pub(crate) mod worker;
 
 use counts::{PathCounts, TraceFile};

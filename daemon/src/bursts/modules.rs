@@ -11,6 +11,11 @@
 //! (the resolver's final jump is an indirect tail call); only its
 //! debugger hook `_dl_debug_state` keeps no clone (see `lifecycle`).
 //!
+//! A module's bytes stay in its file until it is analysed afresh: what a
+//! plan cache lookup needs (the length, a hash, the build ID, the load
+//! bias) is read from the file as a stream. xerces-c's `DOMPrint` is a
+//! 42 MB file, held whole at every attach before.
+//!
 //! Left out, with the reason logged: the vdso (no file), anything that
 //! is not an ELF file or whose analysis fails, and burstyd's own regions.
 use burstyd_common::addr::Pid;
@@ -22,8 +27,13 @@ use userspace_rewriter::inject::MapEntry;
 pub(crate) struct Module {
     /// Its path as `/proc/PID/maps` shows it (without " (deleted)").
     pub(crate) path: String,
-    /// The file's bytes, as mapped.
-    pub(crate) data: Vec<u8>,
+    /// The file, as mapped.
+    pub(crate) file: std::fs::File,
+    /// Its length, FNV-1a hash (the module's id) and build ID (hex): what
+    /// its plan cache key is made of.
+    pub(crate) len: u64,
+    pub(crate) hash: u64,
+    pub(crate) build_id: Option<String>,
     /// `[lo, hi)` of all its mappings (AVMAs).
     pub(crate) range: (u64, u64),
     /// AVMA − SVMA.
@@ -37,15 +47,15 @@ pub(crate) struct Module {
 /// The executable (first) and, with `libraries`, the shared libraries
 /// (the dynamic loader among them) mapped in `pid`, in address order
 /// after it. `exe_path` is the executable's maps path, `exe_data` its
-/// bytes.
+/// file (`/proc/PID/exe`).
 pub(crate) fn mapped_modules(
     pid: Pid,
     maps: &[MapEntry],
     exe_path: &str,
-    exe_data: Vec<u8>,
+    exe_file: std::fs::File,
     libraries: bool,
 ) -> anyhow::Result<Vec<Module>> {
-    let exe = module_at(maps, exe_path, Some(exe_data), pid, true)?
+    let exe = module_at(maps, exe_path, Some(exe_file), pid, true)?
         .ok_or_else(|| anyhow::anyhow!("pid {pid}: {exe_path} is not in /proc/{pid}/maps"))?;
     let mut out = vec![exe];
     if libraries {
@@ -88,7 +98,7 @@ pub(crate) fn library_paths<'a>(maps: &'a [MapEntry], exe_path: &str) -> Vec<&'a
 fn module_at(
     maps: &[MapEntry],
     path: &str,
-    data: Option<Vec<u8>>,
+    file: Option<std::fs::File>,
     pid: Pid,
     is_exe: bool,
 ) -> anyhow::Result<Option<Module>> {
@@ -101,37 +111,95 @@ fn module_at(
     ) else {
         return Ok(None);
     };
-    let data = match data {
-        Some(d) => d,
-        None => std::fs::read(format!(
+    let file = match file {
+        Some(f) => f,
+        None => std::fs::File::open(format!(
             "/proc/{pid}/map_files/{:x}-{:x}",
             first.start, first.end
         ))
-        .with_context(|| format!("reading {path} through its mapping"))?,
+        .with_context(|| format!("opening {path} through its mapping"))?,
     };
-    if !data.starts_with(b"\x7fELF") {
-        return Ok(None);
-    }
-    let elf = ElfInfo::parse(&data).with_context(|| format!("parsing {path}"))?;
+    let elf = match ElfInfo::parse(&object::ReadCache::new(&file)) {
+        Ok(e) => e,
+        Err(userspace_rewriter::analysis::elf::ElfError::NotElf) => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("parsing {path}")),
+    };
     let bias = elf
         .load_bias_for(first.start, first.offset, first.is_exec())
         .with_context(|| format!("no PT_LOAD segment for the first mapping of {path}"))?;
-    Ok(Some(Module {
-        path: path.to_owned(),
-        data,
-        range: (lo, hi),
-        bias,
-        is_exe,
-        ino: first.inode,
-    }))
+    Module::from_file(path, file, (lo, hi), bias, is_exe, first.inode).map(Some)
+}
+
+/// The length and FNV-1a hash of a file's bytes, read as a stream.
+pub(crate) fn hash_file(file: &std::fs::File) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::FileExt;
+    let mut h = super::cache::Fnv::default();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    loop {
+        let n = file.read_at(&mut buf, at)?;
+        if n == 0 {
+            return Ok((at, h.finish()));
+        }
+        h.write(&buf[..n]);
+        at += n as u64;
+    }
+}
+
+impl Module {
+    /// The module of `file`, mapped at `range` with `bias`: its build ID,
+    /// length and hash read from the file.
+    pub(crate) fn from_file(
+        path: &str,
+        file: std::fs::File,
+        range: (u64, u64),
+        bias: u64,
+        is_exe: bool,
+        ino: u64,
+    ) -> anyhow::Result<Module> {
+        use anyhow::Context as _;
+        let build_id = ElfInfo::parse(&object::ReadCache::new(&file))
+            .with_context(|| format!("parsing {path}"))?
+            .build_id_hex();
+        let (len, hash) = hash_file(&file).with_context(|| format!("reading {path}"))?;
+        Ok(Module {
+            path: path.to_owned(),
+            file,
+            len,
+            hash,
+            build_id,
+            range,
+            bias,
+            is_exe,
+            ino,
+        })
+    }
+
+    /// The file's bytes (to analyse it afresh).
+    pub(crate) fn bytes(&self) -> anyhow::Result<Vec<u8>> {
+        use anyhow::Context as _;
+        use std::os::unix::fs::FileExt;
+        let mut data = vec![0u8; self.len as usize];
+        self.file
+            .read_exact_at(&mut data, 0)
+            .with_context(|| format!("reading {}", self.path))?;
+        if super::cache::fnv(&data) != self.hash {
+            anyhow::bail!("{} changed while it was read", self.path);
+        }
+        Ok(data)
+    }
+
+    /// Its key in the plan cache.
+    pub(crate) fn key(&self) -> String {
+        super::cache::key(self.build_id.as_deref(), self.len, self.hash)
+    }
 }
 
 /// The separate debug file of an ELF file, if one is installed
 /// (`/usr/lib/debug/.build-id/xx/rest.debug`, as Debian's `-dbg` and
 /// `-dbgsym` packages install them).
-pub(crate) fn debug_file(data: &[u8]) -> Option<std::path::PathBuf> {
-    let id = ElfInfo::parse(data).ok()?.build_id?;
-    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+pub(crate) fn debug_file(build_id: Option<&str>) -> Option<std::path::PathBuf> {
+    let hex = build_id?;
     if hex.len() <= 2 {
         return None;
     }
@@ -148,13 +216,15 @@ pub(crate) fn debug_file(data: &[u8]) -> Option<std::path::PathBuf> {
 /// `msort_with_tmp`), from the `.symtab` of its separate debug file.
 pub(crate) fn name_from_debug_file(
     plan: &mut userspace_rewriter::analysis::plan::Plan,
-    data: &[u8],
+    build_id: Option<&str>,
 ) {
     use object::{Object, ObjectSymbol, SymbolKind};
     if !plan.functions.iter().any(|f| f.name.starts_with("sub_")) {
         return;
     }
-    let Some(path) = debug_file(data) else { return };
+    let Some(path) = debug_file(build_id) else {
+        return;
+    };
     let Ok(bytes) = std::fs::read(&path) else {
         return;
     };
@@ -187,8 +257,8 @@ mod tests {
         let maps = userspace_rewriter::inject::maps(pid).unwrap();
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         let exe = exe.to_string_lossy().into_owned();
-        let data = std::fs::read(&exe).unwrap();
-        let mods = mapped_modules(pid, &maps, &exe, data.clone(), true).unwrap();
+        let open = || std::fs::File::open(&exe).unwrap();
+        let mods = mapped_modules(pid, &maps, &exe, open(), true).unwrap();
         assert!(mods[0].is_exe && mods[0].path == exe);
         assert!(mods[1..].iter().all(|m| !m.is_exe));
         let names: Vec<&str> = mods
@@ -197,10 +267,17 @@ mod tests {
             .collect();
         assert!(names.iter().any(|n| n.starts_with("libc.so")), "{names:?}");
         assert!(names.iter().any(|n| n.starts_with("ld-linux")), "{names:?}");
-        let only = mapped_modules(pid, &maps, &exe, data, false).unwrap();
+        let only = mapped_modules(pid, &maps, &exe, open(), false).unwrap();
         assert_eq!(only.len(), 1);
+        // What was read as a stream is what the bytes say.
         for m in &mods {
-            assert!(m.range.0 < m.range.1 && m.data.starts_with(b"\x7fELF"));
+            let bytes = m.bytes().unwrap();
+            assert!(m.range.0 < m.range.1 && bytes.starts_with(b"\x7fELF"));
+            assert_eq!(m.len, bytes.len() as u64);
+            assert_eq!(m.hash, crate::bursts::cache::fnv(&bytes));
+            let id = ElfInfo::parse(&bytes[..]).unwrap().build_id_hex();
+            assert_eq!(m.build_id, id);
+            assert!(m.key().starts_with(id.as_deref().unwrap_or("none")));
         }
     }
 }

@@ -1,7 +1,7 @@
 //! A module's first analysis and generation, in a process of its own: a
 //! plan cache entry. The daemon runs `burstyd prepare-module` (itself,
-//! `/proc/self/exe`) with the module's bytes on its standard input; the
-//! worker analyses and generates them for a provisional layout near the
+//! `/proc/self/exe`) with the module's file (as mapped) for its standard
+//! input; the worker analyses and generates them for a provisional layout near the
 //! module, stores the entry in the plan cache, reports on its standard
 //! output and exits. The daemon then moves the entry's clones to the real
 //! layout like any cached ones ([`super::lifecycle`]).
@@ -16,7 +16,8 @@
 //!
 //! Without a plan cache (`--no-cache`, an untrusted directory) there is no
 //! entry to hand over: the daemon analyses in its own process.
-use std::io::{Read as _, Write as _};
+use std::io::Read as _;
+use std::os::fd::AsFd as _;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail};
@@ -75,19 +76,18 @@ pub(crate) fn prepare(module: &Module, key: &str) -> anyhow::Result<Report> {
         .arg("--cache-dir")
         .arg(cache.dir())
         .args(["--cache-max-mb", &cache.max_mb().to_string()])
-        .stdin(Stdio::piped())
+        .stdin(Stdio::from(
+            module
+                .file
+                .try_clone()
+                .context("handing the module's file over")?,
+        ))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .context("starting the worker process")?;
-    // The bytes go in from a thread of their own: the worker may fail
-    // before it reads them all, and its output must be read meanwhile.
-    let mut stdin = child.stdin.take().context("the worker's stdin")?;
+    // Its standard error is read meanwhile (it may fill the pipe).
     let (out, err) = std::thread::scope(|s| {
-        s.spawn(|| {
-            let _ = stdin.write_all(&module.data);
-            drop(stdin);
-        });
         let mut stdout = child.stdout.take();
         let mut stderr = child.stderr.take();
         let err = s.spawn(move || {
@@ -111,27 +111,29 @@ pub(crate) fn prepare(module: &Module, key: &str) -> anyhow::Result<Report> {
     serde_json::from_str(out.trim()).with_context(|| format!("the worker's report {out:?}"))
 }
 
-/// The worker: reads the module's bytes from standard input, analyses
-/// and generates them, stores the entry, prints its [`Report`]. Its exit
+/// The worker: analyses and generates the module whose file is its
+/// standard input, stores the entry, prints its [`Report`]. Its exit
 /// status says whether the entry was stored.
 pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
-    let mut data = Vec::new();
-    std::io::stdin()
-        .read_to_end(&mut data)
-        .context("reading the module's bytes")?;
-    let id = cache::fnv(&data);
-    if cache::key(&data, id) != args.key {
-        bail!("the bytes read are not those of key {}", args.key);
+    let file = std::fs::File::from(
+        std::io::stdin()
+            .as_fd()
+            .try_clone_to_owned()
+            .context("the module's file")?,
+    );
+    let module = Module::from_file(
+        &args.path,
+        file,
+        (args.lo, args.hi),
+        args.bias,
+        args.exe,
+        args.ino,
+    )?;
+    if module.key() != args.key {
+        bail!("the file read is not that of key {}", args.key);
     }
+    let id = module.hash;
     cache::init(Some(args.cache_dir.clone()), args.cache_max_mb);
-    let module = Module {
-        path: args.path.clone(),
-        data,
-        range: (args.lo, args.hi),
-        bias: args.bias,
-        is_exe: args.exe,
-        ino: args.ino,
-    };
     let t0 = std::time::Instant::now();
     let (analysis_ms, generation_ms) = super::lifecycle::prepare_entry(module, id, &args.key)?;
     let report = Report {

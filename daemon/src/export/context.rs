@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use burstyd_common::addr::Pid;
+use burstyd_common::addr::{FrameAddress, Pid};
 
 use crate::export::pprof::{LineKey, MappingKey, Profile, ProfileBuilder, encode_gzip};
 use crate::stacks::cct::{Cct, FrameAddr};
@@ -86,6 +86,18 @@ pub(crate) fn build_profile(
     let mut trees: Vec<_> = cct.threads.values().collect();
     trees.sort_by_key(|t| (t.pid, t.tid));
     let mut ctx = Vec::new();
+    // Every user frame (each node holds one; node 0 is the root), resolved
+    // first, a module at a time.
+    let users: std::collections::HashSet<(Pid, FrameAddress)> = trees
+        .iter()
+        .flat_map(|t| {
+            t.nodes.iter().skip(1).filter_map(|n| match n.frame {
+                FrameAddr::User(frame) => Some((t.pid, frame)),
+                _ => None,
+            })
+        })
+        .collect();
+    let mut resolved = symbolizer.resolve_users(procs, users);
     for tree in trees {
         let pid_s = tree.pid.to_string();
         let comm = cct
@@ -102,7 +114,7 @@ pub(crate) fn build_profile(
             for &f in &ctx {
                 let id = *loc_ids
                     .entry((tree.pid, f))
-                    .or_insert_with(|| location(&mut b, procs, symbolizer, tree.pid, f));
+                    .or_insert_with(|| location(&mut b, &mut resolved, symbolizer, tree.pid, f));
                 locs.push(id);
             }
             b.sample(
@@ -120,9 +132,10 @@ pub(crate) fn build_profile(
     b.finish()
 }
 
+/// The location of `f`: its user frames are in `resolved` (taken out).
 fn location(
     b: &mut ProfileBuilder,
-    procs: &ProcessTable,
+    resolved: &mut HashMap<(Pid, FrameAddress), Resolved>,
     symbolizer: &mut Symbolizer,
     pid: Pid,
     f: FrameAddr,
@@ -130,7 +143,9 @@ fn location(
     let (addr, resolved) = match f {
         FrameAddr::User(frame) => (
             frame.address().0,
-            symbolizer.resolve_user(procs, pid, frame),
+            resolved
+                .remove(&(pid, frame))
+                .unwrap_or_else(Resolved::unknown),
         ),
         // Kernel frames are named by the address itself, return address or not.
         FrameAddr::Kernel(frame) => {

@@ -6,9 +6,11 @@
 //! - [`table`]: per-process maps snapshots and the shared module cache;
 //! - [`unwind`]: register snapshot + stack copy → return addresses (CFI);
 //! - [`cct`]: stacks → calling context trees per thread;
-//! - [`symbolize`]: addresses → functions, files, lines, inline frames.
+//! - [`symbolize`]: addresses → functions, files, lines, inline frames
+//!   (a module's DWARF opened by [`dwarf`]).
 pub(crate) mod cct;
 pub(crate) mod clones;
+pub(crate) mod dwarf;
 pub(crate) mod modules;
 pub(crate) mod symbolize;
 pub(crate) mod table;

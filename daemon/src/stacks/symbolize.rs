@@ -44,6 +44,7 @@ use burstyd_common::addr::{Bias, FrameAddress, Pid};
 use object::{Object, ObjectSymbol, SymbolKind};
 use tracing::{debug, warn};
 
+use crate::stacks::dwarf::Dwarf;
 use crate::stacks::modules::Module;
 use crate::stacks::table::{MappingInfo, ProcessTable};
 
@@ -68,7 +69,7 @@ pub(crate) struct Resolved {
 }
 
 impl Resolved {
-    fn unknown() -> Self {
+    pub(crate) fn unknown() -> Self {
         Resolved {
             mapping: None,
             frames: Vec::new(),
@@ -178,7 +179,7 @@ struct ModuleSymbols {
     module: Arc<Module>,
     symbols: Option<SymbolTable>,
     /// `None` = not tried yet; `Some(None)` = no DWARF available.
-    dwarf: Option<Option<addr2line::Loader>>,
+    dwarf: Option<Option<Dwarf>>,
     cache: HashMap<u64, Arc<[Frame]>>,
 }
 
@@ -192,7 +193,7 @@ impl ModuleSymbols {
         }
     }
 
-    fn dwarf(&mut self) -> Option<&addr2line::Loader> {
+    fn dwarf(&mut self) -> Option<&Dwarf> {
         let module = &self.module;
         self.dwarf
             .get_or_insert_with(|| {
@@ -201,7 +202,7 @@ impl ModuleSymbols {
                 } else {
                     module.debug_file()
                 }?;
-                match addr2line::Loader::new(&path) {
+                match Dwarf::open(&path) {
                     Ok(l) => {
                         debug!(module = module.path(), dwarf = %path.display(), "loaded DWARF");
                         Some(l)
@@ -213,6 +214,14 @@ impl ModuleSymbols {
                 }
             })
             .as_ref()
+    }
+
+    /// Drops the parsed DWARF (it is opened again for the next address
+    /// not in the cache); a module without DWARF stays without.
+    fn close_dwarf(&mut self) {
+        if matches!(self.dwarf, Some(Some(_))) {
+            self.dwarf = None;
+        }
     }
 
     fn symbol_name(&mut self, svma: u64) -> Option<String> {
@@ -230,35 +239,13 @@ impl ModuleSymbols {
         }
         let mut frames = Vec::new();
         let mut location = None;
-        if let Some(loader) = self.dwarf() {
-            match loader.find_frames(svma) {
-                Ok(mut iter) => loop {
-                    match iter.next() {
-                        Ok(Some(f)) => {
-                            let function = f
-                                .function
-                                .as_ref()
-                                .and_then(|n| n.demangle().ok())
-                                .map(Cow::into_owned);
-                            let (file, line) = f
-                                .location
-                                .map(|l| (l.file.map(str::to_owned), l.line))
-                                .unwrap_or((None, None));
-                            frames.push((function, file, line));
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            debug!(svma, error = %e, "DWARF frame lookup failed");
-                            break;
-                        }
-                    }
-                },
+        if let Some(dwarf) = self.dwarf() {
+            match dwarf.find_frames(svma) {
+                Ok(f) => frames = f,
                 Err(e) => debug!(svma, error = %e, "DWARF lookup failed"),
             }
-            if frames.is_empty()
-                && let Ok(Some(l)) = loader.find_location(svma)
-            {
-                location = Some((l.file.map(str::to_owned), l.line));
+            if frames.is_empty() {
+                location = dwarf.find_location(svma);
             }
         }
         let out: Vec<Frame> = if frames.is_empty() {
@@ -349,8 +336,11 @@ fn build_id_from_notes(notes: &[u8]) -> Option<String> {
 
 impl KernelSymbols {
     fn load() -> Option<KernelSymbols> {
-        let text = match std::fs::read_to_string("/proc/kallsyms") {
-            Ok(t) => t,
+        use std::io::BufRead as _;
+        // Line by line: the file is 5 MB of text, of which only the code
+        // symbols are kept.
+        let text = match std::fs::File::open("/proc/kallsyms") {
+            Ok(f) => std::io::BufReader::with_capacity(1 << 16, f),
             Err(e) => {
                 warn!(error = %e, "cannot read /proc/kallsyms; kernel frames stay unresolved");
                 return None;
@@ -361,6 +351,10 @@ impl KernelSymbols {
         let mut module_index: HashMap<String, u32> = HashMap::new();
         let mut module_names = vec!["[kernel.kallsyms]".to_owned()];
         for line in text.lines() {
+            let Ok(line) = line else {
+                warn!("/proc/kallsyms could not be read to its end; kernel frames stay unresolved");
+                return None;
+            };
             let mut f = line.split_ascii_whitespace();
             let (Some(addr), Some(ty), Some(name)) = (f.next(), f.next(), f.next()) else {
                 continue;
@@ -408,6 +402,8 @@ impl KernelSymbols {
         // One name per address: the most global one, then the first listed.
         syms.sort_by(|a, b| a.addr.cmp(&b.addr).then(b.rank.cmp(&a.rank)));
         syms.dedup_by_key(|s| s.addr);
+        syms.shrink_to_fit();
+        names.shrink_to_fit();
         let mut ranges = vec![(u64::MAX, 0u64); module_names.len()];
         for s in &syms {
             let r = &mut ranges[s.mapping as usize];
@@ -479,28 +475,56 @@ impl Symbolizer {
         }
     }
 
-    /// Resolve a user-space frame of `pid` (call [`ProcessTable::ensure`] first).
-    ///
-    /// The mapping is the one holding the frame's address; a return address
-    /// is looked up minus one (inside the call instruction).
-    pub(crate) fn resolve_user(
+    /// Resolves many user-space frames (of several processes) at once,
+    /// a module at a time: each module's DWARF is opened for the frames
+    /// not resolved before and closed once they are, so that a profile
+    /// holds the parsed DWARF of one module at a time, not of all (for a
+    /// C++ program, its own, libstdc++'s and libc's: tens of MB), and a
+    /// daemon that runs for weeks holds none between profiles.
+    pub(crate) fn resolve_users(
         &mut self,
         procs: &ProcessTable,
-        pid: Pid,
-        frame: FrameAddress,
-    ) -> Resolved {
-        let Some(mapping) = procs.mapping_for(pid, frame.address().0) else {
-            return Resolved::unknown();
-        };
-        let svma = frame.lookup_address() - mapping.bias;
-        let frames = self
-            .module_symbols(&mapping.module)
-            .resolve(svma.0)
-            .to_vec();
-        Resolved {
-            mapping: Some(mapping),
-            frames,
+        frames: impl IntoIterator<Item = (Pid, FrameAddress)>,
+    ) -> HashMap<(Pid, FrameAddress), Resolved> {
+        let mut by_module: HashMap<ModuleId, Vec<(Pid, FrameAddress, MappingInfo, u64)>> =
+            HashMap::new();
+        let mut out = HashMap::new();
+        for (pid, frame) in frames {
+            if out.contains_key(&(pid, frame)) {
+                continue;
+            }
+            match procs.mapping_for(pid, frame.address().0) {
+                Some(mapping) => {
+                    let svma = (frame.lookup_address() - mapping.bias).0;
+                    by_module
+                        .entry(module_id(&mapping.module))
+                        .or_default()
+                        .push((pid, frame, mapping, svma));
+                    // Placeholder until its module's turn.
+                    out.insert((pid, frame), Resolved::unknown());
+                }
+                None => {
+                    out.insert((pid, frame), Resolved::unknown());
+                }
+            }
         }
+        for (_, mut list) in by_module {
+            list.sort_unstable_by_key(|e| e.3);
+            let module = list[0].2.module.clone();
+            let syms = self.module_symbols(&module);
+            for (pid, frame, mapping, svma) in list {
+                let frames = syms.resolve(svma).to_vec();
+                out.insert(
+                    (pid, frame),
+                    Resolved {
+                        mapping: Some(mapping),
+                        frames,
+                    },
+                );
+            }
+            syms.close_dwarf();
+        }
+        out
     }
 
     fn module_symbols(&mut self, module: &Arc<Module>) -> &mut ModuleSymbols {
@@ -554,6 +578,19 @@ mod tests {
     }
 
     impl Symbolizer {
+        /// One frame, through [`Symbolizer::resolve_users`] (call
+        /// [`ProcessTable::ensure`] first).
+        fn resolve_user(
+            &mut self,
+            procs: &ProcessTable,
+            pid: Pid,
+            frame: FrameAddress,
+        ) -> Resolved {
+            self.resolve_users(procs, [(pid, frame)])
+                .remove(&(pid, frame))
+                .unwrap()
+        }
+
         /// Resolves an SVMA in `module` directly (no process needed).
         fn resolve_svma(&mut self, module: &Arc<Module>, svma: u64) -> Vec<Frame> {
             self.module_symbols(module).resolve(svma).to_vec()

@@ -191,15 +191,18 @@ pub fn to_hex(bytes: &[u8]) -> String {
 }
 
 impl ElfInfo {
-    /// Parse the ELF header, program headers, build ID and debuglink of `data`.
-    pub fn parse(data: &[u8]) -> Result<Self, ElfError> {
-        if data.len() < 16 || data[..4] != object::elf::ELFMAG {
+    /// Parse the ELF header, program headers, build ID and debuglink of
+    /// `data`: the bytes, or a file read where needed
+    /// ([`object::ReadCache`]).
+    pub fn parse<'d, R: object::ReadRef<'d>>(data: R) -> Result<Self, ElfError> {
+        let ident = data.read_bytes_at(0, 16).map_err(|()| ElfError::NotElf)?;
+        if ident[..4] != object::elf::ELFMAG {
             return Err(ElfError::NotElf);
         }
-        if data[4] != object::elf::ELFCLASS64 {
-            return Err(ElfError::UnsupportedClass(data[4]));
+        if ident[4] != object::elf::ELFCLASS64 {
+            return Err(ElfError::UnsupportedClass(ident[4]));
         }
-        let file = ElfFile64::<Endianness>::parse(data)?;
+        let file = ElfFile64::<Endianness, R>::parse(data)?;
         let endian = file.endian();
         let header = file.elf_header();
         let kind = match header.e_type(endian) {
@@ -243,7 +246,7 @@ impl ElfInfo {
     #[cfg(test)]
     fn from_path(path: impl AsRef<std::path::Path>) -> Result<Self, ElfError> {
         let data = std::fs::read(path)?;
-        Self::parse(&data)
+        Self::parse(&data[..])
     }
 
     /// The build ID as lowercase hex.
@@ -359,30 +362,30 @@ mod tests {
 
     #[test]
     fn rejects_garbage() {
-        assert!(matches!(ElfInfo::parse(b""), Err(ElfError::NotElf)));
+        assert!(matches!(ElfInfo::parse(&b""[..]), Err(ElfError::NotElf)));
         assert!(matches!(
-            ElfInfo::parse(b"hello world, not elf"),
+            ElfInfo::parse(&b"hello world, not elf"[..]),
             Err(ElfError::NotElf)
         ));
         let mut data = ls();
         data.truncate(70);
-        assert!(ElfInfo::parse(&data).is_err());
+        assert!(ElfInfo::parse(&data[..]).is_err());
         let mut data32 = ls();
         data32[4] = object::elf::ELFCLASS32;
         assert!(matches!(
-            ElfInfo::parse(&data32),
+            ElfInfo::parse(&data32[..]),
             Err(ElfError::UnsupportedClass(1))
         ));
         // Random bytes after a valid magic must not panic.
         let mut junk = b"\x7fELF\x02\x01\x01".to_vec();
         junk.extend((0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8));
-        let _ = ElfInfo::parse(&junk);
+        let _ = ElfInfo::parse(&junk[..]);
     }
 
     #[test]
     fn ls_facts() {
         let data = ls();
-        let info = ElfInfo::parse(&data).unwrap();
+        let info = ElfInfo::parse(&data[..]).unwrap();
         assert!(info.is_x86_64());
         assert!(matches!(
             info.kind,

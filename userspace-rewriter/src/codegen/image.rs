@@ -186,23 +186,18 @@ impl Tables {
     /// pieces of at most `chunk` bytes with their address, without
     /// building either: python3.11's merged tables are 20 MB. Each table
     /// of each part must be sorted (as generated, moved or read back).
-    /// Returns the bytes written.
+    /// Parts need not be in memory ([`TableSource`]): each table is read
+    /// twice, once to count it for the header. Returns the bytes written,
+    /// which a source that stopped early (a read failed) makes fewer than
+    /// [`Tables::merged_len_bytes`].
     pub fn write_merged<E>(
-        parts: &[&Tables],
+        parts: &[&dyn TableSource],
         at: u64,
         chunk: usize,
         mut out: impl FnMut(u64, &[u8]) -> Result<(), E>,
     ) -> Result<u64, E> {
         use burstyd_common::burst::TablesHeader;
-        let lists = |f: fn(&Tables) -> &[(u64, u64)]| -> Vec<&[(u64, u64)]> {
-            parts.iter().map(|t| f(t)).collect()
-        };
-        let all = [
-            lists(|t| &t.insns),
-            lists(|t| &t.functions),
-            lists(|t| &t.returns),
-        ];
-        let lens = all.each_ref().map(|l| merged(l).count() as u64);
+        let lens = [0, 1, 2].map(|k| merged(parts, k).count() as u64);
         let head = std::mem::size_of::<TablesHeader>() as u64;
         let starts = [
             at + head,
@@ -224,8 +219,9 @@ impl Tables {
             put(&mut buf, &start.to_le_bytes(), false)?;
             put(&mut buf, &len.to_le_bytes(), false)?;
         }
-        for l in &all {
-            for (o, c) in merged(l) {
+        for (k, len) in lens.into_iter().enumerate() {
+            // No more than counted (a source may differ the second time).
+            for (o, c) in merged(parts, k).take(len as usize) {
                 let mut pair = [0u8; 16];
                 pair[..8].copy_from_slice(&o.to_le_bytes());
                 pair[8..].copy_from_slice(&c.to_le_bytes());
@@ -237,12 +233,14 @@ impl Tables {
     }
 
     /// Bytes of [`Tables::write_merged`] for `parts`.
-    pub fn merged_len_bytes(parts: &[&Tables]) -> u64 {
-        let lists = |f: fn(&Tables) -> &[(u64, u64)]| -> u64 {
-            merged(&parts.iter().map(|t| f(t)).collect::<Vec<_>>()).count() as u64
-        };
+    pub fn merged_len_bytes(parts: &[&dyn TableSource]) -> u64 {
         std::mem::size_of::<burstyd_common::burst::TablesHeader>() as u64
-            + 16 * (lists(|t| &t.insns) + lists(|t| &t.functions) + lists(|t| &t.returns))
+            + 16 * (0..3).map(|k| merged(parts, k).count() as u64).sum::<u64>()
+    }
+
+    /// Table `k` (0 the instructions, 1 the functions, 2 the returns).
+    pub fn table(&self, k: usize) -> &[(u64, u64)] {
+        [&self.insns, &self.functions, &self.returns][k]
     }
 
     /// Bytes of [`Self::bytes`].
@@ -252,20 +250,43 @@ impl Tables {
     }
 }
 
-/// The sorted lists merged into one sorted list, the first (smallest)
+/// Sorted `(original, clone)` pairs of one table, as a stream.
+pub type Pairs<'a> = Box<dyn Iterator<Item = (u64, u64)> + 'a>;
+
+/// Where a module's three sorted tables can be read from: memory
+/// ([`Tables`]), or elsewhere (a cache entry, the target process).
+pub trait TableSource {
+    /// Table `k` (0 the instructions, 1 the functions, 2 the returns),
+    /// sorted by original.
+    fn pairs(&self, k: usize) -> Pairs<'_>;
+
+    /// Why a stream of [`Self::pairs`] stopped short, if one did (a
+    /// source that reads can fail).
+    fn error(&self) -> Option<String> {
+        None
+    }
+}
+
+impl TableSource for Tables {
+    fn pairs(&self, k: usize) -> Pairs<'_> {
+        Box::new(self.table(k).iter().copied())
+    }
+}
+
+/// Table `k` of `parts` merged into one sorted list, the first (smallest)
 /// pair of each original kept ([`Tables::merge`]'s order and dedup).
-fn merged<'a>(lists: &[&'a [(u64, u64)]]) -> impl Iterator<Item = (u64, u64)> + 'a {
-    debug_assert!(lists.iter().all(|l| l.is_sorted()));
-    let mut heads: Vec<&'a [(u64, u64)]> = lists.to_vec();
+fn merged<'a>(parts: &[&'a dyn TableSource], k: usize) -> impl Iterator<Item = (u64, u64)> + 'a {
+    let mut heads: Vec<std::iter::Peekable<Pairs<'a>>> =
+        parts.iter().map(|p| p.pairs(k).peekable()).collect();
     let mut last: Option<u64> = None;
     std::iter::from_fn(move || {
         loop {
-            let (i, &e) = heads
-                .iter()
+            let (i, _) = heads
+                .iter_mut()
                 .enumerate()
-                .filter_map(|(i, l)| l.first().map(|e| (i, e)))
+                .filter_map(|(i, l)| l.peek().map(|&e| (i, e)))
                 .min_by_key(|&(_, e)| e)?;
-            heads[i] = &heads[i][1..];
+            let e = heads[i].next()?;
             if last != Some(e.0) {
                 last = Some(e.0);
                 return Some(e);
@@ -285,7 +306,7 @@ pub struct GenStats {
 impl CloneImage {
     /// The `(original, clone)` pairs of every rewritten instruction.
     pub fn table(&self) -> &[(u64, u64)] {
-        &self.tables.insns
+        self.tables.table(0)
     }
 }
 
@@ -781,7 +802,7 @@ fn precheck(cfg: &Cfg, insns: &[Insn]) -> Result<(), Skip> {
 
 #[cfg(test)]
 mod tests {
-    use super::Tables;
+    use super::{TableSource, Tables};
 
     /// `write_merged` writes what `merge` then `bytes` make, in pieces.
     #[test]
@@ -813,9 +834,9 @@ mod tests {
             });
         }
         parts.push(Tables::default());
-        let refs: Vec<&Tables> = parts.iter().collect();
+        let refs: Vec<&dyn TableSource> = parts.iter().map(|t| t as &dyn TableSource).collect();
         let at = 0x7f00_0000_0000;
-        let want = Tables::merge(refs.iter().copied()).bytes(at);
+        let want = Tables::merge(parts.iter()).bytes(at);
         for chunk in [1, 17, 4096, 1 << 20] {
             let mut got = Vec::new();
             let n = Tables::write_merged(&refs, at, chunk, |addr, b| {

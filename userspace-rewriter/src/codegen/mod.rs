@@ -118,8 +118,8 @@ mod transfers;
 pub mod unwind_info;
 
 pub use image::{
-    BytesMove, CloneImage, ClonedFunction, GenError, GenStats, Layout, Tables, generate,
-    generate_excluding,
+    BytesMove, CloneImage, ClonedFunction, GenError, GenStats, Layout, Pairs, TableSource, Tables,
+    generate, generate_excluding,
 };
 pub use relocs::Relocs;
 pub use reverse::ReverseMap;
