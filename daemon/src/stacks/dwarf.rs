@@ -154,3 +154,74 @@ fn collect<R: gimli::Reader, E: std::fmt::Display>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stacks::unwind::tests::scratch_dir;
+    use object::ObjectSymbol as _;
+
+    const INLINED_C: &str = r#"
+static inline __attribute__((always_inline)) int sq(int x) { return x * x + 1; }
+__attribute__((noinline)) int f(int x) {
+    int s = 0;
+    for (int i = 0; i < x; i++) s += sq(i);
+    return s;
+}
+int main(int c, char **v) { (void)v; return f(c * 100) & 1; }
+"#;
+
+    /// A file linked with `--emit-relocs` is read without relocation
+    /// maps, and every address of its code resolves as addr2line's own
+    /// loader resolves it (functions, inline frames, files, lines).
+    #[test]
+    fn a_linked_file_resolves_as_the_loader_resolves_it() {
+        let dir = scratch_dir("dwarf");
+        let src = dir.join("inlined.c");
+        std::fs::write(&src, INLINED_C).unwrap();
+        let exe = dir.join("inlined");
+        let out = std::process::Command::new("gcc")
+            .args(["-O2", "-g", "-Wl,--emit-relocs", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .output()
+            .expect("gcc must be installed to run this test");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ours = Dwarf::open(&exe).unwrap();
+        assert!(
+            matches!(ours.0, Inner::Linked(_)),
+            "not read as a linked file"
+        );
+        let loader = Dwarf(Inner::Loader(Box::new(
+            addr2line::Loader::new(&exe).unwrap(),
+        )));
+        let data = std::fs::read(&exe).unwrap();
+        let obj = object::File::parse(&*data).unwrap();
+        let text = obj.section_by_name(".text").unwrap();
+        let mut inlined = 0;
+        for svma in text.address()..text.address() + text.size() {
+            let (a, b) = (ours.find_frames(svma), loader.find_frames(svma));
+            assert_eq!(a, b, "at {svma:#x}");
+            inlined += usize::from(a.as_ref().is_ok_and(|f| f.len() > 1));
+            assert_eq!(ours.find_location(svma), loader.find_location(svma));
+        }
+        assert!(inlined > 0, "no inline frame seen");
+        let names: Vec<String> = ours
+            .find_frames(
+                obj.symbols()
+                    .find(|s| s.name() == Ok("f"))
+                    .map(|s| s.address())
+                    .unwrap(),
+            )
+            .unwrap()
+            .into_iter()
+            .filter_map(|f| f.0)
+            .collect();
+        assert_eq!(names.last().map(String::as_str), Some("f"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -642,6 +642,14 @@ mod tests {
         assert_eq!(s.resolve_user(&procs, pid, ip(addr)).frames, r.frames);
         let m = r.mapping.unwrap();
         assert!(m.start <= addr && addr < m.limit);
+        // The DWARF was read, and closed after the batch; a new address
+        // opens it again.
+        let dwarf_open =
+            |s: &Symbolizer| s.modules.values().any(|m| matches!(m.dwarf, Some(Some(_))));
+        assert!(!dwarf_open(&s));
+        let r3 = s.resolve_user(&procs, pid, ip(addr + 2));
+        assert_eq!(r3.frames.last().map(|f| &f.function), Some(&outer.function));
+        assert!(!dwarf_open(&s));
     }
 
     #[test]
