@@ -34,7 +34,7 @@ use tracing::{debug, info, warn};
 use userspace_rewriter::PAGE_SIZE;
 use userspace_rewriter::analysis::plan::{self, FunctionStatus, Plan, PlanOptions};
 use userspace_rewriter::codegen::unwind_info;
-use userspace_rewriter::codegen::{self, LOW_STATE_LIMIT, Layout, NO_PATH, TableSource, Tables};
+use userspace_rewriter::codegen::{self, LOW_STATE_LIMIT, Layout, NO_PATH, TableSource};
 use userspace_rewriter::inject::{self, KernelSigaction, SA_RESTORER, Tracee};
 
 use super::BurstOptions;
@@ -42,7 +42,7 @@ use super::cache;
 use super::coverage::CodeMap;
 use super::modules::{self, Module};
 use super::ring::{SharedRegion, TargetCounters};
-use super::tables::FileTables;
+use super::tables::{FileTables, Merged};
 use super::worker;
 use crate::export::fdata::FdataFacts;
 use crate::stacks::clones::{CloneFrames, CloneRegion};
@@ -928,8 +928,8 @@ pub(crate) fn attach(
             Err(e) => warn!(%pid, "{path} is not cloned: {e:#}"),
         }
     }
-    let tables: Vec<&dyn TableSource> = gens.iter().map(Generated::tables).collect();
-    let tables_len = Tables::merged_len_bytes(&tables).next_multiple_of(PAGE_SIZE);
+    let tables = Merged::new(gens.iter().map(Generated::tables).collect());
+    let tables_len = tables.len_bytes().next_multiple_of(PAGE_SIZE);
 
     let generation_ms = t0.elapsed().as_secs_f64() * 1e3 - analysis_ms;
     let mut t = if held {
@@ -952,13 +952,7 @@ pub(crate) fn attach(
     // library is where the program's next mmap goes.
     let rooms = if opts.libraries && !held {
         let maps = inject::maps(pid)?;
-        library_rooms(
-            pid,
-            &maps,
-            exe_path,
-            Tables::merged_len_bytes(&tables),
-            &mut reserved,
-        )
+        library_rooms(pid, &maps, exe_path, tables.len_bytes(), &mut reserved)
     } else {
         Rooms::default()
     };
@@ -1400,11 +1394,13 @@ pub(crate) fn add_libraries(
     let mut activate = None;
     if pending.rearm.is_none() {
         let current = FileTables::in_process(pid, pending.tables)?;
-        let tables: Vec<&dyn TableSource> = std::iter::once(&current as &dyn TableSource)
-            .chain(gens.iter().map(Generated::tables))
-            .collect();
+        let tables = Merged::new(
+            std::iter::once(&current as &dyn TableSource)
+                .chain(gens.iter().map(Generated::tables))
+                .collect(),
+        );
         let (tables_at, room) = pending.rooms.tables;
-        let need = Tables::merged_len_bytes(&tables);
+        let need = tables.len_bytes();
         if need > room {
             bail!("the lookup tables need {need} bytes, {room} were set aside");
         }
@@ -1571,10 +1567,12 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
         return Ok(None);
     }
     let current = FileTables::in_process(pid, req.base)?;
-    let tables: Vec<&dyn TableSource> = std::iter::once(&current as &dyn TableSource)
-        .chain(gens.iter().map(Generated::tables))
-        .collect();
-    let tables_len = Tables::merged_len_bytes(&tables).next_multiple_of(PAGE_SIZE);
+    let tables = Merged::new(
+        std::iter::once(&current as &dyn TableSource)
+            .chain(gens.iter().map(Generated::tables))
+            .collect(),
+    );
+    let tables_len = tables.len_bytes().next_multiple_of(PAGE_SIZE);
     let prepared_ms = t0.elapsed().as_secs_f64() * 1e3;
     // The stop only maps (a ptrace stop can cut a system call under way
     // short: as short as it can be); the bytes go in after it.
@@ -1679,7 +1677,7 @@ fn remember(gens: &mut [Generated]) {
 fn write_unused(
     pid: Pid,
     gens: &[Generated],
-    tables: &[&dyn TableSource],
+    tables: &Merged<'_>,
     tables_at: u64,
 ) -> anyhow::Result<()> {
     use std::os::unix::fs::FileExt;
@@ -1696,26 +1694,8 @@ fn write_unused(
         g.write_code(write)?;
         write(g.eh.0, &g.eh.1)?;
     }
-    write_tables(tables, tables_at, write)
+    tables.write(tables_at, write)
 }
-
-/// Writes `tables` merged at `at` in pieces through `write`; fails if a
-/// source stopped short (its tables would be incomplete).
-fn write_tables(
-    tables: &[&dyn TableSource],
-    at: u64,
-    write: impl FnMut(u64, &[u8]) -> anyhow::Result<()>,
-) -> anyhow::Result<()> {
-    Tables::write_merged(tables, at, TABLES_CHUNK, write)?;
-    match tables.iter().find_map(|t| t.error()) {
-        Some(e) => bail!("the lookup tables could not be read: {e}"),
-        None => Ok(()),
-    }
-}
-
-/// The lookup tables are written in pieces of this many bytes (not built
-/// whole in the daemon first).
-const TABLES_CHUNK: usize = 1 << 20;
 
 /// Protections and flags of the clone code and table mappings.
 const RX: i32 = libc::PROT_READ | libc::PROT_EXEC;
@@ -1761,7 +1741,7 @@ fn place(
     t: &mut Tracee,
     pid: Pid,
     gens: &[Generated],
-    tables: &[&dyn TableSource],
+    tables: &Merged<'_>,
     tables_len: u64,
     register_frame: Option<u64>,
 ) -> anyhow::Result<(u64, u64)> {
@@ -1772,7 +1752,7 @@ fn place(
     let tables_at = t
         .mmap(0, tables_len, libc::PROT_READ, TABLE_FLAGS, -1, 0)
         .context("mapping the lookup tables")?;
-    write_tables(tables, tables_at, |at, b| Ok(t.write_memory(at, b)?))?;
+    tables.write(tables_at, |at, b| Ok(t.write_memory(at, b)?))?;
     let mut exe_eh = 0;
     for g in gens {
         g.write_code(|at, b| Ok(t.write_memory(at, b)?))?;

@@ -20,7 +20,51 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context as _;
 use burstyd_common::addr::Pid;
 use burstyd_common::burst::TablesHeader;
-use userspace_rewriter::codegen::{Pairs, TableSource};
+use userspace_rewriter::codegen::{Pairs, TableSource, Tables};
+
+/// The lookup tables of several modules, to be merged into one set:
+/// counted once (before a stop, to size the mapping), written once.
+pub(crate) struct Merged<'a> {
+    parts: Vec<&'a dyn TableSource>,
+    lens: [u64; 3],
+}
+
+/// The merged tables are written in pieces of this many bytes.
+const CHUNK: usize = 1 << 20;
+
+impl<'a> Merged<'a> {
+    pub(crate) fn new(parts: Vec<&'a dyn TableSource>) -> Merged<'a> {
+        let lens = Tables::merged_lens(&parts);
+        Merged { parts, lens }
+    }
+
+    /// The bytes they take.
+    pub(crate) fn len_bytes(&self) -> u64 {
+        Tables::lens_bytes(self.lens)
+    }
+
+    /// Writes them merged at `at` through `write`, in pieces. Fails if a
+    /// source stopped short or gave fewer pairs than when counted (a
+    /// process's tables masked meanwhile): the tables would be
+    /// incomplete, and must not be put in use.
+    pub(crate) fn write(
+        &self,
+        at: u64,
+        write: impl FnMut(u64, &[u8]) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        let n = Tables::write_merged(&self.parts, self.lens, at, CHUNK, write)?;
+        if let Some(e) = self.parts.iter().find_map(|t| t.error()) {
+            anyhow::bail!("the lookup tables could not be read: {e}");
+        }
+        if n != self.len_bytes() {
+            anyhow::bail!(
+                "the lookup tables changed while they were merged ({n} bytes written of {})",
+                self.len_bytes()
+            );
+        }
+        Ok(())
+    }
+}
 
 /// The three tables of one module (or of a whole process), in a file.
 #[derive(Debug)]
@@ -212,5 +256,41 @@ mod tests {
         assert!(pairs(&f, 1).len() < t.functions.len());
         assert!(f.error().unwrap().contains("reading"), "{:?}", f.error());
         std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A source that gives one pair fewer each time after the first
+    /// three (the count): a process's tables masked meanwhile.
+    struct Shrinking(std::cell::Cell<usize>, Tables);
+
+    impl TableSource for Shrinking {
+        fn pairs(&self, k: usize) -> Pairs<'_> {
+            let n = self.0.get();
+            self.0.set(n + 1);
+            let t = self.1.table(k);
+            let keep = if n < 3 { t.len() } else { t.len() - 1 };
+            Box::new(t.iter().copied().take(keep))
+        }
+    }
+
+    /// Merged tables are written as counted, or not at all.
+    #[test]
+    fn merged_tables_are_written_whole_or_refused() {
+        let t = tables();
+        let at = 0x7f00_0000_0000;
+        let write = |m: &Merged<'_>| {
+            let mut got = Vec::new();
+            m.write(at, |a, b| {
+                assert_eq!(a, at + got.len() as u64);
+                got.extend_from_slice(b);
+                Ok(())
+            })
+            .map(|()| got)
+        };
+        let m = Merged::new(vec![&t]);
+        assert_eq!(write(&m).unwrap(), Tables::merge([&t]).bytes(at));
+        let s = Shrinking(Default::default(), t.clone());
+        let m = Merged::new(vec![&s]);
+        let e = write(&m).map(|b| b.len()).unwrap_err().to_string();
+        assert!(e.contains("changed while they were merged"), "{e}");
     }
 }

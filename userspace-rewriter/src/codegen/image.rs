@@ -186,18 +186,19 @@ impl Tables {
     /// pieces of at most `chunk` bytes with their address, without
     /// building either: python3.11's merged tables are 20 MB. Each table
     /// of each part must be sorted (as generated, moved or read back).
-    /// Parts need not be in memory ([`TableSource`]): each table is read
-    /// twice, once to count it for the header. Returns the bytes written,
-    /// which a source that stopped early (a read failed) makes fewer than
-    /// [`Tables::merged_len_bytes`].
+    /// Parts need not be in memory ([`TableSource`]); `lens` are their
+    /// merged lengths ([`Tables::merged_lens`], counted before), which
+    /// the header states. Returns the bytes written: fewer than
+    /// [`Tables::lens_bytes`] if a source gave fewer pairs this time (a
+    /// read failed, or it changed), and then the tables must not be used.
     pub fn write_merged<E>(
         parts: &[&dyn TableSource],
+        lens: [u64; 3],
         at: u64,
         chunk: usize,
         mut out: impl FnMut(u64, &[u8]) -> Result<(), E>,
     ) -> Result<u64, E> {
         use burstyd_common::burst::TablesHeader;
-        let lens = [0, 1, 2].map(|k| merged(parts, k).count() as u64);
         let head = std::mem::size_of::<TablesHeader>() as u64;
         let starts = [
             at + head,
@@ -232,10 +233,20 @@ impl Tables {
         Ok(addr - at)
     }
 
+    /// The lengths of the three tables of `parts` merged.
+    pub fn merged_lens(parts: &[&dyn TableSource]) -> [u64; 3] {
+        [0, 1, 2].map(|k| merged(parts, k).count() as u64)
+    }
+
+    /// Bytes of [`Tables::write_merged`] for tables of these lengths.
+    pub fn lens_bytes(lens: [u64; 3]) -> u64 {
+        std::mem::size_of::<burstyd_common::burst::TablesHeader>() as u64
+            + 16 * lens.iter().sum::<u64>()
+    }
+
     /// Bytes of [`Tables::write_merged`] for `parts`.
     pub fn merged_len_bytes(parts: &[&dyn TableSource]) -> u64 {
-        std::mem::size_of::<burstyd_common::burst::TablesHeader>() as u64
-            + 16 * (0..3).map(|k| merged(parts, k).count() as u64).sum::<u64>()
+        Self::lens_bytes(Self::merged_lens(parts))
     }
 
     /// Table `k` (0 the instructions, 1 the functions, 2 the returns).
@@ -839,13 +850,14 @@ mod tests {
         let want = Tables::merge(parts.iter()).bytes(at);
         for chunk in [1, 17, 4096, 1 << 20] {
             let mut got = Vec::new();
-            let n = Tables::write_merged(&refs, at, chunk, |addr, b| {
-                assert_eq!(addr, at + got.len() as u64);
-                assert!(b.len() <= chunk.max(64));
-                got.extend_from_slice(b);
-                Ok::<(), ()>(())
-            })
-            .unwrap();
+            let n =
+                Tables::write_merged(&refs, Tables::merged_lens(&refs), at, chunk, |addr, b| {
+                    assert_eq!(addr, at + got.len() as u64);
+                    assert!(b.len() <= chunk.max(64));
+                    got.extend_from_slice(b);
+                    Ok::<(), ()>(())
+                })
+                .unwrap();
             assert_eq!(n, want.len() as u64);
             assert_eq!(got, want, "chunk {chunk}");
         }
