@@ -158,7 +158,7 @@ fn collect<R: gimli::Reader, E: std::fmt::Display>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stacks::unwind::tests::scratch_dir;
+    use crate::stacks::unwind::tests::{build_c, scratch_dir};
     use object::ObjectSymbol as _;
 
     const INLINED_C: &str = r#"
@@ -177,19 +177,11 @@ int main(int c, char **v) { (void)v; return f(c * 100) & 1; }
     #[test]
     fn a_linked_file_resolves_as_the_loader_resolves_it() {
         let dir = scratch_dir("dwarf");
-        let src = dir.join("inlined.c");
-        std::fs::write(&src, INLINED_C).unwrap();
-        let exe = dir.join("inlined");
-        let out = std::process::Command::new("gcc")
-            .args(["-O2", "-g", "-Wl,--emit-relocs", "-o"])
-            .arg(&exe)
-            .arg(&src)
-            .output()
-            .expect("gcc must be installed to run this test");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let exe = build_c(
+            &dir,
+            "inlined",
+            INLINED_C,
+            &["-O2", "-g", "-Wl,--emit-relocs"],
         );
         let ours = Dwarf::open(&exe).unwrap();
         assert!(

@@ -365,11 +365,17 @@ int main(int argc, char **argv) {
 
     /// Builds the spinning fixture with gcc into a fresh directory.
     pub(crate) fn build_spin_fixture(dir: &Path) -> PathBuf {
-        let src = dir.join("spin.c");
-        std::fs::write(&src, SPIN_C).unwrap();
-        let exe = dir.join("spin");
+        build_c(dir, "spin", SPIN_C, &["-O2", "-fomit-frame-pointer", "-g"])
+    }
+
+    /// Compiles the C program `source` with `flags` into `dir/name`.
+    pub(crate) fn build_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> PathBuf {
+        let src = dir.join(format!("{name}.c"));
+        std::fs::write(&src, source).unwrap();
+        let exe = dir.join(name);
         let out = Command::new("gcc")
-            .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
+            .args(flags)
+            .arg("-o")
             .arg(&exe)
             .arg(&src)
             .output()
