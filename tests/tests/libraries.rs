@@ -130,7 +130,23 @@ fn time_in_libc_is_traced_in_bursts() {
     run.assert_ok();
     assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
     let (line, exe_cov) = hot_coverage(&run.finished.stderr);
-    assert!(exe_cov >= 95.0, "{line}");
+    // The executable's PLT stubs are never cloned: a call in a clone goes
+    // around its stub through the GOT. Their share of the executable's
+    // samples is the share of the time its calls into libc spend in a
+    // stub, which grows with how fast libc's functions are (12% with
+    // AVX-512's strcmp). Everything else of the executable is covered.
+    let plt: f64 = line
+        .split("most sampled uninstrumented:")
+        .nth(1)
+        .unwrap_or("")
+        .split("),")
+        .filter(|e| e.contains("(PLT stub"))
+        .filter_map(|e| e.split('%').next()?.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        exe_cov + plt >= 95.0,
+        "{exe_cov}% + PLT stubs {plt}%: {line}"
+    );
     assert!(
         !line.contains("Over all modules"),
         "--exe-only cloned libraries: {line}"
