@@ -236,9 +236,12 @@ fn cpp_containers_and_iostreams_in_libstdcxx_are_traced() {
             "libstdc++ and libgcc_s cloned:\n{stderr}"
         );
         if !full {
-            // 95.1% when measured (before libc's _int_malloc and
-            // _int_free were cloned; PLT stubs never are); the bound
-            // leaves room for the sampling noise of a few thousand samples.
+            // 95.1% when first measured; 93.4-93.8% on the AVX-512 host
+            // of 2026-11-26, where every uncovered sample is in a PLT
+            // stub (never cloned: the executable's memcmp@plt 5%,
+            // libstdc++'s locale::id::_M_id@plt 2%). Issue 12 wants 95%:
+            // PLT stubs are what is left. The bound leaves room for the
+            // sampling noise of a few thousand samples.
             let cov = process_coverage(stderr);
             assert!(
                 cov >= 90.0,
