@@ -491,6 +491,7 @@ fn write(tmp: &Path, ours: &str, key: &str, e: &Stored<'_>) -> anyhow::Result<De
                 f.orig(),
                 f.clone_entry(),
                 u64::from(f.paths()),
+                f.plt_stub_len().unwrap_or(0),
             ]
         })),
     )?;
@@ -599,15 +600,16 @@ fn read(
     }
     let tables = FileTables::in_file(file.clone(), at);
     let functions = r
-        .words(|w: [u64; 4]| (w[0], w[1], w[2], w[3]))?
+        .words(|w: [u64; 5]| w)?
         .into_iter()
-        .map(|(fid, orig, clone, paths)| {
-            Ok(ClonedFunction::new(
-                u32::try_from(fid).context("a fid")?,
-                orig,
-                clone,
-                paths != 0,
-            ))
+        .map(|[fid, orig, clone, paths, plt_len]| {
+            let fid = u32::try_from(fid).context("a fid")?;
+            Ok(if plt_len == 0 {
+                ClonedFunction::new(fid, orig, clone, paths != 0)
+            } else {
+                let len = u32::try_from(plt_len).context("a PLT stub's length")?;
+                ClonedFunction::plt_stub(fid, orig, clone, len)
+            })
         })
         .collect::<anyhow::Result<_>>()?;
     let bases: Vec<u64> = r.words(|[w]: [u64; 1]| w)?;

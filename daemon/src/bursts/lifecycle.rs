@@ -1100,7 +1100,7 @@ pub(crate) fn attach(
         None
     };
     let stopped_ms = stopped.elapsed().as_secs_f64() * 1e3;
-    let rewritten: usize = gens.iter().map(|g| g.img.functions.len()).sum();
+    let rewritten: usize = gens.iter().map(|g| g.img.cloned_functions()).sum();
     let skipped: usize = gens
         .iter()
         .map(|g| {
@@ -1444,14 +1444,14 @@ impl Extension {
             .iter()
             .flat_map(|g| {
                 g.img.functions.iter().map(|f| {
-                    (
-                        f.orig(),
-                        f.orig() + g.facts.plan.functions[f.fid() as usize].size,
-                    )
+                    let len = f
+                        .plt_stub_len()
+                        .unwrap_or(g.facts.plan.functions[f.fid() as usize].size);
+                    (f.orig(), f.orig() + len)
                 })
             })
             .collect();
-        let functions_rewritten = gens.iter().map(|g| g.img.functions.len()).sum();
+        let functions_rewritten = gens.iter().map(|g| g.img.cloned_functions()).sum();
         let functions_skipped = gens
             .iter()
             .map(|g| {

@@ -17,6 +17,7 @@ use super::instrument::{Arg, call_routine};
 use super::relocs::Relocs;
 use super::reverse::ReverseMap;
 use super::runtime::{self, RuntimeError};
+use super::transfers;
 use crate::analysis::cfg::{self, Cfg};
 use crate::analysis::disasm::Insn;
 use crate::analysis::plan::{FunctionStatus, Plan};
@@ -47,6 +48,9 @@ pub struct ClonedFunction {
     pub(crate) clone: u64,
     /// Whether its path records are valid Ball-Larus numbers.
     paths: bool,
+    /// For a PLT stub's trampoline ([`Self::plt_stub`]), the length of the
+    /// stub's code it takes over; 0 for a function's clone.
+    plt_len: u32,
 }
 
 impl ClonedFunction {
@@ -57,7 +61,28 @@ impl ClonedFunction {
             orig,
             clone,
             paths,
+            plt_len: 0,
         }
+    }
+
+    /// A PLT stub's trampoline read back: the stub's first `len` bytes
+    /// (up to its GOT jump) are taken over.
+    pub fn plt_stub(fid: u32, orig: u64, clone: u64, len: u32) -> Self {
+        ClonedFunction {
+            fid,
+            orig,
+            clone,
+            paths: false,
+            plt_len: len,
+        }
+    }
+
+    /// For a PLT stub's trampoline, how many bytes of the stub (from its
+    /// start) a burst can start in; `None` for a function's clone. A
+    /// trampoline records nothing: a burst that starts there follows the
+    /// stub's jump into the clone of its target.
+    pub fn plt_stub_len(&self) -> Option<u64> {
+        (self.plt_len > 0).then_some(u64::from(self.plt_len))
     }
 
     /// Index into the plan's `functions`.
@@ -312,9 +337,21 @@ pub struct GenStats {
     pub(crate) edge_increments: usize,
     pub(crate) checks: usize,
     pub(crate) path_records: usize,
+    /// PLT stubs given a trampoline.
+    #[serde(default)]
+    pub(crate) plt_trampolines: usize,
 }
 
 impl CloneImage {
+    /// How many functions have a clone (PLT stubs' trampolines are not
+    /// counted).
+    pub fn cloned_functions(&self) -> usize {
+        self.functions
+            .iter()
+            .filter(|f| f.plt_stub_len().is_none())
+            .count()
+    }
+
     /// The `(original, clone)` pairs of every rewritten instruction.
     pub fn table(&self) -> &[(u64, u64)] {
         self.tables.table(0)
@@ -405,12 +442,21 @@ pub fn generate_excluding(
     }
     let plt_slots = plt_slots(plan, analysis);
     let part_entries = part_entries(plan, &chosen, &mut em);
+    // PLT stubs, each with a trampoline (`plt_trampoline`).
+    let stubs: Vec<(usize, u64)> = plan
+        .functions
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| matches!(f.status, FunctionStatus::Plt) && !exclude.contains_key(&f.start))
+        .map(|(i, _)| (i, em.label()))
+        .collect();
     // Functions are encoded in batches; calls and jumps between them go
     // to these labels.
     let exported = entry_label
         .values()
         .copied()
         .chain(part_entries.values().map(|&(l, _)| l))
+        .chain(stubs.iter().map(|&(_, l)| l))
         .collect();
     let mut batches = Batches::new(clones_at, exported, layout.code, layout.control);
 
@@ -420,7 +466,8 @@ pub fn generate_excluding(
     // in the batch being emitted.
     let mut table_idx: Vec<(u64, usize, u64)> = Vec::new();
     let mut returns_idx: Vec<(u64, usize)> = Vec::new();
-    let mut funcs: Vec<(u32, u64, u64, bool)> = Vec::new(); // fid, orig, label, paths
+    // fid, orig, label, paths, PLT stub length taken over (0: a function)
+    let mut funcs: Vec<(u32, u64, u64, bool, u32)> = Vec::new();
     let mut removed: Vec<(u64, u64)> = Vec::new();
     for &i in &chosen {
         if em.out.len() >= BATCH_INSTRUCTIONS {
@@ -475,7 +522,13 @@ pub fn generate_excluding(
                 stats.checks += s.checks;
                 stats.path_records += s.path_records;
                 stats.instructions += analysis.insns[i].len();
-                funcs.push((i as u32, f.start + layout.bias, label, numbering.is_some()));
+                funcs.push((
+                    i as u32,
+                    f.start + layout.bias,
+                    label,
+                    numbering.is_some(),
+                    0,
+                ));
             }
             Err(Skip(why)) => {
                 em.truncate(mark);
@@ -501,6 +554,30 @@ pub fn generate_excluding(
                         em.jmp(start + layout.bias)?;
                     }
                 }
+            }
+        }
+    }
+    for (i, label) in stubs {
+        if em.out.len() >= BATCH_INSTRUCTIONS {
+            batches.flush(&mut em, &mut table_idx, &mut returns_idx)?;
+        }
+        let f = &plan.functions[i];
+        let (mark, tmark) = (em.out.len(), table_idx.len());
+        em.bind(label);
+        let insns = analysis.insns.get(i).map_or(&[][..], Vec::as_slice);
+        match transfers::plt_trampoline(&mut em, rt.lookup_fn, insns, layout.bias, &mut table_idx) {
+            Ok(len) => {
+                stats.plt_trampolines += 1;
+                funcs.push((i as u32, f.start + layout.bias, label, false, len as u32));
+            }
+            Err(Skip(why)) => {
+                em.truncate(mark);
+                table_idx.truncate(tmark);
+                *skipped.entry(why.into()).or_default() += 1;
+                // Nothing refers to it but the function table, built from
+                // `funcs`: bound to a jump to the stub itself.
+                em.bind(label);
+                em.jmp(f.start + layout.bias)?;
             }
         }
     }
@@ -533,7 +610,7 @@ pub fn generate_excluding(
     // Function entries: original start -> clone entry (indirect calls).
     let mut fn_table: Vec<(u64, u64)> = funcs
         .iter()
-        .map(|&(_, orig, label, _)| Ok((orig, entry(label)?)))
+        .map(|&(_, orig, label, _, _)| Ok((orig, entry(label)?)))
         .collect::<Result<_, GenError>>()?;
     fn_table.sort_unstable();
     fn_table.dedup_by_key(|e| e.0);
@@ -542,12 +619,13 @@ pub fn generate_excluding(
     ret_table.dedup_by_key(|e| e.0);
     let functions = funcs
         .into_iter()
-        .map(|(fid, orig, label, paths)| {
+        .map(|(fid, orig, label, paths, plt_len)| {
             Ok(ClonedFunction {
                 fid,
                 orig,
                 clone: entry(label)?,
                 paths,
+                plt_len,
             })
         })
         .collect::<Result<_, GenError>>()?;
@@ -780,15 +858,10 @@ fn plt_slots(plan: &Plan, analysis: &cfg::Analysis) -> HashMap<u64, u64> {
         if !matches!(f.status, FunctionStatus::Plt) {
             continue;
         }
-        let jmp = analysis.insns.get(i).and_then(|insns| {
-            insns.iter().find(|x| {
-                x.instr.flow_control() == iced_x86::FlowControl::IndirectBranch
-                    && x.instr.op0_kind() == OpKind::Memory
-                    && x.instr.memory_base() == Register::RIP
-            })
-        });
-        if let Some(j) = jmp {
-            out.insert(f.start, j.instr.memory_displacement64());
+        if let Some(insns) = analysis.insns.get(i)
+            && let Some(j) = transfers::plt_jump(insns)
+        {
+            out.insert(f.start, insns[j].instr.memory_displacement64());
         }
     }
     out

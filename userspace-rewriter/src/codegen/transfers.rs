@@ -11,11 +11,11 @@ use std::collections::HashMap;
 use burstyd_common::burst::*;
 use iced_x86::{Code, Instruction, MemoryOperand, OpKind, Register};
 
-use super::emitter::rip;
+use super::emitter::{Emitter, rip};
 use super::function::{FnGen, OutOfLine, Skip};
 use super::instrument::add_path;
 use crate::analysis::cfg::{EdgeKind, ExitKind};
-use crate::analysis::disasm::Flow;
+use crate::analysis::disasm::{Flow, Insn};
 
 impl FnGen<'_> {
     /// Where a direct call/jump to SVMA `t` goes: the clone's entry when
@@ -274,32 +274,11 @@ impl FnGen<'_> {
         routine: u64,
     ) -> Result<(), Skip> {
         let keep_at = if ret.is_some() { -16 } else { -8 };
-        let em = &mut *self.em;
-        em.lea_rsp(-128)?;
-        em.pushf();
-        em.push(Register::RAX)?;
-        em.push(Register::RCX)?;
-        em.push(Register::RDX)?;
-        em.emit(operand);
-        em.call(routine)?;
-        em.e(Instruction::with2(
-            Code::Mov_rm64_r64,
-            MemoryOperand::with_base_displ(Register::RSP, DEPTH + keep_at),
-            Register::RAX,
-        ))?;
-        em.pop(Register::RDX)?;
-        em.pop(Register::RCX)?;
-        em.pop(Register::RAX)?;
-        em.popf();
-        em.lea_rsp(128)?;
+        translate_into_red_zone(self.em, operand, keep_at, routine)?;
         if let Some(ret) = ret {
             self.push_return(ret)?;
         }
-        self.em.e(Instruction::with1(
-            Code::Jmp_rm64,
-            MemoryOperand::with_base_displ(Register::RSP, -8),
-        ))?;
-        Ok(())
+        jmp_red_zone(self.em)
     }
 
     /// A `ret` (or `ret n`): `rt_exit` has written where it goes into the
@@ -610,6 +589,104 @@ const DEPTH: i64 = 128 + 8 * 4;
 
 /// `mov rax, [slot]`: the target of a call through a PLT stub, read from
 /// its GOT slot (AVMA).
+/// `operand` (an instruction loading the target into rax) and `routine`
+/// (which translates rax) from the standard frame, the result kept at
+/// `[program rsp + keep_at]` (see [`FnGen::indirect_transfer`]). Every
+/// register and the flags are as before.
+fn translate_into_red_zone(
+    em: &mut Emitter,
+    operand: Instruction,
+    keep_at: i64,
+    routine: u64,
+) -> Result<(), Skip> {
+    em.lea_rsp(-128)?;
+    em.pushf();
+    em.push(Register::RAX)?;
+    em.push(Register::RCX)?;
+    em.push(Register::RDX)?;
+    em.emit(operand);
+    em.call(routine)?;
+    em.e(Instruction::with2(
+        Code::Mov_rm64_r64,
+        MemoryOperand::with_base_displ(Register::RSP, DEPTH + keep_at),
+        Register::RAX,
+    ))?;
+    em.pop(Register::RDX)?;
+    em.pop(Register::RCX)?;
+    em.pop(Register::RAX)?;
+    em.popf();
+    em.lea_rsp(128)?;
+    Ok(())
+}
+
+/// `jmp [rsp - 8]`: to the target [`translate_into_red_zone`] kept there
+/// (once the return address, if any, is pushed).
+fn jmp_red_zone(em: &mut Emitter) -> Result<(), Skip> {
+    em.e(Instruction::with1(
+        Code::Jmp_rm64,
+        MemoryOperand::with_base_displ(Register::RSP, -8),
+    ))?;
+    Ok(())
+}
+
+/// The GOT jump of a PLT stub (`jmp [rip + slot]`, `bnd jmp` in
+/// `.plt.sec`): its index in `insns`.
+pub(super) fn plt_jump(insns: &[Insn]) -> Option<usize> {
+    insns.iter().position(|x| {
+        x.instr.flow_control() == iced_x86::FlowControl::IndirectBranch
+            && x.instr.op0_kind() == OpKind::Memory
+            && x.instr.memory_base() == Register::RIP
+    })
+}
+
+/// A PLT stub's trampoline, so that a burst can start where a thread is
+/// interrupted in the stub (a hot `memcmp@plt` holds several percent of a
+/// C++ program's samples): the stub's GOT slot is read at run time, as the
+/// stub reads it, and the thread goes to the clone of what it holds
+/// (`rt_lookup_fn`, in this module or another), else to that target
+/// itself. A lazily bound slot still holds the stub's own `push N`, which
+/// is not cloned: the thread then resolves the symbol in the original code
+/// (the loader is not cloned) and the burst goes on there until its
+/// thread's next signal, as after any call into code without a clone.
+///
+/// The stub's instructions up to its GOT jump are recorded in `table`
+/// (original AVMA, instruction index, original end): `endbr64` or a
+/// `nop` before the jump is copied, the jump itself becomes the
+/// trampoline. The stub's other instructions (a lazy stub's `push N; jmp
+/// PLT0`, the padding after a jump) are not, so a thread there is never
+/// sent into a burst; the length of what is recorded (from the stub's
+/// start) is returned. Nothing here moves the stack at the recorded
+/// instructions: the return address is on top, as in the stub, and the
+/// default CFI row (CFA = rsp + 8) holds there.
+pub(super) fn plt_trampoline(
+    em: &mut Emitter,
+    lookup_fn: u64,
+    insns: &[Insn],
+    bias: u64,
+    table: &mut Vec<(u64, usize, u64)>,
+) -> Result<u64, Skip> {
+    let j = plt_jump(insns).ok_or(Skip("PLT stub without a GOT jump"))?;
+    for x in &insns[..j] {
+        table.push((x.addr + bias, em.out.len(), x.end() + bias));
+        match x.instr.code() {
+            Code::Endbr64 => em.emit(Instruction::with(Code::Endbr64)),
+            Code::Nopd
+            | Code::Nopw
+            | Code::Nopq
+            | Code::Nop_rm16
+            | Code::Nop_rm32
+            | Code::Nop_rm64 => em.emit(Instruction::with(Code::Nopd)),
+            _ => return Err(Skip("PLT stub with code before its GOT jump")),
+        }
+    }
+    let jump = &insns[j];
+    table.push((jump.addr + bias, em.out.len(), jump.end() + bias));
+    let slot = jump.instr.memory_displacement64() + bias;
+    translate_into_red_zone(em, load_slot(slot)?, -8, lookup_fn)?;
+    jmp_red_zone(em)?;
+    Ok(jump.end() - insns[0].addr)
+}
+
 fn load_slot(slot: u64) -> Result<Instruction, Skip> {
     Instruction::with2(Code::Mov_r64_rm64, Register::RAX, rip(slot)).map_err(Skip::from)
 }

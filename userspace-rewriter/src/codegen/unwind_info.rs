@@ -197,7 +197,11 @@ pub fn eh_frame(data: &[u8], image: &CloneImage, bias: u64) -> Result<CloneUnwin
         });
     };
     let table = image.table();
-    let mut clones: Vec<(u64, u64)> = image.functions.iter().map(|f| (f.clone, f.orig)).collect();
+    let mut clones: Vec<(u64, u64, bool)> = image
+        .functions
+        .iter()
+        .map(|f| (f.clone, f.orig, f.plt_stub_len().is_some()))
+        .collect();
     clones.sort_unstable();
     let encoding = Encoding {
         address_size: 8,
@@ -210,8 +214,17 @@ pub fn eh_frame(data: &[u8], image: &CloneImage, bias: u64) -> Result<CloneUnwin
     let mut frames = FrameTable::default();
     let cie_id = frames.add_cie(cie);
     let mut out = CloneUnwind::default();
-    for (k, &(cstart, orig)) in clones.iter().enumerate() {
+    for (k, &(cstart, orig, plt_stub)) in clones.iter().enumerate() {
         let cend = clones.get(k + 1).map(|c| c.0).unwrap_or(image.code_range.1);
+        if plt_stub {
+            // A PLT stub's trampoline: the return address is on top where
+            // a burst can start (the CIE's row), whatever the stub's own
+            // FDE says (a lazy `.plt`'s reads `rip`).
+            let fde = FrameDescriptionEntry::new(Address::Constant(cstart), (cend - cstart) as u32);
+            frames.add_fde(cie_id, fde);
+            out.fdes += 1;
+            continue;
+        }
         let svma = orig.wrapping_sub(bias);
         let Ok(Some((fstart, fend, rows))) = rows(&eh, svma) else {
             out.without_cfi += 1;
