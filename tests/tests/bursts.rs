@@ -812,15 +812,17 @@ fn llvm_bolt_accepts_the_edge_profile() {
     assert!(b.status.success(), "{}", b.describe());
     // BOLT cannot optimise bzip2's `main` (its PIC jump table: "failed to
     // post-process indirect branches for main"), whether or not a burst
-    // gave it paths; BOLT counts such a function apart. Every other
-    // function of the profile must be matched.
+    // gave it paths; nor `register_tm_clones` (its indirect tail call),
+    // which a burst that starts while libc's start-up code runs the
+    // constructors can record, as it can `_init`. BOLT counts such a
+    // function apart. Every other function of the profile must be matched.
     let not_simple: Vec<&str> = names
         .iter()
         .copied()
         .filter(|n| {
-            log.contains(&format!(
-                "failed to post-process indirect branches for {n}\n"
-            ))
+            // BOLT names a function with several symbols `name(*N)`.
+            let why = format!("failed to post-process indirect branches for {n}");
+            log.contains(&format!("{why}\n")) || log.contains(&format!("{why}(*"))
         })
         .collect();
     let matched = names.len() - not_simple.len();
