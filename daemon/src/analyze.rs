@@ -97,17 +97,7 @@ fn hot_coverage(
     plan: &Plan,
     profile: &Path,
 ) -> anyhow::Result<(HotCoverage, u64)> {
-    use prost::Message as _;
-    let raw = std::fs::read(profile).with_context(|| format!("reading {}", profile.display()))?;
-    let mut bytes = Vec::new();
-    if raw.starts_with(&[0x1f, 0x8b]) {
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&raw[..]), &mut bytes)
-            .with_context(|| format!("decompressing {}", profile.display()))?;
-    } else {
-        bytes = raw;
-    }
-    let prof = crate::export::pprof::Profile::decode(&bytes[..])
-        .with_context(|| format!("{} is not a pprof profile", profile.display()))?;
+    let prof = crate::export::pprof::read_file(profile)?;
     let elf = userspace_rewriter::analysis::elf::ElfInfo::parse(data)?;
     let leaves = ProfileLeaves::read(&prof, path, &elf);
     if leaves.samples == 0 {

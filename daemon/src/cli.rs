@@ -14,6 +14,7 @@ Examples:
   burstyd analyze /usr/bin/xz                                     what the rewriter sees in a binary
   burstyd analyze --function main --dot ./prog | dot -Tsvg        one function's CFG
   burstyd analyze ./prog --profile out/context.pb.gz              hot coverage: samples in instrumented code
+  burstyd hot-paths out/paths.pb.gz                               hot paths: how few paths hold most of the event
 
 As a service (see systemd/burstyd.toml for every key):
   burstyd --config /etc/burstyd/burstyd.toml                      targets, output, HTTP, push from the file
@@ -134,6 +135,30 @@ pub(crate) enum Command {
         /// (no instrumentation, no back-edge check).
         #[arg(short, long, default_value_t = userspace_rewriter::analysis::plan::DEFAULT_K)]
         k: u64,
+    },
+    /// The hot paths of a path profile (burstyd's paths.pb.gz): how
+    /// concentrated a metric is (how few paths hold 50, 90 and 99% of it),
+    /// the paths that each hold at least --threshold percent of it, dense
+    /// (above the average rate per execution) and sparse, and the hottest
+    /// paths; as Ammons, Ball & Larus report hot paths.
+    HotPaths {
+        /// The path profile (paths.pb.gz of `burstyd run` or `--pid`).
+        #[arg(value_name = "PATHS_PROFILE")]
+        profile: PathBuf,
+        /// The sample type to rank by (e.g. `cpu-clock`, `executions`);
+        /// default: the profile's default type, else its last one (the
+        /// sampled event).
+        #[arg(long, value_name = "TYPE")]
+        metric: Option<String>,
+        /// A path is hot when it holds at least this percent of the metric.
+        #[arg(long, value_name = "PCT", default_value_t = 1.0)]
+        threshold: f64,
+        /// How many of the hottest paths to list.
+        #[arg(long, value_name = "N", default_value_t = 20)]
+        top: usize,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
     },
     /// Internal: a module's first analysis and generation, run by the
     /// daemon in a process of its own (its bytes on standard input).

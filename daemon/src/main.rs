@@ -24,6 +24,7 @@ mod analyze;
 mod bursts;
 mod cli;
 mod export;
+mod hot_paths;
 mod sampling;
 mod service;
 mod session;
@@ -70,6 +71,26 @@ fn main() {
             k: *k,
         };
         if let Err(e) = crate::analyze::run(file, &opts) {
+            eprintln!("burstyd: error: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if let Some(Command::HotPaths {
+        profile,
+        metric,
+        threshold,
+        top,
+        json,
+    }) = &cli.command
+    {
+        let opts = crate::hot_paths::HotPathOptions {
+            metric: metric.as_deref(),
+            threshold_pct: *threshold,
+            top: *top,
+            json: *json,
+        };
+        if let Err(e) = crate::hot_paths::run(profile, &opts) {
             eprintln!("burstyd: error: {e:#}");
             std::process::exit(1);
         }

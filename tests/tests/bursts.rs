@@ -77,6 +77,53 @@ fn bursts_record_paths_and_keep_output_identical() {
         "{:?}",
         top.1
     );
+    // `burstyd hot-paths` reads it: its totals are the profile's, the
+    // classify paths are among the hottest by executions, and a context
+    // profile is refused with a clear error.
+    let paths_file = run.out_dir.join("paths.pb.gz");
+    let report = run_timeout(
+        Command::new(burstyd_bin())
+            .args([
+                "hot-paths",
+                "--json",
+                "--metric",
+                "executions",
+                "--top",
+                "30",
+            ])
+            .arg(&paths_file),
+        Duration::from_secs(60),
+    );
+    assert!(report.status.success(), "{}", report.describe());
+    let r: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let executions: i64 = paths.samples.iter().map(|s| s.values[0]).sum();
+    assert_eq!(r["total"].as_i64(), Some(executions), "{r}");
+    assert_eq!(r["executions"].as_i64(), Some(executions), "{r}");
+    assert_eq!(r["paths"].as_u64(), Some(counts.len() as u64), "{r}");
+    let top: Vec<&str> = r["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert!(
+        top.iter()
+            .filter(|n| n.starts_with("classify path "))
+            .count()
+            >= 8,
+        "{top:?}"
+    );
+    let refused = run_timeout(
+        Command::new(burstyd_bin())
+            .arg("hot-paths")
+            .arg(run.profile_path()),
+        Duration::from_secs(60),
+    );
+    assert!(
+        !refused.status.success() && refused.stderr.contains("not a burstyd path profile"),
+        "{}",
+        refused.describe()
+    );
     // Raw traces: bursts start, enter functions, end paths.
     let jsonl = std::fs::read_to_string(run.out_dir.join("bursts.jsonl")).unwrap();
     assert!(jsonl.lines().any(|l| l.contains("\"burst\":\"start\"")));

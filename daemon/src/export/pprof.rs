@@ -320,6 +320,21 @@ impl ProfileBuilder {
 }
 
 /// Encodes `profile` as gzip'd protobuf, the form pprof tools expect.
+/// A pprof file, gzipped or not.
+pub(crate) fn read_file(path: &std::path::Path) -> anyhow::Result<Profile> {
+    use anyhow::Context as _;
+    let raw = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut bytes = Vec::new();
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&raw[..]), &mut bytes)
+            .with_context(|| format!("decompressing {}", path.display()))?;
+    } else {
+        bytes = raw;
+    }
+    Profile::decode(&bytes[..])
+        .with_context(|| format!("{} is not a pprof profile", path.display()))
+}
+
 pub(crate) fn encode_gzip(profile: &Profile) -> std::io::Result<Vec<u8>> {
     let raw = profile.encode_to_vec();
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
