@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds burstyd and the bundled demo program, profiles the demo with
 # `burstyd run` (sampling and bursty tracing), and shows the top of the
-# calling-context profile and of the path profile with `go tool pprof`.
+# calling-context profile and of the path profile with `go tool pprof`,
+# and the hot-path report (`burstyd hot-paths`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -34,4 +35,7 @@ if [[ -f "$out/paths.pb.gz" ]]; then
     echo
     echo "[demo] hottest Ball-Larus paths from bursty tracing (go tool pprof -top $out/paths.pb.gz):"
     go tool pprof -top -nodecount=8 -sample_index=executions "$out/paths.pb.gz" 2>&1 | sed -n '/flat%/,$p'
+    echo
+    echo "[demo] how few paths hold most of the sampled event (target/release/burstyd hot-paths --top 5 $out/paths.pb.gz):"
+    target/release/burstyd hot-paths --top 5 "$out/paths.pb.gz"
 fi
