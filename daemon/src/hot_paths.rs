@@ -246,9 +246,9 @@ fn human(r: &Report, profile: &Path) -> String {
         .map(|(p, n)| format!("{p}% of it in {n} paths"))
         .collect();
     let _ = writeln!(o, "concentration: {}", conc.join(", "));
-    let group = |name: &str, g: &Group| {
+    let group = |g: &Group| {
         format!(
-            "{name} {} paths, {:.1}% of the {} and {:.1}% of the executions",
+            "{} paths, {:.1}% of the {} and {:.1}% of the executions",
             g.paths,
             pct(g.metric, r.total),
             r.metric,
@@ -260,15 +260,15 @@ fn human(r: &Report, profile: &Path) -> String {
         "hot paths (each with at least {}% of the {}): {}",
         r.threshold_pct,
         r.metric,
-        group("", &r.hot).trim_start()
+        group(&r.hot)
     );
     let _ = writeln!(
         o,
         "  dense (rate at or above the average of {:.3} per execution): {}",
         r.total as f64 / r.executions.max(1) as f64,
-        group("", &r.dense).trim_start()
+        group(&r.dense)
     );
-    let _ = writeln!(o, "  sparse: {}", group("", &r.sparse).trim_start());
+    let _ = writeln!(o, "  sparse: {}", group(&r.sparse));
     let _ = writeln!(
         o,
         "{:>4} {:>7} {:>7} {:>7} {:>9}  path",

@@ -587,8 +587,6 @@ impl FnGen<'_> {
 /// operand is read.
 const DEPTH: i64 = 128 + 8 * 4;
 
-/// `mov rax, [slot]`: the target of a call through a PLT stub, read from
-/// its GOT slot (AVMA).
 /// `operand` (an instruction loading the target into rax) and `routine`
 /// (which translates rax) from the standard frame, the result kept at
 /// `[program rsp + keep_at]` (see [`FnGen::indirect_transfer`]). Every
@@ -687,6 +685,8 @@ pub(super) fn plt_trampoline(
     Ok(jump.end() - insns[0].addr)
 }
 
+/// `mov rax, [slot]`: the target of a call through a PLT stub, read from
+/// its GOT slot (AVMA).
 fn load_slot(slot: u64) -> Result<Instruction, Skip> {
     Instruction::with2(Code::Mov_r64_rm64, Register::RAX, rip(slot)).map_err(Skip::from)
 }
