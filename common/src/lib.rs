@@ -46,6 +46,11 @@ pub const SAMPLE_USER_REGS: u32 = 1 << 1;
 /// `Sample::flags`: the full `USER_STACK_BYTES` could not be read; a shorter
 /// copy (see `ustack_len`) was taken instead.
 pub const SAMPLE_USTACK_SHORT: u32 = 1 << 2;
+/// `Sample::flags`: this overflow also sent the thread the burst signal (a
+/// process traced in bursts): if the handler starts a burst, its START
+/// record names this thread and this sample's `rip`, and this sample's
+/// stack is the burst's calling context.
+pub const SAMPLE_BURST_SIGNAL: u32 = 1 << 3;
 
 /// One stack sample, written by the perf_event program into the ring buffer.
 #[repr(C)]

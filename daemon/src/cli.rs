@@ -225,6 +225,12 @@ pub(crate) struct ProfileArgs {
     #[arg(long)]
     pub(crate) save_bursts: bool,
 
+    /// Do not measure each path's time in bursts (the time-stamp counter
+    /// read at every path's start and end; paths.pb.gz's
+    /// measured-time/nanoseconds): what the measurement costs.
+    #[arg(long, conflicts_with = "no_bursts")]
+    pub(crate) no_path_time: bool,
+
     /// The plan cache: what bursty tracing analysed and generated for
     /// each module, kept by the file's content, so that the next attach to
     /// the same file (a re-attach, another process of the program, another

@@ -29,8 +29,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use burstyd_common::{
-    Config, FILTER_TARGETS, MAX_KERNEL_FRAMES, RING_BYTES, SAMPLE_USER_MODE, SAMPLE_USER_REGS,
-    SAMPLE_USTACK_SHORT, Sample, TaskLayout, USER_STACK_BYTES,
+    Config, FILTER_TARGETS, MAX_KERNEL_FRAMES, RING_BYTES, SAMPLE_BURST_SIGNAL, SAMPLE_USER_MODE,
+    SAMPLE_USER_REGS, SAMPLE_USTACK_SHORT, Sample, TaskLayout, USER_STACK_BYTES,
     burst::{ARMED_OFFSET, BurstTarget, CLONE_PAGE_SHIFT, CONTROL_MAGIC, ClonePage},
     counter,
 };
@@ -127,13 +127,19 @@ pub fn on_newtask(ctx: TracePointContext) -> u32 {
 ///   small for the signal frame; the handler is installed without
 ///   `SA_ONSTACK`, so it runs on whatever stack the thread is on).
 #[inline(always)]
-fn start_burst(ctx: &PerfEventContext, pid: u32, tid: u32, t: &BurstTarget, layout: &TaskLayout) {
+fn start_burst(
+    ctx: &PerfEventContext,
+    pid: u32,
+    tid: u32,
+    t: &BurstTarget,
+    layout: &TaskLayout,
+) -> bool {
     let regs = ctx.as_ptr() as *const pt_regs;
     // SAFETY: the perf_event context points at the interrupted registers.
     let (cs, rip, rsp) = unsafe { ((*regs).cs, (*regs).rip, (*regs).rsp) };
     if cs & 3 != 3 {
         bump(counter::DECLINED_IN_KERNEL);
-        return;
+        return false;
     }
     let page = ClonePage {
         pid,
@@ -143,7 +149,7 @@ fn start_burst(ctx: &PerfEventContext, pid: u32, tid: u32, t: &BurstTarget, layo
     // SAFETY: a lookup; the value is not kept.
     if unsafe { CLONE_PAGES.get(&page) }.is_none() {
         bump(counter::DECLINED_NO_CLONE);
-        return;
+        return false;
     }
     let mut words = [0u64; 3];
     // SAFETY: reads 24 bytes of the current process's memory into a local.
@@ -157,24 +163,26 @@ fn start_burst(ctx: &PerfEventContext, pid: u32, tid: u32, t: &BurstTarget, layo
     let (magic, armed, active) = (words[0], words[1] as u32, (words[1] >> 32) as u32);
     if r != 0 || magic != CONTROL_MAGIC || armed == 0 {
         bump(counter::BURST_BUSY);
-        return;
+        return false;
     }
     // A running burst whose own thread overflows here, in original code:
     // it left the clones without passing a check (see `owner_tid`); the
     // handler ends that burst and starts a new one. Any other thread waits.
     if active != 0 && words[2] != tid as u64 {
         bump(counter::BURST_BUSY);
-        return;
+        return false;
     }
     if let Err(reason) = signal_state_allows(t, layout, rsp) {
         bump(reason);
-        return;
+        return false;
     }
     // SAFETY: plain helper call.
     if unsafe { bpf_send_signal_thread(t.signal) } == 0 {
         bump(counter::BURST_SIGNALS);
+        true
     } else {
         bump(counter::BURST_SIGNAL_FAILED);
+        false
     }
 }
 
@@ -309,9 +317,13 @@ fn try_on_overflow(ctx: &PerfEventContext) -> Result<u32, u32> {
         return Ok(0);
     }
     bump(counter::SAMPLES);
-    if let Some(t) = unsafe { BURSTS.get(&pid) } {
-        start_burst(ctx, pid, tid, t, &config.task);
-    }
+    // The signal goes first: the handler runs only once this program
+    // has returned, so the sample below is in the ring before the burst's
+    // START record is in the target's.
+    let signalled = match unsafe { BURSTS.get(&pid) } {
+        Some(t) => start_burst(ctx, pid, tid, t, &config.task),
+        None => false,
+    };
 
     let Some(mut entry) = SAMPLES.reserve::<Sample>(0) else {
         let dropped = bump(counter::RING_FULL);
@@ -334,7 +346,7 @@ fn try_on_overflow(ctx: &PerfEventContext) -> Result<u32, u32> {
         (*s).period = *(data.add(SAMPLE_PERIOD_OFFSET) as *const u64);
         (*s).cpu = bpf_get_smp_processor_id();
         (*s).comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
-        (*s).flags = 0;
+        (*s).flags = if signalled { SAMPLE_BURST_SIGNAL } else { 0 };
         (*s).rip = 0;
         (*s).rsp = 0;
         (*s).rbp = 0;

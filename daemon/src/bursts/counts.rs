@@ -7,46 +7,27 @@ use std::path::Path;
 
 use tracing::warn;
 
+use super::contexts::{Contexts, FrameKey, ROOT, UNKNOWN};
 use super::decode::BurstEvent;
 
 /// Deepest chain of entered functions a burst's context records; deeper
 /// entries count in the context at this depth.
 const MAX_CONTEXT_DEPTH: usize = 64;
 
-/// Calling contexts inside bursts, interned as a tree of `(parent, fid)`
-/// nodes (node 0: no caller seen in the burst), so that counting a path
-/// allocates nothing.
-#[derive(Default)]
-pub(crate) struct Contexts {
-    nodes: Vec<(u32, u32)>,
-    index: HashMap<(u32, u32), u32>,
-}
+/// Most (context, function, path) entries kept: a new one beyond counts
+/// as dropped.
+pub(crate) const MAX_ENTRIES: usize = 1 << 19;
 
-impl Contexts {
-    /// The node for `fid` entered from context `parent`.
-    fn child(&mut self, parent: u32, fid: u32) -> u32 {
-        if self.nodes.is_empty() {
-            self.nodes.push((0, u32::MAX));
-        }
-        let next = self.nodes.len() as u32;
-        let node = *self.index.entry((parent, fid)).or_insert(next);
-        if node == next {
-            self.nodes.push((parent, fid));
-        }
-        node
-    }
-
-    /// The functions of a context, outermost first.
-    pub(crate) fn fids(&self, mut node: u32) -> Vec<u32> {
-        let mut out = Vec::new();
-        while node != 0 {
-            let (parent, fid) = self.nodes[node as usize];
-            out.push(fid);
-            node = parent;
-        }
-        out.reverse();
-        out
-    }
+/// What one (context, function, path) counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Tally {
+    /// Complete executions.
+    pub(crate) executions: u64,
+    /// Measured cost (time-stamp counter ticks) summed over the
+    /// executions that have one.
+    pub(crate) cost: u64,
+    /// Executions with a measured cost.
+    pub(crate) measured: u64,
 }
 
 /// Executions of each Ball-Larus path per calling context within bursts.
@@ -58,15 +39,32 @@ pub(crate) struct PathCounts {
     /// Per fid: the fid of its family (the parts of one function in the
     /// compiler's sense share one); `u32::MAX` where no module has it.
     family: Vec<u32>,
-    /// (context node, fid, path) → executions.
-    counts: HashMap<(u32, u32, u64), u64>,
-    /// Calling contexts seen inside bursts.
+    /// (context node, fid, path) → what was counted.
+    counts: HashMap<(u32, u32, u64), Tally>,
+    /// The calling context tree the counts hang on.
     contexts: Contexts,
-    /// The current burst's stack of entered functions: (fid, its context
-    /// node, i.e. the context including it).
+    /// The current burst's stack: the frames of its stack sample
+    /// (outermost first, down to the function it started in), then the
+    /// functions entered in it; each with its context node (the context
+    /// including it).
     stack: Vec<(u32, u32)>,
+    /// How many entries at the bottom of `stack` came from the stack
+    /// sample (the rest from ENTER records, as the runtime's shadow stack).
+    base: usize,
+    /// The node above `stack[0]`: [`ROOT`] when the stack sample reached
+    /// the thread's root, else [`UNKNOWN`].
+    bottom: u32,
+    /// The last path counted, for the COST record that may follow it.
+    last: Option<(u32, u32, u64)>,
     /// Complete paths counted.
     pub(crate) paths: u64,
+    /// Of which counted in a context that reaches the thread's root.
+    pub(crate) rooted_paths: u64,
+    /// Bursts that began with their stack sample, and without.
+    pub(crate) joined: u64,
+    pub(crate) unjoined: u64,
+    /// New (context, function, path) entries dropped: [`MAX_ENTRIES`].
+    pub(crate) dropped: u64,
     /// Paths whose start the burst did not see (not counted).
     pub(crate) partial_paths: u64,
     /// Records that made no sense: unknown tags, path numbers out of range.
@@ -108,13 +106,42 @@ impl PathCounts {
         }
     }
 
-    /// Takes one event of the ring, in order.
+    /// A burst began: its calling context is `base` (the frames of its
+    /// stack sample, outermost first, down to the function it began in;
+    /// `rooted`: unwound to the thread's root), or unknown (`None`: the
+    /// sample was dropped, or the stack could not be read).
+    pub(crate) fn begin(&mut self, base: Option<(&[FrameKey], bool)>) {
+        self.stack.clear();
+        self.base = 0;
+        self.bottom = UNKNOWN;
+        let Some((frames, rooted)) = base else {
+            self.unjoined += 1;
+            return;
+        };
+        self.joined += 1;
+        self.bottom = if rooted { ROOT } else { UNKNOWN };
+        let mut node = self.bottom;
+        for &k in frames {
+            let frame = self.contexts.frame(k);
+            node = self.contexts.child(node, frame);
+            self.stack.push((frame, node));
+        }
+        self.base = self.stack.len();
+    }
+
+    /// Takes one event of the ring, in order (a START's context comes
+    /// with [`Self::begin`], right after).
     pub(crate) fn add(&mut self, ev: &BurstEvent) {
+        let last = self.last.take();
         match *ev {
-            BurstEvent::Start { .. } | BurstEvent::End { .. } => self.stack.clear(),
+            BurstEvent::Start { .. } | BurstEvent::End { .. } => {
+                self.stack.clear();
+                self.base = 0;
+                self.bottom = UNKNOWN;
+            }
             BurstEvent::Enter { fid } => {
-                if self.stack.len() < MAX_CONTEXT_DEPTH {
-                    let parent = self.stack.last().map_or(0, |e| e.1);
+                if self.stack.len() - self.base < MAX_CONTEXT_DEPTH {
+                    let parent = self.stack.last().map_or(self.bottom, |e| e.1);
                     let node = self.contexts.child(parent, fid);
                     self.stack.push((fid, node));
                 }
@@ -129,18 +156,39 @@ impl PathCounts {
                     self.partial_paths += 1;
                 } else if self.valid_path(fid, path) {
                     self.paths += 1;
-                    // Context: the entered functions below this one.
+                    // Context: the frames below this function's.
                     let n = self.stack.len();
                     // (A `.cold` part's paths keep its parent in their
                     // context: they show under it.)
                     let ctx = match self.stack.last() {
                         Some(&(top, _)) if top == fid => {
-                            n.checked_sub(2).map_or(0, |i| self.stack[i].1)
+                            n.checked_sub(2).map_or(self.bottom, |i| self.stack[i].1)
                         }
                         Some(&(_, node)) => node,
-                        None => 0,
+                        None => self.bottom,
                     };
-                    *self.counts.entry((ctx, fid, path)).or_insert(0) += 1;
+                    if self.bottom == ROOT {
+                        self.rooted_paths += 1;
+                    }
+                    let key = (ctx, fid, path);
+                    let full = self.counts.len() >= MAX_ENTRIES;
+                    match self.counts.get_mut(&key) {
+                        Some(t) => {
+                            t.executions += 1;
+                            self.last = Some(key);
+                        }
+                        None if full => self.dropped += 1,
+                        None => {
+                            self.counts.insert(
+                                key,
+                                Tally {
+                                    executions: 1,
+                                    ..Tally::default()
+                                },
+                            );
+                            self.last = Some(key);
+                        }
+                    }
                 } else {
                     self.bad_records += 1;
                 }
@@ -151,14 +199,24 @@ impl PathCounts {
                         .is_some_and(|e| self.same_function(e.0, fid))
                 {
                     self.stack.pop();
+                    // The burst returned above the frame it began in: the
+                    // context left is still true.
+                    self.base = self.base.min(self.stack.len());
                 }
             }
-            // The runtime's shadow stack and this one grow and shrink
-            // together (one entry per ENTER, popped at returns and tail
-            // calls), so its depth is how many entries stay.
+            BurstEvent::Cost { ticks } => {
+                if let Some(t) = last.and_then(|k| self.counts.get_mut(&k)) {
+                    t.cost += ticks;
+                    t.measured += 1;
+                }
+            }
+            // The runtime's shadow stack and the entered part of this one
+            // grow and shrink together (one entry per ENTER, popped at
+            // returns and tail calls), so its depth is how many entered
+            // entries stay.
             BurstEvent::Unwind { depth } => {
                 let keep = usize::try_from(depth).unwrap_or(usize::MAX);
-                self.stack.truncate(keep);
+                self.stack.truncate(self.base.saturating_add(keep));
             }
             BurstEvent::Malformed { .. } => self.bad_records += 1,
         }
@@ -168,6 +226,8 @@ impl PathCounts {
     /// clones without a check): its stack is gone.
     pub(crate) fn burst_reaped(&mut self) {
         self.stack.clear();
+        self.base = 0;
+        self.bottom = UNKNOWN;
     }
 
     fn valid_path(&self, fid: u32, path: u64) -> bool {
@@ -178,8 +238,8 @@ impl PathCounts {
             .is_some_and(|n| path < n)
     }
 
-    /// `((context, fid, path), executions)` in no particular order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&(u32, u32, u64), &u64)> {
+    /// `((context, fid, path), tally)` in no particular order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&(u32, u32, u64), &Tally)> {
         self.counts.iter()
     }
 
@@ -234,7 +294,7 @@ mod tests {
     fn counted(c: &PathCounts) -> Vec<(Vec<u32>, u32, u64, u64)> {
         let mut v: Vec<_> = c
             .iter()
-            .map(|(&(ctx, fid, p), &n)| (c.contexts().fids(ctx), fid, p, n))
+            .map(|(&(ctx, fid, p), n)| (c.contexts().fids(ctx), fid, p, n.executions))
             .collect();
         v.sort();
         v
@@ -321,6 +381,116 @@ mod tests {
         assert_eq!(
             counted(&c),
             [(vec![], 0, 1, 1), (vec![0], 1, 1, 1), (vec![0, 1], 2, 0, 1),]
+        );
+    }
+
+    /// A burst that began with its stack sample: main → a → f (it began
+    /// in f). f's paths are in the context main → a; g entered from f is
+    /// under main → a → f; after f returned, a's paths are under main;
+    /// every context reaches the root. An unwind keeps the sampled frames.
+    #[test]
+    fn a_burst_with_its_stack_sample_has_the_full_context() {
+        // fids: 0 main, 1 a, 2 f, 3 g.
+        let mut c = PathCounts::new(vec![Some(2), Some(2), Some(2), Some(2)]);
+        let base = [
+            FrameKey::Function(0),
+            FrameKey::Function(1),
+            FrameKey::Function(2),
+        ];
+        c.add(&BurstEvent::Start { tid: 1, pc: 0 });
+        c.begin(Some((&base, true)));
+        for ev in [
+            path(2, PathEnd::BackEdge, 0),
+            BurstEvent::Enter { fid: 3 },
+            path(3, PathEnd::Return, 1),
+            path(2, PathEnd::Return, 1),
+            path(1, PathEnd::BackEdge, 1),
+        ] {
+            c.add(&ev);
+        }
+        assert_eq!(
+            counted(&c),
+            [
+                (vec![0], 1, 1, 1),
+                (vec![0, 1], 2, 0, 1),
+                (vec![0, 1], 2, 1, 1),
+                (vec![0, 1, 2], 3, 1, 1),
+            ]
+        );
+        assert_eq!(
+            (c.paths, c.rooted_paths, c.joined, c.unjoined),
+            (4, 4, 1, 0)
+        );
+        // Every context hangs under the root.
+        for (&(ctx, _, _), _) in c.iter() {
+            assert!(c.contexts().frames(ctx).1);
+        }
+
+        // Another burst, in a, without its sample: a's context is unknown;
+        // an exception back into a (depth 0) keeps nothing entered.
+        c.add(&BurstEvent::Start { tid: 1, pc: 0 });
+        c.begin(None);
+        c.add(&BurstEvent::Enter { fid: 2 });
+        c.add(&BurstEvent::Unwind { depth: 0 });
+        c.add(&path(1, PathEnd::Return, 0));
+        let (ctx, _, _) = *c.iter().find(|e| e.0.1 == 1 && e.0.2 == 0).unwrap().0;
+        assert_eq!(c.contexts().frames(ctx), (vec![], false));
+        assert_eq!((c.rooted_paths, c.joined, c.unjoined), (4, 1, 1));
+
+        // With a sample again: an unwind to depth 0 keeps main → a.
+        c.add(&BurstEvent::Start { tid: 1, pc: 0 });
+        c.begin(Some((&base[..2], true)));
+        c.add(&BurstEvent::Enter { fid: 2 });
+        c.add(&BurstEvent::Enter { fid: 3 });
+        c.add(&BurstEvent::Unwind { depth: 0 });
+        c.add(&BurstEvent::Enter { fid: 3 });
+        c.add(&path(3, PathEnd::Return, 0));
+        assert!(counted(&c).contains(&(vec![0, 1], 3, 0, 1)));
+    }
+
+    /// A COST record adds to the path counted just before it, and to
+    /// nothing else (not after a partial path, not twice).
+    #[test]
+    fn costs_go_to_the_path_recorded_before() {
+        let mut c = PathCounts::new(vec![Some(4)]);
+        c.add(&path(0, PathEnd::BackEdge, 1));
+        c.add(&BurstEvent::Cost { ticks: 100 });
+        c.add(&BurstEvent::Cost { ticks: 7 });
+        c.add(&path(0, PathEnd::BackEdge, 1));
+        c.add(&BurstEvent::Cost { ticks: 50 });
+        c.add(&BurstEvent::Path {
+            fid: 0,
+            end: PathEnd::BackEdge,
+            path: 2,
+            partial: true,
+        });
+        c.add(&BurstEvent::Cost { ticks: 1000 });
+        c.add(&path(0, PathEnd::BackEdge, 3));
+        let t: Vec<_> = {
+            let mut v: Vec<_> = c.iter().map(|(k, t)| (k.2, *t)).collect();
+            v.sort_by_key(|e| e.0);
+            v
+        };
+        assert_eq!(
+            t,
+            [
+                (
+                    1,
+                    Tally {
+                        executions: 2,
+                        cost: 150,
+                        measured: 2
+                    }
+                ),
+                (
+                    3,
+                    Tally {
+                        executions: 1,
+                        cost: 0,
+                        measured: 0
+                    }
+                ),
+            ]
         );
     }
 

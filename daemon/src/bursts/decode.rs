@@ -11,6 +11,9 @@ use burstyd_common::burst::{
     PATH_END_TAIL, PATH_INVALID, REC_END, REC_ENTER, REC_PATH, REC_START, REC_UNWIND, TAG_SHIFT,
 };
 
+/// `REC_COST` (until the shared layout has it).
+const REC_COST: u64 = 6;
+
 /// One record of the burst ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BurstEvent {
@@ -30,6 +33,9 @@ pub(crate) enum BurstEvent {
         /// number.
         partial: bool,
     },
+    /// The measured cost of the path recorded just before: time-stamp
+    /// counter ticks, exclusive of the functions it called.
+    Cost { ticks: u64 },
     /// A jump went to a frame further up the stack (an exception landed in
     /// a handler, `longjmp`): the activations entered since, all but the
     /// outermost `depth`, are over.
@@ -128,6 +134,8 @@ pub(crate) fn decode(w0: u64, w1: u64) -> BurstEvent {
             path: w1 & !PATH_INVALID,
             partial: w1 & PATH_INVALID != 0,
         },
+        // w0 = tag, w1 = ticks.
+        REC_COST => BurstEvent::Cost { ticks: w1 },
         // w0 = tag, w1 = shadow depth left.
         REC_UNWIND => BurstEvent::Unwind { depth: w1 },
         // w0 = tag | reason, w1 = 0.
@@ -164,6 +172,7 @@ impl fmt::Display for BurstEvent {
                 )
             }
             BurstEvent::Unwind { depth } => write!(f, "{{\"unwind\":{depth}}}"),
+            BurstEvent::Cost { ticks } => write!(f, "{{\"cost\":{ticks}}}"),
             BurstEvent::End { reason } => {
                 write!(f, "{{\"burst\":\"end\",\"reason\":{}}}", reason.code())
             }
@@ -199,6 +208,13 @@ mod tests {
             decode(tag(REC_ENTER) | 17, 0),
             BurstEvent::Enter { fid: 17 }
         );
+    }
+
+    #[test]
+    fn cost_carries_the_ticks() {
+        let ev = decode(tag(REC_COST), 12345);
+        assert_eq!(ev, BurstEvent::Cost { ticks: 12345 });
+        assert_eq!(ev.to_string(), "{\"cost\":12345}");
     }
 
     #[test]
@@ -280,7 +296,7 @@ mod tests {
 
     #[test]
     fn unknown_tags_are_malformed() {
-        for t in [0, 6, 15] {
+        for t in [0, 7, 15] {
             let w0 = tag(t) | 1;
             assert_eq!(decode(w0, 2), BurstEvent::Malformed { w0, w1: 2 });
         }

@@ -33,6 +33,7 @@ use userspace_rewriter::analysis::plan::FunctionStatus;
 use crate::stacks::clones::CloneFrames;
 
 pub(crate) mod cache;
+pub(crate) mod contexts;
 pub(crate) mod counts;
 pub(crate) mod coverage;
 pub(crate) mod decode;
@@ -76,6 +77,8 @@ pub(crate) struct BurstOptions {
     pub(crate) burst_len: u64,
     /// Every event, from the first burst on, for ground truth.
     pub(crate) full_trace: bool,
+    /// Measure each path's time with the time-stamp counter.
+    pub(crate) measure: bool,
     /// Clone the shared libraries too, not only the executable.
     pub(crate) libraries: bool,
     /// Write raw burst traces here (`--save-bursts`).
@@ -123,6 +126,9 @@ pub(crate) struct Traced {
     pub(crate) modules: Vec<TracedModule>,
     /// Where the modules and their clones' originals are (hot coverage).
     pub(crate) code: coverage::CodeMap,
+    /// Every function of every module by address: `(AVMA start, end,
+    /// fid)`, sorted ([`Self::reindex`]).
+    index: Vec<(u64, u64, u32)>,
 }
 
 /// One module with clones.
@@ -176,6 +182,52 @@ impl Traced {
         let m = &self.modules[i];
         let local = (fid - m.fid_base) as usize;
         (local < m.plan.functions.len()).then_some((m, local))
+    }
+
+    /// Rebuilds the address index once the modules changed.
+    fn reindex(&mut self) {
+        self.index = self
+            .modules
+            .iter()
+            .flat_map(|m| {
+                m.plan.functions.iter().enumerate().map(|(i, f)| {
+                    let a = f.start.wrapping_add(m.bias);
+                    (a, a + f.size.max(1), m.fid_base + i as u32)
+                })
+            })
+            .collect();
+        self.index.sort_unstable();
+    }
+
+    /// The function of a traced module that holds `avma`.
+    pub(crate) fn fid_at(&self, avma: u64) -> Option<u32> {
+        let i = self.index.partition_point(|e| e.0 <= avma).checked_sub(1)?;
+        let (_, end, fid) = self.index[i];
+        (avma < end).then_some(fid)
+    }
+
+    /// A burst's stack sample as context frames, outermost first, down to
+    /// the function the burst began in. A leaf in a PLT stub is left out
+    /// (the stub jumps to its target, which the burst enters).
+    pub(crate) fn context_frames(&self, s: &contexts::StartStack) -> Vec<contexts::FrameKey> {
+        let mut out = Vec::with_capacity(s.frames.len());
+        for (i, &a) in s.frames.iter().enumerate() {
+            // Return addresses point after their call.
+            let lookup = if i == 0 { a } else { a.wrapping_sub(1) };
+            match self.fid_at(lookup) {
+                Some(fid) => {
+                    let plt = self.function(fid).is_some_and(|(m, l)| {
+                        matches!(m.plan.functions[l].status, FunctionStatus::Plt)
+                    });
+                    if !(i == 0 && plt) {
+                        out.push(contexts::FrameKey::Function(fid));
+                    }
+                }
+                None => out.push(contexts::FrameKey::Address(a)),
+            }
+        }
+        out.reverse();
+        out
     }
 
     /// The executable.
@@ -269,7 +321,7 @@ impl BurstTracer {
             .into_iter()
             .map(|facts| TracedModule::new(pid, &exe, facts))
             .collect();
-        let tracer = BurstTracer {
+        let mut tracer = BurstTracer {
             attachment,
             counts,
             trace: opts.save_bursts.as_deref().and_then(TraceFile::create),
@@ -289,8 +341,10 @@ impl BurstTracer {
                 exe,
                 modules,
                 code,
+                index: Vec::new(),
             },
         };
+        tracer.traced.reindex();
         Ok((tracer, pending))
     }
 
@@ -327,6 +381,7 @@ impl BurstTracer {
         self.traced
             .modules
             .extend(modules.into_iter().map(|m| TracedModule::new(pid, &exe, m)));
+        self.traced.reindex();
         let mut all = self.frames.regions.clone();
         all.extend(regions);
         self.frames = Arc::new(CloneFrames { regions: all });
@@ -505,15 +560,26 @@ impl BurstTracer {
 
     /// Consumes every record the target wrote. Returns how many.
     /// `activity`: the process's samples since the last drain (one in its
-    /// clones says its burst is alive even if it wrote nothing).
-    pub(crate) fn drain(&mut self, activity: Activity) -> u64 {
-        let (counts, trace) = (&mut self.counts, &mut self.trace);
+    /// clones says its burst is alive even if it wrote nothing);
+    /// `stacks`: the stack samples of its burst signals, which give each
+    /// burst its calling context.
+    pub(crate) fn drain(
+        &mut self,
+        activity: Activity,
+        mut stacks: Option<&mut contexts::StartStacks>,
+    ) -> u64 {
+        let (counts, trace, traced) = (&mut self.counts, &mut self.trace, &self.traced);
         let (n, head) = self.attachment.region().take_records(|w0, w1| {
             let ev = decode::decode(w0, w1);
             if let Some(t) = trace.as_mut() {
                 t.add(&ev);
             }
             counts.add(&ev);
+            if let decode::BurstEvent::Start { tid, pc } = ev {
+                let s = stacks.as_deref_mut().and_then(|s| s.take(tid, pc));
+                let base = s.map(|s| (traced.context_frames(&s), s.complete));
+                counts.begin(base.as_ref().map(|(f, c)| (f.as_slice(), *c)));
+            }
         });
         self.records += n;
         if self.attachment.reap_stuck_burst(head, activity) {
@@ -562,10 +628,10 @@ impl BurstTracer {
     /// (sleeps, ptrace).
     pub(crate) fn detach(mut self) -> Finished {
         self.disarm();
-        while self.drain(Activity::default()) > 0 {}
+        while self.drain(Activity::default(), None) > 0 {}
         // Let a signal already in flight arrive and be declined.
         std::thread::sleep(std::time::Duration::from_millis(20));
-        self.drain(Activity::default());
+        self.drain(Activity::default(), None);
         let stats = self.stats();
         if let Some(t) = &mut self.trace {
             t.flush();
@@ -607,6 +673,8 @@ pub(crate) enum Attach {
 pub(crate) struct Bursts {
     tracers: Vec<BurstTracer>,
     full_trace: bool,
+    /// Bursts measure their paths' time.
+    measure: bool,
     /// Finished attaches, until the attach thread is done (the channel
     /// closes when it returns).
     attaching: Option<mpsc::UnboundedReceiver<Attach>>,
@@ -641,6 +709,7 @@ impl Bursts {
         let mut bursts = Bursts {
             tracers: Vec::new(),
             full_trace: opts.is_some_and(|o| o.full_trace),
+            measure: opts.is_some_and(|o| o.measure),
             attaching: None,
             cancel: Arc::new(AtomicBool::new(false)),
             requests: None,
@@ -782,16 +851,36 @@ impl Bursts {
         !self.tracers.is_empty()
     }
 
+    /// Disarms every tracer (no new bursts; running ones end at their next
+    /// check) after `untarget(pid)` took it out of the eBPF map.
+    pub(crate) fn disarm(&mut self, mut untarget: impl FnMut(Pid)) {
+        for t in &mut self.tracers {
+            untarget(t.pid());
+            t.disarm();
+        }
+    }
+
+    /// The time-stamp counter's rate when bursts measure their paths'
+    /// time with it (calibrated against the monotonic clock over 20 ms).
+    pub(crate) fn tsc_hz(&self) -> Option<f64> {
+        self.measure.then(crate::sys::tsc_hz)
+    }
+
     /// How often to drain the record rings: a full trace fills them fast.
     pub(crate) fn drain_interval(&self) -> std::time::Duration {
         std::time::Duration::from_millis(if self.full_trace { 5 } else { 50 })
     }
 
-    /// `activity(pid)`: the samples of `pid` since the last drain.
-    pub(crate) fn drain(&mut self, mut activity: impl FnMut(Pid) -> Activity) {
+    /// `activity(pid)`: the samples of `pid` since the last drain;
+    /// `stacks`: its burst signals' stack samples.
+    pub(crate) fn drain(
+        &mut self,
+        mut activity: impl FnMut(Pid) -> Activity,
+        stacks: &mut HashMap<Pid, contexts::StartStacks>,
+    ) {
         for t in &mut self.tracers {
             let a = activity(t.pid());
-            t.drain(a);
+            t.drain(a, stacks.get_mut(&t.pid()));
         }
     }
 

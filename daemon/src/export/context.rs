@@ -132,6 +132,26 @@ pub(crate) fn build_profile(
     b.finish()
 }
 
+/// The locations of `pid`'s return addresses `addrs`, symbolized as in
+/// `context.pb.gz`, by address.
+pub(crate) fn return_address_locations(
+    b: &mut ProfileBuilder,
+    procs: &ProcessTable,
+    symbolizer: &mut Symbolizer,
+    pid: Pid,
+    addrs: Vec<u64>,
+) -> HashMap<u64, u64> {
+    let frame = |a: u64| FrameAddress::ReturnAddress(burstyd_common::addr::Avma(a));
+    let mut resolved = symbolizer.resolve_users(procs, addrs.iter().map(|&a| (pid, frame(a))));
+    addrs
+        .into_iter()
+        .map(|a| {
+            let id = location(b, &mut resolved, symbolizer, pid, FrameAddr::User(frame(a)));
+            (a, id)
+        })
+        .collect()
+}
+
 /// The location of `f`: its user frames are in `resolved` (taken out).
 fn location(
     b: &mut ProfileBuilder,

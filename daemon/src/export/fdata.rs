@@ -78,7 +78,7 @@ pub(crate) fn fdata(m: &ModuleFacts, counts: &PathCounts) -> String {
             };
             let from = last - f.start;
             let to = cfg.blocks[e.to].start - f.start;
-            *edges.entry((fid, from, to)).or_insert(0) += n;
+            *edges.entry((fid, from, to)).or_insert(0) += n.executions;
         }
     }
     let mut out = String::new();

@@ -1,27 +1,41 @@
-//! `paths.pb.gz`: the Ball-Larus paths bursty tracing counted, as pprof.
-//! Leaf pseudo-frame `f path N: L12→L14→L20` (the blocks' source lines),
-//! then the function, then the functions entered before it within the
-//! burst; labels `symbol`, `path` and `pid`; values `executions/count` and
-//! `<event>/count`, the sampled event attributed to paths.
+//! `paths.pb.gz`: the Ball-Larus paths bursty tracing counted, as pprof:
+//! the calling context tree of paths. Leaf pseudo-frame `f path N:
+//! L12→L14→L20` (the blocks' source lines), then the function, then its
+//! calling context: the functions entered in the burst, then the stack the
+//! burst began on, up to the thread's root (`[caller unknown]` on top where
+//! the burst's stack sample was missing or could not be unwound to the
+//! root); labels `symbol`, `path` and `pid`; values `executions/count`,
+//! `<event>/count` (the sampled event attributed to paths: an estimate)
+//! and, when bursts measured them, `measured-time/nanoseconds`.
 use std::collections::HashMap;
 
 use userspace_rewriter::analysis::plan::FunctionStatus;
 
 use super::pprof::{LineKey, MappingKey, ProfileBuilder};
+use crate::bursts::contexts::FOREIGN;
 use crate::bursts::counts::PathCounts;
 use crate::bursts::lifecycle::PathFacts;
 use crate::bursts::{Traced, TracedModule};
 use crate::stacks::symbolize::demangle;
 
+/// The sample type of the paths' measured time.
+pub(crate) const MEASURED: &str = "measured-time";
+
 /// The builder of `paths.pb.gz`, which every traced process adds to.
-pub(crate) fn paths_builder(event: &str) -> ProfileBuilder {
-    let mut b = ProfileBuilder::new(
-        &[("executions", "count"), (event, "count")],
-        (event, "count"),
-        1,
-    );
-    b.add_comment("Ball-Larus paths from bursty tracing: leaf frame = the path (its blocks' source lines), then the function, then the functions entered before it within the burst");
-    b.add_comment(&format!("{event}/count: the sampled {event} of each block split among the paths through it by their executions"));
+/// `tsc_hz`: the time-stamp counter's rate, when bursts measured each
+/// path's time with it.
+pub(crate) fn paths_builder(event: &str, tsc_hz: Option<f64>) -> ProfileBuilder {
+    let mut types = vec![("executions", "count"), (event, "count")];
+    if tsc_hz.is_some() {
+        types.push((MEASURED, "nanoseconds"));
+    }
+    let mut b = ProfileBuilder::new(&types, (event, "count"), 1);
+    b.add_comment("Ball-Larus paths from bursty tracing: leaf frame = the path (its blocks' source lines), then the function, then its calling context (the functions entered in the burst, then the stack sample the burst began with, up to the thread's root; [caller unknown] where that stack was not complete)");
+    b.add_comment(&format!("{event}/count: an estimate, the sampled {event} of each block split among the paths through it by their executions"));
+    if let Some(hz) = tsc_hz {
+        b.add_comment(&format!("{MEASURED}/nanoseconds: measured in bursts with the time-stamp counter (rdtsc, {:.0} MHz; no user-readable PMU counter), from each path's start to its end, exclusive of the functions it calls (their paths have their own); it includes the instrumentation's own work on the path (the path register, the burst's checks)", hz / 1e6));
+        b.set_default_sample_type(MEASURED);
+    }
     b
 }
 
@@ -29,7 +43,7 @@ pub(crate) fn paths_builder(event: &str) -> ProfileBuilder {
 fn executions(counts: &PathCounts) -> HashMap<(u32, u64), u64> {
     let mut execs: HashMap<(u32, u64), u64> = HashMap::new();
     for ((_, fid, path), n) in counts.iter() {
-        *execs.entry((*fid, *path)).or_insert(0) += n;
+        *execs.entry((*fid, *path)).or_insert(0) += n.executions;
     }
     execs
 }
@@ -111,11 +125,16 @@ fn path_events(
 
 /// Adds a traced process's paths to `paths.pb.gz` (see
 /// [`paths_builder`]): one sample per (context, function, path).
+/// `foreign(b, addrs)`: the locations of the context frames outside
+/// traced functions (symbolized as in `context.pb.gz`), by address.
+/// `tsc_hz`: as for [`paths_builder`].
 pub(crate) fn add_paths(
     b: &mut ProfileBuilder,
     traced: &Traced,
     counts: &PathCounts,
     leaf_weights: &HashMap<u64, u64>,
+    foreign: impl FnOnce(&mut ProfileBuilder, Vec<u64>) -> HashMap<u64, u64>,
+    tsc_hz: Option<f64>,
 ) {
     let execs = executions(counts);
     let details = traced.path_details(execs.keys().map(|k| k.0));
@@ -131,9 +150,12 @@ pub(crate) fn add_paths(
     // module: the paths' blocks, their functions, the contexts'
     // functions; then each module's lines of those only.
     let mut wanted: Vec<Vec<u64>> = vec![Vec::new(); traced.modules.len()];
+    let mut foreign_addrs = Vec::new();
     for ((ctx, fid, path), _) in counts.iter() {
-        for c in counts.contexts().fids(*ctx).iter().chain([fid]) {
-            if let Some((m, local)) = traced.function(*c) {
+        for c in counts.contexts().frames(*ctx).0.iter().chain([fid]) {
+            if let Some(a) = counts.contexts().address(*c) {
+                foreign_addrs.push(a);
+            } else if let Some((m, local)) = traced.function(*c) {
                 wanted[module_index(m)].push(m.plan.functions[local].start);
             }
         }
@@ -185,9 +207,21 @@ pub(crate) fn add_paths(
             )
         })
         .collect();
+    foreign_addrs.sort_unstable();
+    foreign_addrs.dedup();
+    let foreign = foreign(b, foreign_addrs);
+    let unknown_caller = b.location(
+        0,
+        0,
+        &[LineKey {
+            function: "[caller unknown]".into(),
+            file: String::new(),
+            line: 0,
+        }],
+    );
     let mut func_loc: HashMap<u32, u64> = HashMap::new();
     let mut entries: Vec<_> = counts.iter().collect();
-    entries.sort();
+    entries.sort_by_key(|e| e.0);
     for ((ctx, fid, path), n) in entries {
         let Some((m, local)) = traced.function(*fid) else {
             continue;
@@ -227,7 +261,14 @@ pub(crate) fn add_paths(
             ],
         );
         let mut locs = vec![leaf];
-        for c in counts.contexts().fids(*ctx).iter().rev() {
+        let (frames, rooted) = counts.contexts().frames(*ctx);
+        for c in frames.iter().rev() {
+            if *c & FOREIGN != 0 {
+                if let Some(&id) = counts.contexts().address(*c).and_then(|a| foreign.get(&a)) {
+                    locs.push(id);
+                }
+                continue;
+            }
             let Some((cm, clocal)) = traced.function(*c) else {
                 continue;
             };
@@ -246,12 +287,21 @@ pub(crate) fn add_paths(
             });
             locs.push(id);
         }
+        if !rooted {
+            locs.push(unknown_caller);
+        }
         // This context's share of the path's event.
-        let ev = events.get(&(*fid, *path)).copied().unwrap_or(0.0) * *n as f64
+        let ev = events.get(&(*fid, *path)).copied().unwrap_or(0.0) * n.executions as f64
             / execs[&(*fid, *path)].max(1) as f64;
+        let mut values = vec![n.executions as i64, ev.round() as i64];
+        if let Some(hz) = tsc_hz {
+            // Executions whose COST record was lost count at the mean.
+            let mean = n.cost as f64 / n.measured.max(1) as f64;
+            values.push((mean * n.executions as f64 * 1e9 / hz).round() as i64);
+        }
         b.sample(
             locs,
-            vec![*n as i64, ev.round() as i64],
+            values,
             &[("symbol", f.name.as_str())],
             &[("pid", i64::from(traced.pid.0)), ("path", *path as i64)],
         );

@@ -42,9 +42,14 @@ fn count_functions(ext: &crate::bursts::lifecycle::Extension) {
 impl Session {
     /// Every 50 ms (5 ms in `--full-trace`): the burst records.
     pub(super) fn on_burst_tick(&mut self) {
+        // The samples first: every START in a burst ring has its stack
+        // sample in the sample ring already (see `bursts::contexts`).
+        self.sampler.drain_now(|s| self.pipe.handle(s));
         let pipe = &mut self.pipe;
-        self.bursts
-            .drain(|pid| pipe.in_clones.remove(&pid).unwrap_or_default());
+        self.bursts.drain(
+            |pid| pipe.in_clones.remove(&pid).unwrap_or_default(),
+            &mut pipe.start_stacks,
+        );
         let sampler = &mut self.sampler;
         for (pid, gone) in self.bursts.relink(|pid| sampler.link_changes(pid)) {
             sampler.remove_pages(pid, &gone);
@@ -227,14 +232,16 @@ impl Session {
                 }
             }
         }
-        let mut tracers = self.bursts.take();
-        if tracers.is_empty() {
+        if !self.bursts.active() {
             return Vec::new();
         }
-        for t in &mut tracers {
-            let _ = self.sampler.set_burst_target(t.pid(), None);
-            t.disarm();
-        }
+        self.bursts.disarm(|pid| {
+            let _ = self.sampler.set_burst_target(pid, None);
+        });
+        // What was recorded so far, with the bursts' contexts; the
+        // detach drains what the last bursts add.
+        self.on_burst_tick();
+        let tracers = self.bursts.take();
         let mut detach = tokio::task::spawn_blocking(move || {
             tracers
                 .into_iter()
@@ -259,12 +266,17 @@ impl Session {
 
     /// `paths.pb.gz`, `edges.fdata` (and `edges-<pid>.fdata` with several
     /// processes) and each process's summary line.
-    pub(super) fn write_path_profiles(&self, finished: Vec<Finished>, counters: &KernelCounters) {
+    pub(super) fn write_path_profiles(
+        &mut self,
+        finished: Vec<Finished>,
+        counters: &KernelCounters,
+    ) {
         if finished.is_empty() {
             return;
         }
         let output = &self.opts.output;
-        let mut paths = crate::export::paths::paths_builder(&self.opts.event.name);
+        let tsc_hz = self.bursts.tsc_hz();
+        let mut paths = crate::export::paths::paths_builder(&self.opts.event.name, tsc_hz);
         let mut fdatas = Vec::new();
         for Finished {
             traced,
@@ -274,11 +286,31 @@ impl Session {
         {
             let pid = traced.pid;
             let empty = HashMap::new();
+            let (procs, symbolizer) = (&self.pipe.procs, &mut self.symbolizer);
             crate::export::paths::add_paths(
                 &mut paths,
                 &traced,
                 &counts,
                 self.pipe.leaf_weights.get(&pid).unwrap_or(&empty),
+                |b, addrs| {
+                    crate::export::context::return_address_locations(
+                        b, procs, symbolizer, pid, addrs,
+                    )
+                },
+                tsc_hz,
+            );
+            let c = counts.contexts();
+            info!(
+                %pid,
+                "path contexts: {} of {} bursts began with their stack sample; {} of {} paths in a context up to the thread's root; {} context nodes ({} KiB){}{}",
+                counts.joined,
+                counts.joined + counts.unjoined,
+                counts.rooted_paths,
+                counts.paths,
+                c.len(),
+                c.bytes() / 1024,
+                if c.overflow > 0 { format!(", {} contexts cut short (tree full)", c.overflow) } else { String::new() },
+                if counts.dropped > 0 { format!(", {} paths dropped (too many distinct)", counts.dropped) } else { String::new() },
             );
             // One BOLT profile per module: llvm-bolt optimises one binary
             // at a time.

@@ -5,10 +5,11 @@ use std::collections::HashMap;
 use std::time::SystemTime;
 
 use burstyd_common::addr::Pid;
-use burstyd_common::{SAMPLE_USER_REGS, SAMPLE_USTACK_SHORT, Sample};
+use burstyd_common::{SAMPLE_BURST_SIGNAL, SAMPLE_USER_REGS, SAMPLE_USTACK_SHORT, Sample};
 
 use super::SessionStats;
 use super::intervals::Meta;
+use crate::bursts::contexts::{StartStack, StartStacks};
 use crate::export::context::build_profile;
 use crate::export::pprof::encode_gzip;
 use crate::service::metrics::METRICS;
@@ -41,6 +42,9 @@ pub(super) struct Pipeline {
     /// its samples whose pc was in its clones (its burst is alive), and
     /// all its samples (it ran).
     pub(super) in_clones: HashMap<Pid, crate::bursts::Activity>,
+    /// Per process traced in bursts: the stacks of the samples that sent
+    /// a burst signal, until their bursts' START records take them.
+    pub(super) start_stacks: HashMap<Pid, StartStacks>,
 }
 
 impl Pipeline {
@@ -54,6 +58,7 @@ impl Pipeline {
             windows: Vec::new(),
             leaf_weights: HashMap::new(),
             in_clones: HashMap::new(),
+            start_stacks: HashMap::new(),
         }
     }
 
@@ -121,6 +126,18 @@ impl Pipeline {
             truncated,
             s.period.max(1),
         );
+        if s.flags & (SAMPLE_BURST_SIGNAL | SAMPLE_USER_REGS)
+            == SAMPLE_BURST_SIGNAL | SAMPLE_USER_REGS
+        {
+            self.start_stacks.entry(pid).or_default().push(
+                s.tid,
+                StartStack {
+                    pc: s.rip,
+                    frames: self.frames.clone(),
+                    complete: !truncated,
+                },
+            );
+        }
         if let Some(m) = self.leaf_weights.get_mut(&pid)
             && let Some(&pc) = self.frames.first()
         {
