@@ -22,6 +22,13 @@
 #     shared host the run-to-run noise of the direct ratios can exceed the
 #     overhead itself,
 #   - bursts per second at default settings,
+#   - the added cost per burst of measuring each path's time (the
+#     time-stamp counter read at every path's start and end): the same
+#     amplified runs with `--no-path-time`, alternated, as the ratio of the
+#     two per-burst costs,
+#   - the calling contexts of the paths (first default run): the share of
+#     paths whose context reaches the thread's root (the burst joined with
+#     its stack sample), the context tree's nodes and memory,
 #   - path-profile accuracy of the default runs against the full trace:
 #     PEP's Wall weight matching (hot threshold 0.125% of flow) and edge
 #     relative overlap (bench_tool path-accuracy),
@@ -57,7 +64,9 @@
 # its final profile writing does not.
 #
 # Usage (workspace root, as root, after `cargo build --release -p burstyd`):
-#   bash bench/bursts.sh [--runs N] [--seconds S] [--programs "bzip2 xz ..."]
+#   bash bench/bursts.sh [--runs N] [--seconds S] [--programs "bzip2 xz ..."] [--quick]
+# --quick: the --pid runs and the per-event costs only (no full trace,
+#   callgrind, `run` runs or BOLT).
 # Environment: RUNS (5), SECONDS_PER_RUN (3), PROGRAMS (all nine), HIFREQ (4999),
 #   BURSTYD_BIN, PYTHON (/usr/bin/python3.11), KEEP=1 keeps the work directory.
 set -euo pipefail
@@ -68,11 +77,13 @@ SECS="${SECONDS_PER_RUN:-3}"
 PROGRAMS="${PROGRAMS:-bzip2 xz gzip zstd lzip xerces lua gawk python3.11}"
 PYTHON="${PYTHON:-/usr/bin/python3.11}"
 HIFREQ="${HIFREQ:-4999}"
+QUICK="${QUICK:-0}"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --runs) RUNS="$2"; shift 2 ;;
         --seconds) SECS="$2"; shift 2 ;;
         --programs) PROGRAMS="$2"; shift 2 ;;
+        --quick) QUICK=1; shift ;;
         -h|--help) sed -n "2,50p" "$0"; exit 0 ;;
         *) echo "bursts.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -249,22 +260,38 @@ for prog in $PROGRAMS; do
     OFF_BEST=$(ratio "$(minof "$WORK/t_off")" "$U_MIN")
     SMP_BEST=$(ratio "$(minof "$WORK/t_smp")" "$U_MIN")
 
-    echo "== $prog: per-event costs at --freq $HIFREQ: $RUNS alternating runs: --no-bursts, --burst 0, default" >&2
-    : >"$WORK/c_burst"; : >"$WORK/c_signal"
+    echo "== $prog: per-event costs at --freq $HIFREQ: $RUNS alternating runs: --no-bursts, --burst 0, default, --no-path-time" >&2
+    : >"$WORK/c_burst"; : >"$WORK/c_signal"; : >"$WORK/c_notime"
     for i in $(seq 1 "$RUNS"); do
         n=$(traced "$WORK/hsmp" --no-bursts --freq "$HIFREQ" -- "${RUN[@]}")
         o=$(traced "$WORK/hoff" --burst 0 --freq "$HIFREQ" -- "${RUN[@]}")
         d=$(traced "$WORK/hdef" --freq "$HIFREQ" -- "${RUN[@]}")
-        sg=$(budget0_signals "$WORK/hoff.log"); b=$(bursts_taken "$WORK/hdef.log")
+        t=$(traced "$WORK/hnot" --no-path-time --freq "$HIFREQ" -- "${RUN[@]}")
+        sg=$(budget0_signals "$WORK/hoff.log"); b=$(bursts_taken "$WORK/hdef.log"); bt=$(bursts_taken "$WORK/hnot.log")
         awk -v d="$d" -v n="$n" -v b="$b" 'BEGIN { printf "%.2f\n", (d - n) / b * 1e6 }' >>"$WORK/c_burst"
         awk -v o="$o" -v n="$n" -v s="$sg" 'BEGIN { printf "%.2f\n", (o - n) / s * 1e6 }' >>"$WORK/c_signal"
-        printf '  run %d: --no-bursts %.3fs  --burst 0 %.3fs (%s signals)  default %.3fs (%s bursts)\n' "$i" "$n" "$o" "$sg" "$d" "$b" >&2
+        awk -v d="$t" -v n="$n" -v b="$bt" 'BEGIN { printf "%.2f\n", (d - n) / b * 1e6 }' >>"$WORK/c_notime"
+        printf '  run %d: --no-bursts %.3fs  --burst 0 %.3fs (%s signals)  default %.3fs (%s bursts)  --no-path-time %.3fs (%s bursts)\n' "$i" "$n" "$o" "$sg" "$d" "$b" "$t" "$bt" >&2
     done
-    C_BURST=$(median <"$WORK/c_burst"); C_SIGNAL=$(median <"$WORK/c_signal")
+    C_BURST=$(median <"$WORK/c_burst"); C_SIGNAL=$(median <"$WORK/c_signal"); C_NOTIME=$(median <"$WORK/c_notime")
+    # What measuring the paths' time adds to a burst, and the ratio.
+    PATH_TIME=$(awk -v a="$C_BURST" -v b="$C_NOTIME" 'BEGIN { printf "burst %.1fus with path time, %.1fus without: %+.1fus, ratio %.3f", a, b, a - b, (b > 0 ? a / b : 0) }')
+    # The paths' contexts in the first default run ("path contexts: J of B
+    # bursts began with their stack sample; R of P paths in a context up
+    # to the thread's root; N context nodes (K KiB)").
+    CONTEXTS=$(grep -o 'path contexts: .*KiB)' "$WORK/def1.log" | head -1 | awk '{
+        printf "bursts with their stack %d/%d, paths to the root %.1f%% (%d/%d), %d nodes, %d KiB", $3, $5, ($14 > 0 ? 100 * $12 / $14 : 0), $12, $14, $24, substr($27, 2) }' || true)
     # Signals per second at the default rate: bursts plus declined ones.
     SPS=$(awk -v s="$(budget0_signals "$WORK/off.log")" -v t="$OFF_LAST" 'BEGIN { printf "%.1f", s / t }')
     IMPL_DEF=$(awk -v c="$C_BURST" -v r="$BPS_MED" 'BEGIN { printf "%.4f", 1 + c * r / 1e6 }')
     IMPL_OFF=$(awk -v c="$C_SIGNAL" -v r="$SPS" 'BEGIN { printf "%.4f", 1 + c * r / 1e6 }')
+
+    if [[ "$QUICK" == 1 ]]; then
+        outputs="$(grep -c '^same$' "$WORK/outputs" || true)/$(wc -l <"$WORK/outputs")"
+        REPORT+=("$(printf '%-10s %4d %s %5.2fs | default %.4f %.4f (%.4f-%.4f) | --burst 0 %.4f %.4f (%.4f-%.4f) | --no-bursts %.4f %.4f | bursts/s %.0f | burst %.1fus signal %.1fus: bursts add %.4f, --burst 0 adds %.4f | path time: %s | contexts: %s | output identical %s' \
+            "$prog" "$mb" "$unit" "$U_MED" "$DEF_BEST" "$DEF_MED" "$DEF_MIN" "$DEF_MAX" "$OFF_BEST" "$OFF_MED" "$OFF_MIN" "$OFF_MAX" "$SMP_BEST" "$SMP_MED" "$BPS_MED" "$C_BURST" "$C_SIGNAL" "$IMPL_DEF" "$IMPL_OFF" "$PATH_TIME" "${CONTEXTS:-n/a}" "$outputs")")
+        continue
+    fi
 
     echo "== $prog: full trace (ground truth) and accuracy of the $RUNS default runs" >&2
     fa=$(traced "$WORK/full" --full-trace -- "${RUN[@]}")
@@ -345,8 +372,8 @@ for prog in $PROGRAMS; do
     fi
 
     outputs="$(grep -c '^same$' "$WORK/outputs" || true)/$(wc -l <"$WORK/outputs")"
-    REPORT+=("$(printf '%-10s %4d %s %5.2fs | default %.4f %.4f (%.4f-%.4f) | --burst 0 %.4f %.4f (%.4f-%.4f) | --no-bursts %.4f %.4f | full-trace %.2fx | bursts/s %.0f | burst %.1fus signal %.1fus: bursts add %.4f, --burst 0 adds %.4f | %s | %s | hot coverage %s (all modules %s) | output identical %s | attach (run): %s, daemon peak RSS %s (cached %s, full trace %s) | BOLTed %s' \
-        "$prog" "$mb" "$unit" "$U_MED" "$DEF_BEST" "$DEF_MED" "$DEF_MIN" "$DEF_MAX" "$OFF_BEST" "$OFF_MED" "$OFF_MIN" "$OFF_MAX" "$SMP_BEST" "$SMP_MED" "$(ratio "$fa" "$U_MED")" "$BPS_MED" "$C_BURST" "$C_SIGNAL" "$IMPL_DEF" "$IMPL_OFF" "$acc" "$cg" "$hot" "${hot_all:-n/a}" "$outputs" "${attach:-n/a}" "${rss:-n/a}" "${rss_cached:-n/a}" "${rss_full:-n/a}" "$bolted")")
+    REPORT+=("$(printf '%-10s %4d %s %5.2fs | default %.4f %.4f (%.4f-%.4f) | --burst 0 %.4f %.4f (%.4f-%.4f) | --no-bursts %.4f %.4f | full-trace %.2fx | bursts/s %.0f | burst %.1fus signal %.1fus: bursts add %.4f, --burst 0 adds %.4f | path time: %s | contexts: %s | %s | %s | hot coverage %s (all modules %s) | output identical %s | attach (run): %s, daemon peak RSS %s (cached %s, full trace %s) | BOLTed %s' \
+        "$prog" "$mb" "$unit" "$U_MED" "$DEF_BEST" "$DEF_MED" "$DEF_MIN" "$DEF_MAX" "$OFF_BEST" "$OFF_MED" "$OFF_MIN" "$OFF_MAX" "$SMP_BEST" "$SMP_MED" "$(ratio "$fa" "$U_MED")" "$BPS_MED" "$C_BURST" "$C_SIGNAL" "$IMPL_DEF" "$IMPL_OFF" "$PATH_TIME" "${CONTEXTS:-n/a}" "$acc" "$cg" "$hot" "${hot_all:-n/a}" "$outputs" "${attach:-n/a}" "${rss:-n/a}" "${rss_cached:-n/a}" "${rss_full:-n/a}" "$bolted")")
     [[ -n "$stale" ]] && echo "  bolt: $stale" >&2
 done
 echo

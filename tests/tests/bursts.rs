@@ -53,8 +53,15 @@ fn bursts_record_paths_and_keep_output_identical() {
     // is most of the event the stack samples of the program saw.
     let paths = read_profile(&run.out_dir.join("paths.pb.gz")).unwrap();
     let ctx = run.profile();
-    assert_eq!(paths.sample_types.len(), 2, "{:?}", paths.sample_types);
+    assert_eq!(paths.sample_types.len(), 3, "{:?}", paths.sample_types);
     let event = paths.sample_types[1].0.clone();
+    // Each path's time, measured in bursts with the time-stamp counter.
+    assert_eq!(
+        paths.sample_types[2],
+        ("measured-time".to_string(), "nanoseconds".to_string())
+    );
+    let measured: i64 = paths.samples.iter().map(|s| s.values[2]).sum();
+    assert!(measured > 0, "no path time measured");
     let on_paths: i64 = paths.samples.iter().map(|s| s.values[1]).sum();
     let ci = ctx.value_index(&event).expect("event in context.pb.gz");
     let sampled: i64 = ctx.samples.iter().map(|s| s.values[ci]).sum();
