@@ -37,7 +37,7 @@ macro_rules! control_block {
 
 /// `BurstControl::magic`: the version of the layout. It changes whenever
 /// [`CONTROL_FIELDS`] does; the `layout` test below fails until it has.
-pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd7");
+pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd8");
 /// Saved path registers (one per instrumented activation in a burst).
 pub const SHADOW_DEPTH: usize = 1024;
 /// Set in the path register when the path's start was not observed (the
@@ -57,6 +57,12 @@ pub const REC_END: u64 = 4;
 /// exception landing in a handler, `longjmp`): `w0 = tag`, `w1` = the
 /// depth of the runtime's shadow stack once the frames left were dropped.
 pub const REC_UNWIND: u64 = 5;
+/// The measured cost of the path whose `REC_PATH` record comes right
+/// before it (only with [`BurstControl::measure`]): `w0 = tag`, `w1` =
+/// time-stamp-counter ticks (`rdtsc`) of the path, exclusive of the
+/// functions it called (and, as far as it can, of the runtime's own
+/// record writing).
+pub const REC_COST: u64 = 6;
 
 /// `REC_PATH` kinds.
 pub const PATH_END_RETURN: u64 = 0;
@@ -70,9 +76,16 @@ pub const PATH_END_NORETURN: u64 = 3;
 pub const END_BUDGET: u64 = 0;
 pub const END_LEFT_CLONES: u64 = 1;
 
+/// `BurstControl::measure` values.
+pub const MEASURE_NONE: u64 = 0;
+/// Measure each path with the time-stamp counter (`REC_COST`).
+pub const MEASURE_TSC: u64 = 1;
+
 /// Mask of the tag bits.
 pub const TAG_SHIFT: u32 = 60;
 
+/// One saved activation of the runtime's shadow stack: 32 bytes, so the
+/// runtime indexes it with a shift (`shl 5`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ShadowEntry {
@@ -80,7 +93,18 @@ pub struct ShadowEntry {
     pub rsp: u64,
     /// The caller's path register.
     pub path: u64,
+    /// With [`BurstControl::measure`]: the time-stamp-counter ticks the
+    /// caller's path had run when it made the call (`rdtsc - path_start`
+    /// at `rt_enter`); the return restores `path_start = rdtsc - elapsed`,
+    /// so that the caller's path cost excludes the callee. Not written
+    /// without `measure`.
+    pub elapsed: u64,
+    pub _pad: u64,
 }
+
+/// Bytes of a [`ShadowEntry`] (a power of two).
+pub const SHADOW_ENTRY_SHIFT: u32 = 5;
+const _: () = assert!(core::mem::size_of::<ShadowEntry>() == 1 << SHADOW_ENTRY_SHIFT);
 
 control_block! {
     CONTROL_FIELDS;
@@ -175,7 +199,13 @@ control_block! {
         /// The header the daemon last wrote (valid or not in `tables`): a
         /// later attach starts from it.
         pub tables_base: u64,
-        pub _pad: [u64; 2],
+        /// How the runtime measures paths: [`MEASURE_NONE`] (0): not at
+        /// all (no `rdtsc`, no `REC_COST` records); [`MEASURE_TSC`] (1):
+        /// every `REC_PATH` record is followed by a `REC_COST` record with
+        /// the path's time-stamp-counter ticks, exclusive of its callees.
+        /// Set by the daemon.
+        pub measure: u64,
+        pub _pad: [u64; 1],
         /// Words consumed by the daemon (consumer index), on its own line.
         pub tail: u64,
         /// The pid of the daemon that armed the region, as the target's
@@ -270,7 +300,12 @@ control_block! {
         pub path: u64,
         /// Valid entries in `shadow`.
         pub depth: u64,
-        pub _pad: [u64; 3],
+        /// With [`BurstControl::measure`]: the time-stamp counter when the
+        /// innermost activation's current path started (for a caller
+        /// whose callee returned: `rdtsc - elapsed`, see
+        /// [`ShadowEntry::elapsed`]).
+        pub path_start: u64,
+        pub _pad: [u64; 2],
         pub shadow: [ShadowEntry; SHADOW_DEPTH],
     }
 }
@@ -278,12 +313,13 @@ control_block! {
 /// Where the [`BurstLocal`] lies, from the [`BurstControl`].
 pub const LOCAL_OFFSET: usize = 4096;
 /// Bytes (whole pages) of the private mapping for the [`BurstLocal`].
-pub const LOCAL_BYTES: usize = 20 * 1024;
+pub const LOCAL_BYTES: usize = 36 * 1024;
 /// Bytes reserved at the start of the shared memory for [`BurstControl`]
 /// and the private [`BurstLocal`] mapped over it (the ring starts here).
 pub const CONTROL_BYTES: usize = LOCAL_OFFSET + LOCAL_BYTES;
 const _: () = assert!(core::mem::size_of::<BurstControl>() <= LOCAL_OFFSET);
 const _: () = assert!(core::mem::size_of::<BurstLocal>() <= LOCAL_BYTES);
+const _: () = assert!(LOCAL_BYTES.is_multiple_of(4096));
 const _: () = assert!(core::mem::offset_of!(BurstControl, tail) % 64 == 0);
 
 /// The eBPF `BURSTS` map value for one traced process.
@@ -327,7 +363,7 @@ mod layout {
     /// `BurstControl` or `BurstLocal` changed, give `CONTROL_MAGIC` a new value (a target
     /// still holding a region of the old layout must be recognised as
     /// foreign) and copy the new field list and magic here.
-    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd7");
+    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd8");
     const PINNED_FIELDS: &[(&str, usize, usize)] = &[
         ("magic", 0, 8),
         ("armed", 8, 4),
@@ -360,7 +396,8 @@ mod layout {
         ("hook_hi", 216, 8),
         ("link_changes", 224, 8),
         ("tables_base", 232, 8),
-        ("_pad", 240, 16),
+        ("measure", 240, 8),
+        ("_pad", 248, 8),
         ("tail", 256, 8),
         ("tracer", 264, 8),
         ("made_for", 272, 8),
@@ -373,8 +410,9 @@ mod layout {
         ("budget", 16, 8),
         ("path", 24, 8),
         ("depth", 32, 8),
-        ("_pad", 40, 24),
-        ("shadow", 64, 16384),
+        ("path_start", 40, 8),
+        ("_pad", 48, 16),
+        ("shadow", 64, 32768),
     ];
 
     #[test]

@@ -9,7 +9,8 @@
 //! wherever the instruction lands and fails when that is out of ±2 GiB).
 //! A pending label and a pending `lock()` prefix apply to them as to any
 //! other instruction.
-use iced_x86::code_asm::CodeAssembler;
+use burstyd_common::burst::{SHADOW_ENTRY_SHIFT, ShadowEntry};
+use iced_x86::code_asm::{CodeAssembler, CodeLabel, rax, rdx};
 use iced_x86::{Code, IcedError, Instruction, MemoryOperand, Register};
 
 /// The absolute address of a [`burstyd_common::burst::BurstControl`] field,
@@ -82,6 +83,45 @@ pub(super) const fn tag(t: u64) -> u64 {
     t << burstyd_common::burst::TAG_SHIFT
 }
 
+/// Bytes of a shadow entry; entry `i` is at `shadow + (i << SHADOW_ENTRY_SHIFT)`.
+pub(super) const SHADOW_ENTRY: i32 = 1 << SHADOW_ENTRY_SHIFT;
+/// Offsets in a shadow entry, to address the entry below `depth`
+/// (`[shadow + (depth << SHADOW_ENTRY_SHIFT) - SHADOW_ENTRY + E_*]`).
+pub(super) const E_RSP: i32 = core::mem::offset_of!(ShadowEntry, rsp) as i32;
+pub(super) const E_PATH: i32 = core::mem::offset_of!(ShadowEntry, path) as i32;
+pub(super) const E_ELAPSED: i32 = core::mem::offset_of!(ShadowEntry, elapsed) as i32;
+
+/// `rax` = the time-stamp counter (`rdtsc; shl rdx, 32; or rax, rdx`).
+/// Clobbers rdx (and the flags).
+pub(super) fn rdtsc(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.rdtsc()?;
+    a.shl(rdx, 32)?;
+    a.or(rax, rdx)
+}
+
+/// Jumps to `measured` when the control block's `measure` is not 0 (the
+/// one compare-and-branch a routine costs without measurement); clobbers
+/// the flags.
+pub(super) fn if_measure(
+    a: &mut CodeAssembler,
+    control: u64,
+    measured: CodeLabel,
+) -> Result<(), IcedError> {
+    a.rip_mi(Code::Cmp_rm64_imm8, field!(control, measure), 0)?;
+    a.jne(measured)
+}
+
+/// Unless the control block's `measure` is 0: `path_start` = the
+/// time-stamp counter. Clobbers rax, rdx and the flags.
+pub(super) fn start_path_if_measured(a: &mut CodeAssembler, control: u64) -> Result<(), IcedError> {
+    let mut skip = a.create_label();
+    a.rip_mi(Code::Cmp_rm64_imm8, field!(control, measure), 0)?;
+    a.je(skip)?;
+    rdtsc(a)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, path_start), rax)?;
+    a.set_label(&mut skip)
+}
+
 /// Jumps to `not_owner` unless the calling thread owns the running burst
 /// (`fs:[0]` = `owner`); clobbers `scratch` and the flags. Every routine
 /// that writes records or burst state starts with it: a thread that is not
@@ -92,7 +132,7 @@ pub(super) fn owner_gate(
     a: &mut CodeAssembler,
     control: u64,
     scratch: iced_x86::code_asm::AsmRegister64,
-    not_owner: iced_x86::code_asm::CodeLabel,
+    not_owner: CodeLabel,
 ) -> Result<(), IcedError> {
     a.fs0_rm(Code::Mov_r64_rm64, scratch)?;
     a.rip_rm(Code::Cmp_r64_rm64, scratch, local!(control, owner))?;
@@ -111,8 +151,8 @@ pub(super) fn drop_dead_frames(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.test(rsi, rsi)?;
     a.je(done)?;
     a.mov(rdi, rsi)?;
-    a.shl(rdi, 4)?;
-    a.cmp(qword_ptr(rdx + rdi - 16), r8)?;
+    a.shl(rdi, SHADOW_ENTRY_SHIFT)?;
+    a.cmp(qword_ptr(rdx + rdi - SHADOW_ENTRY), r8)?;
     a.ja(done)?;
     a.dec(rsi)?;
     a.jmp(lp)?;

@@ -7,7 +7,7 @@ use iced_x86::code_asm::{
     rdx, rsi, rsp,
 };
 
-use super::asm::{RipRel, field, local, tag};
+use super::asm::{RipRel, field, local, start_path_if_measured, tag};
 
 /// `uc_mcontext.gregs[REG_RIP]`: ucontext (40) + 16 * 8.
 pub(super) const UC_RIP: i32 = 40 + 16 * 8;
@@ -39,7 +39,9 @@ const SYS_GETTID: u32 = 186;
 /// `declined_pc`. Else the PC in the ucontext becomes the clone's, `owner` =
 /// `fs:[0]`, `budget` = `burst_len`, `path` = `PATH_INVALID`, `depth` = 0,
 /// `bursts` + 1, `owner_tid` = `gettid()`, and a START record (`w0 = tag | gettid()`, `w1` = the
-/// interrupted PC).
+/// interrupted PC); then, with `measure`, `path_start = rdtsc` (the first
+/// path is partial anyway, its PATH record carries `PATH_INVALID`; this
+/// keeps the value sane).
 pub(super) fn handler(
     a: &mut CodeAssembler,
     control: u64,
@@ -109,6 +111,8 @@ pub(super) fn handler(
     a.or(rax, rdx)?;
     a.mov(rdx, r10)?;
     a.call(emit)?;
+    // The first path (a partial one) starts here.
+    start_path_if_measured(a, control)?;
     a.ret()?;
 
     a.set_label(&mut notfound)?;
@@ -218,7 +222,7 @@ mod tests {
     use burstyd_common::burst::{TABLES_GEN_SHIFT, TABLES_HEADER_MASK};
 
     use super::super::asm::tag;
-    use super::super::testing::{CLONE_HI, CLONE_LO, Harness, Regs, fs0};
+    use super::super::testing::{CLONE_HI, CLONE_LO, Harness, Regs, assert_within, fs0, tsc};
     use super::{UC_RIP, UC_RSP};
 
     /// The interrupted PC and its clone.
@@ -566,5 +570,32 @@ mod tests {
         handle(&mut h, None);
         assert_eq!(h.uc_word(RIP), CLONE);
         assert_eq!(counters(&h), [1, 0, 0, 0, 0]);
+    }
+
+    /// `path_start` when a burst starts: untouched without `measure`, the
+    /// counter with it; a declined signal never touches it.
+    #[test]
+    fn measure_starts_the_first_path() {
+        let mut h = armed();
+        h.loc_mut().path_start = 0x1234;
+        handle(&mut h, None);
+        assert_eq!((h.ctl().bursts, h.loc().path_start), (1, 0x1234));
+
+        let mut h = armed();
+        h.ctl_mut().measure = 1;
+        h.loc_mut().path_start = 0x1234;
+        let t0 = tsc();
+        handle(&mut h, None);
+        let t1 = tsc();
+        assert_eq!(h.ctl().bursts, 1);
+        assert_within(h.loc().path_start, t0, t1, "path_start");
+        assert_eq!(h.ctl().head, 2);
+
+        let mut h = armed();
+        h.ctl_mut().measure = 1;
+        h.ctl_mut().armed = 0;
+        h.loc_mut().path_start = 0x1234;
+        handle(&mut h, None);
+        assert_eq!((h.ctl().bursts, h.loc().path_start), (0, 0x1234));
     }
 }

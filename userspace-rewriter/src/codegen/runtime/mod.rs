@@ -47,16 +47,18 @@
 //! - `rt_enter(eax = fid | flags)` (`enter.rs`): push (rsp, caller's path) on
 //!   the shadow stack, path = 0, ENTER record. Shadow entries at or below
 //!   the new frame are dead (frames left by longjmp or unwinding) and are
-//!   dropped first; a full shadow stack counts `shadow_overflow`. Clobbers
-//!   rax, rcx, rdx.
+//!   dropped first; a full shadow stack counts `shadow_overflow`. With
+//!   `measure`: the entry's `elapsed = rdtsc - path_start`, and after the
+//!   record `path_start = rdtsc` (also on overflow). Clobbers rax, rcx, rdx.
 //! - `rt_back(eax = fid)` (`back.rs`): PATH record (back edge) with the path
-//!   register. The caller then sets the restart value. Clobbers rax, rcx,
+//!   register; with `measure`, then the COST record and `path_start =
+//!   rdtsc`. The caller then sets the restart value. Clobbers rax, rcx,
 //!   rdx.
 //! - `rt_back_at([rsp + 8] = fid, [rsp + 16] = increment)` (`back.rs`):
 //!   not from the standard frame but its own (the clone pushes the two
 //!   arguments after skipping the red zone, and drops them after): `path +=
-//!   increment`, then `rt_back`'s record. Preserves every register and
-//!   the flags.
+//!   increment`, then `rt_back`'s records (and `path_start`). Preserves
+//!   every register and the flags.
 //! - `rt_lookup_ret(rax)` (`lookup.rs`): the same over the calls' return
 //!   sites (`returns`, original return address →
 //!   the clone's return site), 0 when not found.
@@ -68,28 +70,56 @@
 //!   slot below the return address (`[program rsp - 8]`, which the clone's
 //!   `lea rsp, [rsp + 8]; jmp [rsp - 16]` reads): the clone return site of
 //!   the original return address (`rt_lookup_ret`), or the original itself
-//!   and the burst ends (`END_LEFT_CLONES`). Clobbers rax, rcx, rdx.
+//!   and the burst ends (`END_LEFT_CLONES`). With `measure`: the PATH
+//!   record is followed by the COST record; a pop that matches sets
+//!   `path_start = rdtsc - elapsed` (the caller's path excludes the
+//!   callee); `PATH_END_NORETURN` sets `path_start = rdtsc` (what follows
+//!   is a new path: a `.cold` part's, or a call that does not return).
+//!   Clobbers rax, rcx, rdx.
 //! - `rt_unwind(rax = target) -> rax` (`unwind.rs`): an indirect jump
 //!   after `rsp` was loaded from a computed value (the unwinder's
 //!   `__builtin_eh_return` into a landing pad, `longjmp`), not from the
 //!   standard frame's `call` but through `transfer_through` (the same
 //!   frame): drop the shadow entries of the frames left, path =
 //!   `PATH_INVALID`, UNWIND record (the depth left), and the target's
-//!   clone (`rt_lookup`), or the target itself and the burst ends.
-//!   Clobbers rax, rcx, rdx.
+//!   clone (`rt_lookup`), or the target itself and the burst ends. With
+//!   `measure`, a target with a clone gets `path_start = rdtsc` (the
+//!   landing pad's path, which its clone starts inline, is timed from
+//!   here). Clobbers rax, rcx, rdx.
 //! - `handler(sig, info, ucontext)` (`handler.rs`): the `SA_SIGINFO` handler.
 //!   Starts a burst when armed, `burst_len` is not 0, no burst is active
 //!   (`lock cmpxchg` on `active`), `fs:[0]` is the thread's TCB, and the
 //!   interrupted PC was rewritten: the PC in the ucontext becomes the
 //!   clone's, `owner` = `fs:[0]`, `budget` = `burst_len`, path =
 //!   `PATH_INVALID`, `depth` = 0, `bursts` + 1, `owner_tid` = `gettid()`,
-//!   START record (`gettid()`, interrupted PC). A running burst of the
+//!   START record (`gettid()`, interrupted PC), and with `measure`
+//!   `path_start = rdtsc`. A running burst of the
 //!   same thread whose PC is back in original code is ended first. Otherwise it counts why it declined. Everything it
 //!   clobbers is restored by `rt_sigreturn` from the ucontext.
 //! - `restorer` (`handler.rs`): `rt_sigreturn` (`SA_RESTORER`), then `int3`.
 //!
 //! The handler clobbers rax, rcx, rdx, rsi, rdi, r9, r10 and r11; the
 //! kernel's signal frame restores them.
+//!
+//! # Path costs
+//!
+//! With `measure` set in the control block (by the daemon),
+//! the routines time each path with the time-stamp counter (`rdtsc`),
+//! exclusive of the functions it calls: `path_start` (private state) is
+//! when the innermost activation's current path started, a call saves the
+//! caller's ticks so far in its shadow entry (`elapsed`) and the return
+//! sets `path_start = rdtsc - elapsed`, and every PATH record is followed
+//! by a COST record (`w0 = tag`, `w1` = ticks), the counter read before the
+//! records and read again after them for the next path. With `measure` 0
+//! no `rdtsc` runs and no COST record is written; each routine that would
+//! measure costs one compare-and-branch more (`rt_enter`, `rt_back` and
+//! `rt_exit` are then assembled twice, plain and measuring, behind it).
+//!
+//! The clones start paths inline (`set_path`) only right after a routine
+//! that set `path_start`: the restart after a truncated edge follows
+//! `rt_back`/`rt_back_at`, a landing pad's entry stub follows `rt_unwind`
+//! (or the handler, which may start a burst there), and a jump into a
+//! `.cold` part's clone follows `rt_exit(PATH_END_NORETURN)`.
 //!
 //! # Tests
 //!
@@ -388,8 +418,9 @@ mod tests {
                 .collect();
             // The handler's three (its TCB check, its stale-burst check,
             // the new owner), and the owner gates of rt_emit, rt_end,
-            // rt_enter, rt_exit and rt_unwind.
-            assert_eq!(fs.len(), 8);
+            // rt_enter, rt_exit and rt_unwind, and of the measuring
+            // rt_enter, rt_exit and rt_back.
+            assert_eq!(fs.len(), 11);
             for i in fs {
                 assert_eq!(i.memory_base(), Register::None);
                 assert_eq!(i.memory_index(), Register::None);

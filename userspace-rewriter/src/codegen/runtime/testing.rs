@@ -49,6 +49,30 @@ const PROG_RSP: usize = STACK_END - PAGE;
 const _: () = assert!(RING + RING_WORDS * 8 <= TABLE);
 const _: () = assert!(STACK.is_multiple_of(PAGE) && CODE.is_multiple_of(PAGE));
 
+/// The time-stamp counter, as the runtime reads it.
+pub(super) fn tsc() -> u64 {
+    // SAFETY: `rdtsc` has no preconditions on x86-64 (user mode may read
+    // it unless the kernel forbids, and the runtime needs it too).
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// Ticks a path of the measurement tests has run before the routine is
+/// called (`path_start = tsc() - PAST`), and the slack allowed beyond it
+/// (a preempted test thread, a slow machine).
+pub(super) const PAST: u64 = 1_000_000;
+pub(super) const SLACK: u64 = 1_000_000_000;
+
+/// Asserts `v` in `lo..=hi`.
+#[track_caller]
+pub(super) fn assert_within(v: u64, lo: u64, hi: u64, what: &str) {
+    assert!(
+        (lo..=hi).contains(&v),
+        "{what}: {v} not in {lo}..={hi} (lo + {}, hi - {})",
+        v.wrapping_sub(lo) as i64,
+        hi.wrapping_sub(v) as i64
+    );
+}
+
 /// One mapping with a control block, a ring, tables, a stack and the
 /// runtime loaded.
 pub(super) struct Harness {
@@ -78,7 +102,11 @@ impl Harness {
         let mut h = Harness::new();
         let entries = entries(h.prog_rsp());
         for (i, &(rsp, path)) in entries.iter().enumerate() {
-            h.loc_mut().shadow[i] = burstyd_common::burst::ShadowEntry { rsp, path };
+            h.loc_mut().shadow[i] = burstyd_common::burst::ShadowEntry {
+                rsp,
+                path,
+                ..Default::default()
+            };
         }
         h.ctl_mut().active = 1;
         let l = h.loc_mut();

@@ -7,7 +7,7 @@ use iced_x86::code_asm::{
 };
 
 use super::FRAME;
-use super::asm::{RipRel, drop_dead_frames, local, owner_gate, tag};
+use super::asm::{RipRel, drop_dead_frames, local, owner_gate, start_path_if_measured, tag};
 
 /// `rt_unwind(rax = target) -> rax`: the clone of an indirect jump that
 /// runs after the stack pointer was loaded from a computed value (the
@@ -23,6 +23,11 @@ use super::asm::{RipRel, drop_dead_frames, local, owner_gate, tag};
 /// a target that was not rewritten ends the burst (`END_LEFT_CLONES`) and
 /// is returned unchanged. A thread that does not own the burst gets the
 /// target unchanged and changes nothing. Clobbers rcx, rdx (and rax).
+///
+/// With `measure`, once the target's clone is found `path_start = rdtsc`
+/// (after the record and the lookup): the landing pad's clone sets its
+/// path start inline right after, and that path is measured from here.
+/// Without, it costs one compare-and-branch more than the plain routine.
 pub(super) fn unwind(
     a: &mut CodeAssembler,
     control: u64,
@@ -32,6 +37,7 @@ pub(super) fn unwind(
     end: CodeLabel,
 ) -> Result<(), IcedError> {
     let mut out = a.create_label();
+    let mut left = a.create_label();
     let mut not_owner = a.create_label();
 
     a.set_label(entry)?;
@@ -55,7 +61,12 @@ pub(super) fn unwind(
     a.mov(rax, rsi)?;
     a.call(lookup)?;
     a.test(rax, rax)?;
-    a.jne(out)?;
+    a.je(left)?;
+    a.mov(rsi, rax)?; // the clone
+    start_path_if_measured(a, control)?;
+    a.mov(rax, rsi)?;
+    a.jmp(out)?;
+    a.set_label(&mut left)?;
     a.mov(eax, END_LEFT_CLONES as u32)?;
     a.call(end)?;
     a.mov(rax, rsi)?;
@@ -74,7 +85,7 @@ mod tests {
     use burstyd_common::burst::{END_LEFT_CLONES, PATH_INVALID, REC_END, REC_UNWIND};
 
     use super::super::asm::tag;
-    use super::super::testing::{CLONE_LO, FRAME_CLOBBERS, Harness, Regs};
+    use super::super::testing::{CLONE_LO, FRAME_CLOBBERS, Harness, Regs, assert_within, tsc};
 
     /// A landing pad the instruction table translates, and its clone.
     const PAD: u64 = 0x40_3000;
@@ -137,5 +148,39 @@ mod tests {
         h.loc_mut().owner = 0;
         assert_eq!(unwind(&mut h, PAD), PAD);
         assert_eq!((h.loc().depth, h.loc().path, h.ctl().head), (1, 5, 0));
+    }
+
+    /// Without `measure`, `path_start` is left alone.
+    #[test]
+    fn without_measure_nothing_is_timed() {
+        let mut h = setup(|p| vec![(p + 0x200, 1), (p - 0x40, 4)]);
+        h.loc_mut().path_start = 0x1234;
+        assert_eq!(unwind(&mut h, PAD), CLONE);
+        assert_eq!(h.loc().path_start, 0x1234);
+        assert_eq!((h.ctl().head, h.loc().depth), (2, 1));
+    }
+
+    /// With `measure`, the landing pad's path is measured from the jump
+    /// (`path_start` = the counter once the clone is found); the rest as
+    /// without.
+    #[test]
+    fn measure_starts_the_landing_pads_path() {
+        let mut h = setup(|p| vec![(p + 0x200, 1), (p - 0x40, 4)]);
+        h.ctl_mut().measure = 1;
+        h.loc_mut().path_start = 0x1234;
+        let t0 = tsc();
+        assert_eq!(unwind(&mut h, PAD), CLONE);
+        let t1 = tsc();
+        assert_within(h.loc().path_start, t0, t1, "path_start");
+        assert_eq!(h.loc().path, PATH_INVALID);
+        assert_eq!(h.ring()[..4], [tag(REC_UNWIND), 1, 0, 0]);
+        assert_eq!((h.ctl().head, h.loc().depth), (2, 1));
+
+        // Leaving the clones: the burst ends, nothing to measure.
+        let mut h = setup(|p| vec![(p + 0x100, 1)]);
+        h.ctl_mut().measure = 1;
+        h.loc_mut().path_start = 0x1234;
+        assert_eq!(unwind(&mut h, PAD + 1), PAD + 1);
+        assert_eq!((h.loc().path_start, h.ctl().ended), (0x1234, 1));
     }
 }
