@@ -135,6 +135,8 @@ fn bursts_record_paths_and_keep_output_identical() {
     let jsonl = std::fs::read_to_string(run.out_dir.join("bursts.jsonl")).unwrap();
     assert!(jsonl.lines().any(|l| l.contains("\"burst\":\"start\"")));
     assert!(jsonl.lines().any(|l| l.contains("\"path\":")));
+    // Each path's measured time follows its record.
+    assert!(jsonl.lines().any(|l| l.contains("\"cost\":")));
     for l in jsonl.lines().take(1000) {
         serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{l}: {e}"));
     }

@@ -124,7 +124,7 @@ fn a_function_shows_a_different_hot_path_under_each_caller() {
     );
 }
 
-/// Done-means 2 of the issue: a path that is slow per execution (8
+/// Done-means 2 of the issue: a path that is slow per execution (16
 /// dependent loads through a random cycle over 128 MiB) beside a frequent
 /// cheap path (15 calls in 16). The measured time ranks the slow path
 /// first, executions the cheap one; the measured shares of the two agree
@@ -136,12 +136,12 @@ fn measured_time_ranks_the_slow_path_first() {
     let _serial = serial();
     let exe = fixture("slow_path");
     let exe_s = exe.to_str().unwrap();
-    let untraced = run_untraced(&[exe_s, "20"], Duration::from_secs(60));
+    let untraced = run_untraced(&[exe_s, "8"], Duration::from_secs(60));
     let scratch = Scratch::new("slow_path");
     let run = burstyd_run(
         &scratch,
         &["--freq", "999"],
-        &[exe_s, "20"],
+        &[exe_s, "8"],
         Duration::from_secs(180),
     );
     run.assert_ok();

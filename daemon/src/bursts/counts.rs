@@ -65,6 +65,9 @@ pub(crate) struct PathCounts {
     pub(crate) unjoined: u64,
     /// New (context, function, path) entries dropped: [`MAX_ENTRIES`].
     pub(crate) dropped: u64,
+    /// The cheapest path execution measured (time-stamp counter ticks):
+    /// the instrumentation's own cost of a path, plus the cheapest path's.
+    pub(crate) min_cost: Option<u64>,
     /// Paths whose start the burst did not see (not counted).
     pub(crate) partial_paths: u64,
     /// Records that made no sense: unknown tags, path numbers out of range.
@@ -208,6 +211,7 @@ impl PathCounts {
                 if let Some(t) = last.and_then(|k| self.counts.get_mut(&k)) {
                     t.cost += ticks;
                     t.measured += 1;
+                    self.min_cost = Some(self.min_cost.map_or(ticks, |m| m.min(ticks)));
                 }
             }
             // The runtime's shadow stack and the entered part of this one
@@ -471,6 +475,7 @@ mod tests {
             v.sort_by_key(|e| e.0);
             v
         };
+        assert_eq!(c.min_cost, Some(50));
         assert_eq!(
             t,
             [

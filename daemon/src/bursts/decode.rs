@@ -8,11 +8,9 @@ use std::fmt;
 
 use burstyd_common::burst::{
     END_BUDGET, END_LEFT_CLONES, PATH_END_BACK_EDGE, PATH_END_NORETURN, PATH_END_RETURN,
-    PATH_END_TAIL, PATH_INVALID, REC_END, REC_ENTER, REC_PATH, REC_START, REC_UNWIND, TAG_SHIFT,
+    PATH_END_TAIL, PATH_INVALID, REC_COST, REC_END, REC_ENTER, REC_PATH, REC_START, REC_UNWIND,
+    TAG_SHIFT,
 };
-
-/// `REC_COST` (until the shared layout has it).
-const REC_COST: u64 = 6;
 
 /// One record of the burst ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2090,6 +2090,11 @@ fn set_run_options(region: &mut SharedRegion, opts: &BurstOptions) {
         opts.burst_len
     };
     cb.wait_when_full = u64::from(opts.full_trace);
+    cb.measure = if opts.measure {
+        burstyd_common::burst::MEASURE_TSC
+    } else {
+        burstyd_common::burst::MEASURE_NONE
+    };
     std::sync::atomic::fence(Ordering::SeqCst);
     cb.armed = 1;
 }

@@ -33,7 +33,7 @@ pub(crate) fn paths_builder(event: &str, tsc_hz: Option<f64>) -> ProfileBuilder 
     b.add_comment("Ball-Larus paths from bursty tracing: leaf frame = the path (its blocks' source lines), then the function, then its calling context (the functions entered in the burst, then the stack sample the burst began with, up to the thread's root; [caller unknown] where that stack was not complete)");
     b.add_comment(&format!("{event}/count: an estimate, the sampled {event} of each block split among the paths through it by their executions"));
     if let Some(hz) = tsc_hz {
-        b.add_comment(&format!("{MEASURED}/nanoseconds: measured in bursts with the time-stamp counter (rdtsc, {:.0} MHz; no user-readable PMU counter), from each path's start to its end, exclusive of the functions it calls (their paths have their own); it includes the instrumentation's own work on the path (the path register, the burst's checks)", hz / 1e6));
+        b.add_comment(&format!("{MEASURED}/nanoseconds: measured in bursts with the time-stamp counter (lfence; rdtsc, {:.0} MHz; no user-readable PMU counter), from each path's start to its end, exclusive of the functions it calls (their paths have their own), minus the cheapest execution measured in the process (the instrumentation's own cost of a path: see each process's comment)", hz / 1e6));
         b.set_default_sample_type(MEASURED);
     }
     b
@@ -137,6 +137,14 @@ pub(crate) fn add_paths(
     tsc_hz: Option<f64>,
 ) {
     let execs = executions(counts);
+    if let (Some(hz), Some(floor)) = (tsc_hz, counts.min_cost) {
+        b.add_comment(&format!(
+            "pid {}: the cheapest path execution took {:.1} ns, subtracted from every execution's measured time",
+            traced.pid,
+            floor as f64 * 1e9 / hz
+        ));
+    }
+    let floor = counts.min_cost.unwrap_or(0);
     let details = traced.path_details(execs.keys().map(|k| k.0));
     let events = path_events(traced, &details, &execs, leaf_weights);
     let module_index = |m: &TracedModule| {
@@ -296,7 +304,7 @@ pub(crate) fn add_paths(
         let mut values = vec![n.executions as i64, ev.round() as i64];
         if let Some(hz) = tsc_hz {
             // Executions whose COST record was lost count at the mean.
-            let mean = n.cost as f64 / n.measured.max(1) as f64;
+            let mean = n.cost.saturating_sub(floor * n.measured) as f64 / n.measured.max(1) as f64;
             values.push((mean * n.executions as f64 * 1e9 / hz).round() as i64);
         }
         b.sample(

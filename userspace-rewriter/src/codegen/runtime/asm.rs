@@ -91,9 +91,14 @@ pub(super) const E_RSP: i32 = core::mem::offset_of!(ShadowEntry, rsp) as i32;
 pub(super) const E_PATH: i32 = core::mem::offset_of!(ShadowEntry, path) as i32;
 pub(super) const E_ELAPSED: i32 = core::mem::offset_of!(ShadowEntry, elapsed) as i32;
 
-/// `rax` = the time-stamp counter (`rdtsc; shl rdx, 32; or rax, rdx`).
-/// Clobbers rdx (and the flags).
+/// `rax` = the time-stamp counter (`lfence; rdtsc; shl rdx, 32; or rax,
+/// rdx`). Clobbers rdx (and the flags). `rdtsc` alone does not wait for
+/// the instructions before it: the dependent loads of a cache-missing path
+/// would still be in flight when its end is read (a path of eight misses
+/// measured at a tenth of its time). `lfence` lets it execute only once
+/// every instruction before has completed.
 pub(super) fn rdtsc(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.lfence()?;
     a.rdtsc()?;
     a.shl(rdx, 32)?;
     a.or(rax, rdx)

@@ -80,6 +80,7 @@ fn body(
     let mut fix = a.create_label();
     let mut leave = a.create_label();
     let mut noreturn = a.create_label();
+    let mut resume = a.create_label();
     let mut done = a.create_label();
     let mut not_owner = a.create_label();
 
@@ -135,11 +136,11 @@ fn body(
     a.dec(rsi)?;
     a.rip_mr(Code::Mov_rm64_r64, local!(control, depth), rsi)?;
     if measure {
-        // The caller's path goes on from where it was at the call.
-        a.mov(rcx, qword_ptr(rdx + rdi + (E_ELAPSED - SHADOW_ENTRY)))?;
-        rdtsc(a)?;
-        a.sub(rax, rcx)?;
-        a.rip_mr(Code::Mov_rm64_r64, local!(control, path_start), rax)?;
+        // The caller's path goes on from where it was at the call, once
+        // this routine is done (`resume`): rdi = its elapsed ticks, rsi =
+        // 1 (a frame matched; lookup and rt_end keep both).
+        a.mov(rdi, qword_ptr(rdx + rdi + (E_ELAPSED - SHADOW_ENTRY)))?;
+        a.mov(esi, 1)?;
     }
     a.jmp(fix)?;
     a.set_label(&mut pop_dead)?;
@@ -149,23 +150,35 @@ fn body(
     a.rip_mr(Code::Mov_rm64_r64, local!(control, depth), rsi)?;
     a.mov(rax, PATH_INVALID)?;
     a.rip_mr(Code::Mov_rm64_r64, local!(control, path), rax)?;
+    if measure {
+        a.xor(esi, esi)?;
+    }
 
     // A return: its clone return site, or the original and the burst ends.
+    let after = if measure { resume } else { done };
     a.set_label(&mut fix)?;
     a.cmp(dword_ptr(rsp + 24), PATH_END_RETURN as i32)?;
-    a.jne(done)?;
+    a.jne(after)?;
     a.mov(rax, qword_ptr(r8))?;
     a.call(lookup)?;
     a.test(rax, rax)?;
     a.je(leave)?;
     a.mov(qword_ptr(r8 - 8), rax)?;
-    a.jmp(done)?;
+    a.jmp(after)?;
     a.set_label(&mut leave)?;
     a.mov(rax, qword_ptr(r8))?;
     a.mov(qword_ptr(r8 - 8), rax)?;
     a.mov(eax, END_LEFT_CLONES as u32)?;
     a.call(end)?;
     if measure {
+        // The caller's path resumes last: the pop and the return-site
+        // lookup are in neither path.
+        a.set_label(&mut resume)?;
+        a.test(esi, esi)?;
+        a.je(done)?;
+        rdtsc(a)?;
+        a.sub(rax, rdi)?;
+        a.rip_mr(Code::Mov_rm64_r64, local!(control, path_start), rax)?;
         a.jmp(done)?;
         // A new path starts after the records.
         a.set_label(&mut noreturn)?;
