@@ -742,14 +742,20 @@ pub fn assert_two_named_threads(traces: &[TraceSample], p: &Profile) {
 /// returns the traced run, the untraced one, and the scratch directory
 /// (kept alive by the caller).
 pub fn profile_fixture(name: &str) -> (BurstydRun, Finished, Scratch) {
+    profile_fixture_with(name, &[])
+}
+
+/// [`profile_fixture`] with the program's arguments.
+pub fn profile_fixture_with(name: &str, args: &[&str]) -> (BurstydRun, Finished, Scratch) {
     let exe = fixture(name);
-    let exe_s = exe.to_str().unwrap();
-    let untraced = run_untraced(&[exe_s], Duration::from_secs(60));
+    let mut prog = vec![exe.to_str().unwrap()];
+    prog.extend_from_slice(args);
+    let untraced = run_untraced(&prog, Duration::from_secs(60));
     let scratch = Scratch::new(name);
     let run = burstyd_run(
         &scratch,
         &["--freq", "999"],
-        &[exe_s],
+        &prog,
         Duration::from_secs(180),
     );
     run.assert_ok();

@@ -51,23 +51,7 @@ fn shape_paths_by_caller(traces: &[TraceSample]) -> (BTreeMap<String, BTreeMap<u
 fn a_function_shows_a_different_hot_path_under_each_caller() {
     require_root();
     let _serial = serial();
-    let exe = fixture("two_callers");
-    let exe_s = exe.to_str().unwrap();
-    let untraced = run_untraced(&[exe_s, "600"], Duration::from_secs(60));
-    let scratch = Scratch::new("two_callers");
-    let run = burstyd_run(
-        &scratch,
-        &["--freq", "999"],
-        &[exe_s, "600"],
-        Duration::from_secs(120),
-    );
-    run.assert_ok();
-    assert_eq!(
-        run.finished.stdout_str(),
-        untraced.stdout_str(),
-        "{}",
-        run.finished.describe()
-    );
+    let (run, _, _scratch) = profile_fixture_with("two_callers", &["600"]);
     let stderr = &run.finished.stderr;
     let line = stderr
         .lines()
@@ -134,23 +118,7 @@ fn a_function_shows_a_different_hot_path_under_each_caller() {
 fn measured_time_ranks_the_slow_path_first() {
     require_root();
     let _serial = serial();
-    let exe = fixture("slow_path");
-    let exe_s = exe.to_str().unwrap();
-    let untraced = run_untraced(&[exe_s, "8"], Duration::from_secs(60));
-    let scratch = Scratch::new("slow_path");
-    let run = burstyd_run(
-        &scratch,
-        &["--freq", "999"],
-        &[exe_s, "8"],
-        Duration::from_secs(180),
-    );
-    run.assert_ok();
-    assert_eq!(
-        run.finished.stdout_str(),
-        untraced.stdout_str(),
-        "{}",
-        run.finished.describe()
-    );
+    let (run, _, _scratch) = profile_fixture_with("slow_path", &["8"]);
     let profile = run.out_dir.join("paths.pb.gz");
     let p = burstyd_tests::pprof::read_profile(&profile).unwrap();
     let index = |t: &str| {
