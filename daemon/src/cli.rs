@@ -145,9 +145,10 @@ pub(crate) enum Command {
         /// The path profile (paths.pb.gz of `burstyd run` or `--pid`).
         #[arg(value_name = "PATHS_PROFILE")]
         profile: PathBuf,
-        /// The sample type to rank by (e.g. `cpu-clock`, `executions`);
-        /// default: the profile's default type, else its last one (the
-        /// sampled event).
+        /// The sample type to rank by (`measured-time`, `executions`, or
+        /// the sampled event's estimate, e.g. `cpu-clock`); default: the
+        /// profile's default type (the measured time, unless bursts ran
+        /// with --no-path-time), else its last one.
         #[arg(long, value_name = "TYPE")]
         metric: Option<String>,
         /// A path is hot when it holds at least this percent of the metric.
