@@ -24,7 +24,7 @@
 #   - bursts per second at default settings,
 #   - the added cost per burst of measuring each path's time (the
 #     time-stamp counter read at every path's start and end): the same
-#     amplified runs with `--no-path-time`, alternated, as the ratio of the
+#     amplified runs with `--path-time`, alternated, as the ratio of the
 #     two per-burst costs,
 #   - the calling contexts of the paths (first default run): the share of
 #     paths whose context reaches the thread's root (the burst joined with
@@ -260,22 +260,22 @@ for prog in $PROGRAMS; do
     OFF_BEST=$(ratio "$(minof "$WORK/t_off")" "$U_MIN")
     SMP_BEST=$(ratio "$(minof "$WORK/t_smp")" "$U_MIN")
 
-    echo "== $prog: per-event costs at --freq $HIFREQ: $RUNS alternating runs: --no-bursts, --burst 0, default, --no-path-time" >&2
-    : >"$WORK/c_burst"; : >"$WORK/c_signal"; : >"$WORK/c_notime"
+    echo "== $prog: per-event costs at --freq $HIFREQ: $RUNS alternating runs: --no-bursts, --burst 0, default, --path-time" >&2
+    : >"$WORK/c_burst"; : >"$WORK/c_signal"; : >"$WORK/c_ptime"
     for i in $(seq 1 "$RUNS"); do
         n=$(traced "$WORK/hsmp" --no-bursts --freq "$HIFREQ" -- "${RUN[@]}")
         o=$(traced "$WORK/hoff" --burst 0 --freq "$HIFREQ" -- "${RUN[@]}")
         d=$(traced "$WORK/hdef" --freq "$HIFREQ" -- "${RUN[@]}")
-        t=$(traced "$WORK/hnot" --no-path-time --freq "$HIFREQ" -- "${RUN[@]}")
+        t=$(traced "$WORK/hnot" --path-time --freq "$HIFREQ" -- "${RUN[@]}")
         sg=$(budget0_signals "$WORK/hoff.log"); b=$(bursts_taken "$WORK/hdef.log"); bt=$(bursts_taken "$WORK/hnot.log")
         awk -v d="$d" -v n="$n" -v b="$b" 'BEGIN { printf "%.2f\n", (d - n) / b * 1e6 }' >>"$WORK/c_burst"
         awk -v o="$o" -v n="$n" -v s="$sg" 'BEGIN { printf "%.2f\n", (o - n) / s * 1e6 }' >>"$WORK/c_signal"
-        awk -v d="$t" -v n="$n" -v b="$bt" 'BEGIN { printf "%.2f\n", (d - n) / b * 1e6 }' >>"$WORK/c_notime"
-        printf '  run %d: --no-bursts %.3fs  --burst 0 %.3fs (%s signals)  default %.3fs (%s bursts)  --no-path-time %.3fs (%s bursts)\n' "$i" "$n" "$o" "$sg" "$d" "$b" "$t" "$bt" >&2
+        awk -v d="$t" -v n="$n" -v b="$bt" 'BEGIN { printf "%.2f\n", (d - n) / b * 1e6 }' >>"$WORK/c_ptime"
+        printf '  run %d: --no-bursts %.3fs  --burst 0 %.3fs (%s signals)  default %.3fs (%s bursts)  --path-time %.3fs (%s bursts)\n' "$i" "$n" "$o" "$sg" "$d" "$b" "$t" "$bt" >&2
     done
-    C_BURST=$(median <"$WORK/c_burst"); C_SIGNAL=$(median <"$WORK/c_signal"); C_NOTIME=$(median <"$WORK/c_notime")
+    C_BURST=$(median <"$WORK/c_burst"); C_SIGNAL=$(median <"$WORK/c_signal"); C_PTIME=$(median <"$WORK/c_ptime")
     # What measuring the paths' time adds to a burst, and the ratio.
-    PATH_TIME=$(awk -v a="$C_BURST" -v b="$C_NOTIME" 'BEGIN { printf "burst %.1fus with path time, %.1fus without: %+.1fus, ratio %.3f", a, b, a - b, (b > 0 ? a / b : 0) }')
+    PATH_TIME=$(awk -v a="$C_PTIME" -v b="$C_BURST" 'BEGIN { printf "burst %.1fus with path time, %.1fus without: %+.1fus, ratio %.3f", a, b, a - b, (b > 0 ? a / b : 0) }')
     # The paths' contexts in the first default run ("path contexts: J of B
     # bursts began with their stack sample; R of P paths in a context up
     # to the thread's root; N context nodes (K KiB)").

@@ -371,7 +371,7 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
             bursts: bursts_on.then(|| crate::bursts::BurstOptions {
                 burst_len: args.burst,
                 full_trace: args.full_trace,
-                measure: !args.no_path_time,
+                measure: args.path_time,
                 libraries: !args.exe_only,
                 save_bursts: args
                     .save_bursts

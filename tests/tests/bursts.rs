@@ -18,7 +18,7 @@ fn bursts_record_paths_and_keep_output_identical() {
     let scratch = Scratch::new("bursts");
     let run = burstyd_run(
         &scratch,
-        &["--freq", "499", "--save-bursts"],
+        &["--freq", "499", "--save-bursts", "--path-time"],
         &[exe_s, "150"],
         Duration::from_secs(120),
     );

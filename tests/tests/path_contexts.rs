@@ -118,7 +118,18 @@ fn a_function_shows_a_different_hot_path_under_each_caller() {
 fn measured_time_ranks_the_slow_path_first() {
     require_root();
     let _serial = serial();
-    let (run, _, _scratch) = profile_fixture_with("slow_path", &["8"]);
+    let exe = fixture("slow_path");
+    let exe_s = exe.to_str().unwrap();
+    let untraced = run_untraced(&[exe_s, "8"], Duration::from_secs(60));
+    let scratch = Scratch::new("slow_path");
+    let run = burstyd_run(
+        &scratch,
+        &["--freq", "999", "--path-time"],
+        &[exe_s, "8"],
+        Duration::from_secs(180),
+    );
+    run.assert_ok();
+    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
     let profile = run.out_dir.join("paths.pb.gz");
     let p = burstyd_tests::pprof::read_profile(&profile).unwrap();
     let index = |t: &str| {
