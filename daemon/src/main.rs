@@ -212,6 +212,10 @@ fn overrides(cli: &Cli, args: &ProfileArgs, matches: &ArgMatches) -> Overrides {
         no_kernel: args.no_kernel,
         http: cli.http.clone(),
         pids: cli.pids.clone(),
+        no_bursts: args.no_bursts,
+        burst: given("burst").then_some(args.burst),
+        path_time: args.path_time,
+        exe_only: args.exe_only,
     }
 }
 
@@ -302,7 +306,10 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
     let mut scanner = None;
     let mut initial = targets.clone();
     if targets.is_none() && !settings.targets.is_empty() {
-        let mut s = crate::service::targets::Scanner::new(settings.targets.clone());
+        let mut s = crate::service::targets::Scanner::new(
+            settings.targets.clone(),
+            settings.bursts.enabled,
+        );
         let found = s.scan().added;
         initial = Some(found);
         scanner = Some(s);
@@ -343,7 +350,22 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
     }
     // Release the command; with bursts, unless --no-hold, the attach
     // thread releases it once it traces it (to hold it at its entry).
-    let bursts_on = !args.no_bursts && (child.is_some() || !cli.pids.is_empty());
+    let static_targets = child.is_some() || !cli.pids.is_empty();
+    // The service (configured targets, or a file whose reload may add
+    // some) traces its targets in bursts as they appear; sampling every
+    // process never does.
+    let service_bursts = !static_targets && (scanner.is_some() || settings.source.is_some());
+    if !static_targets && (args.full_trace || args.save_bursts) {
+        anyhow::bail!(
+            "{} needs --pid or run: the service traces its targets in short bursts only",
+            if args.full_trace {
+                "--full-trace"
+            } else {
+                "--save-bursts"
+            }
+        );
+    }
+    let bursts_on = settings.bursts.enabled && static_targets || service_bursts;
     let hold = matches!(cli.command, Some(Command::Run { no_hold: false, .. })) && bursts_on;
     if bursts_on {
         crate::bursts::cache::init(
@@ -369,10 +391,10 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
             output: settings.output.clone(),
             gate,
             bursts: bursts_on.then(|| crate::bursts::BurstOptions {
-                burst_len: args.burst,
+                burst_len: settings.bursts.burst,
                 full_trace: args.full_trace,
-                measure: args.path_time,
-                libraries: !args.exe_only,
+                measure: settings.bursts.path_time,
+                libraries: settings.bursts.libraries,
                 save_bursts: args
                     .save_bursts
                     .then(|| settings.output.join("bursts.jsonl")),
@@ -382,7 +404,7 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
                 reload: source.map(|source| session::Reload {
                     source,
                     overrides,
-                    static_targets: child.is_some() || !cli.pids.is_empty(),
+                    static_targets,
                 }),
                 settings,
             },

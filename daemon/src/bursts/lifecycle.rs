@@ -1989,6 +1989,12 @@ impl Attachment {
         self.clear_owner();
     }
 
+    /// New burst length and path timing (a reload), from the next burst
+    /// on; the process stays armed.
+    pub(crate) fn set_options(&mut self, opts: &BurstOptions) {
+        set_run_options(&mut self.region, opts);
+    }
+
     /// Clears the private `owner` of the running burst (through
     /// `/proc/PID/mem`: the daemon does not map the target's private
     /// state), so that its thread fails its next check. Best effort: a

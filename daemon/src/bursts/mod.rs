@@ -42,6 +42,7 @@ pub(crate) mod linkmap;
 pub(crate) mod modules;
 mod parallel;
 pub(crate) mod ring;
+pub(crate) mod selection;
 pub(crate) mod tables;
 pub(crate) mod worker;
 
@@ -617,6 +618,11 @@ impl BurstTracer {
         }
     }
 
+    /// New burst length and path timing (a reload).
+    pub(crate) fn set_options(&mut self, opts: &BurstOptions) {
+        self.attachment.set_options(opts);
+    }
+
     /// No new bursts; a running one ends at its next check.
     pub(crate) fn disarm(&mut self) {
         self.attachment.disarm();
@@ -668,22 +674,54 @@ pub(crate) enum Attach {
     },
 }
 
+/// Work for the attach thread.
+pub(crate) enum Job {
+    /// Attach to a process (the service's targets, as they are selected).
+    Attach { pid: Pid, opts: BurstOptions },
+    /// Clone the libraries a traced process loaded since its attach
+    /// ([`BurstTracer::relink`]'s request).
+    Load(lifecycle::LoadRequest),
+}
+
+/// The attach thread's work, in its order: executables first (each
+/// target takes bursts within milliseconds), then their libraries, then
+/// the libraries loaded since.
+#[derive(Default)]
+struct Queue {
+    attaches: std::collections::VecDeque<(Pid, BurstOptions)>,
+    libraries: std::collections::VecDeque<(Pid, lifecycle::Pending)>,
+    loads: std::collections::VecDeque<lifecycle::LoadRequest>,
+}
+
+impl Queue {
+    fn push(&mut self, j: Job) {
+        match j {
+            Job::Attach { pid, opts } => self.attaches.push_back((pid, opts)),
+            Job::Load(r) => self.loads.push_back(r),
+        }
+    }
+}
+
 /// The bursty-tracing side of a session: one tracer per target, and the
 /// thread attaching to them.
 pub(crate) struct Bursts {
     tracers: Vec<BurstTracer>,
     full_trace: bool,
-    /// Bursts measure their paths' time.
+    /// Bursts measure their paths' time (some tracer's, ever).
     measure: bool,
+    /// The options of further attaches (the service's, changed by a
+    /// reload).
+    opts: Option<BurstOptions>,
     /// Finished attaches, until the attach thread is done (the channel
     /// closes when it returns).
     attaching: Option<mpsc::UnboundedReceiver<Attach>>,
     /// Set when the session ends: the attach thread starts no further
     /// attach (the one under way runs to its end and is detached).
     cancel: Arc<AtomicBool>,
-    /// Libraries loaded since an attach, for the attach thread to clone
-    /// (dropped when the session ends: the thread returns).
-    requests: Option<std::sync::mpsc::Sender<lifecycle::LoadRequest>>,
+    /// Processes to attach to and libraries loaded since an attach, for
+    /// the attach thread (dropped when the session ends: the thread
+    /// returns).
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
 }
 
 impl Bursts {
@@ -693,7 +731,8 @@ impl Bursts {
     /// ptrace stop take seconds for a big binary, and the session keeps
     /// sampling, serving HTTP and pinging the watchdog meanwhile. The
     /// tracers (or why a target cannot be traced) arrive through
-    /// [`Self::next_attach`].
+    /// [`Self::next_attach`]. The thread then waits for more work
+    /// ([`Self::attach`], libraries loaded later) until the session ends.
     ///
     /// With `gate` (`run`'s command, `pids[0]`, waits on it to exec), the
     /// attach thread first becomes the command's tracer, then closes the
@@ -710,101 +749,102 @@ impl Bursts {
             tracers: Vec::new(),
             full_trace: opts.is_some_and(|o| o.full_trace),
             measure: opts.is_some_and(|o| o.measure),
+            opts: opts.cloned(),
             attaching: None,
             cancel: Arc::new(AtomicBool::new(false)),
-            requests: None,
+            jobs: None,
         };
         let Some(opts) = opts else {
             return bursts;
         };
         let (tx, rx) = mpsc::unbounded_channel();
-        let (requests, requested) = std::sync::mpsc::channel::<lifecycle::LoadRequest>();
-        bursts.requests = Some(requests);
-        let (opts, pids, cancel) = (opts.clone(), pids.to_vec(), bursts.cancel.clone());
+        let (jobs, queued) = std::sync::mpsc::channel::<Job>();
+        bursts.jobs = Some(jobs);
+        let mut queue = Queue::default();
+        for &pid in pids {
+            queue.attaches.push_back((pid, opts.clone()));
+        }
+        let (first, cancel) = (pids.first().copied(), bursts.cancel.clone());
         let spawned = std::thread::Builder::new()
             .name("burstyd-attach".into())
             .spawn(move || {
-                // Every executable first (each target takes bursts within
-                // milliseconds), then their libraries.
-                let mut pending = Vec::new();
-                let mut held = gate.map(|g| lifecycle::hold_command(pids[0], g));
-                for pid in pids {
+                let mut held = first
+                    .zip(gate)
+                    .map(|(pid, g)| lifecycle::hold_command(pid, g));
+                let mut niced = false;
+                loop {
+                    let mut open = true;
+                    loop {
+                        match queued.try_recv() {
+                            Ok(j) => queue.push(j),
+                            Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                                open = false;
+                                break;
+                            }
+                        }
+                    }
                     if cancel.load(Ordering::Relaxed) {
-                        if let Some(true) = held.take() {
+                        if let (Some(true), Some(pid)) = (held.take(), first) {
                             userspace_rewriter::inject::hold::release(pid);
                         }
                         return;
                     }
-                    let hold = held.take() == Some(true);
-                    if !hold {
-                        lifecycle::wait_for_exec(pid);
+                    if let Some((pid, opts)) = queue.attaches.pop_front() {
+                        // Only the first can be `run`'s held command.
+                        let hold = held.take() == Some(true);
+                        match attach_one(pid, &opts, hold, &tx) {
+                            Some(Some(p)) => queue.libraries.push_back((pid, p)),
+                            Some(None) => {}
+                            None => return,
+                        }
+                        continue;
                     }
-                    let (tracer, then) = match BurstTracer::attach(pid, &opts, hold) {
-                        Ok((t, then)) => (Ok(Box::new(t)), then),
-                        Err(e) => {
-                            if hold {
-                                // Still held by this thread: let it run.
-                                userspace_rewriter::inject::hold::release(pid);
+                    // The libraries are background work: the session
+                    // (draining rings, sampling) and the targets come
+                    // first. (Not `run`'s or `--pid`'s executables: a
+                    // short program must be armed early.)
+                    if !niced {
+                        // SAFETY: setpriority on this thread (PRIO_PROCESS
+                        // with a tid) has no memory effects.
+                        unsafe {
+                            libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10)
+                        };
+                        niced = true;
+                    }
+                    if let Some((pid, p)) = queue.libraries.pop_front() {
+                        // Sent also when there is nothing to add: the
+                        // session then looks for libraries loaded since.
+                        let libraries = match lifecycle::add_libraries(pid, p, &cancel) {
+                            Ok(None) if cancel.load(Ordering::Relaxed) => {
+                                tracing::info!(%pid, "the session ended before its shared libraries were cloned");
+                                continue;
                             }
-                            (Err(e), None)
+                            // It exited meanwhile: nothing to say.
+                            Err(_) if !crate::sys::process_running(pid) => continue,
+                            r => r,
+                        };
+                        if tx.send(Attach::Libraries { pid, libraries }).is_err() {
+                            return;
                         }
-                    };
-                    let (armed, armed_rx) = std::sync::mpsc::channel();
-                    let sent = tx.send(Attach::Tracer { pid, tracer, armed });
-                    crate::sys::return_free_memory();
-                    match then {
-                        Some(lifecycle::Then::Libraries(p)) => pending.push((pid, p)),
-                        Some(lifecycle::Then::Release(held)) => {
-                            // Bursts armed (or the session gone): it runs.
-                            let _ = armed_rx.recv_timeout(std::time::Duration::from_secs(5));
-                            if let Err(e) = held.detach() {
-                                warn!(%pid, "releasing the held command: {e}");
-                            }
-                        }
-                        None => {}
+                        crate::sys::return_free_memory();
+                        continue;
                     }
-                    if let Err(mpsc::error::SendError(a)) = sent {
-                        // Nobody will drain it: leave the target as it was.
-                        if let Attach::Tracer { tracer: Ok(t), .. } = a {
-                            let _ = (*t).detach();
+                    if let Some(request) = queue.loads.pop_front() {
+                        let libraries = lifecycle::add_loaded(&request);
+                        if tx.send(Attach::Loaded { request, libraries }).is_err() {
+                            return;
                         }
+                        crate::sys::return_free_memory();
+                        continue;
+                    }
+                    if !open {
                         return;
                     }
-                }
-                // The libraries are background work: the session (draining
-                // rings, sampling) and the targets come first. (Not the
-                // executables: a short program must be armed early.)
-                // SAFETY: setpriority on this thread (PRIO_PROCESS with a
-                // tid) has no memory effects.
-                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
-                for (pid, p) in pending {
-                    // Sent also when there is nothing to add: the session
-                    // then looks for libraries loaded since.
-                    let libraries = match lifecycle::add_libraries(pid, p, &cancel) {
-                        Ok(None) if cancel.load(Ordering::Relaxed) => {
-                            tracing::info!(%pid, "the session ended before its shared libraries were cloned");
-                            continue;
-                        }
-                        // It exited meanwhile: nothing to say.
-                        Err(_) if !crate::sys::process_running(pid) => continue,
-                        r => r,
-                    };
-                    if tx.send(Attach::Libraries { pid, libraries }).is_err() {
-                        return;
+                    match queued.recv() {
+                        Ok(j) => queue.push(j),
+                        Err(_) => return,
                     }
-                    crate::sys::return_free_memory();
-                }
-                // Then the libraries the targets load (dlopen), until the
-                // session ends.
-                while let Ok(request) = requested.recv() {
-                    if cancel.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    let libraries = lifecycle::add_loaded(&request);
-                    if tx.send(Attach::Loaded { request, libraries }).is_err() {
-                        return;
-                    }
-                    crate::sys::return_free_memory();
                 }
             });
         match spawned {
@@ -812,6 +852,39 @@ impl Bursts {
             Err(e) => warn!("bursty tracing disabled: cannot start the attach thread: {e}"),
         }
         bursts
+    }
+
+    /// Attaches to `pid` on the attach thread ([`Self::next_attach`]
+    /// reports it), with the options in force.
+    pub(crate) fn attach(&self, pid: Pid) {
+        if let (Some(tx), Some(opts)) = (&self.jobs, &self.opts) {
+            let _ = tx.send(Job::Attach {
+                pid,
+                opts: opts.clone(),
+            });
+        }
+    }
+
+    /// The options of further attaches (`None` without bursts).
+    pub(crate) fn options(&self) -> Option<&BurstOptions> {
+        self.opts.as_ref()
+    }
+
+    /// New options (a reload): for further attaches, and the burst length
+    /// and path timing of every traced process from its next burst on.
+    pub(crate) fn set_options(&mut self, opts: BurstOptions) {
+        self.measure |= opts.measure;
+        for t in &mut self.tracers {
+            t.set_options(&opts);
+        }
+        self.opts = Some(opts);
+    }
+
+    /// Takes `pid`'s tracer out of the set (to be disarmed and detached);
+    /// `None` when it is not traced (yet).
+    pub(crate) fn release(&mut self, pid: Pid) -> Option<BurstTracer> {
+        let i = self.tracers.iter().position(|t| t.pid() == pid)?;
+        Some(self.tracers.swap_remove(i))
     }
 
     /// The next finished attach; `None` when the attach thread is done
@@ -833,7 +906,7 @@ impl Bursts {
     /// No further attaches (the one under way still finishes).
     pub(crate) fn cancel_pending(&mut self) {
         self.cancel.store(true, Ordering::Relaxed);
-        self.requests = None;
+        self.jobs = None;
     }
 
     /// The tracer of `pid`, if it is traced.
@@ -892,11 +965,11 @@ impl Bursts {
         mut changes: impl FnMut(Pid) -> Option<u64>,
     ) -> Vec<(Pid, Vec<(u64, u64)>)> {
         let mut out = Vec::new();
-        let requests = self.requests.as_ref();
+        let jobs = self.jobs.as_ref();
         for t in &mut self.tracers {
             let (gone, request) = t.relink(changes(t.pid()));
-            if let (Some(r), Some(tx)) = (request, requests) {
-                let _ = tx.send(r);
+            if let (Some(r), Some(tx)) = (request, jobs) {
+                let _ = tx.send(Job::Load(r));
             }
             if !gone.is_empty() {
                 out.push((t.pid(), gone));
@@ -907,8 +980,8 @@ impl Bursts {
 
     /// Asks the attach thread to clone libraries loaded since.
     pub(crate) fn request(&self, r: lifecycle::LoadRequest) {
-        if let Some(tx) = &self.requests {
-            let _ = tx.send(r);
+        if let Some(tx) = &self.jobs {
+            let _ = tx.send(Job::Load(r));
         }
     }
 
@@ -916,4 +989,52 @@ impl Bursts {
     pub(crate) fn take(&mut self) -> Vec<BurstTracer> {
         std::mem::take(&mut self.tracers)
     }
+}
+
+/// On the attach thread: attaches to `pid` (held at its entry point with
+/// `hold`) and sends the tracer, or why it cannot be traced. Returns the
+/// libraries to clone next (`Some(Some(..))`), or `None` when the session
+/// is gone (the thread returns).
+fn attach_one(
+    pid: Pid,
+    opts: &BurstOptions,
+    hold: bool,
+    tx: &mpsc::UnboundedSender<Attach>,
+) -> Option<Option<lifecycle::Pending>> {
+    if !hold {
+        lifecycle::wait_for_exec(pid);
+    }
+    let (tracer, then) = match BurstTracer::attach(pid, opts, hold) {
+        Ok((t, then)) => (Ok(Box::new(t)), then),
+        Err(e) => {
+            if hold {
+                // Still held by this thread: let it run.
+                userspace_rewriter::inject::hold::release(pid);
+            }
+            (Err(e), None)
+        }
+    };
+    let (armed, armed_rx) = std::sync::mpsc::channel();
+    let sent = tx.send(Attach::Tracer { pid, tracer, armed });
+    crate::sys::return_free_memory();
+    let mut libraries = None;
+    match then {
+        Some(lifecycle::Then::Libraries(p)) => libraries = Some(p),
+        Some(lifecycle::Then::Release(held)) => {
+            // Bursts armed (or the session gone): it runs.
+            let _ = armed_rx.recv_timeout(std::time::Duration::from_secs(5));
+            if let Err(e) = held.detach() {
+                warn!(%pid, "releasing the held command: {e}");
+            }
+        }
+        None => {}
+    }
+    if let Err(mpsc::error::SendError(a)) = sent {
+        // Nobody will drain it: leave the target as it was.
+        if let Attach::Tracer { tracer: Ok(t), .. } = a {
+            let _ = (*t).detach();
+        }
+        return None;
+    }
+    Some(libraries)
 }

@@ -39,8 +39,30 @@ pub(crate) struct FileConfig {
     pub(crate) http: HttpConfig,
     #[serde(default)]
     pub(crate) push: Vec<PushConfig>,
+    #[serde(default)]
+    pub(crate) bursts: BurstsConfig,
     #[serde(default, rename = "target")]
-    pub(crate) targets: Vec<TargetSpec>,
+    pub(crate) targets: Vec<Target>,
+}
+
+/// `[bursts]`: bursty tracing of the processes `[[target]]` selects.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BurstsConfig {
+    /// Whether selected processes are traced in bursts (a `[[target]]`'s
+    /// own `bursts` beats it); sampling every process never is.
+    pub(crate) enabled: Option<bool>,
+    /// Checks per burst (`--burst`).
+    pub(crate) burst: Option<u64>,
+    /// How many processes are traced in bursts at once; the others are
+    /// sampled only.
+    pub(crate) max_traced: Option<Spanned<usize>>,
+    /// Measure each path's time (`--path-time`).
+    pub(crate) path_time: Option<bool>,
+    /// Clone the shared libraries too (`--exe-only` is `false`).
+    pub(crate) libraries: Option<bool>,
+    /// Refused with a reason: a full trace is for `burstyd run`.
+    pub(crate) full_trace: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -89,6 +111,20 @@ fn default_app() -> String {
     "burstyd".into()
 }
 
+/// A `[[target]]`: which processes to sample, and whether to trace them
+/// in bursts (`None`: as `[bursts] enabled` says).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Target {
+    pub(crate) spec: TargetSpec,
+    pub(crate) bursts: Option<bool>,
+}
+
+impl From<TargetSpec> for Target {
+    fn from(spec: TargetSpec) -> Target {
+        Target { spec, bursts: None }
+    }
+}
+
 /// Which processes to sample: `{ pid = N }`, `{ exe = "/usr/bin/foo" }`,
 /// `{ unit = "nginx.service" }` or `{ cgroup = "/system.slice/x" }`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -110,7 +146,7 @@ impl std::fmt::Display for TargetSpec {
     }
 }
 
-impl<'de> Deserialize<'de> for TargetSpec {
+impl<'de> Deserialize<'de> for Target {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
         #[serde(deny_unknown_fields)]
@@ -119,6 +155,7 @@ impl<'de> Deserialize<'de> for TargetSpec {
             exe: Option<PathBuf>,
             unit: Option<String>,
             cgroup: Option<String>,
+            bursts: Option<bool>,
         }
         let r = Raw::deserialize(d)?;
         let mut v = Vec::new();
@@ -162,7 +199,10 @@ impl<'de> Deserialize<'de> for TargetSpec {
             }));
         }
         match v.len() {
-            1 => Ok(v.pop().unwrap()),
+            1 => Ok(Target {
+                spec: v.pop().unwrap(),
+                bursts: r.bursts,
+            }),
             0 => Err(de::Error::custom(
                 "a [[target]] needs one of pid, exe, unit or cgroup",
             )),
@@ -389,6 +429,25 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<FileConfig, ConfigError> 
             ));
         }
     }
+    if let Some(f) = &cfg.bursts.full_trace {
+        return Err(ConfigError::at(
+            path,
+            text,
+            Some(f.span()),
+            "full_trace is not allowed in the service: it traces every event from the first burst on and slows the target many times over; use `burstyd run --full-trace -- PROGRAM` for ground truth".into(),
+        ));
+    }
+    if let Some(m) = &cfg.bursts.max_traced
+        && *m.get_ref() == 0
+    {
+        return Err(ConfigError::at(
+            path,
+            text,
+            Some(m.span()),
+            "max_traced must be at least 1 (to trace no process in bursts, set enabled = false)"
+                .into(),
+        ));
+    }
     if let Some(e) = &cfg.event
         && let Err(err) = crate::sampling::events::parse_event(e)
     {
@@ -434,6 +493,28 @@ pub(crate) struct Overrides {
     pub(crate) http: Option<String>,
     /// `--pid`: replaces the file's targets.
     pub(crate) pids: Vec<u32>,
+    /// `--no-bursts`, `--burst`, `--path-time`, `--exe-only`.
+    pub(crate) no_bursts: bool,
+    pub(crate) burst: Option<u64>,
+    pub(crate) path_time: bool,
+    pub(crate) exe_only: bool,
+}
+
+/// How many processes the service traces in bursts at once by default.
+pub(crate) const DEFAULT_MAX_TRACED: usize = 4;
+
+/// Bursty tracing, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BurstSettings {
+    /// Whether targets are traced in bursts (a `[[target]]`'s own
+    /// `bursts` beats it).
+    pub(crate) enabled: bool,
+    /// Checks per burst.
+    pub(crate) burst: u64,
+    /// Processes traced in bursts at once (configured targets).
+    pub(crate) max_traced: usize,
+    pub(crate) path_time: bool,
+    pub(crate) libraries: bool,
 }
 
 /// A push destination, resolved.
@@ -486,7 +567,8 @@ pub(crate) struct Settings {
     pub(crate) http: Option<SocketAddr>,
     pub(crate) push: Vec<PushTarget>,
     /// Selectors from the file (ignored when `--pid` or `run` is used).
-    pub(crate) targets: Vec<TargetSpec>,
+    pub(crate) targets: Vec<Target>,
+    pub(crate) bursts: BurstSettings,
     /// Which file (if any) these came from, for messages.
     pub(crate) source: Option<PathBuf>,
 }
@@ -576,6 +658,21 @@ impl Settings {
             http,
             push,
             targets,
+            bursts: BurstSettings {
+                enabled: !o.no_bursts && f.bursts.enabled.unwrap_or(true),
+                burst: o
+                    .burst
+                    .or(f.bursts.burst)
+                    .unwrap_or(crate::bursts::DEFAULT_BURST),
+                max_traced: f
+                    .bursts
+                    .max_traced
+                    .as_ref()
+                    .map(|m| *m.get_ref())
+                    .unwrap_or(DEFAULT_MAX_TRACED),
+                path_time: o.path_time || f.bursts.path_time.unwrap_or(false),
+                libraries: !o.exe_only && f.bursts.libraries.unwrap_or(true),
+            },
             source: file.and(source).map(Path::to_path_buf),
         })
     }
@@ -607,8 +704,13 @@ url = "http://pyro:4040/"
 app = "web.cpu"
 labels = { env = "prod", region = "eu1" }
 interval = 30
+[bursts]
+burst = 200
+max_traced = 2
+path_time = true
 [[target]]
 exe = "/usr/bin/foo"
+bursts = false
 [[target]]
 unit = "nginx"
 [[target]]
@@ -625,10 +727,13 @@ pid = 1
         assert_eq!(
             c.targets,
             [
-                TargetSpec::Exe("/usr/bin/foo".into()),
-                TargetSpec::Unit("nginx.service".into()),
-                TargetSpec::Cgroup("/system.slice/x.service".into()),
-                TargetSpec::Pid(Pid(1)),
+                Target {
+                    spec: TargetSpec::Exe("/usr/bin/foo".into()),
+                    bursts: Some(false)
+                },
+                TargetSpec::Unit("nginx.service".into()).into(),
+                TargetSpec::Cgroup("/system.slice/x.service".into()).into(),
+                TargetSpec::Pid(Pid(1)).into(),
             ]
         );
         let s = Settings::resolve(Some(&c), None, &Overrides::default()).unwrap();
@@ -639,12 +744,25 @@ pid = 1
             "push interval shrinks it"
         );
         assert_eq!(s.push[0].interval, Duration::from_secs(30));
+        assert_eq!(
+            s.bursts,
+            BurstSettings {
+                enabled: true,
+                burst: 200,
+                max_traced: 2,
+                path_time: true,
+                libraries: true
+            }
+        );
         let o = Overrides {
             event: Some("cycles".into()),
             period: Some(1000),
             output: Some("/tmp/x".into()),
             pids: vec![7],
             http: Some("6061".into()),
+            no_bursts: true,
+            burst: Some(9),
+            exe_only: true,
             ..Default::default()
         };
         let s = Settings::resolve(Some(&c), None, &o).unwrap();
@@ -653,6 +771,10 @@ pid = 1
         assert_eq!(s.output, PathBuf::from("/tmp/x"));
         assert_eq!(s.http, Some("127.0.0.1:6061".parse().unwrap()));
         assert!(s.targets.is_empty());
+        assert_eq!(
+            (s.bursts.enabled, s.bursts.burst, s.bursts.libraries),
+            (false, 9, false)
+        );
     }
 
     #[test]
@@ -663,6 +785,16 @@ pid = 1
         assert_eq!(s.http, None);
         assert_eq!(s.interval, None);
         assert!(s.kernel_stacks);
+        assert_eq!(
+            s.bursts,
+            BurstSettings {
+                enabled: true,
+                burst: crate::bursts::DEFAULT_BURST,
+                max_traced: DEFAULT_MAX_TRACED,
+                path_time: false,
+                libraries: true
+            }
+        );
     }
 
     #[test]
@@ -698,6 +830,18 @@ pid = 1
         assert!(e.place.starts_with(":2:"), "{e}");
         let e = p("event = \"bogus\"\n").unwrap_err();
         assert!(e.place.starts_with(":1:"), "{e}");
+        let e = p("[bursts]\nfull_trace = true\n").unwrap_err();
+        assert!(
+            e.place == ":2:14" && e.reason.contains("burstyd run --full-trace"),
+            "{e}"
+        );
+        let e = p("[bursts]\nmax_traced = 0\n").unwrap_err();
+        assert!(e.place == ":2:14" && e.reason.contains("at least 1"), "{e}");
+        let e = p("[[target]]\nexe = \"/a\"\nbursts = \"yes\"\n").unwrap_err();
+        assert!(
+            e.place.starts_with(":1:") || e.place.starts_with(":3:"),
+            "{e}"
+        );
         let e = p("freq = \n").unwrap_err();
         assert!(e.place.starts_with(":1:"), "{e}");
     }

@@ -8,12 +8,18 @@ use std::path::PathBuf;
 
 use burstyd_common::addr::Pid;
 
-use crate::service::config::TargetSpec;
+use crate::service::config::{Target, TargetSpec};
 
 /// The current selection and what changed at the last scan.
 #[derive(Debug, Default)]
 pub(crate) struct Scanner {
     specs: Vec<TargetSpec>,
+    /// Each spec's own `bursts` (parallel to `specs`).
+    spec_bursts: Vec<Option<bool>>,
+    /// `[bursts] enabled`: for a process no target says anything about.
+    bursts_default: bool,
+    /// The current pids to trace in bursts (a subset of `current`).
+    bursty: BTreeSet<Pid>,
     /// Executable paths resolved through symlinks (as /proc/PID/exe shows
     /// them), parallel to the `Exe` specs.
     exes: Vec<PathBuf>,
@@ -27,14 +33,22 @@ pub(crate) struct Change {
 }
 
 impl Scanner {
-    pub(crate) fn new(specs: Vec<TargetSpec>) -> Scanner {
+    /// Bursts for the targets that say nothing follow `bursts_default`.
+    pub(crate) fn new(targets: Vec<Target>, bursts_default: bool) -> Scanner {
         let mut s = Scanner::default();
-        s.set_specs(specs);
+        s.set_targets(targets, bursts_default);
         s
     }
 
     /// Replaces the selectors (reload); the next scan adds and removes.
-    pub(crate) fn set_specs(&mut self, specs: Vec<TargetSpec>) {
+    pub(crate) fn set_targets(&mut self, targets: Vec<Target>, bursts_default: bool) {
+        self.bursts_default = bursts_default;
+        let (specs, bursts) = targets.into_iter().map(|t| (t.spec, t.bursts)).unzip();
+        self.spec_bursts = bursts;
+        self.set_specs(specs);
+    }
+
+    fn set_specs(&mut self, specs: Vec<TargetSpec>) {
         self.exes = specs
             .iter()
             .filter_map(|s| match s {
@@ -53,15 +67,30 @@ impl Scanner {
         &self.current
     }
 
+    /// The current pids to trace in bursts: each matched by a target
+    /// with `bursts = true`, or by targets that say nothing while
+    /// `[bursts] enabled`; never one a target with `bursts = false`
+    /// matches.
+    pub(crate) fn bursty(&self) -> &BTreeSet<Pid> {
+        &self.bursty
+    }
+
     /// Walks /proc once and returns the pids that started or stopped
     /// matching.
     pub(crate) fn scan(&mut self) -> Change {
         let me = Pid(std::process::id());
         let mut now = BTreeSet::new();
+        self.bursty.clear();
         if !self.specs.is_empty() {
             for pid in list_pids() {
-                if pid != me && self.matches(pid) {
+                if pid == me {
+                    continue;
+                }
+                if let Some(bursts) = self.matches(pid) {
                     now.insert(pid);
+                    if bursts {
+                        self.bursty.insert(pid);
+                    }
                 }
             }
         }
@@ -73,10 +102,12 @@ impl Scanner {
         change
     }
 
-    fn matches(&self, pid: Pid) -> bool {
+    /// Whether `pid` matches, and if so whether to trace it in bursts.
+    fn matches(&self, pid: Pid) -> Option<bool> {
         let mut cgroups: Option<Vec<String>> = None;
         let mut exe: Option<Option<PathBuf>> = None;
-        for spec in &self.specs {
+        let (mut hit_any, mut bursts_on) = (false, false);
+        for (spec, bursts) in self.specs.iter().zip(&self.spec_bursts) {
             let hit = match spec {
                 TargetSpec::Pid(p) => *p == pid,
                 TargetSpec::Exe(_) => {
@@ -99,10 +130,15 @@ impl Scanner {
                     .any(|c| cgroup_within(c, want)),
             };
             if hit {
-                return true;
+                match bursts {
+                    Some(false) => return Some(false),
+                    Some(true) => bursts_on = true,
+                    None => bursts_on |= self.bursts_default,
+                }
+                hit_any = true;
             }
         }
-        false
+        hit_any.then_some(bursts_on)
     }
 }
 
@@ -184,7 +220,7 @@ mod tests {
             TargetSpec::Exe(exe.clone()),
             TargetSpec::Cgroup(cg.clone()),
         ] {
-            let mut s = Scanner::new(vec![spec.clone()]);
+            let mut s = Scanner::new(vec![spec.clone().into()], false);
             let c = s.scan();
             assert!(c.added.contains(&pid), "{spec}: {c:?}");
             assert!(
@@ -192,8 +228,24 @@ mod tests {
                 "{spec}: selected the scanner itself"
             );
         }
-        let mut s = Scanner::new(vec![TargetSpec::Pid(pid)]);
+        let mut s = Scanner::new(vec![TargetSpec::Pid(pid).into()], false);
         assert_eq!(s.scan().added, [pid]);
+        assert!(s.bursty().is_empty());
+        // Bursts: the default, a target's own yes, and a no that wins.
+        let on = |b: Option<bool>| Target {
+            spec: TargetSpec::Pid(pid),
+            bursts: b,
+        };
+        for (targets, default, want) in [
+            (vec![on(None)], true, true),
+            (vec![on(Some(true))], false, true),
+            (vec![on(Some(true)), on(Some(false))], true, false),
+            (vec![on(None), on(Some(false))], true, false),
+        ] {
+            let mut b = Scanner::new(targets.clone(), default);
+            b.scan();
+            assert_eq!(b.bursty().contains(&pid), want, "{targets:?} {default}");
+        }
         assert_eq!(s.scan(), Change::default());
         child.kill().unwrap();
         child.wait().unwrap();

@@ -9,6 +9,7 @@ use tracing::{debug, info, warn};
 use super::{Session, ticker};
 use crate::bursts::coverage::HotCoverage;
 use crate::bursts::lifecycle::LoadRequest;
+use crate::bursts::selection::Report;
 use crate::bursts::{Attach, BurstTracer, Finished};
 use crate::export::pprof::encode_gzip;
 use crate::sampling::sampler::{KernelCounters, Sampler};
@@ -68,11 +69,38 @@ impl Session {
         let mut t = match tracer {
             Ok(t) => t,
             Err(e) => {
-                warn!(%pid, "bursty tracing disabled for this process (it is sampled only): {e:#}");
                 self.pipe.leaf_weights.remove(&pid);
+                let Some(sel) = self.selection.as_mut() else {
+                    warn!(%pid, "bursty tracing disabled for this process (it is sampled only): {e:#}");
+                    return;
+                };
+                // The service: once per executable, then retried with
+                // backoff (its processes are sampled meanwhile).
+                let reason = format!("{e:#}");
+                match sel.failed(pid, &reason, std::time::Instant::now()) {
+                    Report::Warn { retry_in } => warn!(
+                        %pid,
+                        "cannot trace {} in bursts (it is sampled only; its processes are tried again in {} s): {reason}",
+                        exe_name(pid),
+                        retry_in.as_secs()
+                    ),
+                    Report::Quiet => {
+                        debug!(%pid, "cannot trace in bursts (again): {reason}")
+                    }
+                }
                 return;
             }
         };
+        if let Some(sel) = self.selection.as_mut()
+            && !sel.attached(pid)
+        {
+            // Released while it was being attached (it exited, or a
+            // reload dropped it): never armed, detached at once.
+            debug!(%pid, "attached after it was released: detaching");
+            self.pipe.procs.set_clone_frames(pid, t.clone_frames());
+            self.spawn_detach(*t);
+            return;
+        }
         let request = link(&mut self.sampler, &mut t);
         // Also with --burst 0: every overflow still reaches the handler,
         // which returns to the original code at once (what being attached
@@ -211,6 +239,76 @@ impl Session {
         self.bursts.add(t);
     }
 
+    /// The service, once a second and after a reload: attaches to the
+    /// targets newly selected for bursts (within `max_traced`), releases
+    /// those that exited or are no longer selected.
+    pub(super) fn select_bursts(&mut self) {
+        let Some(sel) = self.selection.as_mut() else {
+            return;
+        };
+        let empty = std::collections::BTreeSet::new();
+        let wanted = self.svc.scanner.as_ref().map_or(&empty, |s| s.bursty());
+        let mut full = Vec::new();
+        let plan = sel.plan(wanted, read_exe, std::time::Instant::now(), &mut full);
+        for pid in full {
+            info!(
+                %pid,
+                "selected for bursts, but max_traced processes are traced already: {} is sampled only until one of them goes",
+                exe_name(pid)
+            );
+        }
+        for pid in plan.release {
+            self.release_bursts(pid);
+        }
+        for pid in plan.attach {
+            info!(%pid, "tracing {} in bursts: attaching", exe_name(pid));
+            self.pipe.leaf_weights.insert(pid, HashMap::new());
+            self.bursts.attach(pid);
+        }
+    }
+
+    /// Stops tracing `pid` in bursts (it exited, or is no longer
+    /// selected): out of the eBPF maps, its records so far counted with
+    /// their contexts, then disarmed and detached on the blocking pool.
+    /// A process still running runs on untouched, sampled if still a
+    /// target.
+    fn release_bursts(&mut self, pid: burstyd_common::addr::Pid) {
+        let Some(mut t) = self.bursts.release(pid) else {
+            return;
+        };
+        let _ = self.sampler.set_burst_target(pid, None);
+        self.sampler.drain_now(|s| self.pipe.handle(s));
+        let activity = self.pipe.in_clones.remove(&pid).unwrap_or_default();
+        t.drain(activity, self.pipe.start_stacks.get_mut(&pid));
+        self.pipe.start_stacks.remove(&pid);
+        t.disarm();
+        if crate::sys::process_running(pid) {
+            info!(%pid, "no longer selected for bursts: detaching (the process runs on)");
+        } else {
+            info!(%pid, "exited: its bursts are released");
+        }
+        self.spawn_detach(t);
+    }
+
+    /// Detaches `t` on tokio's blocking pool; [`Self::on_detached`] gets
+    /// the result.
+    fn spawn_detach(&mut self, t: BurstTracer) {
+        let tx = self.released.tx.clone();
+        self.released.pending += 1;
+        tokio::task::spawn_blocking(move || {
+            let _ = tx.send(t.detach());
+        });
+    }
+
+    /// A released tracer is detached: its paths wait for the profiles.
+    pub(super) fn on_detached(&mut self, f: Finished) {
+        self.released.pending -= 1;
+        if let Err(e) = &f.stats {
+            warn!(pid = %f.traced.pid, "detaching: {e:#}");
+        }
+        self.released.finished.push(f);
+    }
+
     /// Ends bursty tracing. An attach still under way is waited for (its
     /// target is detached like the others: never left armed with nobody
     /// draining it), further ones are not started. Then every target is
@@ -232,8 +330,20 @@ impl Session {
                 }
             }
         }
+        while self.released.pending > 0 {
+            tokio::select! {
+                f = self.released.rx.recv() => match f {
+                    Some(f) => self.on_detached(f),
+                    None => break,
+                },
+                _ = self.timers.drain.tick() => {
+                    self.sampler.drain_now(|s| self.pipe.handle(s));
+                }
+            }
+        }
+        let mut done = std::mem::take(&mut self.released.finished);
         if !self.bursts.active() {
-            return Vec::new();
+            return done;
         }
         self.bursts.disarm(|pid| {
             let _ = self.sampler.set_burst_target(pid, None);
@@ -258,10 +368,11 @@ impl Session {
         };
         // What was sampled while they detached.
         self.sampler.drain_now(|s| self.pipe.handle(s));
-        finished.unwrap_or_else(|e| {
+        done.extend(finished.unwrap_or_else(|e| {
             warn!("detaching the traced processes: {e}");
             Vec::new()
-        })
+        }));
+        done
     }
 
     /// `paths.pb.gz`, `edges.fdata` (and `edges-<pid>.fdata` with several
@@ -436,4 +547,14 @@ impl Session {
             Err(e) => warn!("path profile: {e:#}"),
         }
     }
+}
+
+/// `/proc/PID/exe` (the key of an executable's attach backoff).
+fn read_exe(pid: burstyd_common::addr::Pid) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
+/// The executable's path for messages.
+fn exe_name(pid: burstyd_common::addr::Pid) -> String {
+    read_exe(pid).map_or_else(|| format!("pid {pid}"), |p| p.display().to_string())
 }

@@ -193,8 +193,25 @@ pub(crate) struct Session {
     out: Output,
     svc: ServiceParts,
     bursts: Bursts,
+    /// The service's targets traced in bursts (`None` with `--pid`, `run`
+    /// or without bursts).
+    selection: Option<crate::bursts::selection::Selection>,
+    /// Tracers released before the end (their process exited or is no
+    /// longer selected), detached on the blocking pool.
+    released: Released,
     timers: Timers,
     signals: Signals,
+}
+
+/// Tracers taken out of the set during the session: their detach under
+/// way on tokio's blocking pool, and what they recorded.
+struct Released {
+    tx: mpsc::UnboundedSender<crate::bursts::Finished>,
+    rx: mpsc::UnboundedReceiver<crate::bursts::Finished>,
+    /// Detaches under way.
+    pending: usize,
+    /// Detached: their paths go into the path profiles.
+    finished: Vec<crate::bursts::Finished>,
 }
 
 /// How a session went, and how `run`'s command exited.
@@ -335,6 +352,10 @@ impl Session {
         if bursts.attaching() {
             pipe.leaf_weights = targets.iter().map(|&p| (p, HashMap::new())).collect();
         }
+        let selection = (opts.targets.is_none() && bursts.attaching()).then(|| {
+            crate::bursts::selection::Selection::new(opts.service.settings.bursts.max_traced)
+        });
+        let (released_tx, released_rx) = mpsc::unbounded_channel();
         Ok(Session {
             opts,
             sampler,
@@ -360,6 +381,13 @@ impl Session {
                 notify,
             },
             bursts,
+            selection,
+            released: Released {
+                tx: released_tx,
+                rx: released_rx,
+                pending: 0,
+                finished: Vec::new(),
+            },
             timers,
             signals,
         })
@@ -371,6 +399,7 @@ impl Session {
             tokio::select! {
                 _ = tick(&mut self.timers.bursts), if self.bursts.active() => self.on_burst_tick(),
                 Some(a) = self.bursts.next_attach(), if self.bursts.attaching() => self.on_attached(a),
+                Some(f) = self.released.rx.recv(), if self.released.pending > 0 => self.on_detached(f),
                 r = self.sampler.drain(|s| self.pipe.handle(s)) => self.on_samples(r)?,
                 _ = self.timers.drain.tick() => self.on_drain_tick(),
                 sig = self.signals.recv() => {
@@ -518,6 +547,7 @@ impl Session {
         if let Some(s) = self.svc.scanner.as_mut() {
             reload::apply_scan(s, &mut self.sampler, &mut self.pipe.procs);
         }
+        self.select_bursts();
     }
 
     /// Every 250 ms with `--pid`: marks exited targets; true once all have

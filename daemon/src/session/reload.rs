@@ -17,6 +17,9 @@ impl Session {
         self.reload();
         self.timers.interval = self.opts.interval.map(interval_timer);
         self.out.push_pending = pusher_pending(&self.svc.pusher, std::time::SystemTime::now());
+        // Targets dropped (or bursts turned off) are detached now, new
+        // ones attached.
+        self.select_bursts();
     }
 
     /// SIGHUP: re-reads the configuration; a bad file is rejected whole (with
@@ -25,6 +28,8 @@ impl Session {
         let Session {
             opts,
             sampler,
+            bursts,
+            selection,
             svc:
                 ServiceParts {
                     scanner,
@@ -65,19 +70,47 @@ impl Session {
                 "event, period/freq and kernel_stacks changes take effect at the next start (systemctl restart burstyd)"
             );
         }
-        if !r.static_targets && new.targets != old.targets {
+        if new.bursts != old.bursts {
+            let b = &new.bursts;
+            if let Some(o) = bursts.options() {
+                bursts.set_options(crate::bursts::BurstOptions {
+                    burst_len: b.burst,
+                    measure: b.path_time,
+                    libraries: b.libraries,
+                    ..o.clone()
+                });
+            }
+            if let Some(sel) = selection.as_mut() {
+                sel.set_max(b.max_traced);
+            }
+            tracing::info!(
+                "bursts now: {} for targets, {} checks, at most {} processes at once{}{}",
+                if b.enabled { "on" } else { "off" },
+                b.burst,
+                b.max_traced,
+                if b.path_time { ", path time" } else { "" },
+                if b.libraries {
+                    ""
+                } else {
+                    ", executables only"
+                },
+            );
+        }
+        if !r.static_targets
+            && (new.targets != old.targets || new.bursts.enabled != old.bursts.enabled)
+        {
             let was = scanner.is_some();
             let now_targeted = !new.targets.is_empty();
             if now_targeted {
-                let s = scanner.get_or_insert_with(|| Scanner::new(Vec::new()));
-                s.set_specs(new.targets.clone());
+                let s = scanner.get_or_insert_with(|| Scanner::new(Vec::new(), false));
+                s.set_targets(new.targets.clone(), new.bursts.enabled);
                 if !was && let Err(e) = sampler.set_targeted(true) {
                     tracing::error!("switching to targeted sampling: {e}");
                 }
                 apply_scan(s, sampler, &mut ProcessTable::new());
                 tracing::info!("targets now {:?}: pids {:?}", new.targets, s.current());
             } else if let Some(mut s) = scanner.take() {
-                s.set_specs(Vec::new());
+                s.set_targets(Vec::new(), false);
                 for pid in s.scan().removed {
                     let _ = sampler.remove_target(pid);
                 }
