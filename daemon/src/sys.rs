@@ -336,12 +336,17 @@ pub(crate) fn signal_name(signo: libc::c_int) -> String {
 /// The time-stamp counter's rate in Hz, measured against the monotonic
 /// clock over 20 ms (the host's TSC is constant: `constant_tsc`).
 pub(crate) fn tsc_hz() -> f64 {
-    // SAFETY: `rdtsc` has no preconditions on x86-64.
-    let tsc = || unsafe { core::arch::x86_64::_rdtsc() };
-    let (t0, c0) = (std::time::Instant::now(), tsc());
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    let (c1, t1) = (tsc(), std::time::Instant::now());
-    c1.wrapping_sub(c0) as f64 / (t1 - t0).as_secs_f64()
+    // Once: the rate is invariant, and the loop should not sleep at every
+    // interval profile.
+    static HZ: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *HZ.get_or_init(|| {
+        // SAFETY: `rdtsc` has no preconditions on x86-64.
+        let tsc = || unsafe { core::arch::x86_64::_rdtsc() };
+        let (t0, c0) = (std::time::Instant::now(), tsc());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let (c1, t1) = (tsc(), std::time::Instant::now());
+        c1.wrapping_sub(c0) as f64 / (t1 - t0).as_secs_f64()
+    })
 }
 
 #[cfg(test)]

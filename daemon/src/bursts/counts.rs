@@ -30,7 +30,60 @@ pub(crate) struct Tally {
     pub(crate) measured: u64,
 }
 
+/// A counted entry: (context node, fid, path).
+pub(crate) type Key = (u32, u32, u64);
+
+/// Path counts the exporters read: all of a process's, or one
+/// interval's, on its calling context tree.
+pub(crate) struct PathView<'a> {
+    entries: std::borrow::Cow<'a, HashMap<Key, Tally>>,
+    contexts: &'a Contexts,
+    /// See [`PathCounts::min_cost`] (the process's, over all intervals).
+    pub(crate) min_cost: Option<u64>,
+}
+
+impl PathView<'_> {
+    /// `((context, fid, path), tally)` in no particular order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&Key, &Tally)> {
+        self.entries.iter()
+    }
+
+    /// The calling contexts the counts refer to.
+    pub(crate) fn contexts(&self) -> &Contexts {
+        self.contexts
+    }
+}
+
+
+/// `now - before`, entry by entry (what was counted between two
+/// [`PathCounts::snapshot`]s); entries that did not move are left out.
+pub(crate) fn delta(now: &HashMap<Key, Tally>, before: &HashMap<Key, Tally>) -> HashMap<Key, Tally> {
+    now.iter()
+        .filter_map(|(k, t)| {
+            let b = before.get(k).copied().unwrap_or_default();
+            (t.executions > b.executions).then(|| {
+                (
+                    *k,
+                    Tally {
+                        executions: t.executions - b.executions,
+                        cost: t.cost.saturating_sub(b.cost),
+                        measured: t.measured.saturating_sub(b.measured),
+                    },
+                )
+            })
+        })
+        .collect()
+}
+
+fn add_tally(into: &mut Tally, t: &Tally) {
+    into.executions += t.executions;
+    into.cost += t.cost;
+    into.measured += t.measured;
+}
+
 /// Executions of each Ball-Larus path per calling context within bursts.
+/// Counted per interval ([`Self::take_interval`] folds an interval's into
+/// the totals).
 #[derive(Default)]
 pub(crate) struct PathCounts {
     /// Per fid: its number of paths; `None` where the function has no
@@ -39,8 +92,11 @@ pub(crate) struct PathCounts {
     /// Per fid: the fid of its family (the parts of one function in the
     /// compiler's sense share one); `u32::MAX` where no module has it.
     family: Vec<u32>,
-    /// (context node, fid, path) → what was counted.
-    counts: HashMap<(u32, u32, u64), Tally>,
+    /// (context node, fid, path) → what was counted since the last
+    /// [`Self::take_interval`].
+    counts: HashMap<Key, Tally>,
+    /// What earlier intervals counted.
+    total: HashMap<Key, Tally>,
     /// The calling context tree the counts hang on.
     contexts: Contexts,
     /// The current burst's stack: the frames of its stack sample
@@ -174,13 +230,13 @@ impl PathCounts {
                         self.rooted_paths += 1;
                     }
                     let key = (ctx, fid, path);
-                    let full = self.counts.len() >= MAX_ENTRIES;
+                    let full = self.counts.len() + self.total.len() >= MAX_ENTRIES;
                     match self.counts.get_mut(&key) {
                         Some(t) => {
                             t.executions += 1;
                             self.last = Some(key);
                         }
-                        None if full => self.dropped += 1,
+                        None if full && !self.total.contains_key(&key) => self.dropped += 1,
                         None => {
                             self.counts.insert(
                                 key,
@@ -242,9 +298,45 @@ impl PathCounts {
             .is_some_and(|n| path < n)
     }
 
-    /// `((context, fid, path), tally)` in no particular order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&(u32, u32, u64), &Tally)> {
-        self.counts.iter()
+    /// Everything counted so far: the totals and this interval's.
+    pub(crate) fn all(&self) -> PathView<'_> {
+        let entries = if self.counts.is_empty() {
+            std::borrow::Cow::Borrowed(&self.total)
+        } else {
+            std::borrow::Cow::Owned(self.snapshot())
+        };
+        PathView {
+            entries,
+            contexts: &self.contexts,
+            min_cost: self.min_cost,
+        }
+    }
+
+    /// `entries` (an interval's, a window's) on this process's contexts.
+    pub(crate) fn view(&self, entries: HashMap<Key, Tally>) -> PathView<'_> {
+        PathView {
+            entries: std::borrow::Cow::Owned(entries),
+            contexts: &self.contexts,
+            min_cost: self.min_cost,
+        }
+    }
+
+    /// What was counted since the last call, which the totals now hold.
+    pub(crate) fn take_interval(&mut self) -> HashMap<Key, Tally> {
+        let iv = std::mem::take(&mut self.counts);
+        for (k, t) in &iv {
+            add_tally(self.total.entry(*k).or_default(), t);
+        }
+        iv
+    }
+
+    /// Everything counted so far, as a copy (for [`delta`]).
+    pub(crate) fn snapshot(&self) -> HashMap<Key, Tally> {
+        let mut all = self.total.clone();
+        for (k, t) in &self.counts {
+            add_tally(all.entry(*k).or_default(), t);
+        }
+        all
     }
 
     /// The calling contexts the counts refer to.
@@ -297,6 +389,7 @@ mod tests {
 
     fn counted(c: &PathCounts) -> Vec<(Vec<u32>, u32, u64, u64)> {
         let mut v: Vec<_> = c
+            .all()
             .iter()
             .map(|(&(ctx, fid, p), n)| (c.contexts().fids(ctx), fid, p, n.executions))
             .collect();
@@ -426,7 +519,7 @@ mod tests {
             (4, 4, 1, 0)
         );
         // Every context hangs under the root.
-        for (&(ctx, _, _), _) in c.iter() {
+        for (&(ctx, _, _), _) in c.all().iter() {
             assert!(c.contexts().frames(ctx).1);
         }
 
@@ -437,7 +530,7 @@ mod tests {
         c.add(&BurstEvent::Enter { fid: 2 });
         c.add(&BurstEvent::Unwind { depth: 0 });
         c.add(&path(1, PathEnd::Return, 0));
-        let (ctx, _, _) = *c.iter().find(|e| e.0.1 == 1 && e.0.2 == 0).unwrap().0;
+        let (ctx, _, _) = *c.all().iter().find(|e| e.0.1 == 1 && e.0.2 == 0).unwrap().0;
         assert_eq!(c.contexts().frames(ctx), (vec![], false));
         assert_eq!((c.rooted_paths, c.joined, c.unjoined), (4, 1, 1));
 
@@ -471,7 +564,7 @@ mod tests {
         c.add(&BurstEvent::Cost { ticks: 1000 });
         c.add(&path(0, PathEnd::BackEdge, 3));
         let t: Vec<_> = {
-            let mut v: Vec<_> = c.iter().map(|(k, t)| (k.2, *t)).collect();
+            let mut v: Vec<_> = c.all().iter().map(|(k, t)| (k.2, *t)).collect();
             v.sort_by_key(|e| e.0);
             v
         };
@@ -497,6 +590,36 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    /// Intervals partition the counts: each interval holds what was
+    /// counted since the one before, and all of them add up to the total;
+    /// a window is the difference of two snapshots.
+    #[test]
+    fn intervals_add_up_to_the_total() {
+        let mut c = PathCounts::new(vec![Some(4)]);
+        let execs = |m: &HashMap<Key, Tally>, p: u64| {
+            m.iter()
+                .filter(|(k, _)| k.2 == p)
+                .map(|(_, t)| t.executions)
+                .sum::<u64>()
+        };
+        c.add(&path(0, PathEnd::BackEdge, 1));
+        c.add(&path(0, PathEnd::BackEdge, 1));
+        let before = c.snapshot();
+        let first = c.take_interval();
+        assert_eq!(execs(&first, 1), 2);
+        c.add(&path(0, PathEnd::BackEdge, 1));
+        c.add(&path(0, PathEnd::BackEdge, 2));
+        assert_eq!(counted(&c).iter().map(|e| e.3).sum::<u64>(), 4);
+        let window = delta(&c.snapshot(), &before);
+        assert_eq!((execs(&window, 1), execs(&window, 2)), (1, 1));
+        let second = c.take_interval();
+        assert_eq!((execs(&second, 1), execs(&second, 2)), (1, 1));
+        assert!(c.take_interval().is_empty());
+        let all = c.all();
+        let total: u64 = all.iter().map(|(_, t)| t.executions).sum();
+        assert_eq!(total, 4);
     }
 
     #[test]

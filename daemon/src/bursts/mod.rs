@@ -278,6 +278,8 @@ pub(crate) struct BurstTracer {
     /// The attach's second step (the libraries mapped then) is still to
     /// come: libraries found uncloned now are its business.
     awaiting_libraries: bool,
+    /// How long the attach (its first step) took.
+    attach_secs: f64,
 }
 
 /// How often one library file may be cloned anew in a process that
@@ -301,6 +303,7 @@ impl BurstTracer {
         opts: &BurstOptions,
         held: bool,
     ) -> anyhow::Result<(Self, Option<lifecycle::Then>)> {
+        let began = std::time::Instant::now();
         let (
             Attached {
                 attachment,
@@ -337,6 +340,7 @@ impl BurstTracer {
             loading: false,
             clonings: Default::default(),
             awaiting_libraries: matches!(pending, Some(lifecycle::Then::Libraries(_))),
+            attach_secs: began.elapsed().as_secs_f64(),
             traced: Traced {
                 pid,
                 exe,
@@ -398,6 +402,25 @@ impl BurstTracer {
 
     pub(crate) fn pid(&self) -> Pid {
         self.traced.pid
+    }
+
+    /// How long the attach (its first step) took, in seconds.
+    pub(crate) fn attach_secs(&self) -> f64 {
+        self.attach_secs
+    }
+
+    /// What the exporters need to know about the process.
+    pub(crate) fn traced(&self) -> &Traced {
+        &self.traced
+    }
+
+    /// Its path counts.
+    pub(crate) fn counts(&self) -> &PathCounts {
+        &self.counts
+    }
+
+    pub(crate) fn counts_mut(&mut self) -> &mut PathCounts {
+        &mut self.counts
     }
 
     /// Once the dynamic loader is among the modules with clones: tells
@@ -912,6 +935,15 @@ impl Bursts {
     /// The tracer of `pid`, if it is traced.
     pub(crate) fn tracer_mut(&mut self, pid: Pid) -> Option<&mut BurstTracer> {
         self.tracers.iter_mut().find(|t| t.pid() == pid)
+    }
+
+    /// The processes traced now.
+    pub(crate) fn tracers(&self) -> &[BurstTracer] {
+        &self.tracers
+    }
+
+    pub(crate) fn tracers_mut(&mut self) -> &mut [BurstTracer] {
+        &mut self.tracers
     }
 
     /// A tracer attached (by [`Self::next_attach`]) joins the set.

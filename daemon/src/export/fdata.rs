@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use userspace_rewriter::analysis::plan::{FunctionStatus, Plan};
 
-use crate::bursts::counts::PathCounts;
+use crate::bursts::counts::PathView;
 use crate::bursts::lifecycle::{ModuleFacts, PathFacts};
 
 /// What `edges.fdata` needs from the executable and its analysis, taken at
@@ -41,7 +41,7 @@ impl FdataFacts {
 ///
 /// `counts` may hold several modules' functions: those of module `m` are
 /// its `fid_base + index`.
-pub(crate) fn fdata(m: &ModuleFacts, counts: &PathCounts) -> String {
+pub(crate) fn fdata(m: &ModuleFacts, counts: &PathView<'_>) -> String {
     use userspace_rewriter::analysis::cfg::EdgeKind;
     let (plan, facts, fid_base) = (&m.plan, &m.fdata, m.fid_base);
     let local = |gfid: u32| {

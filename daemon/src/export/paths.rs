@@ -13,7 +13,7 @@ use userspace_rewriter::analysis::plan::FunctionStatus;
 
 use super::pprof::{LineKey, MappingKey, ProfileBuilder};
 use crate::bursts::contexts::FOREIGN;
-use crate::bursts::counts::PathCounts;
+use crate::bursts::counts::PathView;
 use crate::bursts::lifecycle::PathFacts;
 use crate::bursts::{Traced, TracedModule};
 use crate::stacks::symbolize::demangle;
@@ -40,7 +40,7 @@ pub(crate) fn paths_builder(event: &str, tsc_hz: Option<f64>) -> ProfileBuilder 
 }
 
 /// Executions per (fid, path), over all contexts.
-fn executions(counts: &PathCounts) -> HashMap<(u32, u64), u64> {
+fn executions(counts: &PathView<'_>) -> HashMap<(u32, u64), u64> {
     let mut execs: HashMap<(u32, u64), u64> = HashMap::new();
     for ((_, fid, path), n) in counts.iter() {
         *execs.entry((*fid, *path)).or_insert(0) += n.executions;
@@ -131,7 +131,7 @@ fn path_events(
 pub(crate) fn add_paths(
     b: &mut ProfileBuilder,
     traced: &Traced,
-    counts: &PathCounts,
+    counts: &PathView<'_>,
     leaf_weights: &HashMap<u64, u64>,
     foreign: impl FnOnce(&mut ProfileBuilder, Vec<u64>) -> HashMap<u64, u64>,
     tsc_hz: Option<f64>,

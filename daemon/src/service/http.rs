@@ -6,8 +6,10 @@
 //!   jobs fetch.
 //! - `GET /debug/pprof/context`: the last interval profile, or without
 //!   intervals everything since start (what context.pb.gz will hold).
-//! - `GET /debug/pprof/paths`: the latest path profile (bursty tracing), 404
-//!   while there is none.
+//! - `GET /debug/pprof/paths`: the latest path profile (bursty tracing: the
+//!   last interval's, or at the end the session's), 404 while there is
+//!   none; `?seconds=N`: the paths recorded from now for N seconds, like
+//!   `/debug/pprof/profile` (404 when no process is traced in bursts).
 //! - `GET /metrics`: Prometheus text ([`crate::service::metrics`]).
 //! - `GET /healthz`: `ok`.
 //!
@@ -37,7 +39,12 @@ pub(crate) enum ProfileKind {
     Window(Duration),
     /// The last interval profile, or the whole session so far.
     Context,
+    /// The paths bursts record from now for this long.
+    Paths(Duration),
 }
+
+/// The start of a reply that is a 404 (nothing to profile), not a failure.
+pub(crate) const NOT_FOUND: &str = "not found: ";
 
 /// A request to the session loop; it answers with gzip'd pprof.
 #[derive(Debug)]
@@ -187,7 +194,10 @@ async fn ask(st: &State, kind: ProfileKind) -> Response<Full<Bytes>> {
     }
     match rx.await {
         Ok(Ok(bytes)) => pprof(bytes, "profile.pb.gz"),
-        Ok(Err(e)) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+        Ok(Err(e)) => match e.strip_prefix(NOT_FOUND) {
+            Some(e) => text(StatusCode::NOT_FOUND, format!("{e}\n")),
+            None => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+        },
         Err(_) => text(
             StatusCode::SERVICE_UNAVAILABLE,
             "burstyd is shutting down\n",
@@ -215,6 +225,12 @@ async fn handle(
             Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
         },
         "/debug/pprof/context" => ask(&st, ProfileKind::Context).await,
+        "/debug/pprof/paths" if req.uri().query().is_some_and(|q| q.contains("seconds=")) => {
+            match window_seconds(req.uri().query()) {
+                Ok(d) => ask(&st, ProfileKind::Paths(d)).await,
+                Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+            }
+        }
         "/debug/pprof/paths" => {
             let file = st
                 .output
@@ -234,7 +250,7 @@ async fn handle(
         }
         "/" | "/debug/pprof" | "/debug/pprof/" => text(
             StatusCode::OK,
-            "burstyd: /debug/pprof/profile?seconds=N /debug/pprof/context /debug/pprof/paths /metrics /healthz\n",
+            "burstyd: /debug/pprof/profile?seconds=N /debug/pprof/context /debug/pprof/paths[?seconds=N] /metrics /healthz\n",
         ),
         p => text(StatusCode::NOT_FOUND, format!("no such endpoint: {p}\n")),
     };

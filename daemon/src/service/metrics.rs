@@ -73,6 +73,11 @@ pub(crate) struct Metrics {
     // Configuration.
     pub(crate) config_reloads: Counter,
     pub(crate) config_reload_failures: Counter,
+    /// Gauge: executables whose attach failed, backing off.
+    pub(crate) burst_backoff: Counter,
+    /// The per-process series of the processes traced in bursts now
+    /// (rendered text, refreshed by the session every second).
+    pub(crate) traced: std::sync::Mutex<String>,
 }
 
 /// `where` labels of `burstyd_hot_weight_total`.
@@ -106,7 +111,14 @@ impl Metrics {
             hot_weight: [const { Counter::new() }; 4],
             config_reloads: Counter::new(),
             config_reload_failures: Counter::new(),
+            burst_backoff: Counter::new(),
+            traced: std::sync::Mutex::new(String::new()),
         }
+    }
+
+    /// Replaces the per-process series (see [`traced_series`]).
+    pub(crate) fn set_traced(&self, text: String) {
+        *self.traced.lock().unwrap_or_else(|e| e.into_inner()) = text;
     }
 
     /// Mirrors the eBPF program's counters.
@@ -281,8 +293,87 @@ impl Metrics {
             "Resident set size of the daemon, from /proc/self/statm.",
             rss.to_string(),
         );
+        one(
+            "burstyd_burst_backoff_executables",
+            "gauge",
+            "Executables whose attach for bursts failed, waiting to be tried again.",
+            c(&self.burst_backoff),
+        );
+        s.push_str(&self.traced.lock().unwrap_or_else(|e| e.into_inner()));
         s
     }
+}
+
+/// One process traced in bursts, for [`traced_series`].
+pub(crate) struct TracedProcess {
+    pub(crate) pid: u32,
+    pub(crate) exe: String,
+    pub(crate) bursts: u64,
+    /// Declined by the injected handler: (reason, count).
+    pub(crate) declined: [(&'static str, u64); 3],
+    pub(crate) records_lost: u64,
+    /// Share of the process's user-mode samples in instrumented code.
+    pub(crate) hot_coverage: f64,
+    pub(crate) attach_seconds: f64,
+    pub(crate) paths: u64,
+}
+
+/// The per-process series of the processes traced in bursts (labels
+/// `pid`, `exe`), Prometheus text.
+pub(crate) fn traced_series(procs: &[TracedProcess]) -> String {
+    let mut s = String::new();
+    let esc = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"");
+    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, String)>| {
+        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, v) in rows {
+            let _ = writeln!(s, "{name}{{{labels}}} {v}");
+        }
+    };
+    let l = |p: &TracedProcess| format!("pid=\"{}\",exe=\"{}\"", p.pid, esc(&p.exe));
+    family(
+        "burstyd_traced_bursts_total",
+        "counter",
+        "Bursts taken, per process traced in bursts.",
+        procs.iter().map(|p| (l(p), p.bursts.to_string())).collect(),
+    );
+    family(
+        "burstyd_traced_bursts_declined_total",
+        "counter",
+        "Burst signals the injected handler declined, per process and reason.",
+        procs
+            .iter()
+            .flat_map(|p| {
+                p.declined
+                    .iter()
+                    .map(move |(r, n)| (format!("{},reason=\"{r}\"", l(p)), n.to_string()))
+            })
+            .collect(),
+    );
+    family(
+        "burstyd_traced_records_lost_total",
+        "counter",
+        "Burst records lost (ring full), per process.",
+        procs.iter().map(|p| (l(p), p.records_lost.to_string())).collect(),
+    );
+    family(
+        "burstyd_traced_paths_total",
+        "counter",
+        "Complete Ball-Larus paths recorded, per process.",
+        procs.iter().map(|p| (l(p), p.paths.to_string())).collect(),
+    );
+    family(
+        "burstyd_traced_hot_coverage_ratio",
+        "gauge",
+        "Share of the process's sampled user-mode event weight in instrumented code.",
+        procs.iter().map(|p| (l(p), format!("{:.4}", p.hot_coverage))).collect(),
+    );
+    family(
+        "burstyd_traced_attach_seconds",
+        "gauge",
+        "Wall time the attach took (analysis or plan cache, generation, the ptrace stop).",
+        procs.iter().map(|p| (l(p), format!("{:.3}", p.attach_seconds))).collect(),
+    );
+    s
 }
 
 /// The daemon's counters.

@@ -47,6 +47,11 @@ pub(crate) struct Job {
     pub(crate) rate_hz: u64,
     /// The event sampled (the profile's second sample type).
     pub(crate) event: String,
+    /// A path profile (bursty tracing), pushed as its own profile: named
+    /// `APP.paths` (Pyroscope's application name, Parca's `__name__`),
+    /// beside the context profiles' `APP`.
+    #[serde(default)]
+    pub(crate) paths: bool,
     #[serde(skip)]
     pub(crate) profile: Vec<u8>,
 }
@@ -336,10 +341,20 @@ fn query_escape(s: &str) -> String {
     o
 }
 
+/// The name a job's profiles go by: `APP`, or `APP.paths` for path
+/// profiles.
+fn profile_name(t: &PushTarget, job: &Job) -> String {
+    if job.paths {
+        format!("{}.paths", t.app)
+    } else {
+        t.app.clone()
+    }
+}
+
 /// Pyroscope's application name: `app{k=v,...}`.
-fn pyroscope_name(t: &PushTarget) -> String {
+fn pyroscope_name(t: &PushTarget, job: &Job) -> String {
     let labels: Vec<String> = t.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    format!("{}{{{}}}", t.app, labels.join(","))
+    format!("{}{{{}}}", profile_name(t, job), labels.join(","))
 }
 
 /// The request (path with query, content type, body) for `job`.
@@ -348,7 +363,7 @@ fn build_request(t: &PushTarget, job: &Job) -> (String, String, Vec<u8>) {
         PushKind::Pyroscope => {
             let mut q = format!(
                 "name={}&from={}&until={}&format=pprof",
-                query_escape(&pyroscope_name(t)),
+                query_escape(&pyroscope_name(t, job)),
                 job.from,
                 job.until
             );
@@ -356,10 +371,18 @@ fn build_request(t: &PushTarget, job: &Job) -> (String, String, Vec<u8>) {
                 q += &format!("&sampleRate={}", job.rate_hz);
             }
             q += "&spyName=burstyd";
-            let config = serde_json::json!({
-                "samples": {"units": "samples", "aggregation": "sum", "display-name": "cpu", "sampled": true},
-                job.event.clone(): {"units": "samples", "aggregation": "sum", "display-name": job.event.replace('-', "_"), "sampled": true},
-            });
+            let config = if job.paths {
+                // Path executions, and the event attributed to paths.
+                serde_json::json!({
+                    "executions": {"units": "objects", "aggregation": "sum", "display-name": "path_executions", "sampled": true},
+                    job.event.clone(): {"units": "samples", "aggregation": "sum", "display-name": format!("path_{}", job.event.replace('-', "_")), "sampled": true},
+                })
+            } else {
+                serde_json::json!({
+                    "samples": {"units": "samples", "aggregation": "sum", "display-name": "cpu", "sampled": true},
+                    job.event.clone(): {"units": "samples", "aggregation": "sum", "display-name": job.event.replace('-', "_"), "sampled": true},
+                })
+            };
             let config = serde_json::to_vec(&config).expect("json");
             let boundary = boundary_for(&[&job.profile, &config]);
             let mut body = Vec::with_capacity(job.profile.len() + config.len() + 512);
@@ -394,7 +417,8 @@ fn build_request(t: &PushTarget, job: &Job) -> (String, String, Vec<u8>) {
             )
         }
         PushKind::Parca => {
-            let mut labels = vec![serde_json::json!({"name": "__name__", "value": t.app})];
+            let mut labels =
+                vec![serde_json::json!({"name": "__name__", "value": profile_name(t, job)})];
             for (k, v) in &t.labels {
                 labels.push(serde_json::json!({"name": k, "value": v}));
             }
@@ -538,6 +562,7 @@ mod tests {
             until: 110,
             rate_hz: 199,
             event: "cpu-clock".into(),
+            paths: false,
             profile: vec![0x1f, 0x8b, 1, 2, 3],
         }
     }

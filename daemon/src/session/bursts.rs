@@ -11,6 +11,8 @@ use crate::bursts::coverage::HotCoverage;
 use crate::bursts::lifecycle::LoadRequest;
 use crate::bursts::selection::Report;
 use crate::bursts::{Attach, BurstTracer, Finished};
+use crate::bursts::counts::{Key, PathView, Tally};
+use burstyd_common::addr::Pid;
 use crate::export::pprof::encode_gzip;
 use crate::sampling::sampler::{KernelCounters, Sampler};
 use crate::service::metrics::METRICS;
@@ -267,6 +269,49 @@ impl Session {
         }
     }
 
+    /// `/metrics`' per-process series of the processes traced in bursts.
+    pub(super) fn publish_traced_metrics(&self) {
+        if let Some(sel) = &self.selection {
+            METRICS.burst_backoff.set(sel.backing_off() as u64);
+        }
+        let empty = HashMap::new();
+        let procs: Vec<_> = self
+            .bursts
+            .tracers()
+            .iter()
+            .map(|t| {
+                let st = t.stats();
+                let traced = t.traced();
+                let exe = traced.exe_module();
+                let hot = HotCoverage::measure(
+                    &traced.code,
+                    &exe.plan,
+                    exe.bias,
+                    self.pipe.leaf_weights.get(&traced.pid).unwrap_or(&empty),
+                );
+                crate::service::metrics::TracedProcess {
+                    pid: traced.pid.0,
+                    exe: exe.path.clone(),
+                    bursts: st.bursts,
+                    declined: [
+                        ("busy", st.declined_busy),
+                        ("pc_not_rewritten", st.declined_pc),
+                        ("budget_0", st.declined_budget),
+                    ],
+                    records_lost: st.records_lost,
+                    hot_coverage: if hot.total > 0 {
+                        hot.instrumented_all as f64 / hot.total as f64
+                    } else {
+                        0.0
+                    },
+                    attach_seconds: t.attach_secs(),
+                    paths: st.paths,
+                }
+            })
+            .collect();
+        METRICS.set_traced(crate::service::metrics::traced_series(&procs));
+    }
+
     /// Stops tracing `pid` in bursts (it exited, or is no longer
     /// selected): out of the eBPF maps, its records so far counted with
     /// their contexts, then disarmed and detached on the blocking pool.
@@ -385,10 +430,27 @@ impl Session {
         if finished.is_empty() {
             return;
         }
-        let output = &self.opts.output;
+        let output = self.opts.output.clone();
         let tsc_hz = self.bursts.tsc_hz();
-        let mut paths = crate::export::paths::paths_builder(&self.opts.event.name, tsc_hz);
-        let mut fdatas = Vec::new();
+        let empty = HashMap::new();
+        let parts: Vec<PathPart> = finished
+            .iter()
+            .map(|f| PathPart {
+                traced: &f.traced,
+                view: f.counts.all(),
+                leaf: self.pipe.leaf_weights.get(&f.traced.pid).unwrap_or(&empty),
+            })
+            .collect();
+        let span = (self.out.session_start, std::time::SystemTime::now());
+        let (paths, fdatas) = build_paths(
+            &self.opts.event.name,
+            tsc_hz,
+            span,
+            &parts,
+            &self.pipe.procs,
+            &mut self.symbolizer,
+        );
+        drop(parts);
         for Finished {
             traced,
             counts,
@@ -396,20 +458,6 @@ impl Session {
         } in finished
         {
             let pid = traced.pid;
-            let empty = HashMap::new();
-            let (procs, symbolizer) = (&self.pipe.procs, &mut self.symbolizer);
-            crate::export::paths::add_paths(
-                &mut paths,
-                &traced,
-                &counts,
-                self.pipe.leaf_weights.get(&pid).unwrap_or(&empty),
-                |b, addrs| {
-                    crate::export::context::return_address_locations(
-                        b, procs, symbolizer, pid, addrs,
-                    )
-                },
-                tsc_hz,
-            );
             let c = counts.contexts();
             info!(
                 %pid,
@@ -423,14 +471,6 @@ impl Session {
                 if c.overflow > 0 { format!(", {} contexts cut short (tree full)", c.overflow) } else { String::new() },
                 if counts.dropped > 0 { format!(", {} paths dropped (too many distinct)", counts.dropped) } else { String::new() },
             );
-            // One BOLT profile per module: llvm-bolt optimises one binary
-            // at a time.
-            for m in &traced.modules {
-                let text = crate::export::fdata::fdata(m, &counts);
-                if m.is_exe || !text.is_empty() {
-                    fdatas.push((pid, (!m.is_exe).then(|| m.name().to_owned()), text));
-                }
-            }
             let stats = match stats {
                 Ok(s) => s,
                 Err(e) => {
@@ -509,7 +549,7 @@ impl Session {
                 stats.bad_records
             );
         }
-        let _ = std::fs::create_dir_all(output);
+        let _ = std::fs::create_dir_all(&output);
         // edges.fdata is for one binary: the first process's executable;
         // each library's is edges-<library>.fdata; with several processes
         // each also gets edges-<pid>.fdata (edges-<pid>-<library>.fdata).
@@ -530,14 +570,14 @@ impl Session {
                 });
             }
             for name in names {
-                if let Err(e) = crate::export::write_atomic(output, &name, fdata.as_bytes()) {
+                if let Err(e) = crate::export::write_atomic(&output, &name, fdata.as_bytes()) {
                     warn!("writing {}: {e}", output.join(name).display());
                 }
             }
         }
         let path = output.join("paths.pb.gz");
-        match encode_gzip(&paths.finish()).map_err(anyhow::Error::from) {
-            Ok(p) => match crate::export::write_atomic(output, "paths.pb.gz", &p) {
+        match paths {
+            Ok(p) => match crate::export::write_atomic(&output, "paths.pb.gz", &p) {
                 Ok(_) => {
                     info!("wrote {}", path.display());
                     crate::service::http::set_paths_profile(p);
@@ -557,4 +597,307 @@ fn read_exe(pid: burstyd_common::addr::Pid) -> Option<std::path::PathBuf> {
 /// The executable's path for messages.
 fn exe_name(pid: burstyd_common::addr::Pid) -> String {
     read_exe(pid).map_or_else(|| format!("pid {pid}"), |p| p.display().to_string())
+}
+
+/// A `/debug/pprof/paths?seconds=N` request being collected: each traced
+/// process's counts and sampled event per PC when it opened.
+pub(super) struct PathWindow {
+    start: std::time::SystemTime,
+    end: tokio::time::Instant,
+    before: HashMap<Pid, HashMap<Key, Tally>>,
+    leaf_before: HashMap<Pid, HashMap<u64, u64>>,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<u8>, String>>,
+}
+
+/// Where a process's counts are: traced now, or released.
+#[derive(Clone, Copy)]
+enum Source {
+    Live(usize),
+    Released(usize),
+}
+
+/// The traced facts and counts of `src`.
+fn source<'a>(
+    bursts: &'a crate::bursts::Bursts,
+    released: &'a super::Released,
+    src: Source,
+) -> (&'a crate::bursts::Traced, &'a crate::bursts::counts::PathCounts) {
+    match src {
+        Source::Live(i) => {
+            let t = &bursts.tracers()[i];
+            (t.traced(), t.counts())
+        }
+        Source::Released(i) => {
+            let f = &released.finished[i];
+            (&f.traced, &f.counts)
+        }
+    }
+}
+
+impl Session {
+    /// Every process with counts: traced now, then released.
+    fn sources(&self) -> Vec<Source> {
+        (0..self.bursts.tracers().len())
+            .map(Source::Live)
+            .chain((0..self.released.finished.len()).map(Source::Released))
+            .collect()
+    }
+
+    /// Every interval: each traced process's paths since the last one
+    /// (which its totals now hold) as `paths-<time>.pb.gz` (all
+    /// processes, label `pid`) and `edges-<module>-<time>.fdata` (per
+    /// binary, summed over its processes: BOLT optimises a binary, not a
+    /// process), published on `/debug/pprof/paths` and pushed.
+    pub(super) fn write_interval_paths(
+        &mut self,
+        start: std::time::SystemTime,
+        end: std::time::SystemTime,
+    ) {
+        // The records so far, with their contexts.
+        if self.bursts.active() {
+            self.on_burst_tick();
+        }
+        let leaf = std::mem::take(&mut self.pipe.interval_leaf_weights);
+        let mut intervals = Vec::new();
+        for (i, t) in self.bursts.tracers_mut().iter_mut().enumerate() {
+            intervals.push((Source::Live(i), t.counts_mut().take_interval()));
+        }
+        for (i, f) in self.released.finished.iter_mut().enumerate() {
+            intervals.push((Source::Released(i), f.counts.take_interval()));
+        }
+        intervals.retain(|(_, iv)| !iv.is_empty());
+        if intervals.is_empty() {
+            return;
+        }
+        let empty = HashMap::new();
+        let parts: Vec<PathPart> = intervals
+            .into_iter()
+            .map(|(src, iv)| {
+                let (traced, counts) = source(&self.bursts, &self.released, src);
+                PathPart {
+                    traced,
+                    view: counts.view(iv),
+                    leaf: leaf.get(&traced.pid).unwrap_or(&empty),
+                }
+            })
+            .collect();
+        let exe_names: HashMap<Pid, String> = parts
+            .iter()
+            .map(|p| (p.traced.pid, p.traced.exe_module().name().to_owned()))
+            .collect();
+        let (gz, fdatas) = build_paths(
+            &self.opts.event.name,
+            self.bursts.tsc_hz(),
+            (start, end),
+            &parts,
+            &self.pipe.procs,
+            &mut self.symbolizer,
+        );
+        drop(parts);
+        let ts = super::files::timestamp(end);
+        let output = &self.opts.output;
+        let mut edges: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>> =
+            Default::default();
+        for (pid, lib, text) in &fdatas {
+            let name = lib.clone().or_else(|| exe_names.get(pid).cloned()).unwrap_or_default();
+            merge_fdata(edges.entry(name).or_default(), text);
+        }
+        for (module, lines) in edges.iter().filter(|e| !e.1.is_empty()) {
+            let name = format!("edges-{module}-{ts}.fdata");
+            let text: String = lines.iter().map(|(b, n)| format!("{b} {n}\n")).collect();
+            if let Err(e) = crate::export::write_atomic(output, &name, text.as_bytes()) {
+                warn!("cannot write {}: {e}", output.join(&name).display());
+            }
+        }
+        let bytes = match gz {
+            Ok(b) => b,
+            Err(e) => {
+                warn!("interval path profile: {e:#}");
+                return;
+            }
+        };
+        let name = format!("paths-{ts}.pb.gz");
+        match crate::export::write_atomic(output, &name, &bytes) {
+            Ok(p) => {
+                info!("wrote {}", p.display());
+                METRICS.profiles_written.inc();
+            }
+            // Its paths stay in the totals for paths.pb.gz.
+            Err(e) => warn!("cannot write the interval path profile {}: {e}", output.join(&name).display()),
+        }
+        if let Some(p) = &self.svc.pusher {
+            super::intervals::push_paths(p, &bytes, start, end, &self.out.meta);
+        }
+        crate::service::http::set_paths_profile(bytes);
+    }
+
+    /// `/debug/pprof/paths?seconds=N`: from now, the paths of every process
+    /// traced in bursts (404 when none is).
+    pub(super) fn open_path_window(
+        &mut self,
+        d: std::time::Duration,
+        reply: tokio::sync::oneshot::Sender<Result<Vec<u8>, String>>,
+    ) {
+        if !self.bursts.active() {
+            let _ = reply.send(Err(format!(
+                "{}no process is traced in bursts now",
+                crate::service::http::NOT_FOUND
+            )));
+            return;
+        }
+        self.on_burst_tick();
+        let before = self
+            .bursts
+            .tracers()
+            .iter()
+            .map(|t| (t.pid(), t.counts().snapshot()))
+            .collect::<HashMap<_, _>>();
+        let leaf_before = before
+            .keys()
+            .filter_map(|p| Some((*p, self.pipe.leaf_weights.get(p)?.clone())))
+            .collect();
+        self.path_windows.push(PathWindow {
+            start: std::time::SystemTime::now(),
+            end: tokio::time::Instant::now() + d,
+            before,
+            leaf_before,
+            reply,
+        });
+    }
+
+    /// Answers the path windows whose time is up: each process's counts
+    /// now minus when the window opened.
+    pub(super) fn finish_path_windows(&mut self) {
+        let now = tokio::time::Instant::now();
+        if !self.path_windows.iter().any(|w| w.end <= now) {
+            return;
+        }
+        if self.bursts.active() {
+            self.on_burst_tick();
+        }
+        let (done, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.path_windows)
+            .into_iter()
+            .partition(|w| w.end <= now);
+        self.path_windows = open;
+        for w in done {
+            let none = HashMap::new();
+            let mut leaves = Vec::new();
+            let mut views = Vec::new();
+            for src in self.sources() {
+                let (traced, counts) = source(&self.bursts, &self.released, src);
+                let pid = traced.pid;
+                // Released before the window opened: nothing new.
+                if matches!(src, Source::Released(_)) && !w.before.contains_key(&pid) {
+                    continue;
+                }
+                let d = crate::bursts::counts::delta(
+                    &counts.snapshot(),
+                    w.before.get(&pid).unwrap_or(&none),
+                );
+                if d.is_empty() {
+                    continue;
+                }
+                let leaf_now = self.pipe.leaf_weights.get(&pid);
+                let leaf_then = w.leaf_before.get(&pid);
+                let leaf: HashMap<u64, u64> = leaf_now
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(pc, n)| {
+                        let before = leaf_then.and_then(|m| m.get(pc)).copied().unwrap_or(0);
+                        (*n > before).then_some((*pc, n - before))
+                    })
+                    .collect();
+                leaves.push(leaf);
+                views.push((src, d));
+            }
+            let parts: Vec<PathPart> = views
+                .into_iter()
+                .zip(&leaves)
+                .map(|((src, d), leaf)| {
+                    let (traced, counts) = source(&self.bursts, &self.released, src);
+                    PathPart {
+                        traced,
+                        view: counts.view(d),
+                        leaf,
+                    }
+                })
+                .collect();
+            let (gz, _) = build_paths(
+                &self.opts.event.name,
+                self.bursts.tsc_hz(),
+                (w.start, std::time::SystemTime::now()),
+                &parts,
+                &self.pipe.procs,
+                &mut self.symbolizer,
+            );
+            let _ = w.reply.send(gz.map_err(|e| format!("{e:#}")));
+        }
+    }
+}
+
+/// One process's paths in a profile: its facts, the counts to export
+/// (all, an interval's, a window's) and the event sampled per PC over
+/// the same time.
+struct PathPart<'a> {
+    traced: &'a crate::bursts::Traced,
+    view: PathView<'a>,
+    leaf: &'a HashMap<u64, u64>,
+}
+
+/// The path profile of `parts` (gzip'd pprof of `span`) and each
+/// module's edges per process: `(pid, library name or None for the
+/// executable, fdata text)` (the executable's even when empty).
+fn build_paths(
+    event: &str,
+    tsc_hz: Option<f64>,
+    span: (std::time::SystemTime, std::time::SystemTime),
+    parts: &[PathPart],
+    procs: &crate::stacks::table::ProcessTable,
+    symbolizer: &mut crate::stacks::symbolize::Symbolizer,
+) -> (
+    anyhow::Result<Vec<u8>>,
+    Vec<(burstyd_common::addr::Pid, Option<String>, String)>,
+) {
+    let mut paths = crate::export::paths::paths_builder(event, tsc_hz);
+    let nanos = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64)
+    };
+    paths.set_time(nanos(span.0), nanos(span.1) - nanos(span.0));
+    let mut fdatas = Vec::new();
+    for part in parts {
+        let pid = part.traced.pid;
+        crate::export::paths::add_paths(
+            &mut paths,
+            part.traced,
+            &part.view,
+            part.leaf,
+            |b, addrs| {
+                crate::export::context::return_address_locations(b, procs, symbolizer, pid, addrs)
+            },
+            tsc_hz,
+        );
+        // One BOLT profile per module: llvm-bolt optimises one binary at
+        // a time.
+        for m in &part.traced.modules {
+            let text = crate::export::fdata::fdata(m, &part.view);
+            if m.is_exe || !text.is_empty() {
+                fdatas.push((pid, (!m.is_exe).then(|| m.name().to_owned()), text));
+            }
+        }
+    }
+    let gz = encode_gzip(&paths.finish()).map_err(anyhow::Error::from);
+    (gz, fdatas)
+}
+
+/// Sums BOLT fdata texts line by line (the same branch in several
+/// processes of one binary): each line's count is its last field.
+fn merge_fdata(into: &mut std::collections::BTreeMap<String, u64>, text: &str) {
+    for line in text.lines() {
+        if let Some((branch, n)) = line.rsplit_once(' ')
+            && let Ok(n) = n.parse::<u64>()
+        {
+            *into.entry(branch.to_owned()).or_insert(0) += n;
+        }
+    }
 }

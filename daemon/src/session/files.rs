@@ -2,8 +2,20 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-/// Deletes interval profiles beyond the newest `keep` and older than
-/// `max_age`.
+/// The UTC timestamp of an interval file's name: `context-<time>.pb.gz`,
+/// `paths-<time>.pb.gz` or `edges-<module>-<time>.fdata`.
+fn interval_time(name: &str) -> Option<&str> {
+    let stem = name
+        .strip_suffix(".pb.gz")
+        .filter(|s| s.starts_with("context-") || s.starts_with("paths-"))
+        .or_else(|| name.strip_suffix(".fdata").filter(|s| s.starts_with("edges-")))?;
+    let (_, time) = stem.rsplit_once('-')?;
+    (time.len() == 20 && time.ends_with('Z') && time.as_bytes()[8] == b'T').then_some(time)
+}
+
+/// Deletes interval files (an interval's context profile, path profile
+/// and edge profiles together) beyond the newest `keep` intervals and
+/// older than `max_age`.
 pub(super) fn prune_output(dir: &Path, keep: Option<usize>, max_age: Option<Duration>) {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
@@ -12,14 +24,17 @@ pub(super) fn prune_output(dir: &Path, keep: Option<usize>, max_age: Option<Dura
         .filter_map(|e| {
             let e = e.ok()?;
             let n = e.file_name().into_string().ok()?;
-            (n.starts_with("context-") && n.ends_with(".pb.gz")).then(|| (n, e.path()))
+            Some((interval_time(&n)?.to_owned(), e.path()))
         })
         .collect();
     // The names are UTC timestamps: sorting by name sorts by time.
     files.sort();
+    let mut times: Vec<&str> = files.iter().map(|f| f.0.as_str()).collect();
+    times.dedup();
+    let n = times.len();
     let now = SystemTime::now();
-    let n = files.len();
-    for (i, (_, path)) in files.iter().enumerate() {
+    for (time, path) in &files {
+        let i = times.partition_point(|t| t < &time.as_str());
         let too_many = keep.is_some_and(|k| n - i > k);
         let too_old = max_age.is_some_and(|age| {
             std::fs::metadata(path)
@@ -69,6 +84,21 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn interval_files_are_known_by_their_time() {
+        let t = "20261118T110640.042Z";
+        for n in [
+            format!("context-{t}.pb.gz"),
+            format!("paths-{t}.pb.gz"),
+            format!("edges-ld-linux-x86-64.so.2-{t}.fdata"),
+        ] {
+            assert_eq!(super::interval_time(&n), Some(t), "{n}");
+        }
+        for n in ["context.pb.gz", "paths.pb.gz", "edges.fdata", "edges-123.fdata", "edges-libc.so.6.fdata"] {
+            assert_eq!(super::interval_time(n), None, "{n}");
+        }
+    }
+
     #[test]
     fn timestamps_are_utc_civil() {
         let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_795_000_000_042);

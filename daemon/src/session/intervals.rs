@@ -162,6 +162,7 @@ pub(super) fn push_interval(
         until: unix(end).max(unix(from) + 1),
         rate_hz: m.freq,
         event: m.event.clone(),
+        paths: false,
         profile,
     };
     let iv = profile_interval.unwrap_or_default();
@@ -188,6 +189,36 @@ pub(super) fn push_interval(
             *acc = Cct::new();
             *acc_start = end;
         }
+    }
+}
+
+/// Hands an interval's path profile to every push destination, as its
+/// own profile (`APP.paths`); each interval's as it comes, whatever the
+/// destination's interval (path profiles do not merge as trees do).
+pub(super) fn push_paths(
+    pusher: &Pusher,
+    bytes: &[u8],
+    start: SystemTime,
+    end: SystemTime,
+    meta: &Meta,
+) {
+    let unix = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    };
+    for (i, _) in pusher.targets().enumerate() {
+        pusher.submit(
+            i,
+            Job {
+                from: unix(start),
+                until: unix(end).max(unix(start) + 1),
+                rate_hz: meta.0.freq,
+                event: meta.0.event.clone(),
+                paths: true,
+                profile: bytes.to_vec(),
+            },
+        );
     }
 }
 

@@ -199,6 +199,8 @@ pub(crate) struct Session {
     /// Tracers released before the end (their process exited or is no
     /// longer selected), detached on the blocking pool.
     released: Released,
+    /// Open `/debug/pprof/paths?seconds=N` requests.
+    path_windows: Vec<bursts::PathWindow>,
     timers: Timers,
     signals: Signals,
 }
@@ -388,6 +390,7 @@ impl Session {
                 pending: 0,
                 finished: Vec::new(),
             },
+            path_windows: Vec::new(),
             timers,
             signals,
         })
@@ -463,6 +466,7 @@ impl Session {
         self.sampler.drain_now(|s| self.pipe.handle(s));
         self.pipe
             .finish_windows(false, &mut self.symbolizer, &self.out.meta);
+        self.finish_path_windows();
     }
 
     /// `--interval`: write the interval's profile, hand it to the push
@@ -499,7 +503,8 @@ impl Session {
         }
         out.last_interval = Some(bytes);
         merge(&mut out.total, cct);
-        out.interval_start = now;
+        let start = std::mem::replace(&mut out.interval_start, now);
+        self.write_interval_paths(start, now);
         Ok(())
     }
 
@@ -507,6 +512,7 @@ impl Session {
     fn on_http_request(&mut self, req: ProfileRequest) {
         self.sampler.drain_now(|s| self.pipe.handle(s));
         match req.kind {
+            ProfileKind::Paths(d) => self.open_path_window(d, req.reply),
             ProfileKind::Window(d) => self.pipe.windows.push(Window {
                 cct: Cct::new(),
                 start: SystemTime::now(),
@@ -548,6 +554,9 @@ impl Session {
             reload::apply_scan(s, &mut self.sampler, &mut self.pipe.procs);
         }
         self.select_bursts();
+        if self.bursts.active() || self.selection.is_some() {
+            self.publish_traced_metrics();
+        }
     }
 
     /// Every 250 ms with `--pid`: marks exited targets; true once all have

@@ -38,6 +38,8 @@ pub(super) struct Pipeline {
     /// For processes traced in bursts: event weight per sampled PC (the
     /// original address), to attribute the event to paths.
     pub(super) leaf_weights: HashMap<Pid, HashMap<u64, u64>>,
+    /// The same since the last interval profile.
+    pub(super) interval_leaf_weights: HashMap<Pid, HashMap<u64, u64>>,
     /// Per process traced in bursts, since the last drain of its records:
     /// its samples whose pc was in its clones (its burst is alive), and
     /// all its samples (it ran).
@@ -57,6 +59,7 @@ impl Pipeline {
             frames: Vec::with_capacity(256),
             windows: Vec::new(),
             leaf_weights: HashMap::new(),
+            interval_leaf_weights: HashMap::new(),
             in_clones: HashMap::new(),
             start_stacks: HashMap::new(),
         }
@@ -142,6 +145,12 @@ impl Pipeline {
             && let Some(&pc) = self.frames.first()
         {
             *m.entry(pc).or_insert(0) += s.period.max(1);
+            *self
+                .interval_leaf_weights
+                .entry(pid)
+                .or_default()
+                .entry(pc)
+                .or_insert(0) += s.period.max(1);
         }
         if let Some(c) = self.procs.clone_frames(pid) {
             let a = self.in_clones.entry(pid).or_default();
