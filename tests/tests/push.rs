@@ -181,6 +181,54 @@ fn unix_now() -> u64 {
         .as_secs()
 }
 
+/// The path profiles pushed: one per interval path profile written
+/// (`paths-<time>.pb.gz`), byte for byte, each under `APP.paths` with the
+/// path profile's sample types.
+fn check_path_pushes(paths: &[Received], out: &std::path::Path, t0: u64) {
+    let mut written: Vec<Vec<u8>> = std::fs::read_dir(out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.starts_with("paths-") && n.ends_with(".pb.gz")
+        })
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    assert!(!written.is_empty(), "no interval path profile was written");
+    let mut pushed: Vec<Vec<u8>> = paths
+        .iter()
+        .map(|r| {
+            assert_eq!(r.path, "/ingest");
+            assert_eq!(
+                r.query.get("name").map(String::as_str),
+                Some("burstyd.test.paths{env=ci,host=t1}")
+            );
+            let from: u64 = r.query["from"].parse().unwrap();
+            assert!(t0 <= from, "{from} {t0}");
+            let parts = multipart(&r.headers["content-type"], &r.body);
+            let stc: serde_json::Value =
+                serde_json::from_slice(&parts["sample_type_config"].1).unwrap();
+            assert_eq!(stc["executions"]["aggregation"], "sum", "{stc}");
+            let profile = parts["profile"].1.clone();
+            let p = pprof::decode_profile(&profile).unwrap();
+            assert!(p.value_index("executions").is_some());
+            assert!(
+                p.samples.iter().any(|s| s.has_function("spinner_hot_loop")),
+                "a pushed path profile without the spinner's paths"
+            );
+            profile
+        })
+        .collect();
+    pushed.sort();
+    written.sort();
+    assert!(
+        pushed == written,
+        "the pushed path profiles are the interval path profiles written ({} pushed, {} written)",
+        pushed.len(),
+        written.len()
+    );
+}
+
 /// Checks one request against Pyroscope's ingest API and returns the
 /// pushed profile bytes.
 fn check_ingest(r: &Received, t0: u64) -> Vec<u8> {
@@ -239,7 +287,14 @@ fn pushes_each_profile_as_pyroscope_ingest_expects() {
     d.wait_log("sampling pid", 20);
     std::thread::sleep(Duration::from_millis(3300));
     assert!(d.stop().success(), "{}", d.log());
-    let got = got.lock().unwrap().clone();
+    let all = got.lock().unwrap().clone();
+    // Bursts (on for --pid) add the path profiles, pushed as their own
+    // application, `burstyd.test.paths`.
+    let (paths, got): (Vec<_>, Vec<_>) = all.into_iter().partition(|r| {
+        r.query
+            .get("name")
+            .is_some_and(|n| n.starts_with("burstyd.test.paths{"))
+    });
     let files = interval_files(&out);
     assert!(files.len() >= 3, "{files:?}");
     assert_eq!(
@@ -248,6 +303,7 @@ fn pushes_each_profile_as_pyroscope_ingest_expects() {
         "one push per interval profile:\n{}",
         d.log()
     );
+    check_path_pushes(&paths, &out, t0);
     let mut pushed: Vec<Vec<u8>> = got.iter().map(|r| check_ingest(r, t0)).collect();
     let mut written: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
     pushed.sort();
@@ -295,6 +351,8 @@ fn receiver_down_for_a_while_loses_nothing() {
             cfg.to_str().unwrap(),
             "--pid",
             &target.pid().to_string(),
+            // Context profiles only: path profiles are checked above.
+            "--no-bursts",
         ],
     );
     d.wait_log("sampling pid", 20);

@@ -54,10 +54,12 @@ impl PathView<'_> {
     }
 }
 
-
 /// `now - before`, entry by entry (what was counted between two
 /// [`PathCounts::snapshot`]s); entries that did not move are left out.
-pub(crate) fn delta(now: &HashMap<Key, Tally>, before: &HashMap<Key, Tally>) -> HashMap<Key, Tally> {
+pub(crate) fn delta(
+    now: &HashMap<Key, Tally>,
+    before: &HashMap<Key, Tally>,
+) -> HashMap<Key, Tally> {
     now.iter()
         .filter_map(|(k, t)| {
             let b = before.get(k).copied().unwrap_or_default();

@@ -353,7 +353,10 @@ pub(crate) fn traced_series(procs: &[TracedProcess]) -> String {
         "burstyd_traced_records_lost_total",
         "counter",
         "Burst records lost (ring full), per process.",
-        procs.iter().map(|p| (l(p), p.records_lost.to_string())).collect(),
+        procs
+            .iter()
+            .map(|p| (l(p), p.records_lost.to_string()))
+            .collect(),
     );
     family(
         "burstyd_traced_paths_total",
@@ -365,13 +368,19 @@ pub(crate) fn traced_series(procs: &[TracedProcess]) -> String {
         "burstyd_traced_hot_coverage_ratio",
         "gauge",
         "Share of the process's sampled user-mode event weight in instrumented code.",
-        procs.iter().map(|p| (l(p), format!("{:.4}", p.hot_coverage))).collect(),
+        procs
+            .iter()
+            .map(|p| (l(p), format!("{:.4}", p.hot_coverage)))
+            .collect(),
     );
     family(
         "burstyd_traced_attach_seconds",
         "gauge",
         "Wall time the attach took (analysis or plan cache, generation, the ptrace stop).",
-        procs.iter().map(|p| (l(p), format!("{:.3}", p.attach_seconds))).collect(),
+        procs
+            .iter()
+            .map(|p| (l(p), format!("{:.3}", p.attach_seconds)))
+            .collect(),
     );
     s
 }

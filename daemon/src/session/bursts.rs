@@ -7,15 +7,15 @@ use std::collections::HashMap;
 use tracing::{debug, info, warn};
 
 use super::{Session, ticker};
+use crate::bursts::counts::{Key, PathView, Tally};
 use crate::bursts::coverage::HotCoverage;
 use crate::bursts::lifecycle::LoadRequest;
 use crate::bursts::selection::Report;
 use crate::bursts::{Attach, BurstTracer, Finished};
-use crate::bursts::counts::{Key, PathView, Tally};
-use burstyd_common::addr::Pid;
 use crate::export::pprof::encode_gzip;
 use crate::sampling::sampler::{KernelCounters, Sampler};
 use crate::service::metrics::METRICS;
+use burstyd_common::addr::Pid;
 
 /// Before `t`'s tables are put in use: once its loader has clones, the
 /// uprobe that reports the loader's link-map changes, then the tables
@@ -621,7 +621,10 @@ fn source<'a>(
     bursts: &'a crate::bursts::Bursts,
     released: &'a super::Released,
     src: Source,
-) -> (&'a crate::bursts::Traced, &'a crate::bursts::counts::PathCounts) {
+) -> (
+    &'a crate::bursts::Traced,
+    &'a crate::bursts::counts::PathCounts,
+) {
     match src {
         Source::Live(i) => {
             let t = &bursts.tracers()[i];
@@ -699,7 +702,10 @@ impl Session {
         let mut edges: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>> =
             Default::default();
         for (pid, lib, text) in &fdatas {
-            let name = lib.clone().or_else(|| exe_names.get(pid).cloned()).unwrap_or_default();
+            let name = lib
+                .clone()
+                .or_else(|| exe_names.get(pid).cloned())
+                .unwrap_or_default();
             merge_fdata(edges.entry(name).or_default(), text);
         }
         for (module, lines) in edges.iter().filter(|e| !e.1.is_empty()) {
@@ -723,7 +729,10 @@ impl Session {
                 METRICS.profiles_written.inc();
             }
             // Its paths stay in the totals for paths.pb.gz.
-            Err(e) => warn!("cannot write the interval path profile {}: {e}", output.join(&name).display()),
+            Err(e) => warn!(
+                "cannot write the interval path profile {}: {e}",
+                output.join(&name).display()
+            ),
         }
         if let Some(p) = &self.svc.pusher {
             super::intervals::push_paths(p, &bytes, start, end, &self.out.meta);

@@ -8,7 +8,10 @@ fn interval_time(name: &str) -> Option<&str> {
     let stem = name
         .strip_suffix(".pb.gz")
         .filter(|s| s.starts_with("context-") || s.starts_with("paths-"))
-        .or_else(|| name.strip_suffix(".fdata").filter(|s| s.starts_with("edges-")))?;
+        .or_else(|| {
+            name.strip_suffix(".fdata")
+                .filter(|s| s.starts_with("edges-"))
+        })?;
     let (_, time) = stem.rsplit_once('-')?;
     (time.len() == 20 && time.ends_with('Z') && time.as_bytes()[8] == b'T').then_some(time)
 }
@@ -94,7 +97,13 @@ mod tests {
         ] {
             assert_eq!(super::interval_time(&n), Some(t), "{n}");
         }
-        for n in ["context.pb.gz", "paths.pb.gz", "edges.fdata", "edges-123.fdata", "edges-libc.so.6.fdata"] {
+        for n in [
+            "context.pb.gz",
+            "paths.pb.gz",
+            "edges.fdata",
+            "edges-123.fdata",
+            "edges-libc.so.6.fdata",
+        ] {
             assert_eq!(super::interval_time(n), None, "{n}");
         }
     }

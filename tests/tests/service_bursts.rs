@@ -1,0 +1,285 @@
+//! Bursty tracing in the service (a configuration file, no `--pid`): a
+//! target started after the daemon is traced in bursts, a restarted one
+//! is traced again, a SIGHUP that drops it detaches it and it runs on
+//! unharmed; interval path profiles appear and `go tool pprof` reads
+//! each; `/debug/pprof/paths?seconds=2` returns the paths of those 2 s;
+//! `/metrics` has the traced process's series.
+
+mod service_common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use burstyd_tests::*;
+use service_common::*;
+
+fn write_config(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn config(out: &Path, port: u16, exe: &Path) -> String {
+    format!(
+        "event = \"cpu-clock\"\nfreq = 499\n\n[output]\ndir = \"{}\"\ninterval = \"1s\"\n\n[http]\nlisten = \"127.0.0.1:{port}\"\n\n[bursts]\nmax_traced = 2\n\n[[target]]\nexe = \"{}\"\n",
+        out.display(),
+        exe.display()
+    )
+}
+
+/// `curl URL -o out`: the HTTP status.
+fn curl(url: &str, out: &Path) -> u16 {
+    let f = run_timeout(
+        Command::new("curl")
+            .args(["-sS", "-o"])
+            .arg(out)
+            .args(["-w", "%{http_code}", url]),
+        Duration::from_secs(60),
+    );
+    assert!(f.status.success(), "curl {url}: {}", f.describe());
+    f.stdout_str().trim().parse().unwrap()
+}
+
+/// `burstyd_traced_bursts_total{pid="PID",...}` from /metrics (0 when
+/// absent).
+fn bursts_of(port: u16, pid: u32, scratch: &Scratch) -> u64 {
+    let m = scratch.join("metrics.txt");
+    assert_eq!(curl(&format!("http://127.0.0.1:{port}/metrics"), &m), 200);
+    let text = std::fs::read_to_string(&m).unwrap();
+    text.lines()
+        .find(|l| {
+            l.starts_with("burstyd_traced_bursts_total{") && l.contains(&format!("pid=\"{pid}\""))
+        })
+        .and_then(|l| l.rsplit_once(' ')?.1.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits until `pid` took bursts (per /metrics).
+fn wait_bursts(port: u16, pid: u32, scratch: &Scratch, d: &Daemon) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = bursts_of(port, pid, scratch);
+        if n > 20 {
+            return n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pid {pid} took no bursts within 30 s ({n}):\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Whether `pid` catches real-time signal 64 (`SigCgt` in its status):
+/// the injected handler is installed there.
+fn catches_sig64(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let cgt = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .unwrap()
+        .trim();
+    u64::from_str_radix(cgt, 16).unwrap() & (1 << 63) != 0
+}
+
+#[test]
+fn the_service_traces_its_targets_in_bursts_as_they_come_and_go() {
+    require_root();
+    let _serial = serial();
+    let scratch = Scratch::new("service-bursts");
+    let exe = spinner_copy(&scratch.path, "svc_spin");
+    let out = scratch.join("out");
+    let cfg = scratch.join("burstyd.toml");
+    let port = free_port();
+    write_config(&cfg, &config(&out, port, &exe));
+    let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
+    d.wait_log("sampling targets", 20);
+
+    // 1. Started after the daemon: attached and traced in bursts.
+    let first = Background::spawn(Command::new(&exe).arg("30"));
+    first.wait_exec(&exe);
+    d.wait_log(
+        &format!("tracing {} in bursts: attaching", exe.display()),
+        10,
+    );
+    wait_bursts(port, first.pid(), &scratch, &d);
+    assert!(catches_sig64(first.pid()), "the handler is installed");
+
+    // 2. The paths of the next 2 seconds.
+    let window = scratch.join("window.pb.gz");
+    let t = Instant::now();
+    assert_eq!(
+        curl(
+            &format!("http://127.0.0.1:{port}/debug/pprof/paths?seconds=2"),
+            &window
+        ),
+        200,
+        "{}",
+        d.log()
+    );
+    let took = t.elapsed();
+    assert!(took >= Duration::from_secs(2), "answered after {took:?}");
+    let w = pprof::read_profile(&window).unwrap();
+    let secs = w.raw.duration_nanos as f64 / 1e9;
+    assert!((1.9..4.0).contains(&secs), "window of {secs} s");
+    let execs = w.value_index("executions").expect("executions/count");
+    let hot: i64 = w
+        .samples
+        .iter()
+        .filter(|s| s.has_function("spinner_hot_loop"))
+        .map(|s| s.values[execs])
+        .sum();
+    assert!(
+        hot > 1000,
+        "{hot} executions of spinner_hot_loop's paths in the window"
+    );
+    let (_, top) = gopprof::top(&window, Some("executions")).unwrap();
+    assert!(
+        top.iter().any(|r| r.name.contains("spinner_hot_loop path")),
+        "{}",
+        describe_top(&top, 5)
+    );
+
+    // 3. Restarted (the process dies, a new one of the program starts):
+    // the old one is released, the new one traced.
+    let (old, mut first) = (first.pid(), first);
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    d.wait_log(&format!("exited: its bursts are released pid={old}"), 10);
+    let second = Background::spawn(Command::new(&exe).arg("8"));
+    second.wait_exec(&exe);
+    let pid = second.pid();
+    wait_bursts(port, pid, &scratch, &d);
+
+    // 4. A reload that drops the target: detached (its signal restored),
+    // and it runs on to its normal end.
+    let other = scratch.join("not_running");
+    write_config(&cfg, &config(&out, port, &other));
+    d.signal(libc::SIGHUP);
+    d.wait_log(
+        &format!("no longer selected for bursts: detaching (the process runs on) pid={pid}"),
+        10,
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while catches_sig64(pid) {
+        assert!(Instant::now() < deadline, "the handler is still installed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut second = second;
+    let status = second.child.wait().unwrap();
+    assert!(status.success(), "the detached target ended with {status}");
+
+    assert!(d.stop().success(), "{}", d.log());
+    let log = d.log();
+    // Interval path profiles: one per interval with bursts, each read by
+    // go tool pprof.
+    let mut intervals: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.starts_with("paths-") && n.ends_with(".pb.gz")
+        })
+        .collect();
+    intervals.sort();
+    assert!(intervals.len() >= 4, "{intervals:?}\n{log}");
+    let mut pids = std::collections::BTreeSet::new();
+    for f in &intervals {
+        let (_, top) = gopprof::top(f, Some("executions"))
+            .unwrap_or_else(|e| panic!("go tool pprof {}: {e:#}", f.display()));
+        assert!(!top.is_empty(), "{}", f.display());
+        let p = pprof::read_profile(f).unwrap();
+        pids.extend(
+            p.samples
+                .iter()
+                .filter_map(|s| s.num_labels.get("pid").copied()),
+        );
+    }
+    assert!(
+        pids.contains(&i64::from(old)) && pids.contains(&i64::from(pid)),
+        "both processes' paths are in the interval profiles: {pids:?}"
+    );
+    // Their BOLT profiles, per binary.
+    assert!(
+        std::fs::read_dir(&out).unwrap().any(|e| {
+            let n = e.unwrap().file_name().to_string_lossy().into_owned();
+            n.starts_with("edges-svc_spin-") && n.ends_with(".fdata")
+        }),
+        "no interval edge profile of svc_spin"
+    );
+    // The session's path profile has both.
+    let total = pprof::read_profile(&out.join("paths.pb.gz")).unwrap();
+    let total_pids: std::collections::BTreeSet<_> = total
+        .samples
+        .iter()
+        .filter_map(|s| s.num_labels.get("pid").copied())
+        .collect();
+    assert!(total_pids.contains(&i64::from(old)) && total_pids.contains(&i64::from(pid)));
+    assert!(
+        !log.contains("records lost: 1") && !log.contains(" ERROR "),
+        "{log}"
+    );
+}
+
+#[test]
+fn an_executable_that_cannot_be_traced_is_reported_once_and_sampled() {
+    require_root();
+    let _serial = serial();
+    let scratch = Scratch::new("service-bursts-fail");
+    // A program without libc (no thread pointer: bursts need one), so
+    // the attach fails at once.
+    let exe = scratch.join("nothing");
+    std::fs::write(
+        scratch.join("nothing.s"),
+        ".globl _start\n_start: jmp _start\n",
+    )
+    .unwrap();
+    let cc = run_timeout(
+        Command::new("cc")
+            .args(["-nostdlib", "-static", "-s", "-o"])
+            .arg(&exe)
+            .arg(scratch.join("nothing.s")),
+        Duration::from_secs(60),
+    );
+    assert!(cc.status.success(), "{}", cc.describe());
+    let out = scratch.join("out");
+    let cfg = scratch.join("burstyd.toml");
+    let port = free_port();
+    write_config(&cfg, &config(&out, port, &exe));
+    let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
+    d.wait_log("sampling targets", 20);
+    let mut procs = Vec::new();
+    for _ in 0..3 {
+        let b = Background::spawn(&mut Command::new(&exe));
+        b.wait_exec(&exe);
+        procs.push(b);
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(d.stop().success(), "{}", d.log());
+    for mut b in procs {
+        let _ = b.child.kill();
+        let _ = b.child.wait();
+    }
+    let log = d.log();
+    let warned = log.matches("in bursts (it is sampled only").count();
+    assert_eq!(warned, 1, "one warning for the executable:\n{log}");
+    assert!(log.contains("tried again in 10 s"), "{log}");
+    // Backing off: the second and third processes were not attached.
+    let attaches = log.matches("in bursts: attaching").count();
+    assert_eq!(attaches, 1, "{log}");
+    // Still sampled.
+    let files = interval_files(&out);
+    let sampled: i64 = files
+        .iter()
+        .map(|f| {
+            samples_by_comm(&pprof::read_profile(f).unwrap())
+                .get("nothing")
+                .copied()
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(sampled > 100, "{sampled} samples of the untraced processes");
+}
