@@ -201,7 +201,8 @@ pub(crate) struct ProfileArgs {
     #[arg(long)]
     pub(crate) no_kernel: bool,
 
-    /// Bursty tracing (with --pid or run): checks per burst, i.e. how long
+    /// Bursty tracing (--pid, run, or the configuration's targets; beats
+    /// the file's [bursts] burst): checks per burst, i.e. how long
     /// each burst traces after a counter overflow switches a thread into
     /// the instrumented clones. 0 injects the clones and handles every
     /// overflow signal by returning straight to the original code: the
@@ -209,11 +210,13 @@ pub(crate) struct ProfileArgs {
     #[arg(long, value_name = "CHECKS", default_value_t = crate::bursts::DEFAULT_BURST)]
     pub(crate) burst: u64,
 
-    /// Sample only: no rewriting, no bursts (with --pid or run).
+    /// Sample only: no rewriting, no bursts (--pid, run, or the
+    /// configuration's targets).
     #[arg(long, conflicts_with_all = ["full_trace", "save_bursts"])]
     pub(crate) no_bursts: bool,
 
-    /// Trace every event from the first burst on (ground truth; slow).
+    /// Trace every event from the first burst on (ground truth; slow;
+    /// --pid or run only).
     #[arg(long)]
     pub(crate) full_trace: bool,
 

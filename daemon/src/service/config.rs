@@ -777,6 +777,16 @@ pid = 1
         );
     }
 
+    /// The file shipped beside the unit parses, and its [bursts] are the
+    /// defaults.
+    #[test]
+    fn the_shipped_file_parses() {
+        let c = p(include_str!("../../../systemd/burstyd.toml")).unwrap();
+        let s = Settings::resolve(Some(&c), None, &Overrides::default()).unwrap();
+        let d = Settings::resolve(None, None, &Overrides::default()).unwrap();
+        assert_eq!(s.bursts, d.bursts);
+    }
+
     #[test]
     fn empty_file_is_defaults() {
         let s = Settings::resolve(Some(&p("").unwrap()), None, &Overrides::default()).unwrap();
