@@ -216,7 +216,11 @@ mod tests {
 
     fn exe(pid: Pid) -> Option<PathBuf> {
         // Two programs: even pids run /a, odd ones /b.
-        Some(PathBuf::from(if pid.0 % 2 == 0 { "/a" } else { "/b" }))
+        Some(PathBuf::from(if pid.0.is_multiple_of(2) {
+            "/a"
+        } else {
+            "/b"
+        }))
     }
 
     #[test]

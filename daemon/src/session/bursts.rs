@@ -599,6 +599,10 @@ fn exe_name(pid: burstyd_common::addr::Pid) -> String {
     read_exe(pid).map_or_else(|| format!("pid {pid}"), |p| p.display().to_string())
 }
 
+/// How many released processes' counts the session keeps for its
+/// `paths.pb.gz` once the interval files have them.
+const MAX_RELEASED: usize = 64;
+
 /// A `/debug/pprof/paths?seconds=N` request being collected: each traced
 /// process's counts and sampled event per PC when it opened.
 pub(super) struct PathWindow {
@@ -669,6 +673,19 @@ impl Session {
             intervals.push((Source::Released(i), f.counts.take_interval()));
         }
         intervals.retain(|(_, iv)| !iv.is_empty());
+        // Every released process's paths are in the interval files now:
+        // beyond a bound, the oldest are forgotten (the session's
+        // paths.pb.gz then leaves them out), so that a service restarted
+        // over and over does not grow with it.
+        let excess = self.released.finished.len().saturating_sub(MAX_RELEASED);
+        if excess > 0 && intervals.iter().all(|(s, _)| matches!(s, Source::Live(_))) {
+            for f in self.released.finished.drain(..excess) {
+                info!(
+                    pid = %f.traced.pid,
+                    "its paths are in the interval profiles; more than {MAX_RELEASED} processes were released, so the session's paths.pb.gz leaves it out"
+                );
+            }
+        }
         if intervals.is_empty() {
             return;
         }
@@ -853,9 +870,12 @@ struct PathPart<'a> {
     leaf: &'a HashMap<u64, u64>,
 }
 
+/// Each module's edges per process: `(pid, library name or None for the
+/// executable, fdata text)`.
+type ModuleEdges = Vec<(Pid, Option<String>, String)>;
+
 /// The path profile of `parts` (gzip'd pprof of `span`) and each
-/// module's edges per process: `(pid, library name or None for the
-/// executable, fdata text)` (the executable's even when empty).
+/// module's edges per process (the executable's even when empty).
 fn build_paths(
     event: &str,
     tsc_hz: Option<f64>,
@@ -863,10 +883,7 @@ fn build_paths(
     parts: &[PathPart],
     procs: &crate::stacks::table::ProcessTable,
     symbolizer: &mut crate::stacks::symbolize::Symbolizer,
-) -> (
-    anyhow::Result<Vec<u8>>,
-    Vec<(burstyd_common::addr::Pid, Option<String>, String)>,
-) {
+) -> (anyhow::Result<Vec<u8>>, ModuleEdges) {
     let mut paths = crate::export::paths::paths_builder(event, tsc_hz);
     let nanos = |t: std::time::SystemTime| {
         t.duration_since(std::time::UNIX_EPOCH)

@@ -583,7 +583,13 @@ impl Session {
         self.pipe.stats.sampling_secs = self.out.started.elapsed().as_secs_f64();
         // Whatever is still in the ring buffer belongs to this session.
         self.sampler.drain_now(|s| self.pipe.handle(s));
-        let finished = self.stop_bursts().await;
+        let mut finished = self.stop_bursts().await;
+        if self.opts.interval.is_some() && !finished.is_empty() {
+            // The last partial interval's paths, like its context profile.
+            self.released.finished = finished;
+            self.write_interval_paths(self.out.interval_start, SystemTime::now());
+            finished = std::mem::take(&mut self.released.finished);
+        }
         let counters = self.sampler.counters();
         self.write_path_profiles(finished, &counters);
         drop(self.sampler);
