@@ -28,6 +28,14 @@ fn config(out: &Path, port: u16, exe: &Path) -> String {
     )
 }
 
+/// With a Pyroscope destination at `push_port`.
+fn config_pushing(out: &Path, port: u16, exe: &Path, push_port: u16) -> String {
+    config(out, port, exe)
+        + &format!(
+            "\n[[push]]\nkind = \"pyroscope\"\nurl = \"http://127.0.0.1:{push_port}\"\napp = \"svc\"\n"
+        )
+}
+
 /// `curl URL -o out`: the HTTP status.
 fn curl(url: &str, out: &Path) -> u16 {
     let f = run_timeout(
@@ -93,7 +101,10 @@ fn the_service_traces_its_targets_in_bursts_as_they_come_and_go() {
     let out = scratch.join("out");
     let cfg = scratch.join("burstyd.toml");
     let port = free_port();
-    write_config(&cfg, &config(&out, port, &exe));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let push_port = listener.local_addr().unwrap().port();
+    let pushed = receiver::receiver(listener);
+    write_config(&cfg, &config_pushing(&out, port, &exe, push_port));
     let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
     d.wait_log("sampling targets", 20);
 
@@ -156,7 +167,7 @@ fn the_service_traces_its_targets_in_bursts_as_they_come_and_go() {
     // 4. A reload that drops the target: detached (its signal restored),
     // and it runs on to its normal end.
     let other = scratch.join("not_running");
-    write_config(&cfg, &config(&out, port, &other));
+    write_config(&cfg, &config_pushing(&out, port, &other, push_port));
     d.signal(libc::SIGHUP);
     d.wait_log(
         &format!("no longer selected for bursts: detaching (the process runs on) pid={pid}"),
@@ -220,6 +231,31 @@ fn the_service_traces_its_targets_in_bursts_as_they_come_and_go() {
     assert!(
         !log.contains("records lost: 1") && !log.contains(" ERROR "),
         "{log}"
+    );
+    // The push receiver got the path profiles, as their own application.
+    let got = pushed.lock().unwrap().clone();
+    let paths: Vec<_> = got
+        .iter()
+        .filter(|r| r.query.get("name").map(String::as_str) == Some("svc.paths{}"))
+        .collect();
+    assert!(
+        paths.len() >= 4 && got.len() > paths.len(),
+        "{} path profiles pushed of {} pushes",
+        paths.len(),
+        got.len()
+    );
+    let with_spinner = paths
+        .iter()
+        .filter(|r| {
+            let parts = receiver::multipart(&r.headers["content-type"], &r.body);
+            let p = pprof::decode_profile(&parts["profile"].1).unwrap();
+            p.value_index("executions").is_some()
+                && p.samples.iter().any(|s| s.has_function("spinner_hot_loop"))
+        })
+        .count();
+    assert!(
+        with_spinner >= 4,
+        "{with_spinner} pushed path profiles hold the spinner's paths"
     );
 }
 

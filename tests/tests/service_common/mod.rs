@@ -2,6 +2,8 @@
 //! burstyd running in the background with its log in a file.
 #![allow(dead_code)]
 
+pub mod receiver;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
