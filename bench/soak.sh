@@ -148,7 +148,9 @@ BURSTYD="$WORK/burstyd"
 cp "$BURSTYD_SRC" "$BURSTYD"
 BIN_SHA=$(sha256sum "$BURSTYD_SRC" | cut -c1-12)
 BIN_TIME=$(date -u -r "$BURSTYD_SRC" +%FT%TZ)
-BIN_COMMIT=$(git -C "$ROOT" log -1 --format='%h %cI' 2>/dev/null || echo "?")
+# The commit the binary was built from is not known here: this checkout's
+# HEAD is printed (BURSTYD_COMMIT overrides it).
+BIN_COMMIT="${BURSTYD_COMMIT:-$(git -C "$ROOT" log -1 --format='%h %cI' 2>/dev/null || echo "?")}"
 CONFIG="$WORK/burstyd.toml"
 {
     echo "[output]"
@@ -311,6 +313,9 @@ read -r DT_MED DT_MIN DT_MAX < <(awk '$1 == "T" { print $4 }' "$WORK/phases" | f
 # Daemon CPU over all traced phases together (ticks / wall).
 DT_ALL=$(awk '$1 == "T" { c += $4 * $5; w += $5 } END { printf "%.2f", w ? c / w : 0 }' "$WORK/phases")
 TRACED_MIN=$(awk '$1 == "T" { w += $5 } END { printf "%.1f", w / 60 }' "$WORK/phases")
+# And over the whole load window (traced and untraced phases: the server
+# under load half of the time; interval profiles land in either).
+D_ALL=$(awk '{ c += $4 * $5; w += $5 } END { printf "%.2f", w ? c / w : 0 }' "$WORK/phases")
 LOAD_ERRORS=$(wc -l <"$WORK/errors")
 read -r CK_OPS CK_VALS CK_MIS CK_ERR < <(awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] += kv[2] } }
     END { printf "%d %d %d %d\n", v["ops"], v["checked_values"], v["mismatches"], v["errors"] }' "$WORK/checker.out" 2>/dev/null || echo "0 0 0 0")
@@ -320,8 +325,10 @@ CK_FIRST=$(grep -o 'first_error=[^ ]*' "$WORK/checker.out" 2>/dev/null | grep -v
 CURVE=$(awk -v s="$D_START" -v k="$TCK" '
     NR > 1 { printf "  %7.0f s  %6.2f%%  %7.1f MB  %7.1f MB  %5.1f s  %s\n", $1 - s, 100 * ($2 - t) / k / ($1 - p), $4 / 1024, $5 / 1024, ($3) / k, $6 }
     { p = $1; t = $2 }' "$WORK/curve")
-# RSS one minute into the load (the first sample at least 60 s after it began) and at the end.
-RSS_1M=$(awk -v s="$LOAD_START" '$1 - s >= 60 { printf "%.1f", $4 / 1024; exit }' "$WORK/curve")
+# RSS one minute into the load (the first sample at least 60 s after it
+# began; half-way through a shorter load) and at the end.
+REF_S=$(awk -v a="$LOAD_START" -v b="$LOAD_END" 'BEGIN { h = (b - a) / 2; printf "%.0f", (h < 60) ? h : 60 }')
+RSS_1M=$(awk -v s="$LOAD_START" -v r="$REF_S" '$1 - s >= r { printf "%.1f", $4 / 1024; exit }' "$WORK/curve")
 [[ -n "$RSS_1M" ]] || RSS_1M=$(awk 'NR == 2 { printf "%.1f", $4 / 1024 }' "$WORK/curve")
 RSS_END=$(awk 'END { printf "%.1f", $4 / 1024 }' "$WORK/curve")
 RSS_MAX=$(awk '{ if ($4 > m) m = $4 } END { printf "%.1f", m / 1024 }' "$WORK/curve")
@@ -329,7 +336,7 @@ HWM=$(awk 'END { printf "%.1f", $5 / 1024 }' "$WORK/curve")
 RSS_GROWTH=$(awk -v a="$RSS_1M" -v b="$RSS_END" 'BEGIN { printf "%+.1f MB (%+.1f%%)", b - a, (a > 0) ? 100 * (b - a) / a : 0 }')
 RSS_FLAT=$(awk -v a="$RSS_1M" -v b="$RSS_END" 'BEGIN { lim = (a * 0.05 > 2) ? a * 0.05 : 2; print (b - a <= lim) ? 1 : 0 }')
 # Steady-state slope: least squares over the samples from one minute on (MB per hour).
-SLOPE=$(awk -v s="$LOAD_START" '$1 - s >= 60 { x = ($1 - s) / 3600; y = $4 / 1024; n++; sx += x; sy += y; sxx += x * x; sxy += x * y }
+SLOPE=$(awk -v s="$LOAD_START" -v r="$REF_S" '$1 - s >= r { x = ($1 - s) / 3600; y = $4 / 1024; n++; sx += x; sy += y; sxx += x * x; sxy += x * y }
     END { d = n * sxx - sx * sx; if (n > 2 && d > 0) printf "%+.1f MB/h over %d samples", (n * sxy - sx * sy) / d, n; else print "n/a (too few samples)" }' "$WORK/curve")
 
 M="$WORK/metrics"
@@ -359,7 +366,7 @@ ELAPSED_MIN=$(awk -v a="$D_START" -v b="$STOP_T0" 'BEGIN { printf "%.1f", (b - a
 
 echo
 echo "burstyd soak: redis-server $(redis-server --version | grep -o 'v=[^ ]*' | cut -c3-) under redis-benchmark on loopback, $(nproc) CPUs, $(uname -r), $(date -u +%FT%TZ)"
-echo "  burstyd: $BURSTYD_SRC (sha256 $BIN_SHA, built $BIN_TIME; tree at $BIN_COMMIT), --config, bursts $([[ $BURSTS == 1 ]] && echo 'on (500 checks)' || echo off), the file's default event and rate, $([[ $UNIT_CAPS == 1 ]] && echo "the unit's capability bounding set" || echo "every capability (--no-unit-caps)")"
+echo "  burstyd: $BURSTYD_SRC (sha256 $BIN_SHA, file time $BIN_TIME; checkout $BIN_COMMIT), --config, bursts $([[ $BURSTS == 1 ]] && echo 'on (500 checks)' || echo off), the file's default event and rate, $([[ $UNIT_CAPS == 1 ]] && echo "the unit's capability bounding set" || echo "every capability (--no-unit-caps)")"
 echo "  load: redis-benchmark -c $CLIENTS -P $PIPELINE -d 64 -r 100000 -t set,get on CPU 0; servers on CPU 1$([[ $REDIS_DEFAULTS == 1 ]] || echo ' (--jemalloc-bg-thread no)'); checker $RATE rounds/s per server"
 echo "  $PHASES pairs of ~${PHASE} s phases: ${TRACED_MIN} min of traced load; daemon up ${ELAPSED_MIN} min; READY=1 after ${READY_S} s; attach settled ${ATTACH_DONE_S} s after start"
 echo "  attach: ${ATTACH:-none logged}"
@@ -380,12 +387,12 @@ echo "  load generator errors: ${LOAD_ERRORS}$([[ $LOAD_ERRORS != 0 ]] && echo "
 echo "  checker: ${CK_VALS} values read back and verified, ${CK_OPS} replies checked, ${CK_MIS} mismatches, ${CK_ERR} errors ${CK_FIRST}"
 echo "daemon CPU (% of one core; /proc/PID/stat utime+stime over each phase):"
 echo "  traced phases    median ${DT_MED}%  [${DT_MIN} .. ${DT_MAX}]   all traced phases together ${DT_ALL}%"
-echo "  untraced phases  median ${DU_MED}%  [${DU_MIN} .. ${DU_MAX}]"
+echo "  untraced phases  median ${DU_MED}%  [${DU_MIN} .. ${DU_MAX}]   whole load window ${D_ALL}% (the 30 s interval profiles fall in either kind of phase)"
 echo "  own summary at exit: ${CPU_LINE:-n/a}"
 echo "daemon CPU and RSS over time (every ${SAMPLE} s; CPU over the interval before; children = attach workers' CPU, cumulative):"
 echo "     time     CPU        RSS      peak    children  phase at sample"
 echo "$CURVE"
-echo "  RSS one minute into the load ${RSS_1M} MB, at the end ${RSS_END} MB: ${RSS_GROWTH}; slope ${SLOPE}; max ${RSS_MAX} MB, VmHWM ${HWM} MB"
+echo "  RSS ${REF_S} s into the load ${RSS_1M} MB, at the end ${RSS_END} MB: ${RSS_GROWTH}; slope ${SLOPE}; max ${RSS_MAX} MB, VmHWM ${HWM} MB"
 echo "/metrics at the end: samples ${SAMPLES:-?}, ring drops ${RING_DROPS:-?}, truncated stacks ${TRUNC:-?}, profiles written ${PROFILES:-?} (${INTERVALS} interval files), functions rewritten ${M_REWRITTEN:-?}"
 echo "  burst signals sent ${SIGNALS:-?}; not sent: ${NOT_SENT:-?}"
 echo "  bursts taken ${M_TAKEN:-?}, declined ${M_DECL:-?}, truncated ${M_TRUNC:-?} (these counters are added when a process is detached)"
