@@ -3,8 +3,8 @@
 # real Debian server (redis-server) under load on loopback for minutes.
 #
 # burstyd runs as burstyd.service would run it: `burstyd --config FILE`
-# (no --pid), the capability bounding set of the unit (setpriv: CAP_BPF
-# CAP_PERFMON CAP_SYS_RESOURCE CAP_SYS_PTRACE CAP_DAC_READ_SEARCH, no new
+# (no --pid), the capability bounding set of the unit (setpriv, read from
+# systemd/burstyd.service's CapabilityBoundingSet=; no new
 # privileges), sd_notify to a socket of ours (READY=1, WATCHDOG=1 with
 # WATCHDOG_USEC=30 s as WatchdogSec=30s), the service's plan cache
 # (/var/cache/burstyd), and a config file with 30 s interval profiles, an
@@ -45,7 +45,7 @@
 # Usage (workspace root, as root, after `cargo build --release -p burstyd`):
 #   bash bench/soak.sh [--minutes N] [--phase SECS] [--sample SECS] [--quick]
 #                      [--no-bursts] [--clients C] [--pipeline P] [--rate R]
-#                      [--redis-defaults] [--no-unit-caps]
+#                      [--no-bg-thread] [--no-unit-caps]
 # --minutes N: minutes of traced load (default 10; as many untraced: the
 #   run takes about 2N + 2 minutes); --phase: seconds per phase (30);
 #   --sample: seconds between CPU/RSS samples (30); --quick: --minutes 2
@@ -53,18 +53,17 @@
 #   enabled = false`); --no-unit-caps: every capability instead of the
 #   unit's bounding set; --clients/--pipeline:
 #   redis-benchmark -c/-P (50, 4); --rate: checker rounds per second per
-#   server (200); --redis-defaults: keep redis's jemalloc background
-#   thread, which blocks every signal, and with it burstyd's refusal to
-#   trace it ("catches, ignores, blocks or has pending every signal from
-#   SIGRTMIN+2 (34) to SIGRTMAX (64)"): by default both servers run with
-#   `--jemalloc-bg-thread no`.
+#   server (200); --no-bg-thread: both servers run with
+#   `--jemalloc-bg-thread no` (by default Debian's settings: jemalloc's
+#   background thread, which blocks every signal and so never gets a burst;
+#   burstyd once refused such a process, finding no free signal).
 # Environment: BURSTYD_BIN (default target/release/burstyd; copied to the
 #   work directory), KEEP=1 keeps the work directory. Installs redis-server
 #   and redis-tools with apt-get if missing (and says so).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-UNIT_CAPS=1; MINUTES=10; PHASE=30; SAMPLE=30; BURSTS=1; CLIENTS=50; PIPELINE=4; RATE=200; REDIS_DEFAULTS=0
+UNIT_CAPS=1; MINUTES=10; PHASE=30; SAMPLE=30; BURSTS=1; CLIENTS=50; PIPELINE=4; RATE=200; REDIS_DEFAULTS=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --minutes) MINUTES="$2"; shift 2 ;;
@@ -76,6 +75,7 @@ while [[ $# -gt 0 ]]; do
         --pipeline) PIPELINE="$2"; shift 2 ;;
         --rate) RATE="$2"; shift 2 ;;
         --redis-defaults) REDIS_DEFAULTS=1; shift ;;
+        --no-bg-thread) REDIS_DEFAULTS=0; shift ;;
         --no-unit-caps) UNIT_CAPS=0; shift ;;
         -h|--help) sed -n "2,63p" "$0"; exit 0 ;;
         *) echo "soak.sh: unknown argument $1" >&2; exit 2 ;;
@@ -175,7 +175,9 @@ CONFIG="$WORK/burstyd.toml"
 python3 "$ROOT/bench/soak/notify.py" "$WORK/notify.sock" "$WORK/notify.log" &
 NOTIFY_PID=$!
 for _ in $(seq 50); do [[ -S "$WORK/notify.sock" ]] && break; sleep 0.1; done
-CAPS=-all,+bpf,+perfmon,+sys_resource,+sys_ptrace,+dac_read_search
+# The unit's own bounding set (systemd/burstyd.service), as setpriv spells it.
+CAPS=-all$(sed -n 's/^CapabilityBoundingSet=//p' "$ROOT/systemd/burstyd.service" \
+    | tr ' ' '\n' | sed -n 's/^CAP_\(.*\)/,+\L\1/p' | tr -d '\n')
 [[ "$UNIT_CAPS" == 1 ]] || CAPS=+all
 echo "== burstyd --config $CONFIG (bursts: $([[ $BURSTS == 1 ]] && echo on || echo off); $([[ $UNIT_CAPS == 1 ]] && echo "the unit's capability bounding set" || echo "every capability"); sd_notify, WATCHDOG_USEC=30s)" >&2
 D_START=$(now)

@@ -112,7 +112,7 @@ fn the_service_traces_its_targets_in_bursts_as_they_come_and_go() {
     let first = Background::spawn(Command::new(&exe).arg("30"));
     first.wait_exec(&exe);
     d.wait_log(
-        &format!("tracing {} in bursts: attaching", exe.display()),
+        &format!("tracing svc_spin ({}) in bursts: attaching", exe.display()),
         10,
     );
     wait_bursts(port, first.pid(), &scratch, &d);

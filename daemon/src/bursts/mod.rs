@@ -117,6 +117,24 @@ pub(crate) struct BurstStats {
     pub(crate) reaped: u64,
 }
 
+impl BurstStats {
+    /// Adds `o`'s counts (the burst and record counts, not the
+    /// functions).
+    pub(crate) fn add(&mut self, o: &BurstStats) {
+        self.bursts += o.bursts;
+        self.bursts_truncated += o.bursts_truncated;
+        self.declined_busy += o.declined_busy;
+        self.declined_pc += o.declined_pc;
+        self.declined_budget += o.declined_budget;
+        self.records += o.records;
+        self.records_lost += o.records_lost;
+        self.paths += o.paths;
+        self.partial_paths += o.partial_paths;
+        self.bad_records += o.bad_records;
+        self.reaped += o.reaped;
+    }
+}
+
 /// What the exporters need to know about a traced process and its
 /// modules with clones.
 pub(crate) struct Traced {

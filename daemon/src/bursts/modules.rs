@@ -113,11 +113,7 @@ fn module_at(
     };
     let file = match file {
         Some(f) => f,
-        None => std::fs::File::open(format!(
-            "/proc/{pid}/map_files/{:x}-{:x}",
-            first.start, first.end
-        ))
-        .with_context(|| format!("opening {path} through its mapping"))?,
+        None => open_mapped(pid, path, first)?,
     };
     let elf = match ElfInfo::parse(&object::ReadCache::new(&file)) {
         Ok(e) => e,
@@ -128,6 +124,31 @@ fn module_at(
         .load_bias_for(first.start, first.offset, first.is_exec())
         .with_context(|| format!("no PT_LOAD segment for the first mapping of {path}"))?;
     Module::from_file(path, file, (lo, hi), bias, is_exe, first.inode).map(Some)
+}
+
+/// The file mapped at `m`: through `/proc/PID/map_files` (the mapped file
+/// itself, even replaced or deleted since), which needs CAP_SYS_ADMIN or
+/// CAP_CHECKPOINT_RESTORE; without them, through `/proc/PID/root/PATH`
+/// when that is still the very file mapped (same device and inode).
+fn open_mapped(pid: Pid, path: &str, m: &MapEntry) -> anyhow::Result<std::fs::File> {
+    use anyhow::Context as _;
+    use std::os::unix::fs::MetadataExt as _;
+    let direct = std::fs::File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
+    let e = match direct {
+        Ok(f) => return Ok(f),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => e,
+        Err(e) => return Err(e).with_context(|| format!("opening {path} through its mapping")),
+    };
+    let f = std::fs::File::open(format!("/proc/{pid}/root{path}"))
+        .with_context(|| format!("opening {path} (its mapping: {e})"))?;
+    let md = f.metadata()?;
+    let dev = md.dev();
+    if (libc::major(dev), libc::minor(dev), md.ino()) != (m.dev_major, m.dev_minor, m.inode) {
+        anyhow::bail!(
+            "{path} is no longer the file mapped, and its mapping cannot be opened ({e}; give burstyd CAP_CHECKPOINT_RESTORE)"
+        );
+    }
+    Ok(f)
 }
 
 /// The length and FNV-1a hash of a file's bytes, read as a stream.

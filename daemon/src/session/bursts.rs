@@ -310,6 +310,11 @@ impl Session {
             })
             .collect();
         METRICS.set_traced(crate::service::metrics::traced_series(&procs));
+        let mut all = self.released.totals.clone();
+        for t in self.bursts.tracers() {
+            all.add(&t.stats());
+        }
+        set_burst_metrics(&all);
     }
 
     /// Stops tracing `pid` in bursts (it exited, or is no longer
@@ -348,8 +353,9 @@ impl Session {
     /// A released tracer is detached: its paths wait for the profiles.
     pub(super) fn on_detached(&mut self, f: Finished) {
         self.released.pending -= 1;
-        if let Err(e) = &f.stats {
-            warn!(pid = %f.traced.pid, "detaching: {e:#}");
+        match &f.stats {
+            Ok(s) => self.released.totals.add(s),
+            Err(e) => warn!(pid = %f.traced.pid, "detaching: {e:#}"),
         }
         self.released.finished.push(f);
     }
@@ -478,11 +484,8 @@ impl Session {
                     continue;
                 }
             };
-            METRICS.bursts_taken.add(stats.bursts);
-            METRICS.bursts_truncated.add(stats.bursts_truncated);
-            METRICS
-                .bursts_declined
-                .add(stats.declined_busy + stats.declined_pc + stats.declined_budget);
+            self.released.totals.add(&stats);
+            set_burst_metrics(&self.released.totals);
             let declined = counters
                 .declined
                 .reasons()
@@ -589,14 +592,32 @@ impl Session {
     }
 }
 
+/// The daemon-wide burst counters of `/metrics`: the processes released
+/// and those traced now.
+fn set_burst_metrics(s: &crate::bursts::BurstStats) {
+    METRICS.bursts_taken.set(s.bursts);
+    METRICS.bursts_truncated.set(s.bursts_truncated);
+    METRICS
+        .bursts_declined
+        .set(s.declined_busy + s.declined_pc + s.declined_budget);
+}
+
 /// `/proc/PID/exe` (the key of an executable's attach backoff).
 fn read_exe(pid: burstyd_common::addr::Pid) -> Option<std::path::PathBuf> {
     std::fs::read_link(format!("/proc/{pid}/exe")).ok()
 }
 
-/// The executable's path for messages.
+/// The process's name and executable for messages: `comm (path)` (the
+/// path resolved, e.g. redis-server's symlink to redis-check-rdb).
 fn exe_name(pid: burstyd_common::addr::Pid) -> String {
-    read_exe(pid).map_or_else(|| format!("pid {pid}"), |p| p.display().to_string())
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim_end().to_owned())
+        .unwrap_or_default();
+    match read_exe(pid) {
+        Some(p) if !comm.is_empty() => format!("{comm} ({})", p.display()),
+        Some(p) => p.display().to_string(),
+        None => format!("pid {pid}"),
+    }
 }
 
 /// How many released processes' counts the session keeps for its

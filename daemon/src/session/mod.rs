@@ -214,6 +214,8 @@ struct Released {
     pending: usize,
     /// Detached: their paths go into the path profiles.
     finished: Vec<crate::bursts::Finished>,
+    /// Their burst counts (and at the end everyone's), for `/metrics`.
+    totals: crate::bursts::BurstStats,
 }
 
 /// How a session went, and how `run`'s command exited.
@@ -389,6 +391,7 @@ impl Session {
                 rx: released_rx,
                 pending: 0,
                 finished: Vec::new(),
+                totals: Default::default(),
             },
             path_windows: Vec::new(),
             timers,
@@ -505,6 +508,9 @@ impl Session {
         merge(&mut out.total, cct);
         let start = std::mem::replace(&mut out.interval_start, now);
         self.write_interval_paths(start, now);
+        // What building the profiles parsed (DWARF lines, symbols) goes
+        // back to the kernel, not kept by the allocator between intervals.
+        crate::sys::return_free_memory();
         Ok(())
     }
 

@@ -392,7 +392,12 @@ fn gap_near(
 /// pending, and not blocked by any thread (`SigCgt`, `SigIgn`, `ShdPnd` of
 /// /proc/PID/status; `SigBlk`, `SigPnd` of each /proc/PID/task/*/status),
 /// chosen from SIGRTMAX (64) down to SIGRTMIN+2 (34): glibc reserves 32 and
-/// 33 for itself.
+/// 33 for itself. A thread that blocks every one of them (34..=64) says
+/// nothing about any: it blocks all signals, as worker threads of servers
+/// do (jemalloc's background thread in Debian's redis-server), and never
+/// gets a burst signal (the eBPF program checks each thread's mask). A
+/// signal the program waits for (`sigwait`) is blocked in every thread,
+/// or the threads that do not block it would die of it: it stays used.
 pub fn free_signal(pid: Pid) -> Result<i32> {
     let status = read_proc(pid, "status")?;
     let mut threads = Vec::new();
@@ -417,8 +422,20 @@ fn pick_free_signal(process: &str, threads: &[String]) -> Result<Option<i32>> {
         }
     };
     let mut used = mask(process, "SigCgt")? | mask(process, "SigIgn")? | mask(process, "ShdPnd")?;
+    let range = (34..=64).fold(0u64, |m, s| m | bit(s));
+    let mut blocked_all = 0;
     for t in threads {
-        used |= mask(t, "SigBlk")? | mask(t, "SigPnd")?;
+        let blk = mask(t, "SigBlk")?;
+        used |= mask(t, "SigPnd")?;
+        if blk & range == range {
+            blocked_all += 1;
+        } else {
+            used |= blk;
+        }
+    }
+    // Every thread blocks them all: none can take the signal.
+    if !threads.is_empty() && blocked_all == threads.len() {
+        return Ok(None);
     }
     Ok((34..=64).rev().find(|&s| used & bit(s) == 0))
 }
@@ -654,6 +671,14 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         assert_eq!(pick_free_signal(p, &t).unwrap(), Some(62));
         let all = vec!["SigBlk:\tfffffffe00000000\n".to_string()];
         assert_eq!(pick_free_signal(p, &all).unwrap(), None);
+        // A thread that blocks every signal (jemalloc's background thread:
+        // `fffffffe7ffbfeff`) beside one that blocks 62: 62 stays used.
+        let mut two = t.clone();
+        two.push("SigPnd:\t0000000000000000\nSigBlk:\tfffffffe7ffbfeff\n".to_string());
+        assert_eq!(pick_free_signal(p, &two).unwrap(), Some(62));
+        // ... and one pending in it is still used.
+        two.push("SigPnd:\t2000000000000000\nSigBlk:\tffffffffffffffff\n".to_string());
+        assert_eq!(pick_free_signal(p, &two).unwrap(), Some(61));
         assert!(status_has_shstk(
             "x86_Thread_features:\tshstk wrss\nx86_Thread_features_locked:\t\n"
         ));
