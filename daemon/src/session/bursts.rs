@@ -27,7 +27,7 @@ fn link(sampler: &mut Sampler, t: &mut BurstTracer) -> Option<LoadRequest> {
     if let Some(loader) = t.link_hook()
         && let Err(e) = sampler.watch_link_map(pid, &loader)
     {
-        warn!(%pid, "cannot watch the dynamic loader for dlopen/dlclose ({}): {e}", loader.display());
+        warn!(%pid, "cannot watch the dynamic loader for dlopen/dlclose ({}; a uprobe perf event, which needs CAP_SYS_ADMIN): {e}", loader.display());
     }
     let (gone, request) = t.relink(sampler.link_changes(pid));
     sampler.remove_pages(pid, &gone);
