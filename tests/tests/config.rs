@@ -12,12 +12,6 @@ use std::time::Duration;
 use burstyd_tests::*;
 use service_common::*;
 
-fn write_config(path: &std::path::Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 fn base_config(out: &std::path::Path, targets: &str) -> String {
     format!(
         "event = \"cpu-clock\"\nfreq = 499\n\n[output]\ndir = \"{}\"\ninterval = \"500ms\"\n\n{targets}",

@@ -14,12 +14,6 @@ use std::time::{Duration, Instant};
 use burstyd_tests::*;
 use service_common::*;
 
-fn write_config(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 fn config(out: &Path, port: u16, exe: &Path) -> String {
     format!(
         "event = \"cpu-clock\"\nfreq = 499\n\n[output]\ndir = \"{}\"\ninterval = \"1s\"\n\n[http]\nlisten = \"127.0.0.1:{port}\"\n\n[bursts]\nmax_traced = 2\n\n[[target]]\nexe = \"{}\"\n",

@@ -139,6 +139,14 @@ pub fn spinner_copy(dir: &Path, name: &str) -> PathBuf {
     dst
 }
 
+/// Replaces a configuration file at once (write, then rename), as an
+/// editor or a deployment would: a reload never reads half a file.
+pub fn write_config(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
 /// Waits for a background program to finish by itself.
 pub fn wait_exit(mut b: Background) {
     let _ = b.child.wait();
