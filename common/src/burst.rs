@@ -79,7 +79,14 @@ pub const PATH_INVALID: u64 = 1 << 63;
 
 /// Record tags: bits 60..64 of a record's first word. Every record is
 /// two words.
+/// A burst started: `w0 = tag | running << START_RUNNING_SHIFT | slot <<
+/// START_SLOT_SHIFT | tid`, `w1` = the interrupted pc. `running`: the
+/// bursts running in the process right after this one's claim (itself
+/// included; 8 bits), `slot`: its slot (8 bits).
 pub const REC_START: u64 = 1;
+/// See [`REC_START`].
+pub const START_SLOT_SHIFT: u32 = 32;
+pub const START_RUNNING_SHIFT: u32 = 40;
 /// An instrumented function was entered: `w0 = tag | fid`, `w1 = 0`.
 pub const REC_ENTER: u64 = 2;
 /// A path ended: `w0 = tag | kind << 32 | fid`, `w1 = path register`.

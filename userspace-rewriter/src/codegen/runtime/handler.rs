@@ -1,11 +1,12 @@
 //! The burst signal handler and its `rt_sigreturn` restorer.
 use burstyd_common::burst::{
-    END_LEFT_CLONES, MAX_SLOTS, PATH_INVALID, REC_START, TABLES_GEN_SHIFT,
+    END_LEFT_CLONES, MAX_SLOTS, PATH_INVALID, REC_START, START_RUNNING_SHIFT, START_SLOT_SHIFT,
+    TABLES_GEN_SHIFT,
 };
 use iced_x86::Code;
 use iced_x86::IcedError;
 use iced_x86::code_asm::{
-    CodeAssembler, CodeLabel, byte_ptr, dword_ptr, eax, ecx, edi, qword_ptr, r9, r10, rax, rcx,
+    CodeAssembler, CodeLabel, byte_ptr, dword_ptr, eax, ecx, edi, edx, qword_ptr, r9, r10, rax, rcx,
     rdi, rdx, rsi, rsp,
 };
 
@@ -49,8 +50,8 @@ const SYS_GETTID: u32 = 186;
 /// sub-ring and head address; the thread's registers (in its TCB): `slot`,
 /// `budget` = `burst_len`, `path` = `PATH_INVALID`, `depth` = 0; `bursts`
 /// + 1, `concurrent_max` raised to `active`, `slot_tids[slot]` =
-/// `gettid()`, and a START record (`w0 = tag | gettid()`, `w1` = the
-/// interrupted PC); then, with `measure`, `path_start = rdtsc` (the first
+/// `gettid()`, and a START record (`w0 = tag | running << 40 | slot << 32
+/// | gettid()`, running = `active` now; `w1` = the interrupted PC); then, with `measure`, `path_start = rdtsc` (the first
 /// path is partial anyway, its PATH record carries `PATH_INVALID`; this
 /// keeps the value sane).
 pub(super) fn handler(
@@ -183,6 +184,16 @@ pub(super) fn handler(
     a.mov(eax, eax)?;
     a.rip_rm(Code::Lea_r64_m, rcx, field!(control, slot_tids))?;
     a.mov(qword_ptr(rcx + rdi * 8), rax)?;
+    // w0 = tag | running << START_RUNNING_SHIFT | slot << START_SLOT_SHIFT
+    // | tid: the bursts running now (this one included) say from the
+    // records alone that bursts overlapped.
+    a.rip_rm(Code::Mov_r32_rm32, edx, field!(control, active))?;
+    a.and(edx, 0xff)?;
+    a.shl(rdx, START_RUNNING_SHIFT)?;
+    a.or(rax, rdx)?;
+    a.mov(rdx, rdi)?;
+    a.shl(rdx, START_SLOT_SHIFT)?;
+    a.or(rax, rdx)?;
     a.mov(rdx, tag(REC_START))?;
     a.or(rax, rdx)?;
     a.mov(rdx, r10)?;
