@@ -655,7 +655,7 @@ impl BurstTracer {
         let stats = self.stats();
         tracing::info!(
             pid = %self.pid(),
-            "bursts: at most {} ran at once (of {} allowed)",
+            "burst slots: at most {} bursts ran at once (of {} allowed)",
             self.attachment.concurrent_max(),
             self.attachment.max_bursts()
         );

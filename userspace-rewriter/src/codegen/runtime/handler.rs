@@ -406,7 +406,7 @@ mod tests {
         assert_eq!((h.loc().path, h.loc().depth, c.heads[0]), (PATH_INVALID, 0, 2));
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() } as u64;
-        assert_eq!(h.ring()[..2], [tag(REC_START) | tid, PC]);
+        assert_eq!(h.ring()[..2], [tag(REC_START) | 1 << 40 | tid, PC]);
         assert_eq!(c.slot_tids[0], tid);
     }
 
@@ -475,6 +475,8 @@ mod tests {
         let mut h = armed();
         h.ctl_mut().max_bursts = 3;
         let threads: Vec<_> = (0..4).map(|_| fake_thread()).collect();
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() } as u64;
         for (i, t) in threads.iter().enumerate() {
             h.set_uc_word(RIP, PC);
             handle(&mut h, Some(t.as_ptr() as u64));
@@ -486,9 +488,11 @@ mod tests {
                 assert_eq!((r.budget, r.path, r.depth), (50, PATH_INVALID, 0));
                 assert_eq!(h.slot_owner(i), t.as_ptr() as u64);
                 assert_eq!((c.active, c.concurrent_max), (i as u32 + 1, i as u64 + 1));
-                // Its START record in its own sub-ring.
+                // Its START record in its own sub-ring: slot i, i + 1
+                // bursts running.
                 assert_eq!(c.heads[i], 2);
-                assert_eq!(h.sub_ring(i)[1], PC);
+                let w0 = tag(REC_START) | (i as u64 + 1) << 40 | (i as u64) << 32;
+                assert_eq!(h.sub_ring(i)[..2], [w0 | tid, PC]);
             } else {
                 assert_eq!(h.uc_word(RIP), PC);
                 assert_eq!(regs_of(t).slot, 0);
@@ -496,8 +500,6 @@ mod tests {
                 assert_eq!(counters(&h), [3, 0, 0, 1, 0]);
             }
         }
-        // SAFETY: gettid has no preconditions.
-        let tid = unsafe { libc::gettid() } as u64;
         assert_eq!(h.ctl().slot_tids[..4], [tid, tid, tid, 0]);
         // Thread 1's burst ends: slot 1 is free, thread 3 takes it.
         let end = h.rt.end;
@@ -512,7 +514,8 @@ mod tests {
         assert_eq!(h.slot_owner(1), threads[3].as_ptr() as u64);
         assert_eq!((h.ctl().active, h.ctl().heads[1]), (3, 6));
         assert_eq!(h.sub_ring(1)[2..4], [tag(REC_END) | END_LEFT_CLONES, 0]);
-        assert_eq!(h.sub_ring(1)[4..6], [tag(REC_START) | tid, PC]);
+        // Slot 1, three bursts running.
+        assert_eq!(h.sub_ring(1)[4..6], [tag(REC_START) | 3 << 40 | 1 << 32 | tid, PC]);
     }
 
     /// A second signal during a burst, while the thread runs in the
@@ -578,7 +581,7 @@ mod tests {
             [
                 tag(REC_END) | END_LEFT_CLONES,
                 0,
-                tag(REC_START) | tid,
+                tag(REC_START) | 1 << 40 | tid,
                 PC + 3
             ]
         );

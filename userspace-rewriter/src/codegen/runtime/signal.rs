@@ -120,6 +120,6 @@ fn handler_and_restorer_on_a_real_signal() {
     );
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() } as u64;
-    assert_eq!(h.ring()[..2], [tag(REC_START) | tid, pc]);
+    assert_eq!(h.ring()[..2], [tag(REC_START) | 1 << 40 | tid, pc]);
     assert_eq!(c.heads[0], 2);
 }
