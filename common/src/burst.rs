@@ -497,11 +497,8 @@ mod layout {
         ("slot_tids", 448, 64),
         ("modules", 512, 3584),
     ];
-    const PINNED_LOCAL_FIELDS: &[(&str, usize, usize)] = &[
-        ("present", 0, 8),
-        ("_pad", 8, 56),
-        ("slots", 64, 262656),
-    ];
+    const PINNED_LOCAL_FIELDS: &[(&str, usize, usize)] =
+        &[("present", 0, 8), ("_pad", 8, 56), ("slots", 64, 262656)];
     const PINNED_SLOT_FIELDS: &[(&str, usize, usize)] = &[
         ("owner", 0, 8),
         ("index", 8, 8),

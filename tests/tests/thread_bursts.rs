@@ -100,10 +100,10 @@ fn busy_threads_get_bursts_in_proportion_to_their_cpu_time() {
     );
     let p = read_profile(&paths).unwrap_or_else(|e| panic!("{e:#}"));
     for s in &p.samples {
-        if let (Some(th), Some(tid)) = (s.label("thread"), s.num_labels.get("tid")) {
-            if let Some(want) = tid_of.get(th) {
-                assert_eq!(tid, want, "{th}'s paths carry another tid");
-            }
+        if let (Some(th), Some(tid)) = (s.label("thread"), s.num_labels.get("tid"))
+            && let Some(want) = tid_of.get(th)
+        {
+            assert_eq!(tid, want, "{th}'s paths carry another tid");
         }
     }
 
@@ -144,7 +144,10 @@ fn busy_threads_get_bursts_in_proportion_to_their_cpu_time() {
 
     // More than one burst at once, from the records; the daemon's count
     // (the runtime's highest `active`) agrees.
-    assert!(most_running >= 2, "no START record saw another burst running\n{table}");
+    assert!(
+        most_running >= 2,
+        "no START record saw another burst running\n{table}"
+    );
     let at_once = stderr
         .lines()
         .find_map(|l| {
@@ -155,7 +158,12 @@ fn busy_threads_get_bursts_in_proportion_to_their_cpu_time() {
                 .parse::<u64>()
                 .ok()
         })
-        .unwrap_or_else(|| panic!("no \"at most N bursts ran at once\" line:\n{}", tail(stderr, 20)));
+        .unwrap_or_else(|| {
+            panic!(
+                "no \"at most N bursts ran at once\" line:\n{}",
+                tail(stderr, 20)
+            )
+        });
     assert!(
         (most_running..=4).contains(&at_once),
         "at once: {at_once}, START records: {most_running}"

@@ -364,11 +364,11 @@ mod tests {
         let mut c = PathCounts::new(vec![Some(4), Some(2), None]);
         for ev in [
             BurstEvent::Start {
-            tid: 1,
-            pc: 0,
-            slot: 0,
-            running: 1,
-        },
+                tid: 1,
+                pc: 0,
+                slot: 0,
+                running: 1,
+            },
             BurstEvent::Enter { fid: 0 },
             path(0, PathEnd::BackEdge, 3),
             BurstEvent::Enter { fid: 1 },

@@ -27,8 +27,9 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context as _, bail};
 use burstyd_common::addr::Pid;
 use burstyd_common::burst::{
-    ARMED_OFFSET, BurstControl, BurstLocal, BurstSlot, BurstTarget, DEFAULT_MAX_BURSTS, MAX_SLOTS, CLONE_PAGE_SHIFT, CONTROL_BYTES,
-    CONTROL_MAGIC, LOCAL_BYTES, LOCAL_OFFSET, MAX_MODULES, ModuleEntry,
+    ARMED_OFFSET, BurstControl, BurstLocal, BurstSlot, BurstTarget, CLONE_PAGE_SHIFT,
+    CONTROL_BYTES, CONTROL_MAGIC, DEFAULT_MAX_BURSTS, LOCAL_BYTES, LOCAL_OFFSET, MAX_MODULES,
+    MAX_SLOTS, ModuleEntry,
 };
 use tracing::{debug, info, warn};
 use userspace_rewriter::PAGE_SIZE;
@@ -95,9 +96,11 @@ fn check_glibc(pid: Pid) -> anyhow::Result<()> {
     let libc = maps
         .lines()
         .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| p.rsplit('/').next() == Some("libc.so.6") || {
-            let n = p.rsplit('/').next().unwrap_or("");
-            n.starts_with("libc-2.") && n.ends_with(".so")
+        .find(|p| {
+            p.rsplit('/').next() == Some("libc.so.6") || {
+                let n = p.rsplit('/').next().unwrap_or("");
+                n.starts_with("libc-2.") && n.ends_with(".so")
+            }
         })
         .map(str::to_owned);
     let Some(libc) = libc else {
@@ -113,10 +116,7 @@ fn check_glibc(pid: Pid) -> anyhow::Result<()> {
         .section_by_name(".dynstr")
         .and_then(|s| s.data().ok())
         .unwrap_or_default();
-    if !dynstr
-        .split(|&b| b == 0)
-        .any(|name| name == b"GLIBC_2.26")
-    {
+    if !dynstr.split(|&b| b == 0).any(|name| name == b"GLIBC_2.26") {
         bail!(
             "pid {pid}: {libc} defines no GLIBC_2.26 version (not glibc, or older than 2.26): bursts need glibc 2.26 or later, whose thread control block holds each thread's burst state"
         );

@@ -245,9 +245,7 @@ mod tests {
         for (slot, got) in got.iter().enumerate() {
             let want: Vec<_> = if [0, 3, MAX_SLOTS - 1].contains(&slot) {
                 (0..5u64)
-                    .flat_map(|round| {
-                        (0..3).map(move |i| slot as u64 * 1000 + round * 10 + i)
-                    })
+                    .flat_map(|round| (0..3).map(move |i| slot as u64 * 1000 + round * 10 + i))
                     .map(|w| (w, !w))
                     .collect()
             } else {

@@ -165,7 +165,10 @@ pub(super) fn owner_gate(
     a.rip_rm(Code::Mov_r64_rm64, scratch, local!(control, slot))?;
     a.test(scratch, scratch)?;
     a.je(not_owner)?;
-    a.mov(scratch, iced_x86::code_asm::qword_ptr(scratch + slot!(owner)))?;
+    a.mov(
+        scratch,
+        iced_x86::code_asm::qword_ptr(scratch + slot!(owner)),
+    )?;
     a.fs0_rm(Code::Cmp_r64_rm64, scratch)?;
     a.jne(not_owner)
 }

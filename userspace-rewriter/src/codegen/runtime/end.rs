@@ -7,9 +7,10 @@ use iced_x86::code_asm::{CodeAssembler, CodeLabel, eax, edx, qword_ptr, rax, rcx
 use super::asm::{RipRel, field, local, owner_gate, slot, tag};
 
 /// `rt_end(eax = reason)`: END record (`w0 = tag | reason`, `w1 = 0`),
-/// the slot's `slot_tids` entry = 0, its `owner` = 0, `ended` + 1, `active`
-/// - 1 (in that order: `active` frees room for the next burst last). Nothing for a thread that does
-/// not own the burst. Clobbers rax, rcx, rdx.
+/// the slot's `slot_tids` entry = 0, its `owner` = 0, `ended` + 1, one
+/// running burst fewer in `active` (in that order: `active` frees room for
+/// the next burst last). Nothing for a thread that does not own the burst.
+/// Clobbers rax, rcx, rdx.
 pub(super) fn end(
     a: &mut CodeAssembler,
     control: u64,
@@ -101,7 +102,10 @@ mod tests {
         h.ctl_mut().heads[0] = 16;
         end(&mut h, END_LEFT_CLONES);
         let c = h.ctl();
-        assert_eq!((h.loc().owner, c.active, c.ended, c.heads[0]), (0, 0, 6, 16));
+        assert_eq!(
+            (h.loc().owner, c.active, c.ended, c.heads[0]),
+            (0, 0, 6, 16)
+        );
         assert_eq!((c.lost_records, h.loc().budget, c.truncated), (1, 1, 1));
     }
 }

@@ -8,8 +8,8 @@ use iced_x86::code_asm::{
 
 use super::FRAME;
 use super::asm::{
-    E_ELAPSED, E_PATH, E_RSP, RipRel, drop_dead_frames, field, if_measure, local, owner_gate, shadow_base,
-    rdtsc, tag,
+    E_ELAPSED, E_PATH, E_RSP, RipRel, drop_dead_frames, field, if_measure, local, owner_gate,
+    rdtsc, shadow_base, tag,
 };
 
 /// `rt_enter(eax = fid | flags)`: push (rsp, caller's path), path = 0,

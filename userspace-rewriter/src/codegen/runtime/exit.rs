@@ -11,7 +11,8 @@ use iced_x86::code_asm::{
 };
 
 use super::asm::{
-    E_ELAPSED, E_PATH, E_RSP, RipRel, SHADOW_ENTRY, if_measure, local, owner_gate, shadow_base, rdtsc, tag,
+    E_ELAPSED, E_PATH, E_RSP, RipRel, SHADOW_ENTRY, if_measure, local, owner_gate, rdtsc,
+    shadow_base, tag,
 };
 use super::{FRAME, NO_PATH};
 

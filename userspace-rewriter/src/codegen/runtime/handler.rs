@@ -6,8 +6,8 @@ use burstyd_common::burst::{
 use iced_x86::Code;
 use iced_x86::IcedError;
 use iced_x86::code_asm::{
-    CodeAssembler, CodeLabel, byte_ptr, dword_ptr, eax, ecx, edi, edx, qword_ptr, r9, r10, rax, rcx,
-    rdi, rdx, rsi, rsp,
+    CodeAssembler, CodeLabel, byte_ptr, dword_ptr, eax, ecx, edi, edx, qword_ptr, r9, r10, rax,
+    rcx, rdi, rdx, rsi, rsp,
 };
 
 use super::asm::{RipRel, field, local, private, slot, start_path_if_measured, tag};
@@ -42,18 +42,18 @@ const SYS_GETTID: u32 = 186;
 /// clones without passing a check), → `declined_busy`; else that burst is
 /// ended (`rt_end(END_LEFT_CLONES)`), freeing its slot. Then `active` + 1
 /// (`lock xadd`); if it was `max_bursts` (or [`MAX_SLOTS`]) or more
-/// already, - 1 again and → `declined_busy`. A free slot is claimed with
+/// already, it takes the one back and → `declined_busy`. A free slot is claimed with
 /// `lock cmpxchg` of its `owner` (0 → `fs:[0]`), the first free one from
 /// slot 0 (none: undo, `declined_busy`). The PC not in the instruction
 /// table → the slot and `active` are given back, `declined_pc`. Else the
 /// PC in the ucontext becomes the clone's; the slot gets its index, its
 /// sub-ring and head address; the thread's registers (in its TCB): `slot`,
-/// `budget` = `burst_len`, `path` = `PATH_INVALID`, `depth` = 0; `bursts`
-/// + 1, `concurrent_max` raised to `active`, `slot_tids[slot]` =
-/// `gettid()`, and a START record (`w0 = tag | running << 40 | slot << 32
-/// | gettid()`, running = `active` now; `w1` = the interrupted PC); then, with `measure`, `path_start = rdtsc` (the first
-/// path is partial anyway, its PATH record carries `PATH_INVALID`; this
-/// keeps the value sane).
+/// `budget` = `burst_len`, `path` = `PATH_INVALID`, `depth` = 0; one more
+/// in `bursts`, `concurrent_max` raised to `active`, `slot_tids[slot]` =
+/// `gettid()`, and a START record (`w0` = the tag, `active` now << 40, the
+/// slot << 32 and `gettid()`; `w1` = the interrupted PC); then, with
+/// `measure`, `path_start = rdtsc` (the first path is partial anyway, its
+/// PATH record carries `PATH_INVALID`; this keeps the value sane).
 pub(super) fn handler(
     a: &mut CodeAssembler,
     control: u64,
@@ -123,7 +123,8 @@ pub(super) fn handler(
     // Room for one more burst: active + 1, unless it was at the bound.
     a.set_label(&mut claim)?;
     a.mov(eax, 1u32)?;
-    a.lock().rip_mr(Code::Xadd_rm32_r32, field!(control, active), eax)?;
+    a.lock()
+        .rip_mr(Code::Xadd_rm32_r32, field!(control, active), eax)?;
     a.rip_rm(Code::Mov_r64_rm64, rcx, field!(control, max_bursts))?;
     a.cmp(rcx, MAX_SLOTS as i32)?;
     a.jbe(bound)?;
@@ -207,19 +208,23 @@ pub(super) fn handler(
     a.mov(qword_ptr(rsi + slot!(owner)), 0)?;
     a.lock().rip_m(Code::Dec_rm32, field!(control, active))?;
     a.set_label(&mut no_tcb)?;
-    a.lock().rip_m(Code::Inc_rm64, field!(control, declined_pc))?;
+    a.lock()
+        .rip_m(Code::Inc_rm64, field!(control, declined_pc))?;
     a.ret()?;
     // At the bound, or no free slot: give the count back.
     a.set_label(&mut over)?;
     a.lock().rip_m(Code::Dec_rm32, field!(control, active))?;
     a.set_label(&mut declined_busy)?;
-    a.lock().rip_m(Code::Inc_rm64, field!(control, declined_busy))?;
+    a.lock()
+        .rip_m(Code::Inc_rm64, field!(control, declined_busy))?;
     a.ret()?;
     a.set_label(&mut zero)?;
-    a.lock().rip_m(Code::Inc_rm64, field!(control, declined_budget))?;
+    a.lock()
+        .rip_m(Code::Inc_rm64, field!(control, declined_budget))?;
     a.ret()?;
     a.set_label(&mut disarmed)?;
-    a.lock().rip_m(Code::Inc_rm64, field!(control, declined_disarmed))?;
+    a.lock()
+        .rip_m(Code::Inc_rm64, field!(control, declined_disarmed))?;
     a.ret()?;
     Ok(())
 }
@@ -403,7 +408,10 @@ mod tests {
         assert_eq!(counters(&h), [1, 0, 0, 0, 0]);
         let c = h.ctl();
         assert_eq!((c.active, h.loc().owner, h.loc().budget), (1, fs0(), 50));
-        assert_eq!((h.loc().path, h.loc().depth, c.heads[0]), (PATH_INVALID, 0, 2));
+        assert_eq!(
+            (h.loc().path, h.loc().depth, c.heads[0]),
+            (PATH_INVALID, 0, 2)
+        );
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() } as u64;
         assert_eq!(h.ring()[..2], [tag(REC_START) | 1 << 40 | tid, PC]);
@@ -503,9 +511,19 @@ mod tests {
         assert_eq!(h.ctl().slot_tids[..4], [tid, tid, tid, 0]);
         // Thread 1's burst ends: slot 1 is free, thread 3 takes it.
         let end = h.rt.end;
-        h.call_fs(end, Regs { rax: END_LEFT_CLONES, ..Regs::sentinel() }, threads[1].as_ptr() as u64);
+        h.call_fs(
+            end,
+            Regs {
+                rax: END_LEFT_CLONES,
+                ..Regs::sentinel()
+            },
+            threads[1].as_ptr() as u64,
+        );
         let c = h.ctl();
-        assert_eq!((c.active, c.ended, c.slot_tids[1], c.heads[1]), (2, 1, 0, 4));
+        assert_eq!(
+            (c.active, c.ended, c.slot_tids[1], c.heads[1]),
+            (2, 1, 0, 4)
+        );
         assert_eq!(h.slot_owner(1), 0);
         h.set_uc_word(RIP, PC);
         handle(&mut h, Some(threads[3].as_ptr() as u64));
@@ -515,7 +533,10 @@ mod tests {
         assert_eq!((h.ctl().active, h.ctl().heads[1]), (3, 6));
         assert_eq!(h.sub_ring(1)[2..4], [tag(REC_END) | END_LEFT_CLONES, 0]);
         // Slot 1, three bursts running.
-        assert_eq!(h.sub_ring(1)[4..6], [tag(REC_START) | 3 << 40 | 1 << 32 | tid, PC]);
+        assert_eq!(
+            h.sub_ring(1)[4..6],
+            [tag(REC_START) | 3 << 40 | 1 << 32 | tid, PC]
+        );
     }
 
     /// A second signal during a burst, while the thread runs in the

@@ -113,7 +113,8 @@ pub(super) fn emit(
     a.jmp(retry)?;
 
     a.set_label(&mut lost)?;
-    a.lock().rip_m(Code::Inc_rm64, field!(control, lost_records))?;
+    a.lock()
+        .rip_m(Code::Inc_rm64, field!(control, lost_records))?;
     a.rip_mi(Code::Cmp_rm64_imm8, local!(control, budget), 1)?;
     a.jbe(done)?;
     a.rip_mi(Code::Mov_rm64_imm32, local!(control, budget), 1)?;

@@ -33,9 +33,9 @@ const RET_TABLE: usize = FN_TABLE + TABLE_PAIRS * 16;
 /// The `TablesHeader`, after the ring (whose [`MAX_SLOTS`] sub-rings of
 /// [`RING_WORDS`] take 1 KiB).
 const HEADER: usize = RING + 2048;
+const _: () = assert!(RING + burstyd_common::burst::MAX_SLOTS * RING_WORDS * 8 <= HEADER);
 const _: () =
-    assert!(RING + burstyd_common::burst::MAX_SLOTS * RING_WORDS * 8 <= HEADER);
-const _: () = assert!(HEADER + core::mem::size_of::<burstyd_common::burst::TablesHeader>() <= TABLE);
+    assert!(HEADER + core::mem::size_of::<burstyd_common::burst::TablesHeader>() <= TABLE);
 const UCONTEXT: usize = RET_TABLE + TABLE_PAIRS * 16;
 const STACK: usize = UCONTEXT + PAGE;
 const STACK_END: usize = STACK + 64 * 1024;

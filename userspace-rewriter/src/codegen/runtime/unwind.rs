@@ -7,7 +7,9 @@ use iced_x86::code_asm::{
 };
 
 use super::FRAME;
-use super::asm::{RipRel, drop_dead_frames, local, owner_gate, shadow_base, start_path_if_measured, tag};
+use super::asm::{
+    RipRel, drop_dead_frames, local, owner_gate, shadow_base, start_path_if_measured, tag,
+};
 
 /// `rt_unwind(rax = target) -> rax`: the clone of an indirect jump that
 /// runs after the stack pointer was loaded from a computed value (the
