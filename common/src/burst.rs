@@ -4,12 +4,35 @@
 //! The daemon maps a memfd into the target (`MAP_SHARED`) and into itself:
 //! page 0 holds a [`BurstControl`], then come [`LOCAL_BYTES`] the target
 //! maps over with private memory of its own (a [`BurstLocal`], see there),
-//! then, from [`CONTROL_BYTES`], `ring_words` u64 words of records. Only
-//! the thread that owns the current burst writes records (single
-//! producer); the daemon consumes (`tail`). The generated code in the
-//! target reaches every field RIP-relatively at fixed offsets, so the
-//! layout is part of the contract between `userspace-rewriter::clone` and
-//! the daemon.
+//! then, from [`CONTROL_BYTES`], `ring_words` u64 words of records, split
+//! into [`MAX_SLOTS`] equal sub-rings, one per burst slot: several threads
+//! of one process may run bursts at once (at most
+//! [`BurstControl::max_bursts`]), each in a slot of its own, and only the
+//! thread that owns a slot writes that slot's sub-ring (single producer
+//! per sub-ring, `heads[slot]`); the daemon consumes (`tails[slot]`). The
+//! generated code in the target reaches every field at fixed offsets, so
+//! the layout is part of the contract between `userspace-rewriter::clone`
+//! and the daemon.
+//!
+//! # Per-thread state in the TCB
+//!
+//! The clones have no free register, so they cannot index a slot on every
+//! path increment or check. Each thread's burst registers ([`BurstRegs`]:
+//! the pointer to its slot, budget, path register, shadow depth, path
+//! start) live in its own glibc thread control block, at `fs:`[`TLS_REGS`]:
+//! glibc's `tcbhead_t` (sysdeps/x86_64/nptl/tls.h) has `__glibc_unused2`,
+//! 512 bytes at offset 0x80 that no glibc since 2.26 reads or writes (2.25
+//! and older saved vector registers there in `_dl_runtime_resolve`, as
+//! `rtld_savespace_sse`; the field is kept only for the size of
+//! `tcbhead_t`). An increment stays one instruction (`add qword
+//! fs:[0x88], imm32`). This is only sound in a process whose libc is glibc
+//! 2.26 or later: the daemon checks that before it injects anything, and a
+//! process without it gets no bursts (logged, see `bursts/lifecycle`).
+//!
+//! The slot itself ([`BurstSlot`]: owner, shadow stack) is in the
+//! process-private [`BurstLocal`] (`MADV_WIPEONFORK`): a forked child
+//! inherits its parent's TCB, slot pointer included, but reads the slot's
+//! `owner` as 0, so it never passes a check nor writes a record.
 
 /// Defines [`BurstControl`] and [`CONTROL_FIELDS`] from one field list, so
 /// that the list the `layout` test pins cannot miss a field.
@@ -37,7 +60,17 @@ macro_rules! control_block {
 
 /// `BurstControl::magic`: the version of the layout. It changes whenever
 /// [`CONTROL_FIELDS`] does; the `layout` test below fails until it has.
-pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd8");
+pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd9");
+/// Burst slots per process: bursts that may run at once, at most (the
+/// daemon sets [`BurstControl::max_bursts`] at or below it).
+pub const MAX_SLOTS: usize = 8;
+/// [`BurstControl::max_bursts`] unless the daemon is told otherwise.
+pub const DEFAULT_MAX_BURSTS: u64 = 4;
+/// Offset of a thread's [`BurstRegs`] from its thread pointer (`fs:0`):
+/// glibc's `tcbhead_t.__glibc_unused2` (see the module doc).
+pub const TLS_REGS: u32 = 0x80;
+/// Bytes of `tcbhead_t.__glibc_unused2` from [`TLS_REGS`].
+pub const TLS_REGS_ROOM: usize = 512;
 /// Saved path registers (one per instrumented activation in a burst).
 pub const SHADOW_DEPTH: usize = 1024;
 /// Set in the path register when the path's start was not observed (the
@@ -46,7 +79,14 @@ pub const PATH_INVALID: u64 = 1 << 63;
 
 /// Record tags: bits 60..64 of a record's first word. Every record is
 /// two words.
+/// A burst started: `w0 = tag | running << START_RUNNING_SHIFT | slot <<
+/// START_SLOT_SHIFT | tid`, `w1` = the interrupted pc. `running`: the
+/// bursts running in the process right after this one's claim (itself
+/// included; 8 bits), `slot`: its slot (8 bits).
 pub const REC_START: u64 = 1;
+/// See [`REC_START`].
+pub const START_SLOT_SHIFT: u32 = 32;
+pub const START_RUNNING_SHIFT: u32 = 40;
 /// An instrumented function was entered: `w0 = tag | fid`, `w1 = 0`.
 pub const REC_ENTER: u64 = 2;
 /// A path ended: `w0 = tag | kind << 32 | fid`, `w1 = path register`.
@@ -117,25 +157,26 @@ control_block! {
         /// Non-zero: the signal handler may start bursts (the daemon clears
         /// it to disarm; running bursts end at their next check).
         pub armed: u32,
-        /// Non-zero while a burst runs (set by the handler with `lock
-        /// cmpxchg`, cleared when the burst ends). The eBPF program reads it
-        /// to avoid signalling a busy process.
+        /// Bursts running (the handler adds one with `lock xadd` before it
+        /// claims a slot, a burst's end takes it away). The eBPF program
+        /// reads it beside `armed` to avoid signalling a process that runs
+        /// [`Self::max_bursts`] bursts already.
         pub active: u32,
-        /// The thread id (`gettid()`) that started the running burst. The
-        /// eBPF program reads it beside `active`: an overflow of that very
-        /// thread while its pc is in original code means the burst's thread
-        /// left the clones without passing a check (a return into code that
-        /// is not instrumented, an exception that landed in an original
-        /// landing pad, `longjmp`); the handler then ends that burst and
-        /// starts a new one.
-        pub owner_tid: u64,
+        /// Bursts that may run at once (set by the daemon, 1 to
+        /// [`MAX_SLOTS`]; the handler treats anything above as
+        /// [`MAX_SLOTS`]).
+        pub max_bursts: u64,
         /// Checks per burst (set by the daemon; `u64::MAX`: full trace).
         pub burst_len: u64,
-        /// Records written (in words; producer index).
-        pub head: u64,
-        /// `ring_words - 1` (a power of two minus one).
+        /// The highest number of bursts that ran at once (`active` right
+        /// after a claim; updated without a lock: a race may lose a
+        /// maximum, never invent one).
+        pub concurrent_max: u64,
+        /// Words of one sub-ring minus one (a power of two minus one); the
+        /// ring holds [`MAX_SLOTS`] of them.
         pub ring_mask: u64,
-        /// The ring's address in the target.
+        /// The ring's address in the target (slot `i`'s sub-ring starts
+        /// `i * (ring_mask + 1)` words further).
         pub ring_addr: u64,
         /// The [`TablesHeader`] of the runtime's lookup tables (of every
         /// module with clones) in bits 0..48, and a generation in bits
@@ -206,8 +247,9 @@ control_block! {
         /// Set by the daemon.
         pub measure: u64,
         pub _pad: [u64; 1],
-        /// Words consumed by the daemon (consumer index), on its own line.
-        pub tail: u64,
+        /// Words consumed by the daemon from each slot's sub-ring
+        /// (consumer indexes), on their own line.
+        pub tails: [u64; MAX_SLOTS],
         /// The pid of the daemon that armed the region, as the target's
         /// pid namespace sees it (0: none, or not visible from there). A
         /// second daemon refuses bursts while it lives; a full ring in a
@@ -220,6 +262,19 @@ control_block! {
         /// The modules (executable, libraries) with clones, in `fid`
         /// order: a later attach re-arms them without mapping anything.
         pub n_modules: u64,
+        pub _pad2: [u64; 5],
+        /// Records written to each slot's sub-ring (in words; producer
+        /// indexes).
+        pub heads: [u64; MAX_SLOTS],
+        /// The thread id (`gettid()`) of each slot's running burst, 0 when
+        /// the slot is free. The eBPF program reads them: an overflow of a
+        /// thread that runs a burst while its pc is in original code means
+        /// it left the clones without passing a check (a return into code
+        /// that is not instrumented, an exception that landed in an
+        /// original landing pad, `longjmp`); the handler then ends that
+        /// burst and starts a new one. Any other overflow of it is
+        /// declined (its burst runs).
+        pub slot_tids: [u64; MAX_SLOTS],
         pub modules: [ModuleEntry; MAX_MODULES],
     }
 }
@@ -275,59 +330,92 @@ pub struct ModuleEntry {
 
 control_block! {
     LOCAL_FIELDS;
-    /// The state of the running burst, in memory private to the process
-    /// (`MAP_PRIVATE | MAP_ANONYMOUS` over the shared region at
-    /// [`LOCAL_OFFSET`] from the [`BurstControl`], `MADV_WIPEONFORK`).
+    /// The burst slots, in memory private to the process (`MAP_PRIVATE |
+    /// MAP_ANONYMOUS` over the shared region at [`LOCAL_OFFSET`] from the
+    /// [`BurstControl`], `MADV_WIPEONFORK`).
     ///
     /// Private, because a child forked in the middle of a burst must not carry
     /// on its parent's burst: it would mix its paths into the parent's shadow
-    /// stack and path register and write records into the parent's ring. The
-    /// child's copy reads as zeros: `present` 0 (its handler starts no burst)
-    /// and `owner` 0 (no thread passes a check or writes a record), so it
-    /// leaves the clones at its next check having written nothing. The daemon
-    /// does not map it (it writes `owner` through `/proc/PID/mem` to end a
-    /// burst from outside).
+    /// stack and write records into the parent's ring. The child's copy reads
+    /// as zeros: `present` 0 (its handler starts no burst) and every slot's
+    /// `owner` 0 (no thread passes a check or writes a record, although its
+    /// TCB still points at a slot), so it leaves the clones at its next check
+    /// having written nothing. The daemon does not map it (it writes a slot's
+    /// `owner` through `/proc/PID/mem` to end a burst from outside).
     pub struct BurstLocal {
         /// 1 in the process the region was injected into (written at
         /// injection); 0 in a forked child.
         pub present: u64,
+        pub _pad: [u64; 7],
+        pub slots: [BurstSlot; MAX_SLOTS],
+    }
+}
+
+control_block! {
+    SLOT_FIELDS;
+    /// One running burst's private state ([`BurstLocal::slots`]). The
+    /// handler claims a free slot with `lock cmpxchg` on `owner` (0 → the
+    /// thread's `fs:[0]`) and the burst's end frees it.
+    pub struct BurstSlot {
         /// `fs:[0]` (the thread's TCB address, unique per thread) of the
-        /// burst's thread; 0 when no burst runs.
+        /// burst's thread; 0 when the slot is free.
         pub owner: u64,
+        /// This slot's index (written by the handler at the claim).
+        pub index: u64,
+        /// Where this slot's sub-ring starts (written at the claim).
+        pub ring: u64,
+        /// The address of `BurstControl::heads[index]` (written at the
+        /// claim).
+        pub head: u64,
+        pub _pad: [u64; 4],
+        pub shadow: [ShadowEntry; SHADOW_DEPTH],
+    }
+}
+
+control_block! {
+    REGS_FIELDS;
+    /// A thread's burst registers, in its own TCB at `fs:`[`TLS_REGS`]
+    /// (see the module doc). Meaningful only while `slot`'s `owner` is
+    /// this thread's `fs:[0]`: every routine and check compares that
+    /// first.
+    pub struct BurstRegs {
+        /// The thread's [`BurstSlot`] (0: it never ran a burst).
+        pub slot: u64,
         /// Checks left in the current burst.
         pub budget: u64,
         /// The Ball-Larus path register of the innermost activation.
         pub path: u64,
-        /// Valid entries in `shadow`.
+        /// Valid entries in the slot's `shadow`.
         pub depth: u64,
         /// With [`BurstControl::measure`]: the time-stamp counter when the
         /// innermost activation's current path started (for a caller
         /// whose callee returned: `rdtsc - elapsed`, see
         /// [`ShadowEntry::elapsed`]).
         pub path_start: u64,
-        pub _pad: [u64; 2],
-        pub shadow: [ShadowEntry; SHADOW_DEPTH],
+        pub _pad: [u64; 3],
     }
 }
+const _: () = assert!(core::mem::size_of::<BurstRegs>() <= TLS_REGS_ROOM);
 
 /// Where the [`BurstLocal`] lies, from the [`BurstControl`].
 pub const LOCAL_OFFSET: usize = 4096;
 /// Bytes (whole pages) of the private mapping for the [`BurstLocal`].
-pub const LOCAL_BYTES: usize = 36 * 1024;
+pub const LOCAL_BYTES: usize = core::mem::size_of::<BurstLocal>().next_multiple_of(4096);
 /// Bytes reserved at the start of the shared memory for [`BurstControl`]
 /// and the private [`BurstLocal`] mapped over it (the ring starts here).
 pub const CONTROL_BYTES: usize = LOCAL_OFFSET + LOCAL_BYTES;
 const _: () = assert!(core::mem::size_of::<BurstControl>() <= LOCAL_OFFSET);
 const _: () = assert!(core::mem::size_of::<BurstLocal>() <= LOCAL_BYTES);
 const _: () = assert!(LOCAL_BYTES.is_multiple_of(4096));
-const _: () = assert!(core::mem::offset_of!(BurstControl, tail) % 64 == 0);
+const _: () = assert!(core::mem::offset_of!(BurstControl, tails) % 64 == 0);
 
 /// The eBPF `BURSTS` map value for one traced process.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BurstTarget {
-    /// Address of `BurstControl::armed` in the target (`active`
-    /// follows it): read with `bpf_probe_read_user`.
+    /// Address of `BurstControl::armed` in the target (`active` and
+    /// `max_bursts` follow it; `slot_tids` is at [`SLOT_TIDS_OFFSET`]):
+    /// read with `bpf_probe_read_user`.
     pub armed_addr: u64,
     /// The signal the injected handler is installed on.
     pub signal: u32,
@@ -352,8 +440,10 @@ pub struct ClonePage {
 /// Granule of [`ClonePage`].
 pub const CLONE_PAGE_SHIFT: u32 = 12;
 
-/// Offset of `armed` (and `active` right after it).
+/// Offset of `armed` (and `active`, `max_bursts` right after it).
 pub const ARMED_OFFSET: usize = core::mem::offset_of!(BurstControl, armed);
+/// Offset of `slot_tids`.
+pub const SLOT_TIDS_OFFSET: usize = core::mem::offset_of!(BurstControl, slot_tids);
 
 #[cfg(test)]
 mod layout {
@@ -363,14 +453,14 @@ mod layout {
     /// `BurstControl` or `BurstLocal` changed, give `CONTROL_MAGIC` a new value (a target
     /// still holding a region of the old layout must be recognised as
     /// foreign) and copy the new field list and magic here.
-    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd8");
+    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd9");
     const PINNED_FIELDS: &[(&str, usize, usize)] = &[
         ("magic", 0, 8),
         ("armed", 8, 4),
         ("active", 12, 4),
-        ("owner_tid", 16, 8),
+        ("max_bursts", 16, 8),
         ("burst_len", 24, 8),
-        ("head", 32, 8),
+        ("concurrent_max", 32, 8),
         ("ring_mask", 40, 8),
         ("ring_addr", 48, 8),
         ("tables", 56, 8),
@@ -398,26 +488,40 @@ mod layout {
         ("tables_base", 232, 8),
         ("measure", 240, 8),
         ("_pad", 248, 8),
-        ("tail", 256, 8),
-        ("tracer", 264, 8),
-        ("made_for", 272, 8),
-        ("n_modules", 280, 8),
-        ("modules", 288, 3584),
+        ("tails", 256, 64),
+        ("tracer", 320, 8),
+        ("made_for", 328, 8),
+        ("n_modules", 336, 8),
+        ("_pad2", 344, 40),
+        ("heads", 384, 64),
+        ("slot_tids", 448, 64),
+        ("modules", 512, 3584),
     ];
-    const PINNED_LOCAL_FIELDS: &[(&str, usize, usize)] = &[
-        ("present", 0, 8),
-        ("owner", 8, 8),
-        ("budget", 16, 8),
-        ("path", 24, 8),
-        ("depth", 32, 8),
-        ("path_start", 40, 8),
-        ("_pad", 48, 16),
+    const PINNED_LOCAL_FIELDS: &[(&str, usize, usize)] =
+        &[("present", 0, 8), ("_pad", 8, 56), ("slots", 64, 262656)];
+    const PINNED_SLOT_FIELDS: &[(&str, usize, usize)] = &[
+        ("owner", 0, 8),
+        ("index", 8, 8),
+        ("ring", 16, 8),
+        ("head", 24, 8),
+        ("_pad", 32, 32),
         ("shadow", 64, 32768),
+    ];
+    const PINNED_REGS_FIELDS: &[(&str, usize, usize)] = &[
+        ("slot", 0, 8),
+        ("budget", 8, 8),
+        ("path", 16, 8),
+        ("depth", 24, 8),
+        ("path_start", 32, 8),
+        ("_pad", 40, 24),
     ];
 
     #[test]
     fn control_block_layout_is_pinned_to_the_magic() {
-        let same_layout = CONTROL_FIELDS == PINNED_FIELDS && LOCAL_FIELDS == PINNED_LOCAL_FIELDS;
+        let same_layout = CONTROL_FIELDS == PINNED_FIELDS
+            && LOCAL_FIELDS == PINNED_LOCAL_FIELDS
+            && SLOT_FIELDS == PINNED_SLOT_FIELDS
+            && REGS_FIELDS == PINNED_REGS_FIELDS;
         assert!(
             same_layout || CONTROL_MAGIC != PINNED_MAGIC,
             "BurstControl's or BurstLocal's layout changed but CONTROL_MAGIC did not: give it a \
@@ -427,7 +531,8 @@ mod layout {
             same_layout && CONTROL_MAGIC == PINNED_MAGIC,
             "pin the new layout and magic in this test: \
              PINNED_MAGIC = {CONTROL_MAGIC:#x}, PINNED_FIELDS = {CONTROL_FIELDS:?}, \
-             PINNED_LOCAL_FIELDS = {LOCAL_FIELDS:?}"
+             PINNED_LOCAL_FIELDS = {LOCAL_FIELDS:?}, PINNED_SLOT_FIELDS = {SLOT_FIELDS:?}, \
+             PINNED_REGS_FIELDS = {REGS_FIELDS:?}"
         );
     }
 
@@ -439,6 +544,10 @@ mod layout {
             core::mem::offset_of!(BurstControl, active),
             ARMED_OFFSET + 4
         );
-        assert_eq!(core::mem::offset_of!(BurstControl, tail) % 64, 0);
+        assert_eq!(core::mem::offset_of!(BurstControl, tails) % 64, 0);
+        assert_eq!(
+            core::mem::offset_of!(BurstControl, max_bursts),
+            ARMED_OFFSET + 8
+        );
     }
 }

@@ -163,7 +163,8 @@ pub mod counter {
     pub const KERNEL_THREAD: u32 = 3;
     /// Burst signals sent (`bpf_send_signal_thread`).
     pub const BURST_SIGNALS: u32 = 4;
-    /// Overflows in a traced process while a burst was running there.
+    /// Overflows in a traced process that runs as many bursts as it may
+    /// (`BurstControl::max_bursts`), or in a thread whose own burst runs.
     pub const BURST_BUSY: u32 = 5;
     /// `bpf_send_signal_thread` failed.
     pub const BURST_SIGNAL_FAILED: u32 = 6;

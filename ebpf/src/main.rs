@@ -31,7 +31,10 @@ use aya_log_ebpf::warn;
 use burstyd_common::{
     Config, FILTER_TARGETS, MAX_KERNEL_FRAMES, RING_BYTES, SAMPLE_BURST_SIGNAL, SAMPLE_USER_MODE,
     SAMPLE_USER_REGS, SAMPLE_USTACK_SHORT, Sample, TaskLayout, USER_STACK_BYTES,
-    burst::{ARMED_OFFSET, BurstTarget, CLONE_PAGE_SHIFT, CONTROL_MAGIC, ClonePage},
+    burst::{
+        ARMED_OFFSET, BurstTarget, CLONE_PAGE_SHIFT, CONTROL_MAGIC, ClonePage, MAX_SLOTS,
+        SLOT_TIDS_OFFSET,
+    },
     counter,
 };
 
@@ -114,10 +117,12 @@ pub fn on_newtask(ctx: TracePointContext) -> u32 {
 ///   system call makes it return short or fail with EINTR;
 /// - the pc is on a page with rewritten instructions (elsewhere the
 ///   handler would only decline);
-/// - the process is armed and no burst runs in it, or the running burst is
-///   this thread's and it is back in original code (read from the control
-///   block in its own memory; the magic word must be there too: a process
-///   that exec'd keeps its pid but not our region);
+/// - the process is armed and fewer than its bound of bursts
+///   (`max_bursts`, at most `MAX_SLOTS`) run in it and none is this
+///   thread's, or this thread's burst runs and it is back in original code
+///   (read from the control block in its own memory; the magic word must
+///   be there too: a process that exec'd keeps its pid but not our region);
+///   otherwise `BURST_BUSY` counts it;
 /// - the thread does not block the signal and it is not already pending
 ///   (for the thread or the process): a blocked signal stays queued, and
 ///   the program would receive it from `sigtimedwait` or after an exec;
@@ -151,13 +156,14 @@ fn start_burst(
         bump(counter::DECLINED_NO_CLONE);
         return false;
     }
+    let control = t.armed_addr.wrapping_sub(ARMED_OFFSET as u64);
     let mut words = [0u64; 3];
     // SAFETY: reads 24 bytes of the current process's memory into a local.
     let r = unsafe {
         bpf_probe_read_user(
             words.as_mut_ptr() as *mut core::ffi::c_void,
             24,
-            t.armed_addr.wrapping_sub(ARMED_OFFSET as u64) as *const core::ffi::c_void,
+            control as *const core::ffi::c_void,
         )
     };
     let (magic, armed, active) = (words[0], words[1] as u32, (words[1] >> 32) as u32);
@@ -165,10 +171,33 @@ fn start_burst(
         bump(counter::BURST_BUSY);
         return false;
     }
-    // A running burst whose own thread overflows here, in original code:
-    // it left the clones without passing a check (see `owner_tid`); the
-    // handler ends that burst and starts a new one. Any other thread waits.
-    if active != 0 && words[2] != tid as u64 {
+    let mut tids = [0u64; MAX_SLOTS];
+    // SAFETY: reads the `slot_tids` array of the same control block.
+    let r = unsafe {
+        bpf_probe_read_user(
+            tids.as_mut_ptr() as *mut core::ffi::c_void,
+            (MAX_SLOTS * 8) as u32,
+            (control + SLOT_TIDS_OFFSET as u64) as *const core::ffi::c_void,
+        )
+    };
+    if r != 0 {
+        bump(counter::BURST_BUSY);
+        return false;
+    }
+    // This thread runs a burst and overflows here, in original code: it
+    // left the clones without passing a check (see `slot_tids`); the
+    // handler ends that burst and starts a new one. Any other thread
+    // needs room under the bound (`max_bursts`, at most MAX_SLOTS).
+    let mut own = false;
+    for &x in tids.iter() {
+        own |= x == tid as u64;
+    }
+    let bound = if words[2] < MAX_SLOTS as u64 {
+        words[2]
+    } else {
+        MAX_SLOTS as u64
+    };
+    if !own && active as u64 >= bound {
         bump(counter::BURST_BUSY);
         return false;
     }

@@ -9,6 +9,7 @@ use tracing::warn;
 
 use super::contexts::{Contexts, FrameKey, ROOT, UNKNOWN};
 use super::decode::BurstEvent;
+use burstyd_common::burst::MAX_SLOTS;
 
 /// Deepest chain of entered functions a burst's context records; deeper
 /// entries count in the context at this depth.
@@ -30,20 +31,21 @@ pub(crate) struct Tally {
     pub(crate) measured: u64,
 }
 
-/// A counted entry: (context node, fid, path).
-pub(crate) type Key = (u32, u32, u64);
+/// A counted entry: (thread id, context node, fid, path).
+pub(crate) type Key = (u32, u32, u32, u64);
 
 /// Path counts the exporters read: all of a process's, or one
 /// interval's, on its calling context tree.
 pub(crate) struct PathView<'a> {
     entries: std::borrow::Cow<'a, HashMap<Key, Tally>>,
     contexts: &'a Contexts,
+    names: &'a HashMap<u32, String>,
     /// See [`PathCounts::min_cost`] (the process's, over all intervals).
     pub(crate) min_cost: Option<u64>,
 }
 
 impl PathView<'_> {
-    /// `((context, fid, path), tally)` in no particular order.
+    /// `((thread, context, fid, path), tally)` in no particular order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&Key, &Tally)> {
         self.entries.iter()
     }
@@ -51,6 +53,11 @@ impl PathView<'_> {
     /// The calling contexts the counts refer to.
     pub(crate) fn contexts(&self) -> &Contexts {
         self.contexts
+    }
+
+    /// Thread `tid`'s name, if known.
+    pub(crate) fn thread_name(&self, tid: u32) -> Option<&str> {
+        self.names.get(&tid).map(String::as_str)
     }
 }
 
@@ -83,28 +90,14 @@ fn add_tally(into: &mut Tally, t: &Tally) {
     into.measured += t.measured;
 }
 
-/// Executions of each Ball-Larus path per calling context within bursts.
-/// Counted per interval ([`Self::take_interval`] folds an interval's into
-/// the totals).
-#[derive(Default)]
-pub(crate) struct PathCounts {
-    /// Per fid: its number of paths; `None` where the function has no
-    /// path numbering. Paths at or beyond it are bad.
-    total_paths: Vec<Option<u64>>,
-    /// Per fid: the fid of its family (the parts of one function in the
-    /// compiler's sense share one); `u32::MAX` where no module has it.
-    family: Vec<u32>,
-    /// (context node, fid, path) → what was counted since the last
-    /// [`Self::take_interval`].
-    counts: HashMap<Key, Tally>,
-    /// What earlier intervals counted.
-    total: HashMap<Key, Tally>,
-    /// The calling context tree the counts hang on.
-    contexts: Contexts,
-    /// The current burst's stack: the frames of its stack sample
-    /// (outermost first, down to the function it started in), then the
-    /// functions entered in it; each with its context node (the context
-    /// including it).
+/// One burst slot's running burst, as its records tell it.
+#[derive(Clone, Debug, Default)]
+struct BurstState {
+    /// Its thread (from its START record; 0 before one was seen).
+    tid: u32,
+    /// The burst's stack: the frames of its stack sample (outermost first,
+    /// down to the function it started in), then the functions entered in
+    /// it; each with its context node (the context including it).
     stack: Vec<(u32, u32)>,
     /// How many entries at the bottom of `stack` came from the stack
     /// sample (the rest from ENTER records, as the runtime's shadow stack).
@@ -113,7 +106,46 @@ pub(crate) struct PathCounts {
     /// the thread's root, else [`UNKNOWN`].
     bottom: u32,
     /// The last path counted, for the COST record that may follow it.
-    last: Option<(u32, u32, u64)>,
+    last: Option<(u32, u32, u32, u64)>,
+}
+
+impl BurstState {
+    /// A new burst on `tid` (or none: its stack is gone).
+    fn reset(&mut self, tid: u32) {
+        self.tid = tid;
+        self.stack.clear();
+        self.base = 0;
+        self.bottom = UNKNOWN;
+    }
+}
+
+/// Executions of each Ball-Larus path per thread and calling context
+/// within bursts. Counted per interval ([`Self::take_interval`] folds an
+/// interval's into the totals).
+#[derive(Default)]
+pub(crate) struct PathCounts {
+    /// Per fid: its number of paths; `None` where the function has no
+    /// path numbering. Paths at or beyond it are bad.
+    total_paths: Vec<Option<u64>>,
+    /// Per fid: the fid of its family (the parts of one function in the
+    /// compiler's sense share one); `u32::MAX` where no module has it.
+    family: Vec<u32>,
+    /// (thread id, context node, fid, path) → what was counted since
+    /// the last [`Self::take_interval`].
+    counts: HashMap<Key, Tally>,
+    /// What earlier intervals counted.
+    total: HashMap<Key, Tally>,
+    /// The calling context tree the counts hang on.
+    contexts: Contexts,
+    /// Each burst slot's running burst (the records of one slot come in
+    /// order from its own sub-ring; several slots' bursts run at once).
+    bursts: [BurstState; MAX_SLOTS],
+    /// The slot whose records [`Self::add`] and [`Self::begin`] take now
+    /// ([`Self::select`]).
+    cur: usize,
+    /// Thread names by id (`/proc/PID/task/TID/comm` when its first burst
+    /// was seen), for the `thread` label of the path profile.
+    names: HashMap<u32, String>,
     /// Complete paths counted.
     pub(crate) paths: u64,
     /// Of which counted in a context that reaches the thread's root.
@@ -172,39 +204,59 @@ impl PathCounts {
     /// `rooted`: unwound to the thread's root), or unknown (`None`: the
     /// sample was dropped, or the stack could not be read).
     pub(crate) fn begin(&mut self, base: Option<(&[FrameKey], bool)>) {
-        self.stack.clear();
-        self.base = 0;
-        self.bottom = UNKNOWN;
+        let b = &mut self.bursts[self.cur];
+        let tid = b.tid;
+        b.reset(tid);
         let Some((frames, rooted)) = base else {
             self.unjoined += 1;
             return;
         };
         self.joined += 1;
-        self.bottom = if rooted { ROOT } else { UNKNOWN };
-        let mut node = self.bottom;
+        let b = &mut self.bursts[self.cur];
+        b.bottom = if rooted { ROOT } else { UNKNOWN };
+        let mut node = b.bottom;
         for &k in frames {
             let frame = self.contexts.frame(k);
             node = self.contexts.child(node, frame);
-            self.stack.push((frame, node));
+            b.stack.push((frame, node));
         }
-        self.base = self.stack.len();
+        b.base = b.stack.len();
+    }
+
+    /// The records that follow are slot `slot`'s (its sub-ring's, in
+    /// order).
+    pub(crate) fn select(&mut self, slot: usize) {
+        assert!(slot < MAX_SLOTS);
+        self.cur = slot;
+    }
+
+    /// Thread `tid` is called `name` (the path profile's `thread` label).
+    pub(crate) fn name_thread(&mut self, tid: u32, name: String) {
+        self.names.insert(tid, name);
+    }
+
+    /// Whether thread `tid` has a name already.
+    pub(crate) fn has_name(&self, tid: u32) -> bool {
+        self.names.contains_key(&tid)
     }
 
     /// Takes one event of the ring, in order (a START's context comes
     /// with [`Self::begin`], right after).
     pub(crate) fn add(&mut self, ev: &BurstEvent) {
-        let last = self.last.take();
+        let cur = self.cur;
+        let last = self.bursts[cur].last.take();
         match *ev {
-            BurstEvent::Start { .. } | BurstEvent::End { .. } => {
-                self.stack.clear();
-                self.base = 0;
-                self.bottom = UNKNOWN;
+            BurstEvent::Start { tid, .. } => self.bursts[cur].reset(tid),
+            BurstEvent::End { .. } => {
+                let tid = self.bursts[cur].tid;
+                self.bursts[cur].reset(tid);
             }
             BurstEvent::Enter { fid } => {
-                if self.stack.len() - self.base < MAX_CONTEXT_DEPTH {
-                    let parent = self.stack.last().map_or(self.bottom, |e| e.1);
+                let b = &mut self.bursts[cur];
+                if b.stack.len() - b.base < MAX_CONTEXT_DEPTH {
+                    let parent = b.stack.last().map_or(b.bottom, |e| e.1);
                     let node = self.contexts.child(parent, fid);
-                    self.stack.push((fid, node));
+                    b.stack.push((fid, node));
                 }
             }
             BurstEvent::Path {
@@ -217,26 +269,27 @@ impl PathCounts {
                     self.partial_paths += 1;
                 } else if self.valid_path(fid, path) {
                     self.paths += 1;
+                    let b = &self.bursts[cur];
                     // Context: the frames below this function's.
-                    let n = self.stack.len();
+                    let n = b.stack.len();
                     // (A `.cold` part's paths keep its parent in their
                     // context: they show under it.)
-                    let ctx = match self.stack.last() {
+                    let ctx = match b.stack.last() {
                         Some(&(top, _)) if top == fid => {
-                            n.checked_sub(2).map_or(self.bottom, |i| self.stack[i].1)
+                            n.checked_sub(2).map_or(b.bottom, |i| b.stack[i].1)
                         }
                         Some(&(_, node)) => node,
-                        None => self.bottom,
+                        None => b.bottom,
                     };
-                    if self.bottom == ROOT {
+                    if b.bottom == ROOT {
                         self.rooted_paths += 1;
                     }
-                    let key = (ctx, fid, path);
+                    let key = (b.tid, ctx, fid, path);
                     let full = self.counts.len() + self.total.len() >= MAX_ENTRIES;
                     match self.counts.get_mut(&key) {
                         Some(t) => {
                             t.executions += 1;
-                            self.last = Some(key);
+                            self.bursts[cur].last = Some(key);
                         }
                         None if full && !self.total.contains_key(&key) => self.dropped += 1,
                         None => {
@@ -247,22 +300,23 @@ impl PathCounts {
                                     ..Tally::default()
                                 },
                             );
-                            self.last = Some(key);
+                            self.bursts[cur].last = Some(key);
                         }
                     }
                 } else {
                     self.bad_records += 1;
                 }
                 if end.leaves_function()
-                    && self
+                    && self.bursts[cur]
                         .stack
                         .last()
                         .is_some_and(|e| self.same_function(e.0, fid))
                 {
-                    self.stack.pop();
+                    let b = &mut self.bursts[cur];
+                    b.stack.pop();
                     // The burst returned above the frame it began in: the
                     // context left is still true.
-                    self.base = self.base.min(self.stack.len());
+                    b.base = b.base.min(b.stack.len());
                 }
             }
             BurstEvent::Cost { ticks } => {
@@ -278,18 +332,18 @@ impl PathCounts {
             // entries stay.
             BurstEvent::Unwind { depth } => {
                 let keep = usize::try_from(depth).unwrap_or(usize::MAX);
-                self.stack.truncate(self.base.saturating_add(keep));
+                let b = &mut self.bursts[cur];
+                b.stack.truncate(b.base.saturating_add(keep));
             }
             BurstEvent::Malformed { .. } => self.bad_records += 1,
         }
     }
 
-    /// The running burst was ended by the daemon (its thread had left the
-    /// clones without a check): its stack is gone.
-    pub(crate) fn burst_reaped(&mut self) {
-        self.stack.clear();
-        self.base = 0;
-        self.bottom = UNKNOWN;
+    /// Slot `slot`'s running burst was ended by the daemon (its thread had
+    /// left the clones without a check): its stack is gone.
+    pub(crate) fn burst_reaped(&mut self, slot: usize) {
+        let tid = self.bursts[slot].tid;
+        self.bursts[slot].reset(tid);
     }
 
     fn valid_path(&self, fid: u32, path: u64) -> bool {
@@ -300,6 +354,7 @@ impl PathCounts {
             .is_some_and(|n| path < n)
     }
 
+    /// `((thread id, context, fid, path), tally)` in no particular order.
     /// Everything counted so far: the totals and this interval's.
     pub(crate) fn all(&self) -> PathView<'_> {
         let entries = if self.counts.is_empty() {
@@ -310,6 +365,7 @@ impl PathCounts {
         PathView {
             entries,
             contexts: &self.contexts,
+            names: &self.names,
             min_cost: self.min_cost,
         }
     }
@@ -319,6 +375,7 @@ impl PathCounts {
         PathView {
             entries: std::borrow::Cow::Owned(entries),
             contexts: &self.contexts,
+            names: &self.names,
             min_cost: self.min_cost,
         }
     }
@@ -389,14 +446,13 @@ mod tests {
         }
     }
 
+    /// (context, fid, path, executions) over every thread.
     fn counted(c: &PathCounts) -> Vec<(Vec<u32>, u32, u64, u64)> {
-        let mut v: Vec<_> = c
-            .all()
-            .iter()
-            .map(|(&(ctx, fid, p), n)| (c.contexts().fids(ctx), fid, p, n.executions))
-            .collect();
-        v.sort();
-        v
+        let mut m: std::collections::BTreeMap<(Vec<u32>, u32, u64), u64> = Default::default();
+        for (&(_, ctx, fid, p), n) in c.all().iter() {
+            *m.entry((c.contexts().fids(ctx), fid, p)).or_default() += n.executions;
+        }
+        m.into_iter().map(|((c, f, p), n)| (c, f, p, n)).collect()
     }
 
     #[test]
@@ -404,7 +460,12 @@ mod tests {
         // f0 has 4 paths, f1 has 2, f2 none.
         let mut c = PathCounts::new(vec![Some(4), Some(2), None]);
         for ev in [
-            BurstEvent::Start { tid: 1, pc: 0 },
+            BurstEvent::Start {
+                tid: 1,
+                pc: 0,
+                slot: 0,
+                running: 1,
+            },
             BurstEvent::Enter { fid: 0 },
             path(0, PathEnd::BackEdge, 3),
             BurstEvent::Enter { fid: 1 },
@@ -496,7 +557,12 @@ mod tests {
             FrameKey::Function(1),
             FrameKey::Function(2),
         ];
-        c.add(&BurstEvent::Start { tid: 1, pc: 0 });
+        c.add(&BurstEvent::Start {
+            tid: 1,
+            pc: 0,
+            slot: 0,
+            running: 1,
+        });
         c.begin(Some((&base, true)));
         for ev in [
             path(2, PathEnd::BackEdge, 0),
@@ -521,23 +587,33 @@ mod tests {
             (4, 4, 1, 0)
         );
         // Every context hangs under the root.
-        for (&(ctx, _, _), _) in c.all().iter() {
+        for (&(_, ctx, _, _), _) in c.all().iter() {
             assert!(c.contexts().frames(ctx).1);
         }
 
         // Another burst, in a, without its sample: a's context is unknown;
         // an exception back into a (depth 0) keeps nothing entered.
-        c.add(&BurstEvent::Start { tid: 1, pc: 0 });
+        c.add(&BurstEvent::Start {
+            tid: 1,
+            pc: 0,
+            slot: 0,
+            running: 1,
+        });
         c.begin(None);
         c.add(&BurstEvent::Enter { fid: 2 });
         c.add(&BurstEvent::Unwind { depth: 0 });
         c.add(&path(1, PathEnd::Return, 0));
-        let (ctx, _, _) = *c.all().iter().find(|e| e.0.1 == 1 && e.0.2 == 0).unwrap().0;
+        let (_, ctx, _, _) = *c.all().iter().find(|e| e.0.2 == 1 && e.0.3 == 0).unwrap().0;
         assert_eq!(c.contexts().frames(ctx), (vec![], false));
         assert_eq!((c.rooted_paths, c.joined, c.unjoined), (4, 1, 1));
 
         // With a sample again: an unwind to depth 0 keeps main → a.
-        c.add(&BurstEvent::Start { tid: 1, pc: 0 });
+        c.add(&BurstEvent::Start {
+            tid: 1,
+            pc: 0,
+            slot: 0,
+            running: 1,
+        });
         c.begin(Some((&base[..2], true)));
         c.add(&BurstEvent::Enter { fid: 2 });
         c.add(&BurstEvent::Enter { fid: 3 });
@@ -566,7 +642,7 @@ mod tests {
         c.add(&BurstEvent::Cost { ticks: 1000 });
         c.add(&path(0, PathEnd::BackEdge, 3));
         let t: Vec<_> = {
-            let mut v: Vec<_> = c.all().iter().map(|(k, t)| (k.2, *t)).collect();
+            let mut v: Vec<_> = c.all().iter().map(|(k, t)| (k.3, *t)).collect();
             v.sort_by_key(|e| e.0);
             v
         };
@@ -602,7 +678,7 @@ mod tests {
         let mut c = PathCounts::new(vec![Some(4)]);
         let execs = |m: &HashMap<Key, Tally>, p: u64| {
             m.iter()
-                .filter(|(k, _)| k.2 == p)
+                .filter(|(k, _)| k.3 == p)
                 .map(|(_, t)| t.executions)
                 .sum::<u64>()
         };
@@ -646,12 +722,60 @@ mod tests {
         let mut c = PathCounts::new(vec![Some(1), Some(1)]);
         c.add(&BurstEvent::Enter { fid: 0 });
         c.add(&BurstEvent::Enter { fid: 1 });
-        c.burst_reaped();
+        c.burst_reaped(0);
         c.add(&path(1, PathEnd::Return, 0));
         c.add(&BurstEvent::Enter { fid: 0 });
         c.add(&BurstEvent::Enter { fid: 1 });
-        c.add(&BurstEvent::Start { tid: 2, pc: 0 });
+        c.add(&BurstEvent::Start {
+            tid: 2,
+            pc: 0,
+            slot: 0,
+            running: 1,
+        });
         c.add(&path(1, PathEnd::Return, 0));
         assert_eq!(counted(&c), [(vec![], 1, 0, 2)]);
+    }
+
+    /// Two slots' bursts interleaved across drains (each slot's records
+    /// in order): each keeps its own stack and thread.
+    #[test]
+    fn slots_keep_their_own_bursts() {
+        // fids: 0 main, 1 a, 2 f.
+        let mut c = PathCounts::new(vec![Some(2), Some(2), Some(2)]);
+        let start = |tid, slot| BurstEvent::Start {
+            tid,
+            pc: 0,
+            slot,
+            running: 2,
+        };
+        c.select(0);
+        c.add(&start(10, 0));
+        c.add(&BurstEvent::Enter { fid: 1 });
+        c.select(1);
+        c.add(&start(20, 1));
+        c.add(&BurstEvent::Enter { fid: 2 });
+        c.add(&BurstEvent::Enter { fid: 0 });
+        c.select(0);
+        c.add(&BurstEvent::Enter { fid: 2 });
+        c.add(&path(2, PathEnd::Return, 1));
+        c.select(1);
+        c.add(&path(0, PathEnd::Return, 0));
+        c.burst_reaped(0);
+        c.select(0);
+        c.add(&path(1, PathEnd::Return, 1));
+        let mut got: Vec<_> = c
+            .all()
+            .iter()
+            .map(|(&(tid, ctx, fid, p), n)| (tid, c.contexts().fids(ctx), fid, p, n.executions))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                (10, vec![], 1, 1, 1),
+                (10, vec![1], 2, 1, 1),
+                (20, vec![2], 0, 0, 1),
+            ]
+        );
     }
 }

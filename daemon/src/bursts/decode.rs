@@ -16,7 +16,15 @@ use burstyd_common::burst::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BurstEvent {
     /// A burst began on thread `tid`, at the interrupted (original) `pc`.
-    Start { tid: u32, pc: u64 },
+    /// `slot`: its burst slot (its records come from that slot's
+    /// sub-ring); `running`: the bursts running in the process right after
+    /// it claimed the slot, itself included.
+    Start {
+        tid: u32,
+        pc: u64,
+        slot: u8,
+        running: u8,
+    },
     /// The clone of function `fid` (an index into the plan's functions) was
     /// entered.
     Enter { fid: u32 },
@@ -122,6 +130,8 @@ pub(crate) fn decode(w0: u64, w1: u64) -> BurstEvent {
         REC_START => BurstEvent::Start {
             tid: w0 as u32,
             pc: w1,
+            slot: (w0 >> burstyd_common::burst::START_SLOT_SHIFT) as u8,
+            running: (w0 >> burstyd_common::burst::START_RUNNING_SHIFT) as u8,
         },
         // w0 = tag | fid, w1 = 0.
         REC_ENTER => BurstEvent::Enter { fid: w0 as u32 },
@@ -148,10 +158,15 @@ pub(crate) fn decode(w0: u64, w1: u64) -> BurstEvent {
 impl fmt::Display for BurstEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            BurstEvent::Start { tid, pc } => {
+            BurstEvent::Start {
+                tid,
+                pc,
+                slot,
+                running,
+            } => {
                 write!(
                     f,
-                    "{{\"burst\":\"start\",\"tid\":{tid},\"pc\":\"{pc:#x}\"}}"
+                    "{{\"burst\":\"start\",\"tid\":{tid},\"pc\":\"{pc:#x}\",\"slot\":{slot},\"running\":{running}}}"
                 )
             }
             BurstEvent::Enter { fid } => write!(f, "{{\"enter\":{fid}}}"),
@@ -195,7 +210,19 @@ mod tests {
             decode(tag(REC_START) | 4242, 0x40_1136),
             BurstEvent::Start {
                 tid: 4242,
-                pc: 0x40_1136
+                pc: 0x40_1136,
+                slot: 0,
+                running: 0,
+            }
+        );
+        // Slot 5, three bursts running.
+        assert_eq!(
+            decode(tag(REC_START) | 3 << 40 | 5 << 32 | 4242, 0x40_1136),
+            BurstEvent::Start {
+                tid: 4242,
+                pc: 0x40_1136,
+                slot: 5,
+                running: 3,
             }
         );
     }
@@ -303,7 +330,7 @@ mod tests {
     #[test]
     fn raw_trace_lines() {
         let lines: Vec<String> = [
-            (tag(REC_START) | 77, 0x1000),
+            (tag(REC_START) | 2 << 40 | 1 << 32 | 77, 0x1000),
             (tag(REC_ENTER) | 2, 0),
             (tag(REC_PATH) | PATH_END_RETURN << 32 | 2, 3),
             (tag(REC_END) | END_LEFT_CLONES, 0),
@@ -314,7 +341,7 @@ mod tests {
         assert_eq!(
             lines,
             [
-                r#"{"burst":"start","tid":77,"pc":"0x1000"}"#,
+                r#"{"burst":"start","tid":77,"pc":"0x1000","slot":1,"running":2}"#,
                 r#"{"enter":2}"#,
                 r#"{"path":3,"fid":2,"kind":0}"#,
                 r#"{"burst":"end","reason":1}"#,

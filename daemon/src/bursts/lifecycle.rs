@@ -27,8 +27,9 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context as _, bail};
 use burstyd_common::addr::Pid;
 use burstyd_common::burst::{
-    ARMED_OFFSET, BurstControl, BurstLocal, BurstTarget, CLONE_PAGE_SHIFT, CONTROL_BYTES,
-    CONTROL_MAGIC, LOCAL_BYTES, LOCAL_OFFSET, MAX_MODULES, ModuleEntry,
+    ARMED_OFFSET, BurstControl, BurstLocal, BurstSlot, BurstTarget, CLONE_PAGE_SHIFT,
+    CONTROL_BYTES, CONTROL_MAGIC, DEFAULT_MAX_BURSTS, LOCAL_BYTES, LOCAL_OFFSET, MAX_MODULES,
+    MAX_SLOTS, ModuleEntry,
 };
 use tracing::{debug, info, warn};
 use userspace_rewriter::PAGE_SIZE;
@@ -47,8 +48,12 @@ use super::worker;
 use crate::export::fdata::FdataFacts;
 use crate::stacks::clones::{CloneFrames, CloneRegion};
 
-/// Record ring sizes (words of 8 bytes).
-const RING_WORDS: u64 = 1 << 19; // 4 MiB
+/// Record ring sizes (words of 8 bytes), split into `MAX_SLOTS` sub-rings:
+/// 2 MiB per slot (with 512 KiB, eight threads bursting on two loaded CPUs
+/// lost 411 of 2.4 million records between two drains; memory is touched
+/// only in the slots used, `max_bursts` of them); 8 MiB per slot in a
+/// full trace, which waits rather than lose.
+const RING_WORDS: u64 = 1 << 21; // 16 MiB
 const RING_WORDS_FULL: u64 = 1 << 23; // 64 MiB
 
 const MEMFD_NAME: &str = "burstyd-bursts";
@@ -61,8 +66,75 @@ const STUCK_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
 /// them in its clones (it ran, elsewhere).
 const STUCK_SAMPLES: u64 = 5;
 
-/// `BurstLocal::owner`, from the control block.
-const OWNER_OFFSET: u64 = (LOCAL_OFFSET + offset_of!(BurstLocal, owner)) as u64;
+/// Slot `i`'s `BurstSlot::owner`, from the control block.
+fn owner_offset(i: usize) -> u64 {
+    (LOCAL_OFFSET
+        + offset_of!(BurstLocal, slots)
+        + i * std::mem::size_of::<BurstSlot>()
+        + offset_of!(BurstSlot, owner)) as u64
+}
+
+/// Bursts that may run at once in a traced process: `BURSTYD_MAX_BURSTS`
+/// (1 to [`MAX_SLOTS`]), else [`DEFAULT_MAX_BURSTS`].
+fn max_bursts() -> u64 {
+    std::env::var("BURSTYD_MAX_BURSTS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(DEFAULT_MAX_BURSTS, |n| n.clamp(1, MAX_SLOTS as u64))
+}
+
+/// Whether `pid`'s libc is glibc 2.26 or later, whose thread control
+/// block has the 512 unused bytes (`tcbhead_t.__glibc_unused2`, at
+/// `fs:0x80`) where the burst runtime keeps each thread's burst registers
+/// (see `burstyd_common::burst`). Anything else (musl, whose thread
+/// structure is there; a static executable, whose libc we cannot tell
+/// apart; glibc 2.25 or older, which saved vector registers there) gets
+/// no bursts: writing there would corrupt it. `Err` says why not.
+fn check_glibc(pid: Pid) -> anyhow::Result<()> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .with_context(|| format!("reading /proc/{pid}/maps"))?;
+    let libc = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| {
+            p.rsplit('/').next() == Some("libc.so.6") || {
+                let n = p.rsplit('/').next().unwrap_or("");
+                n.starts_with("libc-2.") && n.ends_with(".so")
+            }
+        })
+        .map(str::to_owned);
+    let Some(libc) = libc else {
+        bail!(
+            "pid {pid} maps no libc.so.6 (musl, or a static executable): bursts need glibc 2.26 or later, whose thread control block holds each thread's burst state"
+        );
+    };
+    let bytes = std::fs::read(format!("/proc/{pid}/root{libc}"))
+        .with_context(|| format!("reading {libc} of pid {pid}"))?;
+    use object::{Object as _, ObjectSection as _};
+    let file = object::File::parse(&*bytes).with_context(|| format!("parsing {libc}"))?;
+    let dynstr = file
+        .section_by_name(".dynstr")
+        .and_then(|s| s.data().ok())
+        .unwrap_or_default();
+    if !dynstr.split(|&b| b == 0).any(|name| name == b"GLIBC_2.26") {
+        bail!(
+            "pid {pid}: {libc} defines no GLIBC_2.26 version (not glibc, or older than 2.26): bursts need glibc 2.26 or later, whose thread control block holds each thread's burst state"
+        );
+    }
+    Ok(())
+}
+
+/// Whether one burst slot's running burst makes progress (see
+/// [`Attachment::reap_stuck_bursts`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct SlotProgress {
+    /// (heads\[slot\], slot_tids\[slot\]) at the previous drain.
+    last: (u64, u64),
+    /// Since when the same running burst has made no progress.
+    idle_since: Option<std::time::Instant>,
+    /// Samples of the process (none in its clones) since then.
+    idle_samples: u64,
+}
 
 /// A target with the clones injected and the handler installed: what
 /// the session needs to arm, reap and detach it.
@@ -75,12 +147,8 @@ pub(crate) struct Attachment {
     old_action: KernelSigaction,
     /// Target-side counters at attach (an earlier session's are in them).
     baseline: TargetCounters,
-    /// (head, bursts) at the previous drain, and since when the same
-    /// running burst has made no progress.
-    last_progress: (u64, u64),
-    idle_since: Option<std::time::Instant>,
-    /// Samples of the process (none in its clones) since then.
-    idle_samples: u64,
+    /// Per slot: whether its running burst makes progress.
+    progress: [SlotProgress; MAX_SLOTS],
     /// Pages (address >> `CLONE_PAGE_SHIFT`) of original code with a
     /// rewritten instruction: the eBPF program signals only there.
     pages: Vec<u64>,
@@ -680,9 +748,7 @@ impl Injected {
                 signal,
                 old_action,
                 baseline,
-                last_progress: (0, 0),
-                idle_since: None,
-                idle_samples: 0,
+                progress: Default::default(),
                 pages,
                 base,
                 link_seen: 0,
@@ -865,6 +931,7 @@ pub(crate) fn attach(
         );
     }
 
+    check_glibc(pid)?;
     let ring_words = if opts.full_trace {
         RING_WORDS_FULL
     } else {
@@ -1072,7 +1139,8 @@ pub(crate) fn attach(
     {
         let cb = region.control_mut();
         cb.magic = CONTROL_MAGIC;
-        cb.ring_mask = ring_words - 1;
+        // MAX_SLOTS sub-rings, one per burst slot.
+        cb.ring_mask = ring_words / MAX_SLOTS as u64 - 1;
         cb.ring_addr = ring_at;
         cb.tables = tables_at;
         cb.tables_base = tables_at;
@@ -1833,12 +1901,11 @@ fn rearm(
     }
     let old_action = install_handler(&mut t, signal, handler, restorer)?;
     // Whatever an interrupted earlier session left.
-    t.write_memory(control + OWNER_OFFSET, &0u64.to_ne_bytes())?;
-    {
-        let cb = region.control_mut();
-        cb.active = 0;
-        cb.tracer = tracer_as_seen_by(pid);
+    for i in 0..MAX_SLOTS {
+        t.write_memory(control + owner_offset(i), &0u64.to_ne_bytes())?;
     }
+    region.clear_active();
+    region.control_mut().tracer = tracer_as_seen_by(pid);
     set_run_options(&mut region, opts);
     t.detach()?;
     info!(
@@ -1983,10 +2050,12 @@ impl Attachment {
         self.region.control_mut().tracer = 0;
     }
 
-    /// No new bursts; a running one ends at its next check.
+    /// No new bursts; running ones end at their next check.
     pub(crate) fn disarm(&mut self) {
         self.region.control_mut().armed = 0;
-        self.clear_owner();
+        for i in 0..MAX_SLOTS {
+            self.clear_owner(i);
+        }
     }
 
     /// New burst length and path timing (a reload), from the next burst
@@ -1995,60 +2064,89 @@ impl Attachment {
         set_run_options(&mut self.region, opts);
     }
 
-    /// Clears the private `owner` of the running burst (through
+    /// Clears the private `owner` of slot `slot` (through
     /// `/proc/PID/mem`: the daemon does not map the target's private
-    /// state), so that its thread fails its next check. Best effort: a
-    /// process that is gone has no burst to end.
-    fn clear_owner(&self) {
+    /// state), so that its burst's thread fails its next check. Best
+    /// effort: a process that is gone has no burst to end.
+    fn clear_owner(&self, slot: usize) {
         use std::os::unix::fs::FileExt;
         let r = std::fs::OpenOptions::new()
             .write(true)
             .open(format!("/proc/{}/mem", self.pid))
-            .and_then(|f| f.write_all_at(&0u64.to_ne_bytes(), self.control_addr + OWNER_OFFSET));
+            .and_then(|f| {
+                f.write_all_at(&0u64.to_ne_bytes(), self.control_addr + owner_offset(slot))
+            });
         if let Err(e) = r {
-            debug!(pid = %self.pid, "clearing the burst owner: {e}");
+            debug!(pid = %self.pid, "clearing the owner of burst slot {slot}: {e}");
         }
     }
 
+    /// The most bursts that ran at once in the process so far.
+    pub(crate) fn concurrent_max(&self) -> u64 {
+        self.region.concurrent_max()
+    }
+
+    /// Bursts that may run at once in the process.
+    pub(crate) fn max_bursts(&self) -> u64 {
+        self.region.control().max_bursts
+    }
+
     /// A burst whose thread left the clones without passing a check (an
-    /// exception or `longjmp` into original code) stays "active" and would
-    /// block every later burst. A running burst writes records all the
-    /// time (at least at every back edge and return); one that wrote
-    /// nothing across two drains (the ring's `head` did not move) is ended
-    /// here, and true returned. Its thread, should it return into a clone
-    /// later, fails that return site's check (the owner is cleared first)
-    /// and goes back to the original code.
+    /// exception or `longjmp` into original code) keeps its slot and would
+    /// hold it for good. A running burst writes records all the time (at
+    /// least at every back edge and return); one whose slot's sub-ring got
+    /// nothing across two drains (its `heads[slot]` did not move, the same
+    /// thread holds it) is ended here, slot by slot; the slots reaped are
+    /// returned. Its thread, should it return into a clone later, fails
+    /// that return site's check (the owner is cleared first) and goes back
+    /// to the original code.
     ///
+    /// `heads`: each slot's producer index as the drain read it.
     /// `activity`: the process's samples since the last drain. One in its
-    /// clones says its burst is alive, in a loop that writes nothing (a
-    /// k-boring loop has no back-edge instrumentation), not lost. And a
-    /// process that was not sampled did not run (a loaded machine): its
-    /// silence says nothing either, so the burst is reaped only after
-    /// [`STUCK_SAMPLES`] samples elsewhere (a full trace of `libpk.so` in
-    /// `llvm_bolt_accepts_the_edge_profile` was once reaped in `warmup`'s
-    /// k-boring loop while another test loaded the machine).
-    pub(crate) fn reap_stuck_burst(&mut self, head: u64, activity: super::Activity) -> bool {
-        let (active, bursts) = self.region.burst_state();
-        if !active || activity.in_clones > 0 || (head, bursts) != self.last_progress {
-            self.last_progress = (head, bursts);
-            self.idle_since = None;
-            self.idle_samples = 0;
-            return false;
+    /// clones says a burst is alive, in a loop that writes nothing (a
+    /// k-boring loop has no back-edge instrumentation), not lost; samples
+    /// are not told apart by thread here, so while any thread's sample is
+    /// in the clones no slot is reaped (a stuck slot waits until the
+    /// clones are quiet: it costs one slot of concurrency meanwhile, never
+    /// a live burst). And a process that was not sampled did not run (a
+    /// loaded machine): its silence says nothing either, so a burst is
+    /// reaped only after [`STUCK_SAMPLES`] samples elsewhere (a full trace
+    /// of `libpk.so` in `llvm_bolt_accepts_the_edge_profile` was once
+    /// reaped in `warmup`'s k-boring loop while another test loaded the
+    /// machine).
+    pub(crate) fn reap_stuck_bursts(
+        &mut self,
+        heads: &[u64; MAX_SLOTS],
+        activity: super::Activity,
+    ) -> Vec<usize> {
+        let (tids, _) = self.region.burst_state();
+        let mut reaped = Vec::new();
+        for slot in 0..MAX_SLOTS {
+            let p = &mut self.progress[slot];
+            let now = (heads[slot], tids[slot]);
+            if tids[slot] == 0 || activity.in_clones > 0 || now != p.last {
+                *p = SlotProgress {
+                    last: now,
+                    ..SlotProgress::default()
+                };
+                continue;
+            }
+            // Silence counts only while the process runs: one that does
+            // not get the CPU (a loaded machine) writes nothing either.
+            p.idle_samples += activity.samples;
+            let since = *p.idle_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() < STUCK_AFTER || p.idle_samples < STUCK_SAMPLES {
+                continue;
+            }
+            p.idle_since = None;
+            p.idle_samples = 0;
+            // The owner first (a return into a clone then fails its
+            // check), then the slot's tid and the count of running bursts.
+            self.clear_owner(slot);
+            self.region.free_slot(slot);
+            reaped.push(slot);
         }
-        // Silence counts only while the process runs: one that does not
-        // get the CPU (a loaded machine) writes nothing either.
-        self.idle_samples += activity.samples;
-        let since = *self.idle_since.get_or_insert_with(std::time::Instant::now);
-        if since.elapsed() < STUCK_AFTER || self.idle_samples < STUCK_SAMPLES {
-            return false;
-        }
-        // The owner first (a return into a clone then fails its check),
-        // then `active`.
-        self.clear_owner();
-        self.region.clear_active();
-        self.idle_since = None;
-        self.idle_samples = 0;
-        true
+        reaped
     }
 
     /// Under ptrace, puts back the target's own disposition of our signal
@@ -2096,6 +2194,7 @@ fn set_run_options(region: &mut SharedRegion, opts: &BurstOptions) {
         opts.burst_len
     };
     cb.wait_when_full = u64::from(opts.full_trace);
+    cb.max_bursts = max_bursts();
     cb.measure = if opts.measure {
         burstyd_common::burst::MEASURE_TSC
     } else {

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use burstyd_common::addr::Pid;
-use burstyd_common::burst::{BurstTarget, MAX_MODULES};
+use burstyd_common::burst::{BurstTarget, MAX_MODULES, MAX_SLOTS};
 use std::collections::HashMap;
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -273,6 +273,13 @@ impl Traced {
 }
 
 /// One process being traced in bursts.
+/// Thread `tid` of `pid`'s name (its `comm`), or "" once it is gone.
+fn thread_name(pid: Pid, tid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        .map(|s| s.trim_end_matches('\n').to_owned())
+        .unwrap_or_default()
+}
+
 pub(crate) struct BurstTracer {
     attachment: Attachment,
     traced: Traced,
@@ -611,22 +618,35 @@ impl BurstTracer {
         mut stacks: Option<&mut contexts::StartStacks>,
     ) -> u64 {
         let (counts, trace, traced) = (&mut self.counts, &mut self.trace, &self.traced);
-        let (n, head) = self.attachment.region().take_records(|w0, w1| {
-            let ev = decode::decode(w0, w1);
-            if let Some(t) = trace.as_mut() {
-                t.add(&ev);
-            }
-            counts.add(&ev);
-            if let decode::BurstEvent::Start { tid, pc } = ev {
-                let s = stacks.as_deref_mut().and_then(|s| s.take(tid, pc));
-                let base = s.map(|s| (traced.context_frames(&s), s.complete));
-                counts.begin(base.as_ref().map(|(f, c)| (f.as_slice(), *c)));
-            }
-        });
+        let pid = traced.pid;
+        let mut n = 0;
+        let mut heads = [0; MAX_SLOTS];
+        // Slot by slot: each slot's sub-ring holds its bursts' records in
+        // order (one producer each); PathCounts keeps a burst per slot.
+        for (slot, head) in heads.iter_mut().enumerate() {
+            counts.select(slot);
+            let (k, h) = self.attachment.region().take_records(slot, |w0, w1| {
+                let ev = decode::decode(w0, w1);
+                if let Some(t) = trace.as_mut() {
+                    t.add(&ev);
+                }
+                counts.add(&ev);
+                if let decode::BurstEvent::Start { tid, pc, .. } = ev {
+                    if !counts.has_name(tid) {
+                        counts.name_thread(tid, thread_name(pid, tid));
+                    }
+                    let s = stacks.as_deref_mut().and_then(|s| s.take(tid, pc));
+                    let base = s.map(|s| (traced.context_frames(&s), s.complete));
+                    counts.begin(base.as_ref().map(|(f, c)| (f.as_slice(), *c)));
+                }
+            });
+            n += k;
+            *head = h;
+        }
         self.records += n;
-        if self.attachment.reap_stuck_burst(head, activity) {
+        for slot in self.attachment.reap_stuck_bursts(&heads, activity) {
             self.reaped += 1;
-            self.counts.burst_reaped();
+            self.counts.burst_reaped(slot);
         }
         n
     }
@@ -680,6 +700,12 @@ impl BurstTracer {
         std::thread::sleep(std::time::Duration::from_millis(20));
         self.drain(Activity::default(), None);
         let stats = self.stats();
+        tracing::info!(
+            pid = %self.pid(),
+            "burst slots: at most {} bursts ran at once (of {} allowed)",
+            self.attachment.concurrent_max(),
+            self.attachment.max_bursts()
+        );
         if let Some(t) = &mut self.trace {
             t.flush();
         }

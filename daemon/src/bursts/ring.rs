@@ -1,13 +1,15 @@
 //! The memory a traced process shares with the daemon (a memfd mapped
 //! `MAP_SHARED` by both): page 0 holds the [`BurstControl`] block, then
-//! come the ring's words. The burst's thread is the only producer (it
-//! advances `head`); the daemon consumes (`tail`). This module reads the
+//! (after the target's private slots) come the ring's words: one sub-ring
+//! per burst slot. A slot's burst thread is the only producer of its
+//! sub-ring (it advances `heads[slot]`); the daemon consumes
+//! (`tails[slot]`). This module reads the
 //! raw two-word records and the control words; what a record means is
 //! [`super::decode`]'s business.
 use std::mem::offset_of;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use burstyd_common::burst::{BurstControl, CONTROL_BYTES, MAX_MODULES, ModuleEntry};
+use burstyd_common::burst::{BurstControl, CONTROL_BYTES, MAX_MODULES, MAX_SLOTS, ModuleEntry};
 
 /// The daemon's mapping of a target's burst region.
 pub(crate) struct SharedRegion {
@@ -54,18 +56,43 @@ impl SharedRegion {
         unsafe { &*(self.map.as_ptr().add(offset_of!(BurstControl, active)) as *const AtomicU32) }
     }
 
-    /// Whether a burst runs now, and how many have started so far.
-    pub(crate) fn burst_state(&self) -> (bool, u64) {
+    /// The thread id of each slot's running burst (0: the slot is free),
+    /// and how many bursts have started so far.
+    pub(crate) fn burst_state(&self) -> ([u64; MAX_SLOTS], u64) {
         (
-            self.active_word().load(Ordering::Acquire) != 0,
+            std::array::from_fn(|i| {
+                self.word(offset_of!(BurstControl, slot_tids) + 8 * i)
+                    .load(Ordering::Acquire)
+            }),
             self.word(offset_of!(BurstControl, bursts))
                 .load(Ordering::Relaxed),
         )
     }
 
-    /// Frees the process for the next burst (after the burst's private
-    /// `owner` was cleared: see `Attachment::reap_stuck_burst`).
+    /// The most bursts that ran at once so far.
+    pub(crate) fn concurrent_max(&self) -> u64 {
+        self.word(offset_of!(BurstControl, concurrent_max))
+            .load(Ordering::Relaxed)
+    }
+
+    /// Frees slot `slot` for the next burst (after the slot's private
+    /// `owner` was cleared: see `Attachment::reap_stuck_bursts`): its tid,
+    /// and one running burst fewer (never below 0: the burst's own end may
+    /// have got there first).
+    pub(crate) fn free_slot(&self, slot: usize) {
+        self.word(offset_of!(BurstControl, slot_tids) + 8 * slot)
+            .store(0, Ordering::SeqCst);
+        let _ = self
+            .active_word()
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| a.checked_sub(1));
+    }
+
+    /// No burst runs (a re-attach, the target stopped): every slot free.
     pub(crate) fn clear_active(&self) {
+        for i in 0..MAX_SLOTS {
+            self.word(offset_of!(BurstControl, slot_tids) + 8 * i)
+                .store(0, Ordering::SeqCst);
+        }
         self.active_word().store(0, Ordering::SeqCst);
     }
 
@@ -127,20 +154,26 @@ impl SharedRegion {
         .map(|off| self.word(off).load(Ordering::Relaxed))
     }
 
-    /// Consumes every whole record written since the last call, oldest
-    /// first, handing each to `f` as `(w0, w1)`. Returns how many, and the
-    /// producer index (`head`) they were read up to.
-    pub(crate) fn take_records(&self, mut f: impl FnMut(u64, u64)) -> (u64, u64) {
+    /// Consumes every whole record written to slot `slot`'s sub-ring since
+    /// the last call, oldest first, handing each to `f` as `(w0, w1)`.
+    /// Returns how many, and the producer index (`heads[slot]`) they were
+    /// read up to.
+    pub(crate) fn take_records(&self, slot: usize, mut f: impl FnMut(u64, u64)) -> (u64, u64) {
+        assert!(slot < MAX_SLOTS);
         let head = self
-            .word(offset_of!(BurstControl, head))
+            .word(offset_of!(BurstControl, heads) + 8 * slot)
             .load(Ordering::Acquire);
-        let tail_word = self.word(offset_of!(BurstControl, tail));
+        let tail_word = self.word(offset_of!(BurstControl, tails) + 8 * slot);
         let mut tail = tail_word.load(Ordering::Relaxed);
         let mask = self
             .word(offset_of!(BurstControl, ring_mask))
             .load(Ordering::Relaxed);
-        // SAFETY: the ring starts right after the control block.
-        let ring = unsafe { self.map.as_ptr().add(CONTROL_BYTES) as *const u64 };
+        // SAFETY: the ring starts right after the control block and the
+        // private slots; slot `slot`'s sub-ring `slot * (mask + 1)` words
+        // further (the mapping holds MAX_SLOTS of them).
+        let ring = unsafe {
+            (self.map.as_ptr().add(CONTROL_BYTES) as *const u64).add(slot * (mask as usize + 1))
+        };
         let mut n = 0;
         while tail + 2 <= head {
             let i = (tail & mask) as usize;
@@ -164,42 +197,75 @@ impl SharedRegion {
 mod tests {
     use super::*;
 
-    /// A region like the target's, with a ring of `words` words.
+    /// A region like the target's, with sub-rings of `words` words.
     fn region(words: u64) -> SharedRegion {
-        let mut map = memmap2::MmapMut::map_anon(CONTROL_BYTES + words as usize * 8).unwrap();
+        let mut map =
+            memmap2::MmapMut::map_anon(CONTROL_BYTES + MAX_SLOTS * words as usize * 8).unwrap();
         map.fill(0);
         let mut r = SharedRegion::new(map);
         r.control_mut().ring_mask = words - 1;
         r
     }
 
-    /// What the injected writer does: two words at `head`, then `head += 2`.
-    fn produce(r: &mut SharedRegion, w0: u64, w1: u64) {
-        let (head, mask) = (r.control().head, r.control().ring_mask);
-        let ring = unsafe { r.map.as_mut_ptr().add(CONTROL_BYTES) as *mut u64 };
+    /// What the injected writer does: two words at `heads[slot]` of the
+    /// slot's sub-ring, then `heads[slot] += 2`.
+    fn produce(r: &mut SharedRegion, slot: usize, w0: u64, w1: u64) {
+        let (head, mask) = (r.control().heads[slot], r.control().ring_mask);
+        let ring = unsafe {
+            (r.map.as_mut_ptr().add(CONTROL_BYTES) as *mut u64).add(slot * (mask as usize + 1))
+        };
         unsafe {
             *ring.add((head & mask) as usize) = w0;
             *ring.add(((head + 1) & mask) as usize) = w1;
         }
-        r.control_mut().head = head + 2;
+        r.control_mut().heads[slot] = head + 2;
     }
 
+    /// Each slot's records come out in order across the wrap, and only
+    /// from its own sub-ring.
     #[test]
     fn records_come_out_in_order_across_the_wrap() {
         let mut r = region(8);
-        let mut got = Vec::new();
+        let mut got = vec![Vec::new(); MAX_SLOTS];
         for round in 0..5u64 {
-            for i in 0..3 {
-                produce(&mut r, round * 10 + i, !(round * 10 + i));
+            for slot in [0, 3, MAX_SLOTS - 1] {
+                for i in 0..3 {
+                    let w = slot as u64 * 1000 + round * 10 + i;
+                    produce(&mut r, slot, w, !w);
+                }
             }
-            let (n, head) = r.take_records(|w0, w1| got.push((w0, w1)));
-            assert_eq!((n, head), (3, (round + 1) * 6));
-            assert_eq!(r.control().tail, head);
+            for (slot, got) in got.iter_mut().enumerate() {
+                let (n, head) = r.take_records(slot, |w0, w1| got.push((w0, w1)));
+                let used = [0, 3, MAX_SLOTS - 1].contains(&slot);
+                let want = if used { (3, (round + 1) * 6) } else { (0, 0) };
+                assert_eq!((n, head), want);
+                assert_eq!(r.control().tails[slot], head);
+            }
         }
-        let want: Vec<_> = (0..5u64)
-            .flat_map(|round| (0..3).map(move |i| (round * 10 + i, !(round * 10 + i))))
-            .collect();
-        assert_eq!(got, want);
-        assert_eq!(r.take_records(|_, _| panic!("nothing new")).0, 0);
+        for (slot, got) in got.iter().enumerate() {
+            let want: Vec<_> = if [0, 3, MAX_SLOTS - 1].contains(&slot) {
+                (0..5u64)
+                    .flat_map(|round| (0..3).map(move |i| slot as u64 * 1000 + round * 10 + i))
+                    .map(|w| (w, !w))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            assert_eq!(got, &want, "slot {slot}");
+            assert_eq!(r.take_records(slot, |_, _| panic!("nothing new")).0, 0);
+        }
+    }
+
+    /// Freeing a slot clears its tid and counts one burst fewer, never
+    /// below zero.
+    #[test]
+    fn freeing_a_slot() {
+        let mut r = region(8);
+        r.control_mut().slot_tids[2] = 77;
+        r.control_mut().active = 1;
+        r.free_slot(2);
+        assert_eq!((r.control().slot_tids[2], r.control().active), (0, 0));
+        r.free_slot(2);
+        assert_eq!(r.control().active, 0);
     }
 }

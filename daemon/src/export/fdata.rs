@@ -50,7 +50,7 @@ pub(crate) fn fdata(m: &ModuleFacts, counts: &PathView<'_>) -> String {
     };
     let mut details: HashMap<u32, Option<PathFacts<'_>>> = HashMap::new();
     let mut edges: std::collections::BTreeMap<(u32, u64, u64), u64> = Default::default();
-    for ((_, gfid, path), n) in counts.iter() {
+    for ((_, _, gfid, path), n) in counts.iter() {
         let Some(fid) = local(*gfid) else {
             continue;
         };

@@ -42,7 +42,7 @@ pub(crate) fn paths_builder(event: &str, tsc_hz: Option<f64>) -> ProfileBuilder 
 /// Executions per (fid, path), over all contexts.
 fn executions(counts: &PathView<'_>) -> HashMap<(u32, u64), u64> {
     let mut execs: HashMap<(u32, u64), u64> = HashMap::new();
-    for ((_, fid, path), n) in counts.iter() {
+    for ((_, _, fid, path), n) in counts.iter() {
         *execs.entry((*fid, *path)).or_insert(0) += n.executions;
     }
     execs
@@ -124,7 +124,8 @@ fn path_events(
 }
 
 /// Adds a traced process's paths to `paths.pb.gz` (see
-/// [`paths_builder`]): one sample per (context, function, path).
+/// [`paths_builder`]): one sample per (thread, context, function, path),
+/// labelled with the thread's name (`thread`) and id (`tid`).
 /// `foreign(b, addrs)`: the locations of the context frames outside
 /// traced functions (symbolized as in `context.pb.gz`), by address.
 /// `tsc_hz`: as for [`paths_builder`].
@@ -159,7 +160,7 @@ pub(crate) fn add_paths(
     // functions; then each module's lines of those only.
     let mut wanted: Vec<Vec<u64>> = vec![Vec::new(); traced.modules.len()];
     let mut foreign_addrs = Vec::new();
-    for ((ctx, fid, path), _) in counts.iter() {
+    for ((_, ctx, fid, path), _) in counts.iter() {
         for c in counts.contexts().frames(*ctx).0.iter().chain([fid]) {
             if let Some(a) = counts.contexts().address(*c) {
                 foreign_addrs.push(a);
@@ -230,7 +231,7 @@ pub(crate) fn add_paths(
     let mut func_loc: HashMap<u32, u64> = HashMap::new();
     let mut entries: Vec<_> = counts.iter().collect();
     entries.sort_by_key(|e| e.0);
-    for ((ctx, fid, path), n) in entries {
+    for ((tid, ctx, fid, path), n) in entries {
         let Some((m, local)) = traced.function(*fid) else {
             continue;
         };
@@ -307,11 +308,18 @@ pub(crate) fn add_paths(
             let mean = n.cost.saturating_sub(floor * n.measured) as f64 / n.measured.max(1) as f64;
             values.push((mean * n.executions as f64 * 1e9 / hz).round() as i64);
         }
+        // The thread that ran it (as in context.pb.gz: its name, and its
+        // id), so that each thread's paths can be told apart.
+        let thread = counts.thread_name(*tid).unwrap_or("");
         b.sample(
             locs,
             values,
-            &[("symbol", f.name.as_str())],
-            &[("pid", i64::from(traced.pid.0)), ("path", *path as i64)],
+            &[("symbol", f.name.as_str()), ("thread", thread)],
+            &[
+                ("pid", i64::from(traced.pid.0)),
+                ("tid", i64::from(*tid)),
+                ("path", *path as i64),
+            ],
         );
     }
 }

@@ -164,12 +164,28 @@ impl FnGen<'_> {
             em.pushf();
         }
         em.push(Register::RAX)?;
+        // The thread owns a burst: its TCB's slot (0: none) is owned by its
+        // `fs:[0]` (a forked child's private slot reads 0).
+        em.rm(Code::Mov_r64_rm64, Register::RAX, local!(l, slot))?;
+        em.e(Instruction::with2(
+            Code::Test_rm64_r64,
+            Register::RAX,
+            Register::RAX,
+        ))?;
+        em.jcc(Code::Je_rel32_64, exit)?;
         em.e(Instruction::with2(
             Code::Mov_r64_rm64,
             Register::RAX,
+            MemoryOperand::with_base_displ(
+                Register::RAX,
+                core::mem::offset_of!(burstyd_common::burst::BurstSlot, owner) as i64,
+            ),
+        ))?;
+        em.e(Instruction::with2(
+            Code::Cmp_r64_rm64,
+            Register::RAX,
             MemoryOperand::new(Register::None, Register::None, 1, 0, 4, false, Register::FS),
         ))?;
-        em.rm(Code::Cmp_r64_rm64, Register::RAX, local!(l, owner))?;
         em.jcc(Code::Jne_rel32_64, exit)?;
         em.e(Instruction::with2(
             Code::Sub_rm64_imm8,

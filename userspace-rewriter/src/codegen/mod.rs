@@ -73,7 +73,18 @@
 /// block mapped low, while RIP-relative operands reach only ±2 GiB.
 pub(crate) fn data_operand(addr: u64) -> iced_x86::MemoryOperand {
     use iced_x86::{MemoryOperand, Register};
-    if addr < LOW_STATE_LIMIT {
+    if addr >= TLS_TAG {
+        // A thread's own burst registers: `fs:[disp32]` (see `TLS_TAG`).
+        MemoryOperand::new(
+            Register::None,
+            Register::None,
+            1,
+            (addr - TLS_TAG) as i64,
+            4,
+            false,
+            Register::FS,
+        )
+    } else if addr < LOW_STATE_LIMIT {
         MemoryOperand::new(
             Register::None,
             Register::None,
@@ -93,18 +104,26 @@ pub(crate) fn data_operand(addr: u64) -> iced_x86::MemoryOperand {
 /// the largest field offset).
 pub const LOW_STATE_LIMIT: u64 = 0x8000_0000 - 0x1_0000;
 
-// Declared before `local!` below: the runtime has its own `local!`, which
-// takes the control block's address rather than a `Layout`.
+/// Marks an "address" that [`data_operand`] turns into `fs:[addr -
+/// TLS_TAG]`: the calling thread's own
+/// [`BurstRegs`](burstyd_common::burst::BurstRegs) in its TCB. No user
+/// address is this high (it is in the kernel's half).
+pub(crate) const TLS_TAG: u64 = 0xffff_f000_0000_0000;
+
+// Declared before `local!` below: the runtime has its own `local!`.
 mod runtime;
 
-/// Offsets of [`BurstLocal`](burstyd_common::burst::BurstLocal) fields
-/// (the private burst state at `LOCAL_OFFSET` from the control block).
+/// The operand "address" of the calling thread's
+/// [`BurstRegs`](burstyd_common::burst::BurstRegs) field `f`, in its TCB
+/// (`fs:[TLS_REGS + offset]`, see [`TLS_TAG`]). `_l` (the `Layout`) is
+/// not needed: the registers are per thread, not per region.
 macro_rules! local {
-    ($l:expr, $f:ident) => {
-        $l.control
-            + burstyd_common::burst::LOCAL_OFFSET as u64
-            + core::mem::offset_of!(burstyd_common::burst::BurstLocal, $f) as u64
-    };
+    ($_l:expr, $f:ident) => {{
+        let _ = &$_l;
+        $crate::codegen::TLS_TAG
+            + burstyd_common::burst::TLS_REGS as u64
+            + core::mem::offset_of!(burstyd_common::burst::BurstRegs, $f) as u64
+    }};
 }
 
 mod batches;

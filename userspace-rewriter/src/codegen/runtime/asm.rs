@@ -22,16 +22,38 @@ macro_rules! field {
 }
 pub(super) use field;
 
-/// The absolute address of a [`burstyd_common::burst::BurstLocal`] field
-/// (the process's private burst state), given the control block's address.
+/// The operand "address" of the calling thread's
+/// [`burstyd_common::burst::BurstRegs`] field `f` (in its TCB,
+/// `fs:[TLS_REGS + offset]`; see [`crate::codegen::TLS_TAG`]). The control
+/// block's address is not needed (the registers are per thread).
 macro_rules! local {
+    ($_control:expr, $f:ident) => {{
+        let _ = &$_control;
+        $crate::codegen::TLS_TAG
+            + burstyd_common::burst::TLS_REGS as u64
+            + core::mem::offset_of!(burstyd_common::burst::BurstRegs, $f) as u64
+    }};
+}
+pub(super) use local;
+
+/// The absolute address of the private [`burstyd_common::burst::BurstLocal`]
+/// field `f`, given the control block's address.
+macro_rules! private {
     ($control:expr, $f:ident) => {
         $control
             + burstyd_common::burst::LOCAL_OFFSET as u64
             + core::mem::offset_of!(burstyd_common::burst::BurstLocal, $f) as u64
     };
 }
-pub(super) use local;
+pub(super) use private;
+
+/// Offset of a [`burstyd_common::burst::BurstSlot`] field from the slot.
+macro_rules! slot {
+    ($f:ident) => {
+        core::mem::offset_of!(burstyd_common::burst::BurstSlot, $f) as i32
+    };
+}
+pub(super) use slot;
 
 /// `[rip + (addr - next_ip)]`, or `[addr]` for a control block mapped in
 /// the low 2 GiB (see [`crate::codegen::data_operand`]).
@@ -127,21 +149,39 @@ pub(super) fn start_path_if_measured(a: &mut CodeAssembler, control: u64) -> Res
     a.set_label(&mut skip)
 }
 
-/// Jumps to `not_owner` unless the calling thread owns the running burst
-/// (`fs:[0]` = `owner`); clobbers `scratch` and the flags. Every routine
-/// that writes records or burst state starts with it: a thread that is not
-/// the burst's (one still in a clone after its burst was ended from
-/// outside, or any thread of a child forked in the middle of a burst,
-/// whose private `owner` reads 0) must change nothing.
+/// Jumps to `not_owner` unless the calling thread owns a running burst:
+/// its TCB's slot pointer is set and that slot's private `owner` is its
+/// `fs:[0]`; clobbers `scratch` and the flags. Every routine that writes
+/// records or burst state starts with it: a thread that is not the
+/// burst's (one still in a clone after its burst was ended from outside,
+/// or any thread of a child forked in the middle of a burst, whose private
+/// slot reads 0) must change nothing.
 pub(super) fn owner_gate(
     a: &mut CodeAssembler,
     control: u64,
     scratch: iced_x86::code_asm::AsmRegister64,
     not_owner: CodeLabel,
 ) -> Result<(), IcedError> {
-    a.fs0_rm(Code::Mov_r64_rm64, scratch)?;
-    a.rip_rm(Code::Cmp_r64_rm64, scratch, local!(control, owner))?;
+    a.rip_rm(Code::Mov_r64_rm64, scratch, local!(control, slot))?;
+    a.test(scratch, scratch)?;
+    a.je(not_owner)?;
+    a.mov(
+        scratch,
+        iced_x86::code_asm::qword_ptr(scratch + slot!(owner)),
+    )?;
+    a.fs0_rm(Code::Cmp_r64_rm64, scratch)?;
     a.jne(not_owner)
+}
+
+/// `reg` = the calling thread's slot's shadow stack (after
+/// [`owner_gate`]).
+pub(super) fn shadow_base(
+    a: &mut CodeAssembler,
+    control: u64,
+    reg: iced_x86::code_asm::AsmRegister64,
+) -> Result<(), IcedError> {
+    a.rip_rm(Code::Mov_r64_rm64, reg, local!(control, slot))?;
+    a.add(reg, slot!(shadow))
 }
 
 /// Drops the shadow entries of frames the program left without `rt_exit`

@@ -123,7 +123,7 @@ mod tests {
             h.ring()[..4],
             [tag(REC_PATH) | (PATH_END_BACK_EDGE << 32) | 42, 9, 0, 0]
         );
-        assert_eq!((h.ctl().head, h.loc().path_start), (2, 0x1234));
+        assert_eq!((h.ctl().heads[0], h.loc().path_start), (2, 0x1234));
     }
 
     /// With `measure`: the PATH record, then the COST record with the
@@ -133,7 +133,7 @@ mod tests {
     fn measure_writes_the_cost_after_the_path_record() {
         let mut h = Harness::new();
         h.ctl_mut().measure = 1;
-        h.ctl_mut().head = 2;
+        h.ctl_mut().heads[0] = 2;
         h.loc_mut().path = 9;
         let t0 = tsc();
         h.loc_mut().path_start = t0 - PAST;
@@ -150,7 +150,7 @@ mod tests {
         assert_within(h.ring()[5], PAST, PAST + SLACK, "cost");
         assert_within(h.ring()[5], PAST, t1 - t0 + PAST, "cost");
         assert_within(h.loc().path_start, t0, t1, "path_start");
-        assert_eq!((h.ctl().head, h.loc().path), (6, 9));
+        assert_eq!((h.ctl().heads[0], h.loc().path), (6, 9));
     }
 
     /// With `measure`, a thread that does not own the burst changes
@@ -162,7 +162,7 @@ mod tests {
         h.loc_mut().owner = fs0() ^ 0x1000;
         h.loc_mut().path_start = 0x1234;
         back(&mut h, 42);
-        assert_eq!((h.ctl().head, h.loc().path_start), (0, 0x1234));
+        assert_eq!((h.ctl().heads[0], h.loc().path_start), (0, 0x1234));
         assert_eq!(h.ring()[..2], [0, 0]);
     }
 
@@ -173,7 +173,7 @@ mod tests {
         let mut h = Harness::new();
         h.loc_mut().path = 0x1234_5678_9abc;
         h.loc_mut().depth = 3;
-        h.ctl_mut().head = 2;
+        h.ctl_mut().heads[0] = 2;
         let before = Regs {
             rax: 0xffff_0000_0000_0000 | 42,
             ..Regs::sentinel()
@@ -189,7 +189,7 @@ mod tests {
         );
         let c = h.ctl();
         assert_eq!(
-            (h.loc().path, h.loc().depth, c.head),
+            (h.loc().path, h.loc().depth, c.heads[0]),
             (0x1234_5678_9abc, 3, 4)
         );
     }
@@ -228,7 +228,7 @@ mod back_at_tests {
     fn adds_the_increment_records_and_preserves_everything() {
         let mut h = Harness::new();
         h.loc_mut().path = 1000;
-        h.ctl_mut().head = 0;
+        h.ctl_mut().heads[0] = 0;
         for (k, carry) in [true, false].into_iter().enumerate() {
             let code = site(h.code_page(1), h.rt.back_at, carry, 42, 7);
             h.load(1, &code);
@@ -243,7 +243,7 @@ mod back_at_tests {
                 h.ring()[2 * k..2 * k + 2],
                 [tag(REC_PATH) | (PATH_END_BACK_EDGE << 32) | 42, path]
             );
-            assert_eq!(h.ctl().head, 2 * (k as u64 + 1));
+            assert_eq!(h.ctl().heads[0], 2 * (k as u64 + 1));
         }
     }
 
@@ -278,7 +278,7 @@ mod back_at_tests {
             );
             assert_within(r[3], PAST, PAST + SLACK, "cost");
             assert_within(h.loc().path_start, t0, t1, "path_start");
-            assert_eq!(h.ctl().head, 4 * (k as u64 + 1));
+            assert_eq!(h.ctl().heads[0], 4 * (k as u64 + 1));
         }
     }
 }

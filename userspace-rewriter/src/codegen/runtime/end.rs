@@ -2,14 +2,15 @@
 use burstyd_common::burst::REC_END;
 use iced_x86::Code;
 use iced_x86::IcedError;
-use iced_x86::code_asm::{CodeAssembler, CodeLabel, eax, edx, rax, rdx};
+use iced_x86::code_asm::{CodeAssembler, CodeLabel, eax, edx, qword_ptr, rax, rcx, rdx};
 
-use super::asm::{RipRel, field, local, owner_gate, tag};
+use super::asm::{RipRel, field, local, owner_gate, slot, tag};
 
 /// `rt_end(eax = reason)`: END record (`w0 = tag | reason`, `w1 = 0`),
-/// `owner` = 0, `ended` + 1, `active` = 0 (in that order: `active` frees
-/// the process for the next burst last). Nothing for a thread that does
-/// not own the burst. Clobbers rax, rcx, rdx.
+/// the slot's `slot_tids` entry = 0, its `owner` = 0, `ended` + 1, one
+/// running burst fewer in `active` (in that order: `active` frees room for
+/// the next burst last). Nothing for a thread that does not own the burst.
+/// Clobbers rax, rcx, rdx.
 pub(super) fn end(
     a: &mut CodeAssembler,
     control: u64,
@@ -24,9 +25,15 @@ pub(super) fn end(
     a.or(rax, rdx)?;
     a.xor(edx, edx)?;
     a.call(emit)?;
-    a.rip_mi(Code::Mov_rm64_imm32, local!(control, owner), 0)?;
-    a.rip_m(Code::Inc_rm64, field!(control, ended))?;
-    a.rip_mi(Code::Mov_rm32_imm32, field!(control, active), 0)?;
+    // Free the slot: its tid for the eBPF program first, its owner, then
+    // the count of running bursts last.
+    a.rip_rm(Code::Mov_r64_rm64, rdx, local!(control, slot))?;
+    a.mov(rax, qword_ptr(rdx + slot!(index)))?;
+    a.rip_rm(Code::Lea_r64_m, rcx, field!(control, slot_tids))?;
+    a.mov(qword_ptr(rcx + rax * 8), 0)?;
+    a.mov(qword_ptr(rdx + slot!(owner)), 0)?;
+    a.lock().rip_m(Code::Inc_rm64, field!(control, ended))?;
+    a.lock().rip_m(Code::Dec_rm32, field!(control, active))?;
     a.set_label(&mut not_owner)?;
     a.ret()?;
     Ok(())
@@ -53,8 +60,8 @@ mod tests {
         c.active = 1;
         c.armed = 1;
         c.ended = 5;
-        c.head = 4;
-        let l = h.loc_mut();
+        c.heads[0] = 4;
+        let mut l = h.loc_mut();
         l.owner = fs0();
         l.budget = 7;
     }
@@ -69,7 +76,7 @@ mod tests {
             end(&mut h, 0xffff_ffff_0000_0000 | reason);
             assert_eq!(h.ring()[4..6], [tag(REC_END) | reason, 0]);
             let c = h.ctl();
-            assert_eq!((h.loc().owner, c.active, c.ended, c.head), (0, 0, 6, 6));
+            assert_eq!((h.loc().owner, c.active, c.ended, c.heads[0]), (0, 0, 6, 6));
             assert_eq!((c.armed, h.loc().budget, c.lost_records), (1, 7, 0));
         }
     }
@@ -82,7 +89,7 @@ mod tests {
         h.loc_mut().owner = fs0() ^ 0x1000;
         end(&mut h, END_BUDGET);
         let c = h.ctl();
-        assert_eq!((c.active, c.ended, c.head), (1, 5, 4));
+        assert_eq!((c.active, c.ended, c.heads[0]), (1, 5, 4));
         assert_eq!(h.loc().owner, fs0() ^ 0x1000);
     }
 
@@ -92,10 +99,13 @@ mod tests {
     fn ends_even_when_the_ring_is_full() {
         let mut h = Harness::new();
         in_burst(&mut h);
-        h.ctl_mut().head = 16;
+        h.ctl_mut().heads[0] = 16;
         end(&mut h, END_LEFT_CLONES);
         let c = h.ctl();
-        assert_eq!((h.loc().owner, c.active, c.ended, c.head), (0, 0, 6, 16));
+        assert_eq!(
+            (h.loc().owner, c.active, c.ended, c.heads[0]),
+            (0, 0, 6, 16)
+        );
         assert_eq!((c.lost_records, h.loc().budget, c.truncated), (1, 1, 1));
     }
 }

@@ -9,7 +9,7 @@ use iced_x86::code_asm::{
 use super::FRAME;
 use super::asm::{
     E_ELAPSED, E_PATH, E_RSP, RipRel, drop_dead_frames, field, if_measure, local, owner_gate,
-    rdtsc, tag,
+    rdtsc, shadow_base, tag,
 };
 
 /// `rt_enter(eax = fid | flags)`: push (rsp, caller's path), path = 0,
@@ -57,7 +57,7 @@ fn body(
     a.push(rdi)?;
     a.push(r8)?;
     a.lea(r8, qword_ptr(rsp + (FRAME + 24)))?; // the program's rsp
-    a.rip_rm(Code::Lea_r64_m, rdx, local!(control, shadow))?;
+    shadow_base(a, control, rdx)?;
     a.rip_rm(Code::Mov_r64_rm64, rsi, local!(control, depth))?;
     drop_dead_frames(a)?;
     a.cmp(rsi, SHADOW_DEPTH as i32)?;
@@ -155,7 +155,7 @@ mod tests {
         assert_eq!(entries(&h), [(p + 0x100, 5), (p, 77)]);
         assert_eq!(h.loc().path, 0);
         assert_eq!(h.ring()[..2], [tag(REC_ENTER) | 9, 0]);
-        assert_eq!((h.ctl().head, h.ctl().shadow_overflow), (2, 0));
+        assert_eq!((h.ctl().heads[0], h.ctl().shadow_overflow), (2, 0));
     }
 
     /// A thread that does not own the burst pushes nothing and writes no
@@ -169,7 +169,7 @@ mod tests {
         h.loc_mut().owner = 0;
         enter(&mut h, 9);
         assert_eq!(entries(&h), [(p + 0x100, 5)]);
-        assert_eq!((h.loc().path, h.ctl().head), (77, 0));
+        assert_eq!((h.loc().path, h.ctl().heads[0]), (77, 0));
     }
 
     /// Entries at or below the new frame's rsp (frames that were left
@@ -246,7 +246,7 @@ mod tests {
         assert_eq!(entries(&h), [(p + 0x100, 5), (p, 77)]);
         assert_eq!(elapsed(&h, 2), [0xe0, 0xe1]);
         assert_eq!(h.loc().path_start, 0x1234);
-        assert_eq!(h.ctl().head, 2);
+        assert_eq!(h.ctl().heads[0], 2);
     }
 
     /// With `measure`: the pushed entry keeps the ticks the caller's path
@@ -273,7 +273,7 @@ mod tests {
         assert_within(h.loc().path_start, t0, t1, "path_start");
         assert_eq!(h.loc().path, 0);
         assert_eq!(h.ring()[..4], [tag(REC_ENTER) | 9, 0, 0, 0]);
-        assert_eq!(h.ctl().head, 2);
+        assert_eq!(h.ctl().heads[0], 2);
     }
 
     /// With `measure` and the shadow stack full: nothing pushed, but the
@@ -313,7 +313,7 @@ mod tests {
         assert_eq!(entries(&h), [(p + 0x100, 5)]);
         assert_eq!(elapsed(&h, 2), [0, 0]);
         assert_eq!(
-            (h.loc().path, h.loc().path_start, h.ctl().head),
+            (h.loc().path, h.loc().path_start, h.ctl().heads[0]),
             (77, 0x1234, 0)
         );
     }

@@ -11,7 +11,8 @@ use iced_x86::code_asm::{
 };
 
 use super::asm::{
-    E_ELAPSED, E_PATH, E_RSP, RipRel, SHADOW_ENTRY, if_measure, local, owner_gate, rdtsc, tag,
+    E_ELAPSED, E_PATH, E_RSP, RipRel, SHADOW_ENTRY, if_measure, local, owner_gate, rdtsc,
+    shadow_base, tag,
 };
 use super::{FRAME, NO_PATH};
 
@@ -120,7 +121,7 @@ fn body(
     a.je(if measure { noreturn } else { done })?;
 
     // Pop: drop entries of dead deeper frames, match this one by rsp.
-    a.rip_rm(Code::Lea_r64_m, rdx, local!(control, shadow))?;
+    shadow_base(a, control, rdx)?;
     a.rip_rm(Code::Mov_r64_rm64, rsi, local!(control, depth))?;
     a.set_label(&mut lp)?;
     a.test(rsi, rsi)?;
@@ -261,7 +262,7 @@ mod tests {
             exit(&mut h, 7, kind);
             assert_eq!(h.ring()[..2], [tag(REC_PATH) | (kind << 32) | 7, 5]);
             assert_eq!(state(&h, ORIG), (1, 22, slot));
-            assert_eq!((h.ctl().head, h.ctl().active, h.ctl().ended), (2, 1, 0));
+            assert_eq!((h.ctl().heads[0], h.ctl().active, h.ctl().ended), (2, 1, 0));
         }
     }
 
@@ -300,7 +301,7 @@ mod tests {
             h.loc_mut().owner = 0;
             exit(&mut h, 7, kind);
             assert_eq!(state(&h, ORIG), (1, 5, ORIG));
-            assert_eq!((h.ctl().head, h.ctl().active, h.ctl().ended), (0, 1, 0));
+            assert_eq!((h.ctl().heads[0], h.ctl().active, h.ctl().ended), (0, 1, 0));
         }
     }
 
@@ -309,7 +310,7 @@ mod tests {
     fn no_path_writes_no_record() {
         let mut h = setup(|p| vec![(p, 22)]);
         exit(&mut h, u64::from(NO_PATH) | 7, PATH_END_RETURN);
-        assert_eq!(h.ctl().head, 0);
+        assert_eq!(h.ctl().heads[0], 0);
         assert_eq!(state(&h, ORIG), (0, 22, CLONE));
     }
 
@@ -324,7 +325,7 @@ mod tests {
             [tag(REC_PATH) | (PATH_END_NORETURN << 32) | 7, 5]
         );
         assert_eq!(state(&h, ORIG), (1, 5, UNTOUCHED));
-        assert_eq!((h.ctl().head, h.ctl().active), (2, 1));
+        assert_eq!((h.ctl().heads[0], h.ctl().active), (2, 1));
     }
 
     /// A return address that is no call's in the clones (the caller was
@@ -343,7 +344,7 @@ mod tests {
         );
         assert_eq!(state(&h, ORIG + 1), (0, 22, ORIG + 1));
         let c = h.ctl();
-        assert_eq!((c.active, h.loc().owner, c.ended, c.head), (0, 0, 1, 4));
+        assert_eq!((c.active, h.loc().owner, c.ended, c.heads[0]), (0, 0, 1, 4));
     }
 
     /// What the caller's path had run at the call, in the measurement
@@ -381,7 +382,7 @@ mod tests {
             h.loc_mut().path_start = 0x1234;
             exit(&mut h, 7, kind);
             assert_eq!(h.ring()[..4], [tag(REC_PATH) | (kind << 32) | 7, 5, 0, 0]);
-            assert_eq!((h.ctl().head, h.loc().path_start), (2, 0x1234));
+            assert_eq!((h.ctl().heads[0], h.loc().path_start), (2, 0x1234));
         }
     }
 
@@ -396,7 +397,7 @@ mod tests {
             let t1 = tsc();
             assert_eq!(h.ring()[..2], [tag(REC_PATH) | (kind << 32) | 7, 5]);
             assert_cost(&h, 2, t0, t1);
-            assert_eq!(h.ctl().head, 4);
+            assert_eq!(h.ctl().heads[0], 4);
             assert_eq!(state(&h, ORIG), (1, 22, slot));
             assert_within(h.loc().path_start, t0 - CALLER, t1 - CALLER, "path_start");
         }
@@ -409,7 +410,7 @@ mod tests {
         let (mut h, t0) = measured(|p| vec![(p, 22)]);
         exit(&mut h, u64::from(NO_PATH) | 7, PATH_END_RETURN);
         let t1 = tsc();
-        assert_eq!(h.ctl().head, 0);
+        assert_eq!(h.ctl().heads[0], 0);
         assert_eq!(state(&h, ORIG), (0, 22, CLONE));
         assert_within(h.loc().path_start, t0 - CALLER, t1 - CALLER, "path_start");
     }
@@ -467,6 +468,6 @@ mod tests {
         h.loc_mut().owner = 0;
         exit(&mut h, 7, PATH_END_RETURN);
         assert_eq!(state(&h, ORIG), (1, 5, ORIG));
-        assert_eq!((h.ctl().head, h.loc().path_start), (0, t0 - PAST));
+        assert_eq!((h.ctl().heads[0], h.loc().path_start), (0, t0 - PAST));
     }
 }

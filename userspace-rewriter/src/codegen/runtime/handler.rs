@@ -1,13 +1,16 @@
 //! The burst signal handler and its `rt_sigreturn` restorer.
-use burstyd_common::burst::{END_LEFT_CLONES, PATH_INVALID, REC_START, TABLES_GEN_SHIFT};
+use burstyd_common::burst::{
+    END_LEFT_CLONES, MAX_SLOTS, PATH_INVALID, REC_START, START_RUNNING_SHIFT, START_SLOT_SHIFT,
+    TABLES_GEN_SHIFT,
+};
 use iced_x86::Code;
 use iced_x86::IcedError;
 use iced_x86::code_asm::{
-    CodeAssembler, CodeLabel, byte_ptr, dword_ptr, eax, ecx, edi, qword_ptr, r9, r10, rax, rcx,
-    rdx, rsi, rsp,
+    CodeAssembler, CodeLabel, byte_ptr, dword_ptr, eax, ecx, edi, edx, qword_ptr, r9, r10, rax,
+    rcx, rdi, rdx, rsi, rsp,
 };
 
-use super::asm::{RipRel, field, local, start_path_if_measured, tag};
+use super::asm::{RipRel, field, local, private, slot, start_path_if_measured, tag};
 
 /// `uc_mcontext.gregs[REG_RIP]`: ucontext (40) + 16 * 8.
 pub(super) const UC_RIP: i32 = 40 + 16 * 8;
@@ -21,27 +24,36 @@ const SYS_ARCH_PRCTL: u32 = 158;
 const ARCH_GET_FS: u32 = 0x1003;
 const SYS_GETTID: u32 = 186;
 
-/// The signal handler: `handler(sig, info, ucontext)`. Starts a burst when
-/// armed, idle, and the interrupted PC was rewritten. Everything it
-/// clobbers is restored by `rt_sigreturn` from the ucontext.
+/// The signal handler: `handler(sig, info, ucontext)`. Starts a burst on
+/// the interrupted thread when armed, a slot is free, and the interrupted
+/// PC was rewritten. Everything it clobbers is restored by `rt_sigreturn`
+/// from the ucontext.
 ///
 /// In order: in a forked child (`present` is not 1) →
 /// `declined_disarmed`; the signal came from the uprobe on the loader's
 /// link-map hook ([`link_hook`]) → the tables are invalidated; disarmed →
-/// `declined_disarmed`; `burst_len` 0 (`--burst 0`,
-/// back to the interrupted original code) → `declined_budget`; `active`
-/// already set (`lock cmpxchg` 0 → 1 fails) → `declined_busy`, unless the
-/// running burst is this thread's (`owner` = `fs:[0]`) and the interrupted
-/// PC is a rewritten original instruction (in the instruction table): that burst is ended (`rt_end(END_LEFT_CLONES)`)
-/// and the claim tried again; `fs:[0]`
-/// is not the thread's TCB (`arch_prctl(ARCH_GET_FS)`: 0 before libc set up
-/// TLS) or the PC is not in the instruction table → `active` = 0,
-/// `declined_pc`. Else the PC in the ucontext becomes the clone's, `owner` =
-/// `fs:[0]`, `budget` = `burst_len`, `path` = `PATH_INVALID`, `depth` = 0,
-/// `bursts` + 1, `owner_tid` = `gettid()`, and a START record (`w0 = tag | gettid()`, `w1` = the
-/// interrupted PC); then, with `measure`, `path_start = rdtsc` (the first
-/// path is partial anyway, its PATH record carries `PATH_INVALID`; this
-/// keeps the value sane).
+/// `declined_disarmed`; `burst_len` 0 (`--burst 0`, back to the
+/// interrupted original code) → `declined_budget`; `fs:[0]` is not the
+/// thread's TCB (`arch_prctl(ARCH_GET_FS)`: 0 before libc set up TLS; the
+/// thread's registers are in its TCB, so nothing below may run without
+/// one) → `declined_pc`. The thread runs a burst already (its TCB's slot
+/// is owned by its `fs:[0]`): unless the interrupted PC is a rewritten
+/// original instruction (in the instruction table; the thread left the
+/// clones without passing a check), → `declined_busy`; else that burst is
+/// ended (`rt_end(END_LEFT_CLONES)`), freeing its slot. Then `active` + 1
+/// (`lock xadd`); if it was `max_bursts` (or [`MAX_SLOTS`]) or more
+/// already, it takes the one back and → `declined_busy`. A free slot is claimed with
+/// `lock cmpxchg` of its `owner` (0 → `fs:[0]`), the first free one from
+/// slot 0 (none: undo, `declined_busy`). The PC not in the instruction
+/// table → the slot and `active` are given back, `declined_pc`. Else the
+/// PC in the ucontext becomes the clone's; the slot gets its index, its
+/// sub-ring and head address; the thread's registers (in its TCB): `slot`,
+/// `budget` = `burst_len`, `path` = `PATH_INVALID`, `depth` = 0; one more
+/// in `bursts`, `concurrent_max` raised to `active`, `slot_tids[slot]` =
+/// `gettid()`, and a START record (`w0` = the tag, `active` now << 40, the
+/// slot << 32 and `gettid()`; `w1` = the interrupted PC); then, with
+/// `measure`, `path_start = rdtsc` (the first path is partial anyway, its
+/// PATH record carries `PATH_INVALID`; this keeps the value sane).
 pub(super) fn handler(
     a: &mut CodeAssembler,
     control: u64,
@@ -51,16 +63,21 @@ pub(super) fn handler(
     end: CodeLabel,
 ) -> Result<(), IcedError> {
     let mut claim = a.create_label();
-    let mut busy = a.create_label();
+    let mut over = a.create_label();
     let mut declined_busy = a.create_label();
     let mut disarmed = a.create_label();
     let mut notfound = a.create_label();
+    let mut no_tcb = a.create_label();
     let mut zero = a.create_label();
+    let mut next = a.create_label();
+    let mut got = a.create_label();
+    let mut bound = a.create_label();
+    let mut not_max = a.create_label();
 
     a.set_label(entry)?;
     // A child forked from the process reads its private `present` as 0
     // (MADV_WIPEONFORK): never armed.
-    a.rip_mi(Code::Cmp_rm64_imm8, local!(control, present), 1)?;
+    a.rip_mi(Code::Cmp_rm64_imm8, private!(control, present), 1)?;
     a.jne(disarmed)?;
     link_hook(a, control)?;
     a.rip_mi(Code::Cmp_rm32_imm8, field!(control, armed), 0)?;
@@ -69,14 +86,9 @@ pub(super) fn handler(
     a.rip_mi(Code::Cmp_rm64_imm8, field!(control, burst_len), 0)?;
     a.je(zero)?;
     a.mov(r9, rdx)?; // ucontext
-    a.set_label(&mut claim)?;
-    a.xor(eax, eax)?;
-    a.mov(ecx, 1u32)?;
-    a.lock()
-        .rip_mr(Code::Cmpxchg_rm32_r32, field!(control, active), ecx)?;
-    a.jne(busy)?;
     // fs:[0] must be the thread's TCB (the x86-64 TLS ABI): not yet so
-    // before libc set up TLS, and then no burst may start.
+    // before libc set up TLS, and then no burst may start (nor may the
+    // thread's registers in its TCB be read).
     a.lea(rsp, qword_ptr(rsp - 16))?;
     a.mov(eax, SYS_ARCH_PRCTL)?; // arch_prctl(ARCH_GET_FS, rsp)
     a.mov(edi, ARCH_GET_FS)?;
@@ -85,50 +97,19 @@ pub(super) fn handler(
     a.mov(rax, qword_ptr(rsp))?;
     a.lea(rsp, qword_ptr(rsp + 16))?;
     a.test(rax, rax)?;
-    a.je(notfound)?;
+    a.je(no_tcb)?;
     a.fs0_rm(Code::Cmp_r64_rm64, rax)?;
-    a.jne(notfound)?;
-    a.mov(r10, qword_ptr(r9 + UC_RIP))?;
-    a.mov(rax, r10)?;
-    a.call(lookup)?;
+    a.jne(no_tcb)?;
+    // This thread's own burst runs. If the thread is back in original
+    // code (it left the clones without passing a check: a return into
+    // code that is not instrumented, an exception that landed in an
+    // original landing pad, `longjmp`), end it; else decline.
+    a.rip_rm(Code::Mov_r64_rm64, rax, local!(control, slot))?;
     a.test(rax, rax)?;
-    a.je(notfound)?;
-    a.mov(qword_ptr(r9 + UC_RIP), rax)?;
-    a.fs0_rm(Code::Mov_r64_rm64, rax)?;
-    a.rip_mr(Code::Mov_rm64_r64, local!(control, owner), rax)?;
-    a.rip_rm(Code::Mov_r64_rm64, rax, field!(control, burst_len))?;
-    a.rip_mr(Code::Mov_rm64_r64, local!(control, budget), rax)?;
-    a.mov(rax, PATH_INVALID)?;
-    a.rip_mr(Code::Mov_rm64_r64, local!(control, path), rax)?;
-    a.rip_mi(Code::Mov_rm64_imm32, local!(control, depth), 0)?;
-    a.rip_m(Code::Inc_rm64, field!(control, bursts))?;
-    // START record: gettid(), interrupted PC.
-    a.mov(eax, SYS_GETTID)?;
-    a.syscall()?;
-    a.mov(eax, eax)?;
-    a.rip_mr(Code::Mov_rm64_r64, field!(control, owner_tid), rax)?;
-    a.mov(rdx, tag(REC_START))?;
-    a.or(rax, rdx)?;
-    a.mov(rdx, r10)?;
-    a.call(emit)?;
-    // The first path (a partial one) starts here.
-    start_path_if_measured(a, control)?;
-    a.ret()?;
-
-    a.set_label(&mut notfound)?;
-    a.rip_mi(Code::Mov_rm32_imm32, field!(control, active), 0)?;
-    a.rip_m(Code::Inc_rm64, field!(control, declined_pc))?;
-    a.ret()?;
-    // Busy. The burst is this thread's own and the thread is back in
-    // original code (it left the clones without passing a check: a return
-    // into code that is not instrumented, an exception that landed in an
-    // original landing pad, `longjmp`): end that burst, then claim anew.
-    a.set_label(&mut busy)?;
-    a.fs0_rm(Code::Mov_r64_rm64, rax)?;
-    a.test(rax, rax)?;
-    a.je(declined_busy)?;
-    a.rip_rm(Code::Cmp_r64_rm64, rax, local!(control, owner))?;
-    a.jne(declined_busy)?;
+    a.je(claim)?;
+    a.mov(rax, qword_ptr(rax + slot!(owner)))?;
+    a.fs0_rm(Code::Cmp_r64_rm64, rax)?;
+    a.jne(claim)?;
     // Paused in original code: the interrupted PC is a rewritten original
     // instruction (the clones of every module are elsewhere, and the
     // table holds original addresses only).
@@ -138,18 +119,118 @@ pub(super) fn handler(
     a.je(declined_busy)?;
     a.mov(eax, END_LEFT_CLONES as u32)?;
     a.call(end)?;
-    a.jmp(claim)?;
+
+    // Room for one more burst: active + 1, unless it was at the bound.
+    a.set_label(&mut claim)?;
+    a.mov(eax, 1u32)?;
+    a.lock()
+        .rip_mr(Code::Xadd_rm32_r32, field!(control, active), eax)?;
+    a.rip_rm(Code::Mov_r64_rm64, rcx, field!(control, max_bursts))?;
+    a.cmp(rcx, MAX_SLOTS as i32)?;
+    a.jbe(bound)?;
+    a.mov(ecx, MAX_SLOTS as u32)?;
+    a.set_label(&mut bound)?;
+    a.cmp(rax, rcx)?;
+    a.jae(over)?;
+    // A free slot: the first whose owner goes 0 → fs:[0].
+    a.rip_rm(Code::Lea_r64_m, rsi, private!(control, slots))?;
+    a.xor(edi, edi)?;
+    a.fs0_rm(Code::Mov_r64_rm64, rcx)?;
+    a.set_label(&mut next)?;
+    a.xor(eax, eax)?;
+    a.lock().cmpxchg(qword_ptr(rsi + slot!(owner)), rcx)?;
+    a.je(got)?;
+    a.add(rsi, SLOT_BYTES)?;
+    a.inc(edi)?;
+    a.cmp(edi, MAX_SLOTS as u32)?;
+    a.jb(next)?;
+    a.jmp(over)?;
+
+    // rsi = the slot, rdi = its index.
+    a.set_label(&mut got)?;
+    a.mov(r10, qword_ptr(r9 + UC_RIP))?;
+    a.mov(rax, r10)?;
+    a.call(lookup)?;
+    a.test(rax, rax)?;
+    a.je(notfound)?;
+    a.mov(qword_ptr(r9 + UC_RIP), rax)?;
+    a.mov(qword_ptr(rsi + slot!(index)), rdi)?;
+    // Its sub-ring: ring_addr + index * (ring_mask + 1) * 8.
+    a.rip_rm(Code::Mov_r64_rm64, rax, field!(control, ring_mask))?;
+    a.inc(rax)?;
+    a.imul_2(rax, rdi)?;
+    a.shl(rax, 3)?;
+    a.rip_rm(Code::Add_r64_rm64, rax, field!(control, ring_addr))?;
+    a.mov(qword_ptr(rsi + slot!(ring)), rax)?;
+    a.rip_rm(Code::Lea_r64_m, rax, field!(control, heads))?;
+    a.lea(rax, qword_ptr(rax + rdi * 8))?;
+    a.mov(qword_ptr(rsi + slot!(head)), rax)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, slot), rsi)?;
+    a.rip_rm(Code::Mov_r64_rm64, rax, field!(control, burst_len))?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, budget), rax)?;
+    a.mov(rax, PATH_INVALID)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, path), rax)?;
+    a.rip_mi(Code::Mov_rm64_imm32, local!(control, depth), 0)?;
+    a.lock().rip_m(Code::Inc_rm64, field!(control, bursts))?;
+    // concurrent_max := max(concurrent_max, active) (no lock: a
+    // statistic; a race may lose a maximum, never invent one).
+    a.rip_rm(Code::Mov_r32_rm32, eax, field!(control, active))?;
+    a.rip_rm(Code::Cmp_r64_rm64, rax, field!(control, concurrent_max))?;
+    a.jbe(not_max)?;
+    a.rip_mr(Code::Mov_rm64_r64, field!(control, concurrent_max), rax)?;
+    a.set_label(&mut not_max)?;
+    // START record: gettid(), interrupted PC (syscall keeps rdi).
+    a.mov(eax, SYS_GETTID)?;
+    a.syscall()?;
+    a.mov(eax, eax)?;
+    a.rip_rm(Code::Lea_r64_m, rcx, field!(control, slot_tids))?;
+    a.mov(qword_ptr(rcx + rdi * 8), rax)?;
+    // w0 = tag | running << START_RUNNING_SHIFT | slot << START_SLOT_SHIFT
+    // | tid: the bursts running now (this one included) say from the
+    // records alone that bursts overlapped.
+    a.rip_rm(Code::Mov_r32_rm32, edx, field!(control, active))?;
+    a.and(edx, 0xff)?;
+    a.shl(rdx, START_RUNNING_SHIFT)?;
+    a.or(rax, rdx)?;
+    a.mov(rdx, rdi)?;
+    a.shl(rdx, START_SLOT_SHIFT)?;
+    a.or(rax, rdx)?;
+    a.mov(rdx, tag(REC_START))?;
+    a.or(rax, rdx)?;
+    a.mov(rdx, r10)?;
+    a.call(emit)?;
+    // The first path (a partial one) starts here.
+    start_path_if_measured(a, control)?;
+    a.ret()?;
+
+    // Not a rewritten instruction: give the slot back.
+    a.set_label(&mut notfound)?;
+    a.mov(qword_ptr(rsi + slot!(owner)), 0)?;
+    a.lock().rip_m(Code::Dec_rm32, field!(control, active))?;
+    a.set_label(&mut no_tcb)?;
+    a.lock()
+        .rip_m(Code::Inc_rm64, field!(control, declined_pc))?;
+    a.ret()?;
+    // At the bound, or no free slot: give the count back.
+    a.set_label(&mut over)?;
+    a.lock().rip_m(Code::Dec_rm32, field!(control, active))?;
     a.set_label(&mut declined_busy)?;
-    a.rip_m(Code::Inc_rm64, field!(control, declined_busy))?;
+    a.lock()
+        .rip_m(Code::Inc_rm64, field!(control, declined_busy))?;
     a.ret()?;
     a.set_label(&mut zero)?;
-    a.rip_m(Code::Inc_rm64, field!(control, declined_budget))?;
+    a.lock()
+        .rip_m(Code::Inc_rm64, field!(control, declined_budget))?;
     a.ret()?;
     a.set_label(&mut disarmed)?;
-    a.rip_m(Code::Inc_rm64, field!(control, declined_disarmed))?;
+    a.lock()
+        .rip_m(Code::Inc_rm64, field!(control, declined_disarmed))?;
     a.ret()?;
     Ok(())
 }
+
+/// Bytes of a [`burstyd_common::burst::BurstSlot`].
+const SLOT_BYTES: i32 = core::mem::size_of::<burstyd_common::burst::BurstSlot>() as i32;
 
 /// The loader is about to change its link map (see
 /// [`BurstControl::hook`](burstyd_common::burst::BurstControl::hook)): the
@@ -222,6 +303,8 @@ mod tests {
     use burstyd_common::burst::{TABLES_GEN_SHIFT, TABLES_HEADER_MASK};
 
     use super::super::asm::tag;
+    use burstyd_common::burst::{BurstRegs, MAX_SLOTS, TLS_REGS};
+
     use super::super::testing::{CLONE_HI, CLONE_LO, Harness, Regs, assert_within, fs0, tsc};
     use super::{UC_RIP, UC_RSP};
 
@@ -245,7 +328,7 @@ mod tests {
         let c = h.ctl_mut();
         c.armed = 1;
         c.burst_len = 50;
-        let l = h.loc_mut();
+        let mut l = h.loc_mut();
         l.owner = 0; // no burst runs
         l.path = 3;
         l.depth = 2;
@@ -296,7 +379,7 @@ mod tests {
                 h.loc().budget,
                 h.loc().path,
                 h.loc().depth,
-                c.head
+                c.heads[0]
             ),
             (0, 0, 3, 2, 0)
         );
@@ -325,11 +408,14 @@ mod tests {
         assert_eq!(counters(&h), [1, 0, 0, 0, 0]);
         let c = h.ctl();
         assert_eq!((c.active, h.loc().owner, h.loc().budget), (1, fs0(), 50));
-        assert_eq!((h.loc().path, h.loc().depth, c.head), (PATH_INVALID, 0, 2));
+        assert_eq!(
+            (h.loc().path, h.loc().depth, c.heads[0]),
+            (PATH_INVALID, 0, 2)
+        );
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() } as u64;
-        assert_eq!(h.ring()[..2], [tag(REC_START) | tid, PC]);
-        assert_eq!(c.owner_tid, tid);
+        assert_eq!(h.ring()[..2], [tag(REC_START) | 1 << 40 | tid, PC]);
+        assert_eq!(c.slot_tids[0], tid);
     }
 
     #[test]
@@ -360,13 +446,97 @@ mod tests {
         assert_declined(&h, 0, [0, 0, 1, 0, 0]);
     }
 
-    /// Another burst is running (`active` set): declined, `active` kept.
+    /// `max_bursts` bursts run already: declined, `active` kept. A bound
+    /// above `MAX_SLOTS` counts as `MAX_SLOTS`.
     #[test]
     fn busy_declines() {
         let mut h = armed();
-        h.ctl_mut().active = 1;
+        h.ctl_mut().active = 4;
         handle(&mut h, None);
-        assert_declined(&h, 1, [0, 0, 0, 1, 0]);
+        assert_declined(&h, 4, [0, 0, 0, 1, 0]);
+        let mut h = armed();
+        h.ctl_mut().max_bursts = 100;
+        h.ctl_mut().active = MAX_SLOTS as u32;
+        handle(&mut h, None);
+        assert_declined(&h, MAX_SLOTS as u32, [0, 0, 0, 1, 0]);
+    }
+
+    /// A fake thread: a TCB (self-pointing, with room for the burst
+    /// registers at `TLS_REGS`) to run the handler with as fs base.
+    fn fake_thread() -> Box<[u64; 128]> {
+        let mut tcb = Box::new([0u64; 128]);
+        tcb[0] = tcb.as_ptr() as u64;
+        tcb
+    }
+
+    /// The registers in a fake thread's TCB.
+    fn regs_of(tcb: &[u64; 128]) -> &BurstRegs {
+        // SAFETY: TLS_REGS + a BurstRegs lie inside the 1 KiB TCB, aligned.
+        unsafe { &*(tcb.as_ptr().byte_add(TLS_REGS as usize) as *const BurstRegs) }
+    }
+
+    /// Several threads run bursts at once, each in a slot of its own (the
+    /// first free one), up to `max_bursts`; then they are declined. A
+    /// burst's end frees its slot, which the next burst takes.
+    #[test]
+    fn bursts_run_at_once_up_to_the_bound() {
+        let mut h = armed();
+        h.ctl_mut().max_bursts = 3;
+        let threads: Vec<_> = (0..4).map(|_| fake_thread()).collect();
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() } as u64;
+        for (i, t) in threads.iter().enumerate() {
+            h.set_uc_word(RIP, PC);
+            handle(&mut h, Some(t.as_ptr() as u64));
+            let c = h.ctl();
+            if i < 3 {
+                assert_eq!(h.uc_word(RIP), CLONE, "thread {i}");
+                let r = regs_of(t);
+                assert_eq!(r.slot, h.slot_addr(i));
+                assert_eq!((r.budget, r.path, r.depth), (50, PATH_INVALID, 0));
+                assert_eq!(h.slot_owner(i), t.as_ptr() as u64);
+                assert_eq!((c.active, c.concurrent_max), (i as u32 + 1, i as u64 + 1));
+                // Its START record in its own sub-ring: slot i, i + 1
+                // bursts running.
+                assert_eq!(c.heads[i], 2);
+                let w0 = tag(REC_START) | (i as u64 + 1) << 40 | (i as u64) << 32;
+                assert_eq!(h.sub_ring(i)[..2], [w0 | tid, PC]);
+            } else {
+                assert_eq!(h.uc_word(RIP), PC);
+                assert_eq!(regs_of(t).slot, 0);
+                assert_eq!((c.active, c.concurrent_max), (3, 3));
+                assert_eq!(counters(&h), [3, 0, 0, 1, 0]);
+            }
+        }
+        assert_eq!(h.ctl().slot_tids[..4], [tid, tid, tid, 0]);
+        // Thread 1's burst ends: slot 1 is free, thread 3 takes it.
+        let end = h.rt.end;
+        h.call_fs(
+            end,
+            Regs {
+                rax: END_LEFT_CLONES,
+                ..Regs::sentinel()
+            },
+            threads[1].as_ptr() as u64,
+        );
+        let c = h.ctl();
+        assert_eq!(
+            (c.active, c.ended, c.slot_tids[1], c.heads[1]),
+            (2, 1, 0, 4)
+        );
+        assert_eq!(h.slot_owner(1), 0);
+        h.set_uc_word(RIP, PC);
+        handle(&mut h, Some(threads[3].as_ptr() as u64));
+        assert_eq!(h.uc_word(RIP), CLONE);
+        assert_eq!(regs_of(&threads[3]).slot, h.slot_addr(1));
+        assert_eq!(h.slot_owner(1), threads[3].as_ptr() as u64);
+        assert_eq!((h.ctl().active, h.ctl().heads[1]), (3, 6));
+        assert_eq!(h.sub_ring(1)[2..4], [tag(REC_END) | END_LEFT_CLONES, 0]);
+        // Slot 1, three bursts running.
+        assert_eq!(
+            h.sub_ring(1)[4..6],
+            [tag(REC_START) | 3 << 40 | 1 << 32 | tid, PC]
+        );
     }
 
     /// A second signal during a burst, while the thread runs in the
@@ -384,7 +554,7 @@ mod tests {
         assert_eq!(counters(&h), [1, 0, 0, 3, 0]);
         let c = h.ctl();
         assert_eq!(
-            (c.active, h.loc().owner, h.loc().budget, c.head, c.ended),
+            (c.active, h.loc().owner, h.loc().budget, c.heads[0], c.ended),
             (1, fs0(), 17, 2, 0)
         );
     }
@@ -397,11 +567,14 @@ mod tests {
     #[test]
     fn a_stale_burst_of_the_same_thread_is_replaced() {
         let mut h = armed();
+        h.ctl_mut().max_bursts = 1;
         handle(&mut h, None);
         h.loc_mut().budget = 17;
         h.loc_mut().depth = 3;
+        // Another thread, at the bound: declined.
+        let other = fake_thread();
         h.set_uc_word(RIP, PC + 3);
-        handle(&mut h, Some(fs0() + 64));
+        handle(&mut h, Some(other.as_ptr() as u64));
         assert_eq!(h.uc_word(RIP), PC + 3);
         assert_eq!(counters(&h), [1, 0, 0, 1, 0]);
         // The burst's own thread at an original PC that was not rewritten
@@ -417,7 +590,7 @@ mod tests {
         assert_eq!(h.uc_word(RIP), CLONE + 6);
         assert_eq!(counters(&h), [2, 0, 0, 2, 0]);
         let c = h.ctl();
-        assert_eq!((c.active, c.ended, c.head), (1, 1, 6));
+        assert_eq!((c.active, c.ended, c.heads[0]), (1, 1, 6));
         assert_eq!(
             (h.loc().owner, h.loc().budget, h.loc().depth),
             (fs0(), 50, 0)
@@ -429,7 +602,7 @@ mod tests {
             [
                 tag(REC_END) | END_LEFT_CLONES,
                 0,
-                tag(REC_START) | tid,
+                tag(REC_START) | 1 << 40 | tid,
                 PC + 3
             ]
         );
@@ -453,7 +626,7 @@ mod tests {
         handle(&mut h, Some(0));
         assert_declined(&h, 0, [0, 0, 0, 0, 1]);
 
-        let mut tcb = Box::new([0u64; 8]);
+        let mut tcb = Box::new([0u64; 128]);
         tcb[0] = 0x1000;
         let at = tcb.as_ptr() as u64;
         handle(&mut h, Some(at));
@@ -471,11 +644,11 @@ mod tests {
     #[test]
     fn full_ring_loses_the_start_record() {
         let mut h = armed();
-        h.ctl_mut().head = 16;
+        h.ctl_mut().heads[0] = 16;
         handle(&mut h, None);
         assert_eq!(h.uc_word(RIP), CLONE);
         let c = h.ctl();
-        assert_eq!((c.active, c.bursts, c.head), (1, 1, 16));
+        assert_eq!((c.active, c.bursts, c.heads[0]), (1, 1, 16));
         assert_eq!((c.lost_records, h.loc().budget, c.truncated), (1, 1, 1));
     }
 
@@ -589,7 +762,7 @@ mod tests {
         let t1 = tsc();
         assert_eq!(h.ctl().bursts, 1);
         assert_within(h.loc().path_start, t0, t1, "path_start");
-        assert_eq!(h.ctl().head, 2);
+        assert_eq!(h.ctl().heads[0], 2);
 
         let mut h = armed();
         h.ctl_mut().measure = 1;

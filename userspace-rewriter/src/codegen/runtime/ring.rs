@@ -2,10 +2,15 @@
 use iced_x86::Code;
 use iced_x86::IcedError;
 use iced_x86::code_asm::{
-    CodeAssembler, CodeLabel, eax, esi, qword_ptr, r8, r8d, r11, rax, rcx, rdi, rdx, rsi,
+    CodeAssembler, CodeLabel, eax, esi, qword_ptr, r8, r8d, r9, r11, rax, rcx, rdi, rdx, rsi,
 };
 
-use super::asm::{RipRel, field, local, owner_gate};
+use super::asm::{RipRel, field, local, owner_gate, slot};
+
+/// Bytes from `heads[i]` to `tails[i]` in the control block.
+const TAILS_FROM_HEADS: i32 = core::mem::offset_of!(burstyd_common::burst::BurstControl, tails)
+    as i32
+    - core::mem::offset_of!(burstyd_common::burst::BurstControl, heads) as i32;
 
 /// Yields before a full ring with `wait_when_full` gives up.
 pub(super) const YIELDS: u32 = 1 << 22;
@@ -17,8 +22,9 @@ const SYS_KILL: u32 = 62;
 /// Yields between two checks that the daemon (`tracer`) is alive.
 const CHECK_TRACER_EVERY: u32 = 1 << 10;
 
-/// `rt_emit(rax = w0, rdx = w1)`; clobbers rcx. Only the burst's thread
-/// writes ([`owner_gate`]); for any other the call does nothing. A full ring truncates the
+/// `rt_emit(rax = w0, rdx = w1)`; clobbers rcx. Only a burst's thread
+/// writes ([`owner_gate`]), into its slot's sub-ring (single producer:
+/// `heads[slot]`, the slot's `head`); for any other the call does nothing. A full ring truncates the
 /// burst (its budget drops to 1) and counts the record as lost, unless
 /// `wait_when_full` (full trace), which yields (bounded) for the daemon —
 /// as long as it lives: every [`CHECK_TRACER_EVERY`] yields (the first
@@ -44,23 +50,29 @@ pub(super) fn emit(
     a.push(rsi)?;
     a.push(rdi)?;
     a.push(r8)?;
+    a.push(r9)?;
     a.mov(r8d, YIELDS)?; // yields before giving up
+    // r9 = this thread's slot (its sub-ring and the address of its head).
+    a.rip_rm(Code::Mov_r64_rm64, r9, local!(control, slot))?;
     a.set_label(&mut retry)?;
     // Room for two words: head - tail + 2 <= mask + 1.
-    a.rip_rm(Code::Mov_r64_rm64, rcx, field!(control, head))?;
-    a.mov(rsi, rcx)?;
-    a.rip_rm(Code::Sub_r64_rm64, rsi, field!(control, tail))?;
-    a.add(rsi, 1)?;
-    a.rip_rm(Code::Mov_r64_rm64, rdi, field!(control, ring_mask))?;
-    a.cmp(rsi, rdi)?;
+    a.mov(rsi, qword_ptr(r9 + slot!(head)))?;
+    a.mov(rcx, qword_ptr(rsi))?;
+    a.mov(rdi, rcx)?;
+    a.sub(rdi, qword_ptr(rsi + TAILS_FROM_HEADS))?;
+    a.add(rdi, 1)?;
+    a.rip_rm(Code::Cmp_r64_rm64, rdi, field!(control, ring_mask))?;
     a.ja(full)?;
+    a.rip_rm(Code::Mov_r64_rm64, rdi, field!(control, ring_mask))?;
     a.and(rdi, rcx)?;
-    a.rip_rm(Code::Mov_r64_rm64, rsi, field!(control, ring_addr))?;
+    a.mov(rsi, qword_ptr(r9 + slot!(ring)))?;
     a.mov(qword_ptr(rsi + rdi * 8), rax)?;
     a.mov(qword_ptr(rsi + rdi * 8 + 8), rdx)?;
     a.add(rcx, 2)?;
-    a.rip_mr(Code::Mov_rm64_r64, field!(control, head), rcx)?;
+    a.mov(rsi, qword_ptr(r9 + slot!(head)))?;
+    a.mov(qword_ptr(rsi), rcx)?;
     a.set_label(&mut done)?;
+    a.pop(r9)?;
     a.pop(r8)?;
     a.pop(rdi)?;
     a.pop(rsi)?;
@@ -101,11 +113,12 @@ pub(super) fn emit(
     a.jmp(retry)?;
 
     a.set_label(&mut lost)?;
-    a.rip_m(Code::Inc_rm64, field!(control, lost_records))?;
+    a.lock()
+        .rip_m(Code::Inc_rm64, field!(control, lost_records))?;
     a.rip_mi(Code::Cmp_rm64_imm8, local!(control, budget), 1)?;
     a.jbe(done)?;
     a.rip_mi(Code::Mov_rm64_imm32, local!(control, budget), 1)?;
-    a.rip_m(Code::Inc_rm64, field!(control, truncated))?;
+    a.lock().rip_m(Code::Inc_rm64, field!(control, truncated))?;
     a.jmp(done)?;
     a.set_label(&mut not_owner)?;
     a.ret()?;
@@ -134,15 +147,15 @@ mod tests {
     fn writes_two_words_at_head() {
         let mut h = Harness::new();
         h.loc_mut().budget = 10;
-        h.ctl_mut().head = 6;
-        h.ctl_mut().tail = 4;
+        h.ctl_mut().heads[0] = 6;
+        h.ctl_mut().tails[0] = 4;
         emit(&mut h, 0x1111, 0x2222);
         let mut want = [0u64; RING_WORDS];
         want[6] = 0x1111;
         want[7] = 0x2222;
         assert_eq!(h.ring(), want);
         let c = h.ctl();
-        assert_eq!((c.head, c.tail), (8, 4));
+        assert_eq!((c.heads[0], c.tails[0]), (8, 4));
         assert_eq!((c.lost_records, c.truncated, h.loc().budget), (0, 0, 10));
     }
 
@@ -154,11 +167,11 @@ mod tests {
             let mut h = Harness::new();
             h.loc_mut().owner = owner;
             h.loc_mut().budget = 10;
-            h.ctl_mut().head = 6;
+            h.ctl_mut().heads[0] = 6;
             emit(&mut h, 0x1111, 0x2222);
             assert_eq!(h.ring(), [0u64; RING_WORDS]);
             let c = h.ctl();
-            assert_eq!((c.head, c.lost_records, c.truncated), (6, 0, 0));
+            assert_eq!((c.heads[0], c.lost_records, c.truncated), (6, 0, 0));
         }
     }
 
@@ -171,20 +184,20 @@ mod tests {
         h.loc_mut().budget = 1000;
         let mask = RING_WORDS as u64 - 1;
         for i in 0..40u64 {
-            let (head, tail) = (h.ctl().head, h.ctl().tail);
+            let (head, tail) = (h.ctl().heads[0], h.ctl().tails[0]);
             assert_eq!(head, 2 * i);
             if head - tail + 2 > RING_WORDS as u64 {
                 // The daemon consumes the oldest record.
                 let at = (tail & mask) as usize;
                 assert_eq!(h.ring()[at..at + 2], [0xa000 + tail / 2, 0xb000 + tail / 2]);
-                h.ctl_mut().tail = tail + 2;
+                h.ctl_mut().tails[0] = tail + 2;
             }
             emit(&mut h, 0xa000 + i, 0xb000 + i);
             let at = (head & mask) as usize;
             assert_eq!(h.ring()[at..at + 2], [0xa000 + i, 0xb000 + i], "record {i}");
-            assert_eq!(h.ctl().head, head + 2);
+            assert_eq!(h.ctl().heads[0], head + 2);
         }
-        assert_eq!(h.ctl().head - h.ctl().tail, RING_WORDS as u64);
+        assert_eq!(h.ctl().heads[0] - h.ctl().tails[0], RING_WORDS as u64);
         assert_eq!((h.ctl().lost_records, h.ctl().truncated), (0, 0));
     }
 
@@ -198,8 +211,8 @@ mod tests {
             *w = 0x100 + i as u64;
         }
         let ring: Vec<u64> = h.ring().to_vec();
-        h.ctl_mut().head = 36;
-        h.ctl_mut().tail = 20;
+        h.ctl_mut().heads[0] = 36;
+        h.ctl_mut().tails[0] = 20;
         h.loc_mut().budget = 1000;
         emit(&mut h, 1, 2);
         let c = h.ctl();
@@ -211,14 +224,14 @@ mod tests {
         emit(&mut h, 5, 6);
         let c = h.ctl();
         assert_eq!((c.lost_records, h.loc().budget, c.truncated), (3, 0, 1));
-        assert_eq!((c.head, c.tail), (36, 20));
+        assert_eq!((c.heads[0], c.tails[0]), (36, 20));
         assert_eq!(h.ring(), ring);
 
         // One record of room is not full.
-        h.ctl_mut().tail = 22;
+        h.ctl_mut().tails[0] = 22;
         emit(&mut h, 7, 8);
         assert_eq!(h.ring()[4..6], [7, 8]);
-        assert_eq!((h.ctl().head, h.ctl().lost_records), (38, 3));
+        assert_eq!((h.ctl().heads[0], h.ctl().lost_records), (38, 3));
     }
 
     /// With `wait_when_full` a full ring yields until the daemon consumes.
@@ -227,8 +240,8 @@ mod tests {
         let mut h = Harness::new();
         h.ctl_mut().wait_when_full = 1;
         h.loc_mut().budget = 1000;
-        h.ctl_mut().head = 16;
-        let tail = &raw mut h.ctl_mut().tail as usize;
+        h.ctl_mut().heads[0] = 16;
+        let tail = &raw mut h.ctl_mut().tails[0] as usize;
         let start = Instant::now();
         let daemon = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
@@ -243,7 +256,7 @@ mod tests {
         assert_eq!(h.ring()[0..2], [0x77, 0x88]);
         let c = h.ctl();
         assert_eq!(
-            (c.head, c.lost_records, c.truncated, h.loc().budget),
+            (c.heads[0], c.lost_records, c.truncated, h.loc().budget),
             (18, 0, 0, 1000)
         );
     }
@@ -259,7 +272,7 @@ mod tests {
         let mut h = Harness::new();
         h.ctl_mut().wait_when_full = 1;
         h.loc_mut().budget = 1000;
-        h.ctl_mut().head = 16;
+        h.ctl_mut().heads[0] = 16;
         h.ctl_mut().tracer = dead.into();
         let start = Instant::now();
         emit(&mut h, 1, 2);
@@ -267,7 +280,7 @@ mod tests {
         let c = h.ctl();
         assert_eq!(
             (
-                c.head,
+                c.heads[0],
                 c.lost_records,
                 c.truncated,
                 h.loc().budget,
@@ -280,9 +293,9 @@ mod tests {
         let mut h = Harness::new();
         h.ctl_mut().wait_when_full = 1;
         h.loc_mut().budget = 1000;
-        h.ctl_mut().head = 16;
+        h.ctl_mut().heads[0] = 16;
         h.ctl_mut().tracer = std::process::id().into();
-        let tail = &raw mut h.ctl_mut().tail as usize;
+        let tail = &raw mut h.ctl_mut().tails[0] as usize;
         let daemon = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
             // SAFETY: as in `full_ring_waits_for_the_consumer`.
@@ -290,7 +303,7 @@ mod tests {
         });
         emit(&mut h, 0x77, 0x88);
         daemon.join().unwrap();
-        assert_eq!((h.ctl().head, h.ctl().lost_records), (18, 0));
+        assert_eq!((h.ctl().heads[0], h.ctl().lost_records), (18, 0));
     }
 
     /// A full ring that stays full: after the yield bound the record is
@@ -302,13 +315,13 @@ mod tests {
         let mut h = Harness::new();
         h.ctl_mut().wait_when_full = 1;
         h.loc_mut().budget = u64::MAX;
-        h.ctl_mut().head = 16;
+        h.ctl_mut().heads[0] = 16;
         let start = Instant::now();
         emit(&mut h, 1, 2);
         eprintln!("gave up after {:?}", start.elapsed());
         let c = h.ctl();
         assert_eq!(
-            (c.head, c.lost_records, c.truncated, h.loc().budget),
+            (c.heads[0], c.lost_records, c.truncated, h.loc().budget),
             (16, 1, 1, 1)
         );
     }

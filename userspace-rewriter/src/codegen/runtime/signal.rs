@@ -87,6 +87,7 @@ fn run(h: &mut Harness, entry: u64, sig: i32) -> u64 {
 fn handler_and_restorer_on_a_real_signal() {
     let sig = libc::SIGRTMAX() - 2;
     let mut h = Harness::new();
+    h.loc_mut().owner = 0; // no burst runs
     let (code, entry, pc, clone) = program(h.code_page(1));
     h.load(1, &code);
     h.ctl_mut().burst_len = 50;
@@ -119,6 +120,6 @@ fn handler_and_restorer_on_a_real_signal() {
     );
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() } as u64;
-    assert_eq!(h.ring()[..2], [tag(REC_START) | tid, pc]);
-    assert_eq!(c.head, 2);
+    assert_eq!(h.ring()[..2], [tag(REC_START) | 1 << 40 | tid, pc]);
+    assert_eq!(c.heads[0], 2);
 }

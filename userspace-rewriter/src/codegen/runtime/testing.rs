@@ -8,7 +8,10 @@
 //! from a [`Regs`], switches `rsp` to the harness stack so that the routine
 //! sees the clone's standard frame ([`FRAME`] bytes) above it, calls, and
 //! stores every register back.
-use burstyd_common::burst::{BurstControl, BurstLocal, CONTROL_BYTES, CONTROL_MAGIC, LOCAL_OFFSET};
+use burstyd_common::burst::{
+    BurstControl, BurstLocal, BurstRegs, CONTROL_BYTES, CONTROL_MAGIC, LOCAL_OFFSET, SHADOW_DEPTH,
+    ShadowEntry, TLS_REGS,
+};
 
 use super::regs;
 pub(super) use super::regs::{FRAME_CLOBBERS, Regs, fs0};
@@ -27,13 +30,12 @@ const RING: usize = CONTROL_BYTES;
 const TABLE: usize = CONTROL_BYTES + 4 * 1024;
 const FN_TABLE: usize = TABLE + TABLE_PAIRS * 16;
 const RET_TABLE: usize = FN_TABLE + TABLE_PAIRS * 16;
-/// The `TablesHeader`, in the control page after the `BurstControl`.
-const HEADER: usize = 4032;
-const _: () = assert!(core::mem::size_of::<BurstControl>() <= HEADER);
-const _: () = assert!(
-    HEADER + core::mem::size_of::<burstyd_common::burst::TablesHeader>()
-        <= burstyd_common::burst::LOCAL_OFFSET
-);
+/// The `TablesHeader`, after the ring (whose [`MAX_SLOTS`] sub-rings of
+/// [`RING_WORDS`] take 1 KiB).
+const HEADER: usize = RING + 2048;
+const _: () = assert!(RING + burstyd_common::burst::MAX_SLOTS * RING_WORDS * 8 <= HEADER);
+const _: () =
+    assert!(HEADER + core::mem::size_of::<burstyd_common::burst::TablesHeader>() <= TABLE);
 const UCONTEXT: usize = RET_TABLE + TABLE_PAIRS * 16;
 const STACK: usize = UCONTEXT + PAGE;
 const STACK_END: usize = STACK + 64 * 1024;
@@ -46,7 +48,6 @@ const LEN: usize = CODE + CODE_PAGES * PAGE;
 /// frame fit below it.
 const PROG_RSP: usize = STACK_END - PAGE;
 
-const _: () = assert!(RING + RING_WORDS * 8 <= TABLE);
 const _: () = assert!(STACK.is_multiple_of(PAGE) && CODE.is_multiple_of(PAGE));
 
 /// The time-stamp counter, as the runtime reads it.
@@ -101,19 +102,20 @@ impl Harness {
     pub(super) fn in_burst(entries: impl FnOnce(u64) -> Vec<(u64, u64)>) -> Harness {
         let mut h = Harness::new();
         let entries = entries(h.prog_rsp());
+        h.ctl_mut().active = 1;
+        let mut l = h.loc_mut();
         for (i, &(rsp, path)) in entries.iter().enumerate() {
-            h.loc_mut().shadow[i] = burstyd_common::burst::ShadowEntry {
+            l.shadow[i] = burstyd_common::burst::ShadowEntry {
                 rsp,
                 path,
                 ..Default::default()
             };
         }
-        h.ctl_mut().active = 1;
-        let l = h.loc_mut();
         l.depth = entries.len() as u64;
         l.path = 5;
         l.owner = fs0();
         l.budget = 50;
+        drop(l);
         h
     }
 
@@ -159,10 +161,34 @@ impl Harness {
         let c = h.ctl_mut();
         c.clone_lo = CLONE_LO;
         c.clone_hi = CLONE_HI;
-        // The test thread owns a burst unless a test says otherwise.
-        let l = h.loc_mut();
-        l.present = 1;
+        c.max_bursts = burstyd_common::burst::DEFAULT_MAX_BURSTS;
+        // The test thread owns a burst in slot 0 unless a test says
+        // otherwise (its TCB's registers: fresh, slot 0).
+        let slot0 = h.at(LOCAL_OFFSET + core::mem::offset_of!(BurstLocal, slots));
+        // SAFETY: the private part lies inside the mapping.
+        unsafe {
+            let p = &mut *(h.base.add(LOCAL_OFFSET) as *mut BurstLocal);
+            p.present = 1;
+            p.slots[0].index = 0;
+            p.slots[0].ring = control + RING as u64;
+            p.slots[0].head = control + core::mem::offset_of!(BurstControl, heads) as u64;
+        }
+        // SAFETY: the test thread's own TCB (`tcbhead_t.__glibc_unused2`
+        // of glibc >= 2.26, which the runtime owns).
+        unsafe {
+            *tls_regs() = BurstRegs {
+                slot: 0,
+                budget: 0,
+                path: 0,
+                depth: 0,
+                path_start: 0,
+                _pad: [0; 3],
+            }
+        };
+        let mut l = h.loc_mut();
         l.owner = fs0();
+        l.slot = slot0;
+        drop(l);
         let bytes = h.rt.bytes.clone();
         h.load(0, &bytes);
         Some(h)
@@ -187,17 +213,64 @@ impl Harness {
     }
 
     /// The process-private burst state (here in the same mapping).
-    pub(super) fn loc(&self) -> &BurstLocal {
-        // SAFETY: as in `ctl`: LOCAL_OFFSET + the size of a BurstLocal is
-        // within CONTROL_BYTES, page aligned.
-        unsafe { &*(self.base.add(LOCAL_OFFSET) as *const BurstLocal) }
+    fn private(&self) -> *mut BurstLocal {
+        // SAFETY: LOCAL_OFFSET + the size of a BurstLocal is within
+        // CONTROL_BYTES, page aligned.
+        unsafe { self.base.add(LOCAL_OFFSET) as *mut BurstLocal }
     }
 
-    pub(super) fn loc_mut(&mut self) -> &mut BurstLocal {
-        // SAFETY: as in `loc`; `&mut self` makes the borrow unique.
-        unsafe { &mut *(self.base.add(LOCAL_OFFSET) as *mut BurstLocal) }
+    /// The test thread's burst state, gathered: its registers (in its
+    /// TCB), slot 0's owner and shadow stack and `present` (a copy).
+    pub(super) fn loc(&self) -> Loc {
+        // SAFETY: the private part is inside the mapping, the registers in
+        // this thread's TCB; no routine runs meanwhile.
+        let (p, r) = unsafe { (&*self.private(), *tls_regs()) };
+        Loc {
+            present: p.present,
+            owner: p.slots[0].owner,
+            shadow: p.slots[0].shadow,
+            slot: r.slot,
+            budget: r.budget,
+            path: r.path,
+            depth: r.depth,
+            path_start: r.path_start,
+        }
     }
 
+    /// [`Harness::loc`] to change: written back when dropped (drop it
+    /// before calling a routine).
+    pub(super) fn loc_mut(&mut self) -> LocMut {
+        LocMut {
+            v: self.loc(),
+            private: self.private(),
+        }
+    }
+
+    /// The address of slot `i`.
+    pub(super) fn slot_addr(&self, i: usize) -> u64 {
+        self.at(LOCAL_OFFSET + core::mem::offset_of!(BurstLocal, slots))
+            + (i * core::mem::size_of::<burstyd_common::burst::BurstSlot>()) as u64
+    }
+
+    /// Slot `i`'s owner.
+    pub(super) fn slot_owner(&self, i: usize) -> u64 {
+        // SAFETY: the private part lies inside the mapping.
+        unsafe { (*self.private()).slots[i].owner }
+    }
+
+    /// Slot `i`'s sub-ring.
+    pub(super) fn sub_ring(&self, i: usize) -> &[u64] {
+        // SAFETY: MAX_SLOTS sub-rings of RING_WORDS words from RING lie
+        // inside the mapping (checked at compile time).
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.add(RING + i * RING_WORDS * 8) as *const u64,
+                RING_WORDS,
+            )
+        }
+    }
+
+    /// Slot 0's sub-ring.
     pub(super) fn ring(&self) -> &[u64] {
         // SAFETY: RING_WORDS words at RING lie inside the mapping (checked
         // at compile time), aligned, and nothing else borrows them.
@@ -343,5 +416,64 @@ impl Drop for Harness {
         // SAFETY: unmaps exactly the mapping made in `new`; no borrow of it
         // outlives `self`.
         unsafe { libc::munmap(self.base as *mut libc::c_void, LEN) };
+    }
+}
+
+/// The calling thread's [`BurstRegs`] in its TCB (`fs:[TLS_REGS]`).
+pub(super) fn tls_regs() -> *mut BurstRegs {
+    (fs0() + TLS_REGS as u64) as *mut BurstRegs
+}
+
+/// See [`Harness::loc`].
+#[derive(Clone, Copy)]
+pub(super) struct Loc {
+    pub present: u64,
+    pub owner: u64,
+    pub shadow: [ShadowEntry; SHADOW_DEPTH],
+    pub slot: u64,
+    pub budget: u64,
+    pub path: u64,
+    pub depth: u64,
+    pub path_start: u64,
+}
+
+/// See [`Harness::loc_mut`].
+pub(super) struct LocMut {
+    v: Loc,
+    private: *mut BurstLocal,
+}
+
+impl std::ops::Deref for LocMut {
+    type Target = Loc;
+    fn deref(&self) -> &Loc {
+        &self.v
+    }
+}
+
+impl std::ops::DerefMut for LocMut {
+    fn deref_mut(&mut self) -> &mut Loc {
+        &mut self.v
+    }
+}
+
+impl Drop for LocMut {
+    fn drop(&mut self) {
+        let v = &self.v;
+        // SAFETY: the harness's private part (still mapped: tests drop
+        // these before their harness) and this thread's TCB.
+        unsafe {
+            let p = &mut *self.private;
+            p.present = v.present;
+            p.slots[0].owner = v.owner;
+            p.slots[0].shadow = v.shadow;
+            *tls_regs() = BurstRegs {
+                slot: v.slot,
+                budget: v.budget,
+                path: v.path,
+                depth: v.depth,
+                path_start: v.path_start,
+                _pad: [0; 3],
+            };
+        }
     }
 }

@@ -7,7 +7,9 @@ use iced_x86::code_asm::{
 };
 
 use super::FRAME;
-use super::asm::{RipRel, drop_dead_frames, local, owner_gate, start_path_if_measured, tag};
+use super::asm::{
+    RipRel, drop_dead_frames, local, owner_gate, shadow_base, start_path_if_measured, tag,
+};
 
 /// `rt_unwind(rax = target) -> rax`: the clone of an indirect jump that
 /// runs after the stack pointer was loaded from a computed value (the
@@ -47,7 +49,7 @@ pub(super) fn unwind(
     a.push(r8)?;
     a.mov(rsi, rax)?; // the target
     a.lea(r8, qword_ptr(rsp + (FRAME + 24)))?; // the program's rsp
-    a.rip_rm(Code::Lea_r64_m, rdx, local!(control, shadow))?;
+    shadow_base(a, control, rdx)?;
     a.mov(rcx, rsi)?; // the target, while rsi holds the depth
     a.rip_rm(Code::Mov_r64_rm64, rsi, local!(control, depth))?;
     drop_dead_frames(a)?;
@@ -126,7 +128,7 @@ mod tests {
         assert_eq!(left, [(p + 0x200, 1), (p + 8, 2)]);
         assert_eq!(h.loc().path, PATH_INVALID);
         assert_eq!(h.ring()[..2], [tag(REC_UNWIND), 2]);
-        assert_eq!((h.ctl().head, h.ctl().active, h.ctl().ended), (2, 1, 0));
+        assert_eq!((h.ctl().heads[0], h.ctl().active, h.ctl().ended), (2, 1, 0));
     }
 
     /// A target with no clone ends the burst and is returned unchanged.
@@ -147,7 +149,7 @@ mod tests {
         let mut h = setup(|p| vec![(p - 8, 1)]);
         h.loc_mut().owner = 0;
         assert_eq!(unwind(&mut h, PAD), PAD);
-        assert_eq!((h.loc().depth, h.loc().path, h.ctl().head), (1, 5, 0));
+        assert_eq!((h.loc().depth, h.loc().path, h.ctl().heads[0]), (1, 5, 0));
     }
 
     /// Without `measure`, `path_start` is left alone.
@@ -157,7 +159,7 @@ mod tests {
         h.loc_mut().path_start = 0x1234;
         assert_eq!(unwind(&mut h, PAD), CLONE);
         assert_eq!(h.loc().path_start, 0x1234);
-        assert_eq!((h.ctl().head, h.loc().depth), (2, 1));
+        assert_eq!((h.ctl().heads[0], h.loc().depth), (2, 1));
     }
 
     /// With `measure`, the landing pad's path is measured from the jump
@@ -174,7 +176,7 @@ mod tests {
         assert_within(h.loc().path_start, t0, t1, "path_start");
         assert_eq!(h.loc().path, PATH_INVALID);
         assert_eq!(h.ring()[..4], [tag(REC_UNWIND), 1, 0, 0]);
-        assert_eq!((h.ctl().head, h.loc().depth), (2, 1));
+        assert_eq!((h.ctl().heads[0], h.loc().depth), (2, 1));
 
         // Leaving the clones: the burst ends, nothing to measure.
         let mut h = setup(|p| vec![(p + 0x100, 1)]);
