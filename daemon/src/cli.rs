@@ -210,6 +210,11 @@ pub(crate) struct ProfileArgs {
     #[arg(long, value_name = "CHECKS", default_value_t = crate::bursts::DEFAULT_BURST)]
     pub(crate) burst: u64,
 
+    /// Bursts that may run at once in one process, each on its own
+    /// thread (1 to 8; beats the file's [bursts] max_bursts) [default: 4].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=8))]
+    pub(crate) max_bursts: Option<u64>,
+
     /// Sample only: no rewriting, no bursts (--pid, run, or the
     /// configuration's targets).
     #[arg(long, conflicts_with_all = ["full_trace", "save_bursts"])]

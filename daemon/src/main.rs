@@ -216,6 +216,7 @@ fn overrides(cli: &Cli, args: &ProfileArgs, matches: &ArgMatches) -> Overrides {
         burst: given("burst").then_some(args.burst),
         path_time: args.path_time,
         exe_only: args.exe_only,
+        max_bursts: args.max_bursts,
     }
 }
 
@@ -394,6 +395,7 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
                 burst_len: settings.bursts.burst,
                 full_trace: args.full_trace,
                 measure: settings.bursts.path_time,
+                max_bursts: settings.bursts.max_bursts,
                 libraries: settings.bursts.libraries,
                 save_bursts: args
                     .save_bursts

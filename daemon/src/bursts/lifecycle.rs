@@ -28,8 +28,7 @@ use anyhow::{Context as _, bail};
 use burstyd_common::addr::Pid;
 use burstyd_common::burst::{
     ARMED_OFFSET, BurstControl, BurstLocal, BurstSlot, BurstTarget, CLONE_PAGE_SHIFT,
-    CONTROL_BYTES, CONTROL_MAGIC, DEFAULT_MAX_BURSTS, LOCAL_BYTES, LOCAL_OFFSET, MAX_MODULES,
-    MAX_SLOTS, ModuleEntry,
+    CONTROL_BYTES, CONTROL_MAGIC, LOCAL_BYTES, LOCAL_OFFSET, MAX_MODULES, MAX_SLOTS, ModuleEntry,
 };
 use tracing::{debug, info, warn};
 use userspace_rewriter::PAGE_SIZE;
@@ -72,15 +71,6 @@ fn owner_offset(i: usize) -> u64 {
         + offset_of!(BurstLocal, slots)
         + i * std::mem::size_of::<BurstSlot>()
         + offset_of!(BurstSlot, owner)) as u64
-}
-
-/// Bursts that may run at once in a traced process: `BURSTYD_MAX_BURSTS`
-/// (1 to [`MAX_SLOTS`]), else [`DEFAULT_MAX_BURSTS`].
-fn max_bursts() -> u64 {
-    std::env::var("BURSTYD_MAX_BURSTS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map_or(DEFAULT_MAX_BURSTS, |n| n.clamp(1, MAX_SLOTS as u64))
 }
 
 /// Whether `pid`'s libc is glibc 2.26 or later, whose thread control
@@ -2194,7 +2184,7 @@ fn set_run_options(region: &mut SharedRegion, opts: &BurstOptions) {
         opts.burst_len
     };
     cb.wait_when_full = u64::from(opts.full_trace);
-    cb.max_bursts = max_bursts();
+    cb.max_bursts = opts.max_bursts.clamp(1, MAX_SLOTS as u64);
     cb.measure = if opts.measure {
         burstyd_common::burst::MEASURE_TSC
     } else {

@@ -80,6 +80,9 @@ pub(crate) struct BurstOptions {
     pub(crate) full_trace: bool,
     /// Measure each path's time with the time-stamp counter.
     pub(crate) measure: bool,
+    /// Bursts that may run at once in a process, on as many threads (1
+    /// to `MAX_SLOTS`).
+    pub(crate) max_bursts: u64,
     /// Clone the shared libraries too, not only the executable.
     pub(crate) libraries: bool,
     /// Write raw burst traces here (`--save-bursts`).

@@ -61,6 +61,8 @@ pub(crate) struct BurstsConfig {
     pub(crate) path_time: Option<bool>,
     /// Clone the shared libraries too (`--exe-only` is `false`).
     pub(crate) libraries: Option<bool>,
+    /// Bursts at once in one process, each on its own thread (1 to 8).
+    pub(crate) max_bursts: Option<Spanned<u64>>,
     /// Refused with a reason: a full trace is for `burstyd run`.
     pub(crate) full_trace: Option<Spanned<bool>>,
 }
@@ -448,6 +450,19 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<FileConfig, ConfigError> 
                 .into(),
         ));
     }
+    if let Some(m) = &cfg.bursts.max_bursts
+        && !(1..=burstyd_common::burst::MAX_SLOTS as u64).contains(m.get_ref())
+    {
+        return Err(ConfigError::at(
+            path,
+            text,
+            Some(m.span()),
+            format!(
+                "max_bursts must be 1 to {} (bursts at once in one process, each on its own thread)",
+                burstyd_common::burst::MAX_SLOTS
+            ),
+        ));
+    }
     if let Some(e) = &cfg.event
         && let Err(err) = crate::sampling::events::parse_event(e)
     {
@@ -498,6 +513,8 @@ pub(crate) struct Overrides {
     pub(crate) burst: Option<u64>,
     pub(crate) path_time: bool,
     pub(crate) exe_only: bool,
+    /// `--max-bursts`.
+    pub(crate) max_bursts: Option<u64>,
 }
 
 /// How many processes the service traces in bursts at once by default.
@@ -515,6 +532,8 @@ pub(crate) struct BurstSettings {
     pub(crate) max_traced: usize,
     pub(crate) path_time: bool,
     pub(crate) libraries: bool,
+    /// Bursts at once in one process (on as many threads).
+    pub(crate) max_bursts: u64,
 }
 
 /// A push destination, resolved.
@@ -672,6 +691,10 @@ impl Settings {
                     .unwrap_or(DEFAULT_MAX_TRACED),
                 path_time: o.path_time || f.bursts.path_time.unwrap_or(false),
                 libraries: !o.exe_only && f.bursts.libraries.unwrap_or(true),
+                max_bursts: o
+                    .max_bursts
+                    .or(f.bursts.max_bursts.as_ref().map(|m| *m.get_ref()))
+                    .unwrap_or(burstyd_common::burst::DEFAULT_MAX_BURSTS),
             },
             source: file.and(source).map(Path::to_path_buf),
         })
@@ -751,7 +774,8 @@ pid = 1
                 burst: 200,
                 max_traced: 2,
                 path_time: true,
-                libraries: true
+                libraries: true,
+                max_bursts: burstyd_common::burst::DEFAULT_MAX_BURSTS
             }
         );
         let o = Overrides {
@@ -802,7 +826,8 @@ pid = 1
                 burst: crate::bursts::DEFAULT_BURST,
                 max_traced: DEFAULT_MAX_TRACED,
                 path_time: false,
-                libraries: true
+                libraries: true,
+                max_bursts: burstyd_common::burst::DEFAULT_MAX_BURSTS
             }
         );
     }
@@ -845,6 +870,8 @@ pid = 1
             e.place == ":2:14" && e.reason.contains("burstyd run --full-trace"),
             "{e}"
         );
+        let e = p("[bursts]\nmax_bursts = 9\n").unwrap_err();
+        assert!(e.place == ":2:14" && e.reason.contains("1 to 8"), "{e}");
         let e = p("[bursts]\nmax_traced = 0\n").unwrap_err();
         assert!(e.place == ":2:14" && e.reason.contains("at least 1"), "{e}");
         let e = p("[[target]]\nexe = \"/a\"\nbursts = \"yes\"\n").unwrap_err();

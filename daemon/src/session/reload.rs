@@ -76,6 +76,7 @@ impl Session {
                 bursts.set_options(crate::bursts::BurstOptions {
                     burst_len: b.burst,
                     measure: b.path_time,
+                    max_bursts: b.max_bursts,
                     libraries: b.libraries,
                     ..o.clone()
                 });
