@@ -463,10 +463,22 @@ mod tests {
 
     /// A fake thread: a TCB (self-pointing, with room for the burst
     /// registers at `TLS_REGS`) to run the handler with as fs base.
-    fn fake_thread() -> Box<[u64; 128]> {
-        let mut tcb = Box::new([0u64; 128]);
-        tcb[0] = tcb.as_ptr() as u64;
+    fn fake_thread() -> Box<FakeTcb> {
+        let mut tcb = Box::new(FakeTcb([0u64; 128]));
+        tcb.0[0] = tcb.0.as_ptr() as u64;
         tcb
+    }
+
+    /// A fake TCB, aligned like `BurstRegs` (64: a `[u64; N]` is only
+    /// 8-aligned, and a debug build checks the dereference).
+    #[repr(C, align(64))]
+    struct FakeTcb([u64; 128]);
+
+    impl std::ops::Deref for FakeTcb {
+        type Target = [u64; 128];
+        fn deref(&self) -> &[u64; 128] {
+            &self.0
+        }
     }
 
     /// The registers in a fake thread's TCB.
