@@ -391,15 +391,13 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
             interval,
             output: settings.output.clone(),
             gate,
-            bursts: bursts_on.then(|| crate::bursts::BurstOptions {
-                burst_len: settings.bursts.burst,
-                full_trace: args.full_trace,
-                measure: settings.bursts.path_time,
-                max_bursts: settings.bursts.max_bursts,
-                libraries: settings.bursts.libraries,
-                save_bursts: args
-                    .save_bursts
-                    .then(|| settings.output.join("bursts.jsonl")),
+            bursts: bursts_on.then(|| {
+                crate::bursts::BurstOptions::from_settings(
+                    &settings.bursts,
+                    args.full_trace,
+                    args.save_bursts
+                        .then(|| settings.output.join("bursts.jsonl")),
+                )
             }),
             service: session::Service {
                 scanner,

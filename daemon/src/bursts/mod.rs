@@ -89,6 +89,25 @@ pub(crate) struct BurstOptions {
     pub(crate) save_bursts: Option<PathBuf>,
 }
 
+impl BurstOptions {
+    /// The options `b` (the file and the command line) sets, with the
+    /// run-only ones (`full_trace`, `save_bursts`) as given.
+    pub(crate) fn from_settings(
+        b: &crate::service::config::BurstSettings,
+        full_trace: bool,
+        save_bursts: Option<PathBuf>,
+    ) -> Self {
+        BurstOptions {
+            burst_len: b.burst,
+            full_trace,
+            measure: b.path_time,
+            max_bursts: b.max_bursts,
+            libraries: b.libraries,
+            save_bursts,
+        }
+    }
+}
+
 /// Default checks per burst. A path is counted only when its burst saw
 /// it start, so a path that spans calls into long-running callees needs
 /// a burst longer than the callees: xerces-c's parser's edge profile

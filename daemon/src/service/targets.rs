@@ -158,7 +158,7 @@ fn list_pids() -> Vec<Pid> {
 
 /// /proc/PID/exe without the " (deleted)" suffix; None for kernel threads
 /// and vanished processes.
-fn read_exe(pid: Pid) -> Option<PathBuf> {
+pub(crate) fn read_exe(pid: Pid) -> Option<PathBuf> {
     let p = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
     let s = p.to_str()?;
     Some(PathBuf::from(s.strip_suffix(" (deleted)").unwrap_or(s)))

@@ -15,6 +15,7 @@ use crate::bursts::{Attach, BurstTracer, Finished};
 use crate::export::pprof::encode_gzip;
 use crate::sampling::sampler::{KernelCounters, Sampler};
 use crate::service::metrics::METRICS;
+use crate::service::targets::read_exe;
 use burstyd_common::addr::Pid;
 
 /// Before `t`'s tables are put in use: once its loader has clones, the
@@ -602,20 +603,11 @@ fn set_burst_metrics(s: &crate::bursts::BurstStats) {
         .set(s.declined_busy + s.declined_pc + s.declined_budget);
 }
 
-/// `/proc/PID/exe` (the key of an executable's attach backoff).
-fn read_exe(pid: burstyd_common::addr::Pid) -> Option<std::path::PathBuf> {
-    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
-}
-
 /// The process's name and executable for messages: `comm (path)` (the
 /// path resolved, e.g. redis-server's symlink to redis-check-rdb).
 fn exe_name(pid: burstyd_common::addr::Pid) -> String {
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|c| c.trim_end().to_owned())
-        .unwrap_or_default();
     match read_exe(pid) {
-        Some(p) if !comm.is_empty() => format!("{comm} ({})", p.display()),
-        Some(p) => p.display().to_string(),
+        Some(p) => format!("{} ({})", super::reload::comm_of(pid), p.display()),
         None => format!("pid {pid}"),
     }
 }

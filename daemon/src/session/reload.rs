@@ -73,13 +73,12 @@ impl Session {
         if new.bursts != old.bursts {
             let b = &new.bursts;
             if let Some(o) = bursts.options() {
-                bursts.set_options(crate::bursts::BurstOptions {
-                    burst_len: b.burst,
-                    measure: b.path_time,
-                    max_bursts: b.max_bursts,
-                    libraries: b.libraries,
-                    ..o.clone()
-                });
+                let o = crate::bursts::BurstOptions::from_settings(
+                    b,
+                    o.full_trace,
+                    o.save_bursts.clone(),
+                );
+                bursts.set_options(o);
             }
             if let Some(sel) = selection.as_mut() {
                 sel.set_max(b.max_traced);
@@ -192,7 +191,8 @@ pub(super) fn apply_scan(scanner: &mut Scanner, sampler: &mut Sampler, procs: &m
     METRICS.targets.set(scanner.current().len() as u64);
 }
 
-fn comm_of(pid: Pid) -> String {
+/// `/proc/PID/comm`, `?` when it is gone.
+pub(super) fn comm_of(pid: Pid) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|c| c.trim_end().to_owned())
         .unwrap_or_else(|_| "?".into())
