@@ -60,7 +60,7 @@ macro_rules! control_block {
 
 /// `BurstControl::magic`: the version of the layout. It changes whenever
 /// [`CONTROL_FIELDS`] does; the `layout` test below fails until it has.
-pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyd9");
+pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyda");
 /// Burst slots per process: bursts that may run at once, at most (the
 /// daemon sets [`BurstControl::max_bursts`] at or below it).
 pub const MAX_SLOTS: usize = 8;
@@ -246,7 +246,11 @@ control_block! {
         /// the path's time-stamp-counter ticks, exclusive of its callees.
         /// Set by the daemon.
         pub measure: u64,
-        pub _pad: [u64; 1],
+        /// Signals declined because the free slot's sub-ring was more than
+        /// half full: the daemon is behind, and a burst now could fill
+        /// it and lose records. Not with `wait_when_full` (a full trace
+        /// waits instead).
+        pub declined_behind: u64,
         /// Words consumed by the daemon from each slot's sub-ring
         /// (consumer indexes), on their own line.
         pub tails: [u64; MAX_SLOTS],
@@ -453,7 +457,7 @@ mod layout {
     /// `BurstControl` or `BurstLocal` changed, give `CONTROL_MAGIC` a new value (a target
     /// still holding a region of the old layout must be recognised as
     /// foreign) and copy the new field list and magic here.
-    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyd9");
+    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyda");
     const PINNED_FIELDS: &[(&str, usize, usize)] = &[
         ("magic", 0, 8),
         ("armed", 8, 4),
@@ -487,7 +491,7 @@ mod layout {
         ("link_changes", 224, 8),
         ("tables_base", 232, 8),
         ("measure", 240, 8),
-        ("_pad", 248, 8),
+        ("declined_behind", 248, 8),
         ("tails", 256, 64),
         ("tracer", 320, 8),
         ("made_for", 328, 8),

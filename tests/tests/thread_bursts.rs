@@ -170,3 +170,78 @@ fn busy_threads_get_bursts_in_proportion_to_their_cpu_time() {
     );
     eprintln!("{table}bursts at once: {at_once} (START records: {most_running})");
 }
+
+/// The number after `label` in the bursts summary line ("daemon behind 12").
+fn count_after(line: &str, label: &str) -> u64 {
+    line.split(label)
+        .nth(1)
+        .and_then(|r| r.trim_start().split([',', ')', ' ']).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no `{label} N` in {line}"))
+}
+
+/// Backpressure: the daemon stops draining (SIGSTOP for 2 s) while eight
+/// threads take bursts. The handler declines new bursts once a sub-ring is
+/// more than half full ("daemon behind"), so no burst runs into a full
+/// ring: no record is lost, none truncated by a full ring, and the
+/// program's output is as untraced.
+#[test]
+fn a_daemon_that_falls_behind_loses_no_records() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("thread_mix");
+    let prog = [exe.to_str().unwrap(), "500"];
+    let untraced = run_untraced(&prog, Duration::from_secs(120));
+    let scratch = Scratch::new("thread_bursts_behind");
+    let out = scratch.join("out");
+    let (stdout, stderr) = (scratch.join("stdout"), scratch.join("stderr"));
+    let mut child = std::process::Command::new(burstyd_bin())
+        .args(["run", "--freq", "999", "-o"])
+        .arg(&out)
+        .arg("--")
+        .args(prog)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&stdout).unwrap())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !std::fs::read_to_string(&stderr)
+        .unwrap()
+        .contains("bursty tracing: ")
+    {
+        assert!(
+            std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+            "never attached:\n{}",
+            std::fs::read_to_string(&stderr).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_secs(2));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let status = child.wait().unwrap();
+    let err = std::fs::read_to_string(&stderr).unwrap();
+    assert!(
+        status.success(),
+        "burstyd failed: {status}\n{}",
+        tail(&err, 30)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&stdout).unwrap(),
+        untraced.stdout_str(),
+        "thread_mix's output under bursty tracing differs from its untraced output"
+    );
+    let line = bursts_line(&err);
+    assert!(
+        count_after(&line, "daemon behind") > 0,
+        "the daemon was stopped for 2 s but no burst was declined for it: {line}"
+    );
+    assert!(line.contains("records lost: 0"), "{line}");
+    assert_eq!(stat(&line, "truncated"), 0, "{line}");
+    eprintln!("{line}");
+}

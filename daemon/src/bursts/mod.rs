@@ -129,6 +129,10 @@ pub(crate) struct BurstStats {
     pub(crate) declined_pc: u64,
     /// Signals handled with `--burst 0` (straight back to the original).
     pub(crate) declined_budget: u64,
+    /// Signals declined because the daemon was behind (the burst's
+    /// sub-ring more than half full): a burst then could have lost
+    /// records.
+    pub(crate) declined_behind: u64,
     pub(crate) records: u64,
     pub(crate) records_lost: u64,
     pub(crate) paths: u64,
@@ -140,6 +144,11 @@ pub(crate) struct BurstStats {
 }
 
 impl BurstStats {
+    /// Signals the handler declined, for every reason.
+    pub(crate) fn declined(&self) -> u64 {
+        self.declined_busy + self.declined_pc + self.declined_budget + self.declined_behind
+    }
+
     /// Adds `o`'s counts (the burst and record counts, not the
     /// functions).
     pub(crate) fn add(&mut self, o: &BurstStats) {
@@ -148,6 +157,7 @@ impl BurstStats {
         self.declined_busy += o.declined_busy;
         self.declined_pc += o.declined_pc;
         self.declined_budget += o.declined_budget;
+        self.declined_behind += o.declined_behind;
         self.records += o.records;
         self.records_lost += o.records_lost;
         self.paths += o.paths;
@@ -683,6 +693,7 @@ impl BurstTracer {
             declined_pc,
             records_lost,
             declined_budget,
+            declined_behind,
         ] = self.attachment.counters_since_attach();
         BurstStats {
             functions_rewritten: self.functions_rewritten,
@@ -692,6 +703,7 @@ impl BurstTracer {
             declined_busy,
             declined_pc,
             declined_budget,
+            declined_behind,
             records: self.records,
             records_lost,
             paths: self.counts.paths,

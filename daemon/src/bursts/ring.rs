@@ -17,8 +17,9 @@ pub(crate) struct SharedRegion {
 }
 
 /// Target-side counters ([`BurstControl`] words), in this order: bursts,
-/// truncated, declined busy, declined PC, lost records, declined budget.
-pub(crate) type TargetCounters = [u64; 6];
+/// truncated, declined busy, declined PC, lost records, declined budget,
+/// declined behind.
+pub(crate) type TargetCounters = [u64; 7];
 
 impl SharedRegion {
     /// `map` must span at least the control block (and the ring it
@@ -150,6 +151,7 @@ impl SharedRegion {
             offset_of!(BurstControl, declined_pc),
             offset_of!(BurstControl, lost_records),
             offset_of!(BurstControl, declined_budget),
+            offset_of!(BurstControl, declined_behind),
         ]
         .map(|off| self.word(off).load(Ordering::Relaxed))
     }

@@ -310,7 +310,7 @@ pub(crate) struct TracedProcess {
     pub(crate) exe: String,
     pub(crate) bursts: u64,
     /// Declined by the injected handler: (reason, count).
-    pub(crate) declined: [(&'static str, u64); 3],
+    pub(crate) declined: [(&'static str, u64); 4],
     pub(crate) records_lost: u64,
     /// Share of the process's user-mode samples in instrumented code.
     pub(crate) hot_coverage: f64,

@@ -298,6 +298,7 @@ impl Session {
                         ("busy", st.declined_busy),
                         ("pc_not_rewritten", st.declined_pc),
                         ("budget_0", st.declined_budget),
+                        ("behind", st.declined_behind),
                     ],
                     records_lost: st.records_lost,
                     hot_coverage: if hot.total > 0 {
@@ -496,13 +497,14 @@ impl Session {
                 .join(", ");
             info!(
                 %pid,
-                "bursts: {} taken, {} truncated, {} declined by the handler (busy {}, PC not rewritten {}, budget 0 {}), {} reaped; {} signals sent, {} overflows during a burst, signals not sent: {declined}; link-map changes {} signalled, {} not; functions rewritten {}, skipped {}; {} complete paths recorded (and {} partial ones left out), records lost: {}, bad records: {}",
+                "bursts: {} taken, {} truncated, {} declined by the handler (busy {}, PC not rewritten {}, budget 0 {}, daemon behind {}), {} reaped; {} signals sent, {} overflows during a burst, signals not sent: {declined}; link-map changes {} signalled, {} not; functions rewritten {}, skipped {}; {} complete paths recorded (and {} partial ones left out), records lost: {}, bad records: {}",
                 stats.bursts,
                 stats.bursts_truncated,
-                stats.declined_busy + stats.declined_pc + stats.declined_budget,
+                stats.declined(),
                 stats.declined_busy,
                 stats.declined_pc,
                 stats.declined_budget,
+                stats.declined_behind,
                 stats.reaped,
                 counters.burst_signals,
                 counters.burst_busy,
@@ -598,9 +600,7 @@ impl Session {
 fn set_burst_metrics(s: &crate::bursts::BurstStats) {
     METRICS.bursts_taken.set(s.bursts);
     METRICS.bursts_truncated.set(s.bursts_truncated);
-    METRICS
-        .bursts_declined
-        .set(s.declined_busy + s.declined_pc + s.declined_budget);
+    METRICS.bursts_declined.set(s.declined());
 }
 
 /// The process's name and executable for messages: `comm (path)` (the

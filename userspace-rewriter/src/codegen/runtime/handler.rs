@@ -11,6 +11,7 @@ use iced_x86::code_asm::{
 };
 
 use super::asm::{RipRel, field, local, private, slot, start_path_if_measured, tag};
+use super::ring::TAILS_FROM_HEADS;
 
 /// `uc_mcontext.gregs[REG_RIP]`: ucontext (40) + 16 * 8.
 pub(super) const UC_RIP: i32 = 40 + 16 * 8;
@@ -44,7 +45,10 @@ const SYS_GETTID: u32 = 186;
 /// (`lock xadd`); if it was `max_bursts` (or [`MAX_SLOTS`]) or more
 /// already, it takes the one back and → `declined_busy`. A free slot is claimed with
 /// `lock cmpxchg` of its `owner` (0 → `fs:[0]`), the first free one from
-/// slot 0 (none: undo, `declined_busy`). The PC not in the instruction
+/// slot 0 (none: undo, `declined_busy`). Its sub-ring more than half full
+/// (unless `wait_when_full`) → the slot and `active` are given back,
+/// `declined_behind`: the daemon is behind, and declining here keeps a
+/// burst from filling the ring and losing records. The PC not in the instruction
 /// table → the slot and `active` are given back, `declined_pc`. Else the
 /// PC in the ucontext becomes the clone's; the slot gets its index, its
 /// sub-ring and head address; the thread's registers (in its TCB): `slot`,
@@ -73,6 +77,8 @@ pub(super) fn handler(
     let mut got = a.create_label();
     let mut bound = a.create_label();
     let mut not_max = a.create_label();
+    let mut room = a.create_label();
+    let mut behind = a.create_label();
 
     a.set_label(entry)?;
     // A child forked from the process reads its private `present` as 0
@@ -146,8 +152,21 @@ pub(super) fn handler(
     a.jb(next)?;
     a.jmp(over)?;
 
-    // rsi = the slot, rdi = its index.
+    // rsi = the slot, rdi = its index. Its sub-ring more than half full:
+    // the daemon is behind; a burst now could fill it and lose records
+    // (a full trace waits at a full ring instead).
     a.set_label(&mut got)?;
+    a.rip_mi(Code::Cmp_rm64_imm8, field!(control, wait_when_full), 0)?;
+    a.jne(room)?;
+    a.rip_rm(Code::Lea_r64_m, rcx, field!(control, heads))?;
+    a.mov(rax, qword_ptr(rcx + rdi * 8))?;
+    a.sub(rax, qword_ptr(rcx + rdi * 8 + TAILS_FROM_HEADS))?;
+    a.rip_rm(Code::Mov_r64_rm64, rcx, field!(control, ring_mask))?;
+    a.inc(rcx)?;
+    a.shr(rcx, 1)?;
+    a.cmp(rax, rcx)?;
+    a.ja(behind)?;
+    a.set_label(&mut room)?;
     a.mov(r10, qword_ptr(r9 + UC_RIP))?;
     a.mov(rax, r10)?;
     a.call(lookup)?;
@@ -210,6 +229,13 @@ pub(super) fn handler(
     a.set_label(&mut no_tcb)?;
     a.lock()
         .rip_m(Code::Inc_rm64, field!(control, declined_pc))?;
+    a.ret()?;
+    // The daemon is behind: give the slot and the count back.
+    a.set_label(&mut behind)?;
+    a.mov(qword_ptr(rsi + slot!(owner)), 0)?;
+    a.lock().rip_m(Code::Dec_rm32, field!(control, active))?;
+    a.lock()
+        .rip_m(Code::Inc_rm64, field!(control, declined_behind))?;
     a.ret()?;
     // At the bound, or no free slot: give the count back.
     a.set_label(&mut over)?;
@@ -651,17 +677,39 @@ mod tests {
         assert_eq!(counters(&h), [1, 0, 0, 0, 2]);
     }
 
-    /// A full ring loses the START record and truncates the new burst to
-    /// one check, but the burst starts.
+    /// A sub-ring more than half full (the daemon is behind) declines the
+    /// burst: the slot and `active` are given back, `declined_behind`
+    /// counts it, nothing is written. Half full or less starts it. A full
+    /// trace (`wait_when_full`) never declines so.
     #[test]
-    fn full_ring_loses_the_start_record() {
+    fn a_sub_ring_more_than_half_full_declines() {
+        // 16 words, half of them 8: 10 in use (tails count).
         let mut h = armed();
-        h.ctl_mut().heads[0] = 16;
+        h.ctl_mut().heads[0] = 30;
+        h.ctl_mut().tails[0] = 20;
+        handle(&mut h, None);
+        assert_eq!(h.uc_word(RIP), PC);
+        let c = h.ctl();
+        assert_eq!((c.active, c.bursts, c.declined_behind), (0, 0, 1));
+        assert_eq!((c.heads[0], c.lost_records, h.loc().owner), (30, 0, 0));
+        assert_eq!(counters(&h), [0, 0, 0, 0, 0]);
+
+        // 8 in use: room, the burst starts.
+        h.ctl_mut().tails[0] = 22;
         handle(&mut h, None);
         assert_eq!(h.uc_word(RIP), CLONE);
         let c = h.ctl();
-        assert_eq!((c.active, c.bursts, c.heads[0]), (1, 1, 16));
-        assert_eq!((c.lost_records, h.loc().budget, c.truncated), (1, 1, 1));
+        assert_eq!((c.active, c.bursts, c.declined_behind), (1, 1, 1));
+        assert_eq!((c.heads[0], c.lost_records, h.loc().owner), (32, 0, fs0()));
+
+        // A full trace waits at a full ring instead of declining.
+        let mut h = armed();
+        h.ctl_mut().wait_when_full = 1;
+        h.ctl_mut().heads[0] = 12;
+        handle(&mut h, None);
+        assert_eq!(h.uc_word(RIP), CLONE);
+        let c = h.ctl();
+        assert_eq!((c.bursts, c.declined_behind, c.heads[0]), (1, 0, 14));
     }
 
     /// A stand-in for the loader's code on code page 1: `call hook` at

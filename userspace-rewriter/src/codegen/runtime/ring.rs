@@ -8,9 +8,9 @@ use iced_x86::code_asm::{
 use super::asm::{RipRel, field, local, owner_gate, slot};
 
 /// Bytes from `heads[i]` to `tails[i]` in the control block.
-const TAILS_FROM_HEADS: i32 = core::mem::offset_of!(burstyd_common::burst::BurstControl, tails)
-    as i32
-    - core::mem::offset_of!(burstyd_common::burst::BurstControl, heads) as i32;
+pub(super) const TAILS_FROM_HEADS: i32 =
+    core::mem::offset_of!(burstyd_common::burst::BurstControl, tails) as i32
+        - core::mem::offset_of!(burstyd_common::burst::BurstControl, heads) as i32;
 
 /// Yields before a full ring with `wait_when_full` gives up.
 pub(super) const YIELDS: u32 = 1 << 22;
