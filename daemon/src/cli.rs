@@ -166,6 +166,10 @@ pub(crate) enum Command {
     /// daemon in a process of its own (its bytes on standard input).
     #[command(hide = true)]
     PrepareModule(crate::bursts::worker::WorkerArgs),
+    /// Internal: addresses looked up in a module's DWARF, run by the
+    /// daemon in a process of its own (addresses on standard input).
+    #[command(hide = true)]
+    SymbolizeDwarf(crate::stacks::dwarf_worker::DwarfWorkerArgs),
 }
 
 #[derive(Debug, Args, Clone)]

@@ -104,6 +104,14 @@ fn main() {
         }
         return;
     }
+    if let Some(Command::SymbolizeDwarf(args)) = &cli.command {
+        init_logging(0);
+        if let Err(e) = crate::stacks::dwarf_worker::run(args) {
+            eprintln!("burstyd symbolize-dwarf: error: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     // SIGINT/SIGTERM/SIGHUP wait, pending, for the session to read them
     // (see session::command): blocked now, before any thread starts, so
     // that no thread takes them with their default action (which would

@@ -313,3 +313,58 @@ fn an_executable_that_cannot_be_traced_is_reported_once_and_sampled() {
         .sum();
     assert!(sampled > 100, "{sampled} samples of the untraced processes");
 }
+
+/// The service clones a target's shared libraries once they are hot
+/// (`libraries = "hot"`, its default): `libc_heavy` spends most of its
+/// time in libc (qsort, strcmp, memcpy), so libc is cloned within seconds
+/// of the attach and bursts run in its clones; the loader, mapped too but
+/// idle, is never cloned; the program's output is as untraced.
+#[test]
+fn only_the_libraries_where_a_target_spends_time_are_cloned() {
+    require_root();
+    let _serial = serial();
+    let scratch = Scratch::new("service-bursts-hot-libs");
+    let exe = scratch.join("svc_libc");
+    std::fs::copy(fixture("libc_heavy"), &exe).unwrap();
+    let untraced = run_untraced(&[exe.to_str().unwrap(), "1000"], Duration::from_secs(60));
+    let out = scratch.join("out");
+    let cfg = scratch.join("burstyd.toml");
+    let port = free_port();
+    write_config(&cfg, &config(&out, port, &exe));
+    let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
+    d.wait_log("sampling targets", 20);
+    let run = run_timeout(Command::new(&exe).arg("1000"), Duration::from_secs(120));
+    let log = d.log();
+    assert!(d.stop().success(), "{}", d.log());
+    assert_eq!(
+        run.stdout_str(),
+        untraced.stdout_str(),
+        "the target's output under the service differs from its untraced output"
+    );
+    let log = log + &d.log();
+    // The attach clones the executable only; libc follows once hot.
+    assert!(
+        log.contains("in 1 module(s) (svc_libc)"),
+        "the attach cloned more than the executable:\n{log}"
+    );
+    assert!(
+        log.contains("libc.so.6 holds")
+            && log.contains("of a library (libc.so.6) loaded since the attach rewritten"),
+        "libc was not cloned once hot:\n{log}"
+    );
+    assert!(
+        !log.contains("ld-linux-x86-64.so.2 holds") && !log.contains("(ld-linux"),
+        "the idle loader was cloned:\n{log}"
+    );
+    // Bursts ran in libc's clones: its functions have paths.
+    let paths = path_counts(&out.join("paths.pb.gz"));
+    let in_libc: i64 = paths
+        .iter()
+        .filter(|(f, _)| f.contains("msort") || f.contains("strcmp") || f.contains("memcpy"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        in_libc > 0,
+        "no path of libc's qsort/strcmp/memcpy in paths.pb.gz: {paths:?}\n{log}"
+    );
+}

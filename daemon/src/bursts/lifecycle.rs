@@ -37,13 +37,13 @@ use userspace_rewriter::codegen::unwind_info;
 use userspace_rewriter::codegen::{self, LOW_STATE_LIMIT, Layout, NO_PATH, TableSource};
 use userspace_rewriter::inject::{self, KernelSigaction, SA_RESTORER, Tracee};
 
-use super::BurstOptions;
 use super::cache;
 use super::coverage::CodeMap;
 use super::modules::{self, Module};
 use super::ring::{SharedRegion, TargetCounters};
 use super::tables::{FileTables, Merged};
 use super::worker;
+use super::{BurstOptions, Libraries};
 use crate::export::fdata::FdataFacts;
 use crate::stacks::clones::{CloneFrames, CloneRegion};
 
@@ -843,8 +843,13 @@ pub(crate) fn attach(
     // The executable now; its libraries in a second step
     // ([`add_libraries`]), so that a short program is traced from early on.
     // Each module on a thread of its own (held, the libraries too).
-    let mut mapped =
-        modules::mapped_modules(pid, &maps, exe_path, exe_file, held && opts.libraries)?;
+    let mut mapped = modules::mapped_modules(
+        pid,
+        &maps,
+        exe_path,
+        exe_file,
+        held && opts.libraries == Libraries::All,
+    )?;
     cap_modules(pid, &mut mapped, 0);
     // The executable's id: the hash of its bytes.
     let id = mapped[0].hash;
@@ -901,7 +906,7 @@ pub(crate) fn attach(
                 let cb = attached.attachment.region.control();
                 cb.modules[..(cb.n_modules as usize).min(MAX_MODULES)].to_vec()
             };
-            let pending = opts.libraries.then(|| Pending {
+            let pending = (opts.libraries != Libraries::None).then(|| Pending {
                 control: m.start,
                 exe_path: exe_path.to_owned(),
                 tables: 0,
@@ -1007,7 +1012,7 @@ pub(crate) fn attach(
     // ptrace stop cuts short a `getrandom` or a pipe `read` under way.
     // Sought now, while the address space holds still: the gap below a
     // library is where the program's next mmap goes.
-    let rooms = if opts.libraries && !held {
+    let rooms = if opts.libraries == Libraries::All && !held {
         let maps = inject::maps(pid)?;
         library_rooms(pid, &maps, exe_path, tables.len_bytes(), &mut reserved)
     } else {
@@ -1185,7 +1190,7 @@ pub(crate) fn attach(
     remember(&mut gens);
     let then = match still_held {
         Some(t) => Some(Then::Release(t)),
-        None => opts.libraries.then(|| {
+        None => (opts.libraries == Libraries::All).then(|| {
             Then::Libraries(Pending {
                 control,
                 exe_path: exe_path.to_owned(),

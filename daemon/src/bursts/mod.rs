@@ -83,8 +83,8 @@ pub(crate) struct BurstOptions {
     /// Bursts that may run at once in a process, on as many threads (1
     /// to `MAX_SLOTS`).
     pub(crate) max_bursts: u64,
-    /// Clone the shared libraries too, not only the executable.
-    pub(crate) libraries: bool,
+    /// Which shared libraries are cloned besides the executable.
+    pub(crate) libraries: Libraries,
     /// Write raw burst traces here (`--save-bursts`).
     pub(crate) save_bursts: Option<PathBuf>,
 }
@@ -107,6 +107,28 @@ impl BurstOptions {
         }
     }
 }
+
+/// Which of a traced process's shared libraries get clones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Libraries {
+    /// The executable only (`--exe-only`, `libraries = false`).
+    None,
+    /// Those where the process spends its time: a library is cloned once
+    /// it holds [`HOT_LIBRARY_SHARE`] of the process's user-mode samples
+    /// (the service's default). A long-running server maps many
+    /// libraries it hardly runs (redis: 17, of which libc holds nearly
+    /// all the library time); their plans, maps and clones cost the
+    /// daemon about 3 MB each and cover no samples.
+    Hot,
+    /// All of them at attach, and those loaded later (`--pid`, `run`:
+    /// a command held at its entry point is covered from its first
+    /// instruction).
+    All,
+}
+
+/// The share of a process's user-mode samples (event weight) a library
+/// must hold to be cloned under [`Libraries::Hot`].
+pub(crate) const HOT_LIBRARY_SHARE: f64 = 0.01;
 
 /// Default checks per burst. A path is counted only when its burst saw
 /// it start, so a path that spans calls into long-running callees needs
@@ -326,7 +348,10 @@ pub(crate) struct BurstTracer {
     /// The handler knows the loader's link-map hook.
     hooked: bool,
     /// Clone libraries (not `--exe-only`), also those loaded later.
-    libraries: bool,
+    libraries: Libraries,
+    /// Under [`Libraries::Hot`]: the libraries (maps paths) found hot,
+    /// which a relink may clone.
+    hot: std::collections::HashSet<String>,
     /// Libraries loaded since the attach that were sent to be cloned (a
     /// request under way: `loading`), and how often each file was.
     tried: std::collections::HashSet<linkmap::Loaded>,
@@ -393,6 +418,7 @@ impl BurstTracer {
             reaped: 0,
             hooked: false,
             libraries: opts.libraries,
+            hot: Default::default(),
             tried: Default::default(),
             loading: false,
             clonings: Default::default(),
@@ -545,7 +571,7 @@ impl BurstTracer {
                 );
             }
         }
-        if !self.libraries || self.loading || self.awaiting_libraries {
+        if self.libraries == Libraries::None || self.loading || self.awaiting_libraries {
             return (gone, None);
         }
         // The module directory records what a relink checks: a module it
@@ -553,7 +579,9 @@ impl BurstTracer {
         let mut room = MAX_MODULES.saturating_sub(self.attachment.region().modules().len());
         let mut new = Vec::new();
         for l in r.uncloned {
-            if self.tried.contains(&l) {
+            if self.tried.contains(&l)
+                || (self.libraries == Libraries::Hot && !self.hot.contains(&l.path))
+            {
                 continue;
             }
             self.tried.insert(l.clone());
@@ -584,6 +612,38 @@ impl BurstTracer {
             .unwrap_or(0);
         let req = self.attachment.load_request(&exe_path, next_fid, new);
         (gone, Some(req))
+    }
+
+    /// Whether libraries are cloned once hot ([`Libraries::Hot`]).
+    pub(crate) fn hot_libraries(&self) -> bool {
+        self.libraries == Libraries::Hot
+    }
+
+    /// Under [`Libraries::Hot`]: `shares` is the process's user-mode
+    /// event weight per mapped file (maps path) and in all; each library
+    /// that holds [`HOT_LIBRARY_SHARE`] of it becomes hot, and a relink
+    /// soon clones those not cloned yet. Returns the libraries that just
+    /// became hot.
+    pub(crate) fn note_hot(&mut self, shares: &HashMap<&str, u64>, total: u64) -> Vec<String> {
+        if self.libraries != Libraries::Hot || total == 0 {
+            return Vec::new();
+        }
+        let exe = &self.traced.exe_module().path;
+        let mut new = Vec::new();
+        for (&path, &w) in shares {
+            if path != exe
+                && path.starts_with('/')
+                && w as f64 >= HOT_LIBRARY_SHARE * total as f64
+                && !self.hot.contains(path)
+            {
+                self.hot.insert(path.to_owned());
+                new.push(path.to_owned());
+            }
+        }
+        if !new.is_empty() {
+            self.attachment.relink_soon();
+        }
+        new
     }
 
     /// The libraries of `req` were cloned (`ext`): added, unless a library

@@ -59,12 +59,38 @@ pub(crate) struct BurstsConfig {
     pub(crate) max_traced: Option<Spanned<usize>>,
     /// Measure each path's time (`--path-time`).
     pub(crate) path_time: Option<bool>,
-    /// Clone the shared libraries too (`--exe-only` is `false`).
-    pub(crate) libraries: Option<bool>,
+    /// Which shared libraries get clones: `"hot"` (those holding 1% of
+    /// the process's samples; the default for `[[target]]`s), `"all"` or
+    /// `true`, `"none"` or `false` (`--exe-only`).
+    pub(crate) libraries: Option<Spanned<LibrariesValue>>,
     /// Bursts at once in one process, each on its own thread (1 to 8).
     pub(crate) max_bursts: Option<Spanned<u64>>,
     /// Refused with a reason: a full trace is for `burstyd run`.
     pub(crate) full_trace: Option<Spanned<bool>>,
+}
+
+/// `libraries = true | false | "hot" | "all" | "none"`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub(crate) enum LibrariesValue {
+    Bool(bool),
+    Word(String),
+}
+
+impl LibrariesValue {
+    fn get(&self) -> Option<crate::bursts::Libraries> {
+        use crate::bursts::Libraries;
+        Some(match self {
+            LibrariesValue::Bool(true) => Libraries::All,
+            LibrariesValue::Bool(false) => Libraries::None,
+            LibrariesValue::Word(w) => match w.as_str() {
+                "hot" => Libraries::Hot,
+                "all" => Libraries::All,
+                "none" => Libraries::None,
+                _ => return None,
+            },
+        })
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -439,6 +465,16 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<FileConfig, ConfigError> 
             "full_trace is not allowed in the service: it traces every event from the first burst on and slows the target many times over; use `burstyd run --full-trace -- PROGRAM` for ground truth".into(),
         ));
     }
+    if let Some(l) = &cfg.bursts.libraries
+        && l.get_ref().get().is_none()
+    {
+        return Err(ConfigError::at(
+            path,
+            text,
+            Some(l.span()),
+            "libraries must be \"hot\" (the libraries holding 1% of a process's samples), \"all\" (or true) or \"none\" (or false)".into(),
+        ));
+    }
     if let Some(m) = &cfg.bursts.max_traced
         && *m.get_ref() == 0
     {
@@ -531,7 +567,7 @@ pub(crate) struct BurstSettings {
     /// Processes traced in bursts at once (configured targets).
     pub(crate) max_traced: usize,
     pub(crate) path_time: bool,
-    pub(crate) libraries: bool,
+    pub(crate) libraries: crate::bursts::Libraries,
     /// Bursts at once in one process (on as many threads).
     pub(crate) max_bursts: u64,
 }
@@ -690,7 +726,16 @@ impl Settings {
                     .map(|m| *m.get_ref())
                     .unwrap_or(DEFAULT_MAX_TRACED),
                 path_time: o.path_time || f.bursts.path_time.unwrap_or(false),
-                libraries: !o.exe_only && f.bursts.libraries.unwrap_or(true),
+                libraries: match &f.bursts.libraries {
+                    _ if o.exe_only => crate::bursts::Libraries::None,
+                    Some(l) => l.get_ref().get().unwrap_or(crate::bursts::Libraries::Hot),
+                    // The service's targets: the hot ones; `--pid` and
+                    // `run`: all, from the first instruction.
+                    None if o.pids.is_empty() && !f.targets.is_empty() => {
+                        crate::bursts::Libraries::Hot
+                    }
+                    None => crate::bursts::Libraries::All,
+                },
                 max_bursts: o
                     .max_bursts
                     .or(f.bursts.max_bursts.as_ref().map(|m| *m.get_ref()))
@@ -774,7 +819,7 @@ pid = 1
                 burst: 200,
                 max_traced: 2,
                 path_time: true,
-                libraries: true,
+                libraries: crate::bursts::Libraries::Hot,
                 max_bursts: burstyd_common::burst::DEFAULT_MAX_BURSTS
             }
         );
@@ -797,18 +842,67 @@ pid = 1
         assert!(s.targets.is_empty());
         assert_eq!(
             (s.bursts.enabled, s.bursts.burst, s.bursts.libraries),
-            (false, 9, false)
+            (false, 9, crate::bursts::Libraries::None)
         );
     }
 
     /// The file shipped beside the unit parses, and its [bursts] are the
-    /// defaults.
+    /// defaults of a service with targets.
     #[test]
     fn the_shipped_file_parses() {
         let c = p(include_str!("../../../systemd/burstyd.toml")).unwrap();
         let s = Settings::resolve(Some(&c), None, &Overrides::default()).unwrap();
-        let d = Settings::resolve(None, None, &Overrides::default()).unwrap();
+        let targeted = p("[[target]]\npid = 1\n").unwrap();
+        let d = Settings::resolve(Some(&targeted), None, &Overrides::default()).unwrap();
         assert_eq!(s.bursts, d.bursts);
+    }
+
+    /// `libraries`: hot by default for `[[target]]`s, all for `--pid`,
+    /// the words and booleans, and anything else refused at its place.
+    #[test]
+    fn libraries_hot_all_none() {
+        use crate::bursts::Libraries;
+        let libs = |text: &str, o: &Overrides| {
+            Settings::resolve(Some(&p(text).unwrap()), None, o)
+                .unwrap()
+                .bursts
+                .libraries
+        };
+        let none = Overrides::default();
+        let pid = Overrides {
+            pids: vec![7],
+            ..Default::default()
+        };
+        let t = "[[target]]\npid = 1\n";
+        assert_eq!(libs(t, &none), Libraries::Hot);
+        assert_eq!(libs(t, &pid), Libraries::All);
+        assert_eq!(libs("", &none), Libraries::All);
+        for (v, want) in [
+            ("\"hot\"", Libraries::Hot),
+            ("\"all\"", Libraries::All),
+            ("true", Libraries::All),
+            ("\"none\"", Libraries::None),
+            ("false", Libraries::None),
+        ] {
+            assert_eq!(
+                libs(&format!("[bursts]\nlibraries = {v}\n{t}"), &none),
+                want,
+                "{v}"
+            );
+        }
+        let exe_only = Overrides {
+            exe_only: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            libs("[bursts]\nlibraries = \"hot\"\n", &exe_only),
+            Libraries::None
+        );
+        let e = p("[bursts]\nlibraries = \"some\"\n").unwrap_err();
+        assert!(
+            e.place == ":2:13" && e.reason.contains("libraries must be"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -826,7 +920,7 @@ pid = 1
                 burst: crate::bursts::DEFAULT_BURST,
                 max_traced: DEFAULT_MAX_TRACED,
                 path_time: false,
-                libraries: true,
+                libraries: crate::bursts::Libraries::All,
                 max_bursts: burstyd_common::burst::DEFAULT_MAX_BURSTS
             }
         );

@@ -270,6 +270,38 @@ impl Session {
         }
     }
 
+    /// Once a second, for the processes whose libraries are cloned when
+    /// hot ([`crate::bursts::Libraries::Hot`]): each one's user-mode event
+    /// weight per mapped file since it was selected; a library past the
+    /// share is cloned at the next relink.
+    pub(super) fn select_hot_libraries(&mut self) {
+        let (procs, weights) = (&self.pipe.procs, &self.pipe.leaf_weights);
+        for t in self.bursts.tracers_mut() {
+            if !t.hot_libraries() {
+                continue;
+            }
+            let pid = t.pid();
+            let Some(leaf) = weights.get(&pid) else {
+                continue;
+            };
+            let mut shares: HashMap<&str, u64> = HashMap::new();
+            let mut total = 0;
+            for (&pc, &w) in leaf {
+                total += w;
+                if let Some(m) = procs.exec_mapping(pid, pc) {
+                    *shares.entry(&m.path).or_insert(0) += w;
+                }
+            }
+            for path in t.note_hot(&shares, total) {
+                info!(
+                    %pid,
+                    "{path} holds {:.1}% of the process's samples: cloning it",
+                    100.0 * shares[path.as_str()] as f64 / total as f64
+                );
+            }
+        }
+    }
+
     /// `/metrics`' per-process series of the processes traced in bursts.
     pub(super) fn publish_traced_metrics(&self) {
         if let Some(sel) = &self.selection {

@@ -365,7 +365,7 @@ impl Session {
             sampler,
             command: None,
             pipe,
-            symbolizer: Symbolizer::new(),
+            symbolizer: Symbolizer::with_dwarf_workers(),
             out: Output {
                 started,
                 cpu_start,
@@ -560,6 +560,7 @@ impl Session {
             reload::apply_scan(s, &mut self.sampler, &mut self.pipe.procs);
         }
         self.select_bursts();
+        self.select_hot_libraries();
         if self.bursts.active() || self.selection.is_some() {
             self.publish_traced_metrics();
         }

@@ -89,10 +89,10 @@ impl Session {
                 b.burst,
                 b.max_traced,
                 if b.path_time { ", path time" } else { "" },
-                if b.libraries {
-                    ""
-                } else {
-                    ", executables only"
+                match b.libraries {
+                    crate::bursts::Libraries::All => ", all libraries",
+                    crate::bursts::Libraries::Hot => ", hot libraries",
+                    crate::bursts::Libraries::None => ", executables only",
                 },
             );
         }

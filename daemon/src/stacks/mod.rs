@@ -7,10 +7,12 @@
 //! - [`unwind`]: register snapshot + stack copy → return addresses (CFI);
 //! - [`cct`]: stacks → calling context trees per thread;
 //! - [`symbolize`]: addresses → functions, files, lines, inline frames
-//!   (a module's DWARF opened by [`dwarf`]).
+//!   (a module's DWARF opened by [`dwarf`], in the daemon by a worker
+//!   process: [`dwarf_worker`]).
 pub(crate) mod cct;
 pub(crate) mod clones;
 pub(crate) mod dwarf;
+pub(crate) mod dwarf_worker;
 pub(crate) mod modules;
 pub(crate) mod symbolize;
 pub(crate) mod table;

@@ -45,6 +45,7 @@ use object::{Object, ObjectSymbol, SymbolKind};
 use tracing::{debug, warn};
 
 use crate::stacks::dwarf::Dwarf;
+use crate::stacks::dwarf_worker::Answer;
 use crate::stacks::modules::Module;
 use crate::stacks::table::{MappingInfo, ProcessTable};
 
@@ -181,6 +182,13 @@ struct ModuleSymbols {
     /// `None` = not tried yet; `Some(None)` = no DWARF available.
     dwarf: Option<Option<Dwarf>>,
     cache: HashMap<u64, Arc<[Frame]>>,
+    /// What a DWARF worker answered for the addresses about to be
+    /// resolved ([`Self::ask_worker`]); with a worker, DWARF is never
+    /// opened in this process.
+    answers: HashMap<u64, Answer>,
+    worker: bool,
+    /// The worker failed for this module: its symbol table only.
+    worker_failed: bool,
 }
 
 impl ModuleSymbols {
@@ -190,18 +198,66 @@ impl ModuleSymbols {
             symbols: None,
             dwarf: None,
             cache: HashMap::new(),
+            answers: HashMap::new(),
+            worker: false,
+            worker_failed: false,
+        }
+    }
+
+    /// The ELF file with the module's DWARF: itself, or its separate
+    /// debug file.
+    fn dwarf_path(&self) -> Option<std::path::PathBuf> {
+        if self.module.has_debug_info() {
+            self.module.fd_path()
+        } else {
+            self.module.debug_file()
+        }
+    }
+
+    /// Has a worker process ([`dwarf_worker`](crate::stacks::dwarf_worker))
+    /// look up `svmas` (those not resolved before) in the module's DWARF,
+    /// for [`Self::resolve`]. A failure is said once; the module is then
+    /// resolved from its symbol table.
+    fn ask_worker(&mut self, svmas: impl Iterator<Item = u64>) {
+        self.worker = true;
+        if self.worker_failed {
+            return;
+        }
+        let mut want: Vec<u64> = svmas.filter(|a| !self.cache.contains_key(a)).collect();
+        want.dedup();
+        if want.is_empty() {
+            return;
+        }
+        let Some(path) = self.dwarf_path() else {
+            return;
+        };
+        match crate::stacks::dwarf_worker::answers(&path, &want) {
+            Ok((answers, peak)) => {
+                debug!(
+                    module = self.module.path(),
+                    dwarf = %path.display(),
+                    addresses = want.len(),
+                    worker_peak_mb = peak as f64 / 1e6,
+                    "DWARF answered by a worker"
+                );
+                crate::service::metrics::METRICS
+                    .dwarf_worker_peak_rss
+                    .max(peak);
+                self.answers = want.into_iter().zip(answers).collect();
+            }
+            Err(e) => {
+                warn!(module = self.module.path(), dwarf = %path.display(), "{e:#}; its addresses are named from its symbol table");
+                self.worker_failed = true;
+            }
         }
     }
 
     fn dwarf(&mut self) -> Option<&Dwarf> {
+        let path = self.dwarf_path();
         let module = &self.module;
         self.dwarf
             .get_or_insert_with(|| {
-                let path = if module.has_debug_info() {
-                    module.fd_path()
-                } else {
-                    module.debug_file()
-                }?;
+                let path = path?;
                 match Dwarf::open(&path) {
                     Ok(l) => {
                         debug!(module = module.path(), dwarf = %path.display(), "loaded DWARF");
@@ -237,17 +293,13 @@ impl ModuleSymbols {
         if let Some(f) = self.cache.get(&svma) {
             return f.clone();
         }
-        let mut frames = Vec::new();
-        let mut location = None;
-        if let Some(dwarf) = self.dwarf() {
-            match dwarf.find_frames(svma) {
-                Ok(f) => frames = f,
-                Err(e) => debug!(svma, error = %e, "DWARF lookup failed"),
-            }
-            if frames.is_empty() {
-                location = dwarf.find_location(svma);
-            }
-        }
+        let Answer { frames, location } = if self.worker {
+            self.answers.remove(&svma).unwrap_or_default()
+        } else {
+            self.dwarf()
+                .map(|d| Answer::of(d, svma))
+                .unwrap_or_default()
+        };
         let out: Vec<Frame> = if frames.is_empty() {
             let name = self
                 .symbol_name(svma)
@@ -458,6 +510,8 @@ pub(crate) struct Symbolizer {
     modules: HashMap<ModuleId, ModuleSymbols>,
     /// `None` = not loaded yet.
     kernel: Option<Option<KernelSymbols>>,
+    /// DWARF is read by worker processes ([`Symbolizer::with_dwarf_workers`]).
+    dwarf_workers: bool,
 }
 
 impl Default for Symbolizer {
@@ -472,6 +526,18 @@ impl Symbolizer {
         Symbolizer {
             modules: HashMap::new(),
             kernel: None,
+            dwarf_workers: false,
+        }
+    }
+
+    /// The daemon's symbolizer: each module's DWARF is read by a worker
+    /// process ([`crate::stacks::dwarf_worker`]), a module at a time, for
+    /// the addresses not resolved before; the daemon never holds parsed
+    /// DWARF. (Without, as in unit tests, it is opened here.)
+    pub(crate) fn with_dwarf_workers() -> Self {
+        Symbolizer {
+            dwarf_workers: true,
+            ..Self::new()
         }
     }
 
@@ -511,7 +577,11 @@ impl Symbolizer {
         for (_, mut list) in by_module {
             list.sort_unstable_by_key(|e| e.3);
             let module = list[0].2.module.clone();
+            let workers = self.dwarf_workers;
             let syms = self.module_symbols(&module);
+            if workers {
+                syms.ask_worker(list.iter().map(|e| e.3));
+            }
             for (pid, frame, mapping, svma) in list {
                 let frames = syms.resolve(svma).to_vec();
                 out.insert(
@@ -523,6 +593,7 @@ impl Symbolizer {
                 );
             }
             syms.close_dwarf();
+            syms.answers = HashMap::new();
         }
         out
     }
