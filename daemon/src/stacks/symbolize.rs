@@ -78,6 +78,11 @@ impl Resolved {
     }
 }
 
+/// A DWARF file this large is read by a worker process, not the daemon
+/// ([`Symbolizer::with_dwarf_workers`]). libc's separate debug file (4 MB,
+/// its sections compressed) took 29 MB of the daemon's heap to parse.
+const DWARF_WORKER_MIN_BYTES: u64 = 1 << 20;
+
 /// Upper bound on cached addresses per module before the cache is cleared.
 const MAX_CACHED_ADDRS: usize = 1 << 17;
 /// A symbol of size 0 covers at most this many bytes.
@@ -219,8 +224,14 @@ impl ModuleSymbols {
     /// for [`Self::resolve`]. A failure is said once; the module is then
     /// resolved from its symbol table.
     fn ask_worker(&mut self, svmas: impl Iterator<Item = u64>) {
-        self.worker = true;
-        if self.worker_failed {
+        let Some(path) = self.dwarf_path() else {
+            return;
+        };
+        // A small file is parsed here: it costs the daemon little, and a
+        // worker's start (tens of ms, more on a busy host) would hold up
+        // every profile of a small program.
+        self.worker = std::fs::metadata(&path).is_ok_and(|m| m.len() >= DWARF_WORKER_MIN_BYTES);
+        if !self.worker || self.worker_failed {
             return;
         }
         let mut want: Vec<u64> = svmas.filter(|a| !self.cache.contains_key(a)).collect();
@@ -228,9 +239,6 @@ impl ModuleSymbols {
         if want.is_empty() {
             return;
         }
-        let Some(path) = self.dwarf_path() else {
-            return;
-        };
         match crate::stacks::dwarf_worker::answers(&path, &want) {
             Ok((answers, peak)) => {
                 debug!(
