@@ -349,6 +349,39 @@ pub(crate) fn tsc_hz() -> f64 {
     })
 }
 
+/// Feeds `input` to a worker child's standard input (if piped) while
+/// reading its standard output and error to their ends (either pipe may
+/// fill), then waits for it. Returns its status, output and error.
+pub(crate) fn collect_child(
+    child: &mut std::process::Child,
+    input: Vec<u8>,
+) -> std::io::Result<(std::process::ExitStatus, Vec<u8>, String)> {
+    use std::io::{Read as _, Write as _};
+    let (out, err) = std::thread::scope(|s| {
+        let mut stdin = child.stdin.take();
+        let mut stdout = child.stdout.take();
+        let mut stderr = child.stderr.take();
+        s.spawn(move || {
+            if let Some(i) = stdin.as_mut() {
+                let _ = i.write_all(&input);
+            }
+        });
+        let err = s.spawn(move || {
+            let mut e = String::new();
+            if let Some(x) = stderr.as_mut() {
+                let _ = x.read_to_string(&mut e);
+            }
+            e
+        });
+        let mut o = Vec::new();
+        if let Some(x) = stdout.as_mut() {
+            let _ = x.read_to_end(&mut o);
+        }
+        (o, err.join().unwrap_or_default())
+    });
+    Ok((child.wait()?, out, err))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,6 @@
 //!
 //! Without a plan cache (`--no-cache`, an untrusted directory) there is no
 //! entry to hand over: the daemon analyses in its own process.
-use std::io::Read as _;
 use std::os::fd::AsFd as _;
 use std::process::{Command, Stdio};
 
@@ -86,24 +85,9 @@ pub(crate) fn prepare(module: &Module, key: &str) -> anyhow::Result<Report> {
         .stderr(Stdio::piped())
         .spawn()
         .context("starting the worker process")?;
-    // Its standard error is read meanwhile (it may fill the pipe).
-    let (out, err) = std::thread::scope(|s| {
-        let mut stdout = child.stdout.take();
-        let mut stderr = child.stderr.take();
-        let err = s.spawn(move || {
-            let mut e = String::new();
-            if let Some(x) = stderr.as_mut() {
-                let _ = x.read_to_string(&mut e);
-            }
-            e
-        });
-        let mut o = String::new();
-        if let Some(x) = stdout.as_mut() {
-            let _ = x.read_to_string(&mut o);
-        }
-        (o, err.join().unwrap_or_default())
-    });
-    let status = child.wait().context("waiting for the worker")?;
+    let (status, out, err) =
+        crate::sys::collect_child(&mut child, Vec::new()).context("waiting for the worker")?;
+    let out = String::from_utf8_lossy(&out);
     if !status.success() {
         let last = err.lines().last().unwrap_or("").trim();
         bail!("the worker process failed ({status}): {last}");

@@ -87,30 +87,8 @@ pub(crate) fn answers(file: &Path, svmas: &[u64]) -> anyhow::Result<(Vec<Answer>
         .spawn()
         .context("starting the DWARF worker")?;
     let input: String = svmas.iter().map(|a| format!("{a:x}\n")).collect();
-    // Written and read at once: either pipe may fill.
-    let (out, err) = std::thread::scope(|s| {
-        let mut stdin = child.stdin.take();
-        let mut stdout = child.stdout.take();
-        let mut stderr = child.stderr.take();
-        s.spawn(move || {
-            if let Some(i) = stdin.as_mut() {
-                let _ = i.write_all(input.as_bytes());
-            }
-        });
-        let err = s.spawn(move || {
-            let mut e = String::new();
-            if let Some(x) = stderr.as_mut() {
-                let _ = x.read_to_string(&mut e);
-            }
-            e
-        });
-        let mut o = Vec::new();
-        if let Some(x) = stdout.as_mut() {
-            let _ = x.read_to_end(&mut o);
-        }
-        (o, err.join().unwrap_or_default())
-    });
-    let status = child.wait().context("waiting for the DWARF worker")?;
+    let (status, out, err) = crate::sys::collect_child(&mut child, input.into_bytes())
+        .context("waiting for the DWARF worker")?;
     if !status.success() {
         let last = err.lines().last().unwrap_or("").trim();
         bail!("the DWARF worker failed ({status}): {last}");
