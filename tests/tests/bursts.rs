@@ -241,7 +241,6 @@ fn twenty_attach_detach_cycles_during_one_run() {
     // About 24 s untraced: 20 cycles of 0.1 s take 10-15 s (each re-arms
     // the executable's clones at once, and ends while libc's are still
     // being analysed for the second step).
-    let untraced = run_untraced(&[exe_s, "10000"], Duration::from_secs(120));
     let child = spawn_fixture(&[exe_s, "10000"]);
     let pid = child.id().to_string();
     let scratch = Scratch::new("attach-cycles");
@@ -260,6 +259,9 @@ fn twenty_attach_detach_cycles_during_one_run() {
         "every attach after the first reuses the injected clones"
     );
     assert!(bursts >= 20, "{bursts} bursts in 20 attaches");
+    // The untraced reference runs now, on the other core, while the
+    // fixture finishes (run first, alone, it added its 24 s to the test).
+    let untraced = run_untraced(&[exe_s, "10000"], Duration::from_secs(120));
     assert_eq!(finish(child), untraced.stdout_str());
 }
 
@@ -445,16 +447,19 @@ fn exceptions_through_cloned_frames_with_landing_pads() {
     let _serial = serial();
     let exe = fixture("exceptions");
     let exe_s = exe.to_str().unwrap();
-    let untraced = run_untraced(&[exe_s, "mix", "3000"], Duration::from_secs(60));
-    for (name, extra) in [
-        ("full", &["--freq", "999", "--full-trace"][..]),
-        ("bursts", &["--freq", "999"][..]),
+    // The full trace runs 300 thousand iterations (about 70,000 throws, all
+    // traced: with 3000 it took 2 minutes); default bursts need the longer
+    // run for their 10 bursts.
+    for (name, extra, thousands) in [
+        ("full", &["--freq", "999", "--full-trace"][..], "300"),
+        ("bursts", &["--freq", "999"][..], "3000"),
     ] {
+        let untraced = run_untraced(&[exe_s, "mix", thousands], Duration::from_secs(60));
         let scratch = Scratch::new(&format!("exceptions-{name}"));
         let run = burstyd_run(
             &scratch,
             extra,
-            &[exe_s, "mix", "3000"],
+            &[exe_s, "mix", thousands],
             Duration::from_secs(180),
         );
         run.assert_ok();
@@ -1258,16 +1263,21 @@ fn computed_goto_dispatch_is_traced_exactly() {
     let exe_s = exe.to_str().unwrap();
     const UNITS: u32 = 100;
     let units = UNITS.to_string();
-    let untraced = run_untraced(&[exe_s, &units], Duration::from_secs(60));
+    // The full trace runs 100,000 iterations per call (not the default
+    // 1,000,000): each traced call still gives each handler path 100,000
+    // executions, far above the bound on volume below, and the trace of
+    // the whole run takes seconds, not half a minute.
+    let iterations = "100000";
+    let untraced_short = run_untraced(&[exe_s, &units, iterations], Duration::from_secs(60));
     let scratch = Scratch::new("computed-goto");
     let run = burstyd_run(
         &scratch,
         &["--full-trace"],
-        &[exe_s, &units],
+        &[exe_s, &units, iterations],
         Duration::from_secs(300),
     );
     run.assert_ok();
-    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    assert_eq!(run.finished.stdout_str(), untraced_short.stdout_str());
     let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
     let mut hot: Vec<(&String, i64)> = counts
         .iter()
@@ -1289,6 +1299,7 @@ fn computed_goto_dispatch_is_traced_exactly() {
         "the six handler paths should run equally often (once per iteration): {hot:?}"
     );
     // Default bursts: same output, bursts taken, `run` instrumented.
+    let untraced = run_untraced(&[exe_s, &units], Duration::from_secs(60));
     let scratch = Scratch::new("computed-goto-bursts");
     let run = burstyd_run(
         &scratch,
