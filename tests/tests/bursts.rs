@@ -241,6 +241,7 @@ fn twenty_attach_detach_cycles_during_one_run() {
     // About 24 s untraced: 20 cycles of 0.1 s take 10-15 s (each re-arms
     // the executable's clones at once, and ends while libc's are still
     // being analysed for the second step).
+    let untraced = run_untraced(&[exe_s, "10000"], Duration::from_secs(120));
     let child = spawn_fixture(&[exe_s, "10000"]);
     let pid = child.id().to_string();
     let scratch = Scratch::new("attach-cycles");
@@ -259,9 +260,6 @@ fn twenty_attach_detach_cycles_during_one_run() {
         "every attach after the first reuses the injected clones"
     );
     assert!(bursts >= 20, "{bursts} bursts in 20 attaches");
-    // The untraced reference runs now, on the other core, while the
-    // fixture finishes (run first, alone, it added its 24 s to the test).
-    let untraced = run_untraced(&[exe_s, "10000"], Duration::from_secs(120));
     assert_eq!(finish(child), untraced.stdout_str());
 }
 
