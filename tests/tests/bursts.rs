@@ -445,16 +445,19 @@ fn exceptions_through_cloned_frames_with_landing_pads() {
     let _serial = serial();
     let exe = fixture("exceptions");
     let exe_s = exe.to_str().unwrap();
-    let untraced = run_untraced(&[exe_s, "mix", "3000"], Duration::from_secs(60));
-    for (name, extra) in [
-        ("full", &["--freq", "999", "--full-trace"][..]),
-        ("bursts", &["--freq", "999"][..]),
+    // The full trace runs 300 thousand iterations (about 70,000 throws, all
+    // traced: with 3000 it took 2 minutes); default bursts need the longer
+    // run for their 10 bursts.
+    for (name, extra, thousands) in [
+        ("full", &["--freq", "999", "--full-trace"][..], "300"),
+        ("bursts", &["--freq", "999"][..], "3000"),
     ] {
+        let untraced = run_untraced(&[exe_s, "mix", thousands], Duration::from_secs(60));
         let scratch = Scratch::new(&format!("exceptions-{name}"));
         let run = burstyd_run(
             &scratch,
             extra,
-            &[exe_s, "mix", "3000"],
+            &[exe_s, "mix", thousands],
             Duration::from_secs(180),
         );
         run.assert_ok();
@@ -508,9 +511,10 @@ fn exceptions_through_cloned_frames_with_landing_pads() {
     );
 
     // std::terminate from a noexcept frame: same output, exit status 3
-    // (the fixture's terminate handler).
+    // (the fixture's terminate handler). 100 thousand iterations of `mix`
+    // before it (about 23,000 throws, traced; 1000 thousand took 20 s).
     let untraced = run_timeout(
-        Command::new(exe_s).args(["noexcept", "1000"]),
+        Command::new(exe_s).args(["noexcept", "100"]),
         Duration::from_secs(60),
     );
     assert_eq!(untraced.status.code(), Some(3), "{}", untraced.describe());
@@ -518,7 +522,7 @@ fn exceptions_through_cloned_frames_with_landing_pads() {
     let run = burstyd_run(
         &scratch,
         &["--freq", "999", "--full-trace"],
-        &[exe_s, "noexcept", "1000"],
+        &[exe_s, "noexcept", "100"],
         Duration::from_secs(180),
     );
     assert_eq!(
@@ -1258,16 +1262,21 @@ fn computed_goto_dispatch_is_traced_exactly() {
     let exe_s = exe.to_str().unwrap();
     const UNITS: u32 = 100;
     let units = UNITS.to_string();
-    let untraced = run_untraced(&[exe_s, &units], Duration::from_secs(60));
+    // The full trace runs 100,000 iterations per call (not the default
+    // 1,000,000): each traced call still gives each handler path 100,000
+    // executions, far above the bound on volume below, and the trace of
+    // the whole run takes seconds, not half a minute.
+    let iterations = "100000";
+    let untraced_short = run_untraced(&[exe_s, &units, iterations], Duration::from_secs(60));
     let scratch = Scratch::new("computed-goto");
     let run = burstyd_run(
         &scratch,
         &["--full-trace"],
-        &[exe_s, &units],
+        &[exe_s, &units, iterations],
         Duration::from_secs(300),
     );
     run.assert_ok();
-    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    assert_eq!(run.finished.stdout_str(), untraced_short.stdout_str());
     let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
     let mut hot: Vec<(&String, i64)> = counts
         .iter()
@@ -1289,6 +1298,7 @@ fn computed_goto_dispatch_is_traced_exactly() {
         "the six handler paths should run equally often (once per iteration): {hot:?}"
     );
     // Default bursts: same output, bursts taken, `run` instrumented.
+    let untraced = run_untraced(&[exe_s, &units], Duration::from_secs(60));
     let scratch = Scratch::new("computed-goto-bursts");
     let run = burstyd_run(
         &scratch,
