@@ -209,23 +209,19 @@ sampler &
 SAMPLER_PID=$!
 
 ATTACH="n/a (--no-bursts)"; LIBS="n/a"
-# The library step's line (or its failure); at the default log level
-# nothing is logged when no library can be opened.
-LIBS_RE="bursty tracing: [0-9]* functions of [0-9]* librar\|bursty tracing: [0-9]* functions of librar\|shared libraries not cloned"
+# The libraries' lines (or their failure): the service clones a library
+# once it holds 1% of the process's samples (`libraries = "hot"`), so
+# under load; at the default log level nothing is logged when no library
+# can be opened.
+LIBS_RE="bursty tracing: [0-9]* functions of [0-9]* librar\|bursty tracing: [0-9]* functions of librar\|bursty tracing: [0-9]* functions of a librar\|shared libraries not cloned"
 if [[ "$BURSTS" == 1 ]]; then
-    echo "== waiting for the attach (the executable, up to 180 s; then its libraries, up to 60 s)" >&2
+    echo "== waiting for the attach (the executable, up to 180 s; its hot libraries follow under load)" >&2
     for _ in $(seq 1800); do
         strip "$WORK/daemon.log" | grep -q "functions rewritten\|re-armed the clones\|cannot trace .* in bursts" && break
         sleep 0.1
     done
     ATTACH=$(strip "$WORK/daemon.log" | grep -o "bursty tracing: [0-9]* functions rewritten.*\|bursty tracing: re-armed.*\|cannot trace .* in bursts.*" | head -1 || true)
     echo "   ${ATTACH:-no attach logged}" >&2
-    for _ in $(seq 600); do
-        strip "$WORK/daemon.log" | grep -q "$LIBS_RE\|cannot trace .* in bursts" && break
-        sleep 0.1
-    done
-    LIBS=$(strip "$WORK/daemon.log" | grep -o "\\($LIBS_RE\\).*" | head -1 | cut -c1-300 || true)
-    echo "   ${LIBS:-no library line logged}" >&2
 fi
 ATTACH_DONE_S=$(awk -v s="$D_START" -v n="$(now)" 'BEGIN { printf "%.1f", n - s }')
 
@@ -373,11 +369,15 @@ echo "  load: redis-benchmark -c $CLIENTS -P $PIPELINE -d 64 -r 100000 -t set,ge
 echo "  $PHASES pairs of ~${PHASE} s phases: ${TRACED_MIN} min of traced load; daemon up ${ELAPSED_MIN} min; READY=1 after ${READY_S} s; attach settled ${ATTACH_DONE_S} s after start"
 echo "  attach: ${ATTACH:-none logged}"
 if [[ "$BURSTS" == 1 ]]; then
-    LIBS_END=$(grep -o "\\($LIBS_RE\\).*" "$LOG" | head -1 | cut -c1-300 || true)
-    LIBS_TS=$(grep "$LIBS_RE" "$LOG" | head -1 | awk '{ print $1 }' || true)
-    LIBS_AT=""
-    [[ -n "$LIBS_TS" ]] && LIBS_AT=$(awk -v a="$D_START" -v b="$(date -u -d "$LIBS_TS" +%s.%N)" 'BEGIN { printf "%.1f s after the start: ", b - a }')
-    echo "  libraries: ${LIBS_END:+$LIBS_AT}${LIBS_END:-NOT cloned during the run (no line logged; under the unit capability set /proc/PID/map_files cannot be opened, which only -v shows)}"
+    grep -o "[^ ]* holds [0-9.]*% of the process's samples" "$LOG" | sed 's/^/  hot library: /' || true
+    LIBS_N=0
+    while IFS= read -r l; do
+        LIBS_N=$((LIBS_N + 1))
+        TS=$(awk '{ print $1 }' <<<"$l")
+        AT=$(awk -v a="$D_START" -v b="$(date -u -d "$TS" +%s.%N)" 'BEGIN { printf "%.1f s after the start: ", b - a }')
+        echo "  libraries: $AT$(grep -o "\\($LIBS_RE\\).*" <<<"$l" | cut -c1-300)"
+    done < <(grep "$LIBS_RE" "$LOG" || true)
+    [[ "$LIBS_N" -gt 0 ]] || echo "  libraries: NOT cloned during the run (no line logged; under the unit capability set /proc/PID/map_files cannot be opened, which only -v shows)"
 fi
 echo
 echo "throughput (requests/s, SET and GET combined):"
@@ -397,7 +397,7 @@ echo "$CURVE"
 echo "  RSS ${REF_S} s into the load ${RSS_1M} MB, at the end ${RSS_END} MB: ${RSS_GROWTH}; slope ${SLOPE}; max ${RSS_MAX} MB, VmHWM ${HWM} MB"
 echo "/metrics at the end: samples ${SAMPLES:-?}, ring drops ${RING_DROPS:-?}, truncated stacks ${TRUNC:-?}, profiles written ${PROFILES:-?} (${INTERVALS} interval files), functions rewritten ${M_REWRITTEN:-?}"
 echo "  burst signals sent ${SIGNALS:-?}; not sent: ${NOT_SENT:-?}"
-echo "  bursts taken ${M_TAKEN:-?}, declined ${M_DECL:-?}, truncated ${M_TRUNC:-?} (these counters are added when a process is detached)"
+echo "  bursts taken ${M_TAKEN:-?}, declined ${M_DECL:-?}, truncated ${M_TRUNC:-?} (the processes traced now and those released)"
 echo "  process_cpu_seconds_total ${M_CPU:-?}, process_resident_memory_bytes ${M_RSS:-?} MB; /debug/pprof/paths: HTTP ${PATHS_CODE} (${PATHS_SIZE} bytes)"
 echo "daemon exit (SIGTERM): status ${D_RC} after ${STOP_S} s; ${WD_N} watchdog pings, largest gap ${WD_GAP} s; STOPPING=1 sent: $([[ $STOPPING -gt 0 ]] && echo yes || echo no)"
 echo "  ${BURSTS_LINE:-no bursts line}"
