@@ -46,27 +46,43 @@ fn sighup_reload_switches_targets() {
     d.signal(libc::SIGHUP);
     d.wait_log("configuration reloaded", 10);
     d.wait_log(&format!("target pid {} (spin_b) appeared", pb.pid()), 5);
-    // Let an interval boundary pass: files from now on hold only B.
-    std::thread::sleep(Duration::from_millis(700));
-    let before = interval_files(&out);
-    std::thread::sleep(Duration::from_millis(1500));
+    // The reload happened before this instant: an interval profile whose
+    // recorded start (`time_nanos`) is later began after it and holds only
+    // B. Which file that is depends on when the daemon wrote each interval
+    // (a loaded machine, a first symbolization of libc), so the profiles
+    // are told apart by their own start, not by when they appeared.
+    let reloaded = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64;
+    let started_after = |out: &std::path::Path| -> Vec<(std::path::PathBuf, pprof::Profile)> {
+        interval_files(out)
+            .into_iter()
+            .filter_map(|f| pprof::read_profile(&f).ok().map(|p| (f, p)))
+            .filter(|(_, p)| p.raw.time_nanos >= reloaded)
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while started_after(&out).len() < 3 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert!(d.stop().success(), "{}", d.log());
-    let after: Vec<_> = interval_files(&out)
-        .into_iter()
-        .filter(|p| !before.contains(p))
-        .collect();
+    let files = interval_files(&out);
+    let after = started_after(&out);
     assert!(
-        !before.is_empty() && !after.is_empty(),
-        "{before:?} {after:?}"
+        !files.is_empty() && after.len() >= 2,
+        "interval profiles {files:?}, {} begun after the reload:\n{}",
+        after.len(),
+        d.log()
     );
-    let first = samples_by_comm(&pprof::read_profile(&before[0]).unwrap());
+    let first = samples_by_comm(&pprof::read_profile(&files[0]).unwrap());
     assert!(
         first.keys().all(|c| c == "spin_a") && first.get("spin_a").copied().unwrap_or(0) > 50,
         "before the reload only spin_a is sampled: {first:?}"
     );
     let mut b_samples = 0;
-    for f in &after {
-        let m = samples_by_comm(&pprof::read_profile(f).unwrap());
+    for (f, p) in &after {
+        let m = samples_by_comm(p);
         assert!(
             m.keys().all(|c| c == "spin_b"),
             "after the reload only spin_b: {m:?} in {f:?}"
