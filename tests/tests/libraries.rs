@@ -52,19 +52,26 @@ fn assert_covered(stderr: &str) {
     );
 }
 
-/// `prog` under `burstyd run` with default bursts, then `full_prog` (the
-/// same program on less work: a full trace runs 10-25x slower) with a
-/// full trace (both at 999 Hz): each run must print what the program
-/// prints untraced, lose no record and write no bad one; `check` gets
-/// each run and whether it was the full trace.
+/// `prog` under `burstyd run` with default bursts (`--save-bursts` too
+/// with `save_bursts`), then `full_prog` (the same program on less work: a
+/// full trace runs 10-25x slower) with a full trace (both at 999 Hz): each
+/// run must print what the program prints untraced, lose no record and
+/// write no bad one; `check` gets each run and whether it was the full
+/// trace.
 fn each_mode(
     name: &str,
     prog: &[&str],
     full_prog: &[&str],
+    save_bursts: bool,
     mut check: impl FnMut(&BurstydRun, bool),
 ) {
+    let bursts_args: &[&str] = if save_bursts {
+        &["--freq", "999", "--save-bursts"]
+    } else {
+        &["--freq", "999"]
+    };
     for (args, full) in [
-        (&["--freq", "999", "--save-bursts"][..], false),
+        (bursts_args, false),
         (&["--freq", "999", "--full-trace"][..], true),
     ] {
         let prog = if full { full_prog } else { prog };
@@ -100,7 +107,7 @@ fn time_in_libc_is_traced_in_bursts() {
     let exe = fixture("libc_heavy");
     let exe_s = exe.to_str().unwrap();
     let prog = [exe_s, "600"];
-    each_mode("libraries", &prog, &[exe_s, "150"], |run, full| {
+    each_mode("libraries", &prog, &[exe_s, "150"], false, |run, full| {
         let stderr = &run.finished.stderr;
         if !full {
             // In a full trace the runtime's own ring writes take samples
@@ -234,7 +241,7 @@ fn printf_and_the_allocator_in_libc_are_traced() {
     let exe_s = exe.to_str().unwrap();
     // About 4 s untraced: libc is cloned about a second after the start.
     let prog = [exe_s, "3000"];
-    each_mode("libc-printf", &prog, &[exe_s, "600"], |run, full| {
+    each_mode("libc-printf", &prog, &[exe_s, "150"], false, |run, full| {
         let stderr = &run.finished.stderr;
         if !full {
             let cov = process_coverage(stderr);
@@ -274,8 +281,8 @@ fn cpp_containers_and_iostreams_in_libstdcxx_are_traced() {
     let _serial = serial();
     let exe = fixture("containers");
     let exe_s = exe.to_str().unwrap();
-    let prog = [exe_s, "400"];
-    each_mode("libraries-cpp", &prog, &[exe_s, "80"], |run, full| {
+    let prog = [exe_s, "200"];
+    each_mode("libraries-cpp", &prog, &[exe_s, "20"], true, |run, full| {
         let stderr = &run.finished.stderr;
         assert!(
             stderr.contains("libstdc++") && stderr.contains("libgcc_s"),
@@ -337,6 +344,7 @@ fn python_zlib_and_hashlib_loaded_with_dlopen_are_traced() {
         "python-zlib-hashlib",
         &[python, script, "80"],
         &[python, script, "10"],
+        false,
         |run, full| {
             let stderr = &run.finished.stderr;
             assert!(
