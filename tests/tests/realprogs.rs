@@ -398,14 +398,17 @@ fn xz_compress() {
     );
 }
 
-/// Runs `prog` under `burstyd run` with default bursts (`bursts_args`) and
-/// with a full trace: each run must print exactly `untraced` (stdout), take
-/// at least `min_bursts` bursts (the full trace at least one), and land at least 97% of the executable's
-/// samples in instrumented code, none of them in `hot_fn`.
+/// `bursts.0` under `burstyd run` with default bursts (`bursts_args`), and
+/// `full.0` (the same program on less work: a full trace of an
+/// interpreter runs 20-30x slower than untraced) with a full trace: each
+/// run must print exactly what its program prints untraced (`.1`, the
+/// stdout), take at least `min_bursts` bursts (the full trace at least
+/// one), and land at least 97% of the executable's samples in
+/// instrumented code, none of them in `hot_fn`.
 fn covered_like_untraced(
     name: &str,
-    prog: &[&str],
-    untraced: &[u8],
+    bursts: (&[&str], &[u8]),
+    full: (&[&str], &[u8]),
     bursts_args: &[&str],
     min_bursts: u64,
     hot_fn: &str,
@@ -413,12 +416,15 @@ fn covered_like_untraced(
     // The full trace at the same sampling rate: hot coverage is a share of
     // samples, and at the default 199 Hz a 2-second run has too few for a
     // percent-level bound (troff's PLT stubs swung it from 96.4% to 98.3%).
-    let full: Vec<&str> = bursts_args
+    let full_args: Vec<&str> = bursts_args
         .iter()
         .copied()
         .chain(["--full-trace"])
         .collect();
-    for (label, extra) in [("bursts", bursts_args), ("full-trace", &full[..])] {
+    for (label, extra, (prog, untraced)) in [
+        ("bursts", bursts_args, bursts),
+        ("full-trace", &full_args[..], full),
+    ] {
         let scratch = Scratch::new(&format!("{name}-{label}"));
         let run = burstyd_run(&scratch, extra, prog, Duration::from_secs(300));
         run.assert_ok();
@@ -456,7 +462,7 @@ fn python311() -> Option<&'static str> {
 /// dispatches with computed gotos. Instrumented, it lets bursts cover the
 /// interpreter's time: hot coverage at least 97% of the executable's
 /// samples, and the script's output is the same untraced, with default
-/// bursts and with a full trace. (The script waits, working, until burstyd
+/// bursts and with a full trace (of 40 rounds). (The script waits, working, until burstyd
 /// has injected the clones, which takes seconds for this 7 MB binary.)
 #[test]
 fn python_bytecode_loop_is_covered() {
@@ -466,10 +472,11 @@ fn python_bytecode_loop_is_covered() {
     let script = workspace_root().join("tests/fixtures/cpu_bound.py");
     let script = script.to_str().unwrap();
     let untraced = run_untraced(&[py, script, "nowait", "200"], Duration::from_secs(120));
+    let untraced_full = run_untraced(&[py, script, "nowait", "40"], Duration::from_secs(120));
     covered_like_untraced(
         "python",
-        &[py, script, "wait", "200"],
-        &untraced.stdout,
+        (&[py, script, "wait", "200"], &untraced.stdout),
+        (&[py, script, "wait", "40"], &untraced_full.stdout),
         &[],
         1,
         "_PyEval_EvalFrameDefault",
@@ -536,7 +543,8 @@ fn run_holds_the_command_at_its_entry_until_the_clones_are_in_place() {
 /// a generated man page. Before functions with an LSDA were cloned, 601 of
 /// its 1,964 functions were skipped for their landing pads; now its hot
 /// coverage must be at least 97% of the executable's samples, and the
-/// output the same untraced, with default bursts and with a full trace.
+/// output the same untraced, with default bursts and with a full trace (of
+/// a page a quarter as long).
 #[test]
 fn cpp_troff_with_landing_pads_is_covered() {
     require_root();
@@ -550,28 +558,41 @@ fn cpp_troff_with_landing_pads_is_covered() {
     }
     let _serial = serial();
     let scratch = Scratch::new("troff-input");
-    let input = scratch.join("syn.1");
-    let mut text = String::from(".TH TEST 1\n");
-    for i in 0..80_000u64 {
-        text.push_str(&format!(
-            ".SH SECTION {i}\n.PP\nParagraph {i} with \\fBbold\\fR and \\fIitalic\\fR words, \
-             a number {} and some filler text to fill the line and wrap it around.\n\
-             .TP\n.B item{i}\nDescription of item {i}, which is indented.\n",
-            i * 7919 % 10007
-        ));
-    }
-    std::fs::write(&input, text).unwrap();
-    let input = input.to_str().unwrap();
-    let prog = ["/usr/bin/troff", "-man", "-Tutf8", input];
+    // A generated man page of `sections` sections.
+    let page = |sections: u64| {
+        let input = scratch.join(&format!("syn-{sections}.1"));
+        let mut text = String::from(".TH TEST 1\n");
+        for i in 0..sections {
+            text.push_str(&format!(
+                ".SH SECTION {i}\n.PP\nParagraph {i} with \\fBbold\\fR and \\fIitalic\\fR words, \
+                 a number {} and some filler text to fill the line and wrap it around.\n\
+                 .TP\n.B item{i}\nDescription of item {i}, which is indented.\n",
+                i * 7919 % 10007
+            ));
+        }
+        std::fs::write(&input, text).unwrap();
+        input.to_str().unwrap().to_owned()
+    };
+    let (input, input_full) = (page(80_000), page(20_000));
+    let prog = ["/usr/bin/troff", "-man", "-Tutf8", &input];
+    let full = ["/usr/bin/troff", "-man", "-Tutf8", &input_full];
     let untraced = run_untraced(&prog, Duration::from_secs(120));
-    covered_like_untraced("troff", &prog, &untraced.stdout, &["--freq", "999"], 10, "");
+    let untraced_full = run_untraced(&full, Duration::from_secs(120));
+    covered_like_untraced(
+        "troff",
+        (&prog, &untraced.stdout),
+        (&full, &untraced_full.stdout),
+        &["--freq", "999"],
+        10,
+        "",
+    );
 }
 
 /// Lua 5.4 built from Debian's sources (`scripts/realprogs.sh`): a PIE whose
 /// interpreter loop, `luaV_execute`, dispatches with computed gotos through
 /// a table of label addresses the dynamic loader relocates. Hot coverage at
 /// least 97% of the executable's samples, the script's output the same
-/// untraced, with default bursts and with a full trace.
+/// untraced, with default bursts and with a full trace (of 40 rounds).
 #[test]
 fn lua_computed_goto_loop_is_covered() {
     require_root();
@@ -581,11 +602,13 @@ fn lua_computed_goto_loop_is_covered() {
     let script = workspace_root().join("tests/fixtures/cpu_bound.lua");
     let script = script.to_str().unwrap();
     let prog = [lua, script, "300"];
+    let full = [lua, script, "40"];
     let untraced = run_untraced(&prog, Duration::from_secs(120));
+    let untraced_full = run_untraced(&full, Duration::from_secs(120));
     covered_like_untraced(
         "lua",
-        &prog,
-        &untraced.stdout,
+        (&prog, &untraced.stdout),
+        (&full, &untraced_full.stdout),
         &["--freq", "999"],
         10,
         "luaV_execute",
@@ -598,7 +621,7 @@ fn lua_computed_goto_loop_is_covered() {
 /// entry. The table's base was found by a backward walk that gave up after
 /// 4096 instructions, leaving the loop (40% of the samples) unresolved; now
 /// hot coverage is at least 97% of the executable's samples, and the output
-/// the same untraced, with default bursts and with a full trace.
+/// the same untraced, with default bursts and with a full trace (of 40 rounds).
 #[test]
 fn gawk_switch_loop_is_covered() {
     require_root();
@@ -608,11 +631,13 @@ fn gawk_switch_loop_is_covered() {
     let script = workspace_root().join("tests/fixtures/cpu_bound.awk");
     let script = script.to_str().unwrap();
     let prog = [gawk, "-v", "rounds=300", "-f", script];
+    let full = [gawk, "-v", "rounds=40", "-f", script];
     let untraced = run_untraced(&prog, Duration::from_secs(120));
+    let untraced_full = run_untraced(&full, Duration::from_secs(120));
     covered_like_untraced(
         "gawk",
-        &prog,
-        &untraced.stdout,
+        (&prog, &untraced.stdout),
+        (&full, &untraced_full.stdout),
         &["--freq", "999"],
         10,
         "r_interpret",
