@@ -391,7 +391,12 @@ fn cpp_exceptions_unwind_through_instrumented_frames() {
         run.finished.describe()
     );
     let line = bursts_line(&run.finished.stderr);
-    assert!(stat(&line, "taken") >= 20, "{line}");
+    // A burst of 100000 checks writes most of half a sub-ring, and the
+    // handler declines bursts while one is more than half full: the
+    // daemon drains rings that held many records again within 5 ms
+    // (101-118 bursts here), not at the next 50 ms tick (19, with 844
+    // signals declined as "daemon behind").
+    assert!(stat(&line, "taken") >= 40, "{line}");
     // Long bursts: many stack samples land in the clones; they must still
     // unwind (through the clones' registered unwind info, then the
     // original return addresses above) to main and name the original

@@ -130,6 +130,16 @@ pub(crate) enum Libraries {
 /// must hold to be cloned under [`Libraries::Hot`].
 pub(crate) const HOT_LIBRARY_SHARE: f64 = 0.01;
 
+/// Records one drain of a process's rings must find for the next drain to
+/// come after [`BUSY_DRAIN_AGAIN`] rather than the usual interval: long
+/// bursts (`--burst 100000`) or many threads write half a sub-ring within
+/// the 50 ms between drains, and the handler declines bursts meanwhile
+/// ("daemon behind"). 4096 records is a sixteenth of half a sub-ring.
+pub(crate) const BUSY_DRAIN_RECORDS: u64 = 4096;
+
+/// How soon rings that held many records are drained again.
+pub(crate) const BUSY_DRAIN_AGAIN: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Default checks per burst. A path is counted only when its burst saw
 /// it start, so a path that spans calls into long-running callees needs
 /// a burst longer than the callees: xerces-c's parser's edge profile
@@ -1115,16 +1125,22 @@ impl Bursts {
     }
 
     /// `activity(pid)`: the samples of `pid` since the last drain;
-    /// `stacks`: its burst signals' stack samples.
+    /// `stacks`: its burst signals' stack samples. Returns whether the
+    /// rings held many records ([`BUSY_DRAIN_RECORDS`] in one process):
+    /// then they should be drained again soon ([`BUSY_DRAIN_AGAIN`]), not
+    /// at the next [`Self::drain_interval`], since the handler declines
+    /// bursts while a sub-ring is more than half full.
     pub(crate) fn drain(
         &mut self,
         mut activity: impl FnMut(Pid) -> Activity,
         stacks: &mut HashMap<Pid, contexts::StartStacks>,
-    ) {
+    ) -> bool {
+        let mut busy = false;
         for t in &mut self.tracers {
             let a = activity(t.pid());
-            t.drain(a, stacks.get_mut(&t.pid()));
+            busy |= t.drain(a, stacks.get_mut(&t.pid())) >= BUSY_DRAIN_RECORDS;
         }
+        busy
     }
 
     /// Relinks each tracer that needs it ([`BurstTracer::relink`]);

@@ -50,10 +50,13 @@ impl Session {
         // sample in the sample ring already (see `bursts::contexts`).
         self.sampler.drain_now(|s| self.pipe.handle(s));
         let pipe = &mut self.pipe;
-        self.bursts.drain(
+        let busy = self.bursts.drain(
             |pid| pipe.in_clones.remove(&pid).unwrap_or_default(),
             &mut pipe.start_stacks,
         );
+        if busy && let Some(t) = self.timers.bursts.as_mut() {
+            t.reset_after(crate::bursts::BUSY_DRAIN_AGAIN);
+        }
         let sampler = &mut self.sampler;
         for (pid, gone) in self.bursts.relink(|pid| sampler.link_changes(pid)) {
             sampler.remove_pages(pid, &gone);
