@@ -139,8 +139,14 @@ struct ProcState {
 }
 
 impl ProcState {
-    fn covers(&self, addr: u64) -> bool {
-        find_sorted(&self.maps, addr, |m| (m.start, m.end)).is_some()
+    /// Whether the snapshot has `addr` in an executable mapping: code
+    /// addresses (a pc, a return address) are looked for only there. A
+    /// non-executable mapping does not count: the dynamic loader first
+    /// reserves a library's whole range read-only, then maps its text
+    /// over it, and a snapshot taken in between must not keep the
+    /// library's text unknown.
+    fn covers_code(&self, addr: u64) -> bool {
+        find_sorted(&self.maps, addr, |m| (m.start, m.end)).is_some_and(|m| m.is_exec())
     }
 
     fn exec_at(&self, addr: u64) -> Option<&ExecMapping> {
@@ -203,14 +209,15 @@ impl ProcessTable {
         self.clones.get(&pid)
     }
 
-    /// Make sure we hold a maps snapshot for `pid` that covers `addr` (re-read
-    /// `/proc/PID/maps` at most when `addr` is not covered by the snapshot and
-    /// the last refresh is older than [`REFRESH_INTERVAL`], so `dlopen` is seen).
-    /// Returns false when the process is gone and nothing is known.
+    /// Make sure we hold a maps snapshot for `pid` that covers the code
+    /// address `addr` (re-read `/proc/PID/maps` at most when `addr` is not
+    /// in an executable mapping of the snapshot and the last refresh is
+    /// older than [`REFRESH_INTERVAL`], so `dlopen` is seen). Returns false
+    /// when the process is gone and nothing is known.
     pub(crate) fn ensure(&mut self, pid: Pid, addr: u64) -> bool {
         if let Some(p) = self.procs.get(&pid)
             && (p.exited
-                || p.covers(addr)
+                || p.covers_code(addr)
                 || (p.refreshes >= FREE_REFRESHES && p.last_refresh.elapsed() < REFRESH_INTERVAL))
         {
             return true;
@@ -498,6 +505,45 @@ mod tests {
         assert!(t.refresh(cpid));
         assert!(t.is_exited(cpid));
         assert!(t.ensure(cpid, 0x1234));
+    }
+
+    /// A snapshot taken while the loader maps a library has the library's
+    /// range reserved read-only: a pc there later is code, and the maps
+    /// are read again (before, such a process's libc stayed unknown, and
+    /// every stack stopped at main's caller).
+    #[test]
+    fn code_in_a_mapping_that_was_not_executable_rereads_the_maps() {
+        let pid = Pid(std::process::id());
+        let mut t = ProcessTable::new();
+        let len = 4096;
+        // SAFETY: a fresh anonymous mapping, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let addr = p as u64 + 16;
+        assert!(t.refresh(pid));
+        let exec_at = |t: &ProcessTable| {
+            let maps = &t.procs[&pid].maps;
+            find_sorted(maps, addr, |m| (m.start, m.end)).map(|m| m.is_exec())
+        };
+        assert_eq!(exec_at(&t), Some(false));
+        // SAFETY: the mapping above.
+        assert_eq!(
+            unsafe { libc::mprotect(p, len, libc::PROT_READ | libc::PROT_EXEC) },
+            0
+        );
+        assert!(t.ensure(pid, addr));
+        assert_eq!(exec_at(&t), Some(true));
+        // SAFETY: the mapping above, no longer used.
+        unsafe { libc::munmap(p, len) };
     }
 
     #[test]
