@@ -161,7 +161,7 @@ fn swap(name: &str, n: &str, rounds: &str) -> (Swapped, Scratch) {
 fn a_library_opened_after_attach_is_traced() {
     require_root();
     let _s = serial();
-    let (s, _scratch) = swap("dlopen-late", "400000000", "1");
+    let (s, _scratch) = swap("dlopen-late", "100000000", "1");
     assert!(
         s.log
             .lines()
@@ -201,7 +201,7 @@ fn a_library_opened_after_attach_is_traced() {
 fn a_library_unloaded_mid_run_is_never_entered_again() {
     require_root();
     let _s = serial();
-    let (s, _scratch) = swap("dlswap", "40000000", "16");
+    let (s, _scratch) = swap("dlswap", "10000000", "16");
     assert!(
         s.log
             .contains("libdlswap_a.so was unloaded: its clones are no longer entered"),
