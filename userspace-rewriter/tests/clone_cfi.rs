@@ -31,20 +31,21 @@ fn fdes<'a>(eh: &Section<'a>, bases: &BaseAddresses) -> Vec<Fde<'a>> {
 }
 
 /// The row at `pc` as comparable data: the CFA rule and the register
-/// rules, with expressions as their bytes.
+/// rules, with expressions as their bytes. (`ctx`: gimli's scratch
+/// space, reused: a new one per row was most of the test's time.)
 fn row_at(
     eh: &Section<'_>,
     bases: &BaseAddresses,
     fdes: &[Fde<'_>],
     pc: u64,
+    ctx: &mut UnwindContext<usize>,
 ) -> Option<(String, Vec<String>)> {
     let i = fdes.partition_point(|f| f.initial_address() <= pc);
     let fde = fdes.get(i.checked_sub(1)?)?;
     if pc >= fde.initial_address() + fde.len() {
         return None;
     }
-    let mut ctx = UnwindContext::new();
-    let row = fde.unwind_info_for_address(eh, bases, &mut ctx, pc).ok()?;
+    let row = fde.unwind_info_for_address(eh, bases, ctx, pc).ok()?;
     let expr =
         |e: &gimli::UnwindExpression<usize>| format!("{:02x?}", e.get(eh).unwrap().0.slice());
     let cfa = match row.cfa() {
@@ -124,21 +125,24 @@ fn check(path: &std::path::Path) -> (Vec<String>, usize, Vec<u64>) {
         .map(|f| (f.start, f.start + f.size))
         .collect();
     starts.sort_unstable();
-    let plt_stubs: Vec<(u64, u64)> = plan
+    let mut plt_stubs: Vec<(u64, u64)> = plan
         .functions
         .iter()
         .filter(|f| matches!(f.status, FunctionStatus::Plt))
         .map(|f| (f.start, f.start + f.size))
         .collect();
+    plt_stubs.sort_unstable();
+    let in_plt_stub = |a: u64| {
+        let i = plt_stubs.partition_point(|r| r.0 <= a);
+        i > 0 && a < plt_stubs[i - 1].1
+    };
+    let mut ctx = Box::new(UnwindContext::new());
     for &(orig, clone) in img.table() {
         // A PLT stub's trampoline has the CIE's row where a burst can
         // start in it (the return address on top), whatever the stub's
         // FDE says: a lazy `.plt`'s reads `rip`.
-        if plt_stubs
-            .iter()
-            .any(|r| (r.0..r.1).contains(&(orig - bias)))
-        {
-            let got = row_at(&clone_eh, &clone_bases, &clone_fdes, clone);
+        if in_plt_stub(orig - bias) {
+            let got = row_at(&clone_eh, &clone_bases, &clone_fdes, clone, &mut ctx);
             assert_eq!(
                 got,
                 Some(("7+8".to_string(), vec!["16: Offset(-8)".to_string()])),
@@ -147,16 +151,17 @@ fn check(path: &std::path::Path) -> (Vec<String>, usize, Vec<u64>) {
             );
             continue;
         }
-        let Some(want) = row_at(&orig_eh, &orig_bases, &orig_fdes, orig - bias) else {
+        let Some(want) = row_at(&orig_eh, &orig_bases, &orig_fdes, orig - bias, &mut ctx) else {
             continue;
         };
         // A function whose first byte no FDE covers gets none for its
         // clone (rare: an FDE that starts inside it; not restated).
         let i = starts.partition_point(|f| f.0 <= orig - bias);
-        if i == 0 || row_at(&orig_eh, &orig_bases, &orig_fdes, starts[i - 1].0).is_none() {
+        if i == 0 || row_at(&orig_eh, &orig_bases, &orig_fdes, starts[i - 1].0, &mut ctx).is_none()
+        {
             continue;
         }
-        let got = row_at(&clone_eh, &clone_bases, &clone_fdes, clone).unwrap_or_else(|| {
+        let got = row_at(&clone_eh, &clone_bases, &clone_fdes, clone, &mut ctx).unwrap_or_else(|| {
             let f = &starts[i - 1];
             let c: Vec<u64> = img
                 .functions
