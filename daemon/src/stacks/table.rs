@@ -25,8 +25,9 @@
 //! ## How it works
 //!
 //! * Snapshots of `/proc/PID/maps` are taken on demand by [`ProcessTable::ensure`]:
-//!   again only when an address is not covered by the snapshot (a `dlopen` since)
-//!   and the last read is older than [`REFRESH_INTERVAL`].
+//!   again only when a code address is in no executable mapping of the snapshot
+//!   (a `dlopen` since, or a library the loader was still mapping) and the last
+//!   read is older than [`REFRESH_INTERVAL`].
 //! * Module files are opened through `/proc/PID/map_files/START-END` (works for
 //!   deleted files and files in other mount namespaces), then
 //!   `/proc/PID/root/PATH`, then `PATH`; `[vdso]` is copied out of the process'
