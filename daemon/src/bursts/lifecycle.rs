@@ -1172,6 +1172,7 @@ pub(crate) fn attach(
         })
         .sum();
     let kib = gens.iter().map(Generated::code_bytes_len).sum::<u64>() / 1024;
+    let eh_kib = gens.iter().map(|g| g.eh.1.len() as u64).sum::<u64>() / 1024;
     let names: Vec<&str> = gens.iter().map(|g| g.facts.name()).collect();
     let stop = if held {
         format!(
@@ -1183,7 +1184,7 @@ pub(crate) fn attach(
     };
     info!(
         %pid,
-        "bursty tracing: {rewritten} functions rewritten ({skipped} skipped) in {} module(s) ({}), {kib} KiB of clones, signal {signal}; analysis {analysis_ms:.0} ms, generation {generation_ms:.0} ms{cached}, {stop}",
+        "bursty tracing: {rewritten} functions rewritten ({skipped} skipped) in {} module(s) ({}), {kib} KiB of clones and {eh_kib} KiB of their unwind info, signal {signal}; analysis {analysis_ms:.0} ms, generation {generation_ms:.0} ms{cached}, {stop}",
         gens.len(),
         names.join(", "),
     );

@@ -69,6 +69,33 @@ pub(crate) struct Resolved {
     pub(crate) frames: Vec<Frame>,
 }
 
+/// The name of a frame in the runtime bursty tracing injects (its
+/// routines: records, table lookups, the signal handler): the cost of
+/// tracing, shown as such. Clone frames are reported as the original
+/// instructions before they get here ([`super::clones`]); an address of
+/// the injected region still untranslated is the runtime's.
+pub(crate) const RUNTIME_FRAME: &str = "[burstyd burst runtime]";
+
+/// [`RUNTIME_FRAME`] for an address in a process's injected region, else
+/// unknown.
+fn runtime_or_unknown(procs: &ProcessTable, pid: Pid, frame: FrameAddress) -> Resolved {
+    let a = frame.address().0;
+    let injected = procs
+        .clone_frames(pid)
+        .is_some_and(|c| c.regions.iter().any(|r| r.range.contains(&a)));
+    if !injected {
+        return Resolved::unknown();
+    }
+    Resolved {
+        mapping: None,
+        frames: vec![Frame {
+            function: RUNTIME_FRAME.to_owned(),
+            file: None,
+            line: None,
+        }],
+    }
+}
+
 impl Resolved {
     pub(crate) fn unknown() -> Self {
         Resolved {
@@ -578,7 +605,7 @@ impl Symbolizer {
                     out.insert((pid, frame), Resolved::unknown());
                 }
                 None => {
-                    out.insert((pid, frame), Resolved::unknown());
+                    out.insert((pid, frame), runtime_or_unknown(procs, pid, frame));
                 }
             }
         }

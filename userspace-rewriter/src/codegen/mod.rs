@@ -133,6 +133,7 @@ mod image;
 mod instrument;
 mod relocs;
 mod reverse;
+mod stack_heights;
 mod transfers;
 pub mod unwind_info;
 

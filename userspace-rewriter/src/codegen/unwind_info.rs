@@ -18,7 +18,7 @@
 //! original's. Functions whose CFI uses anything else (the pc, `rip`, an
 //! address, a branch inside the expression) cannot be restated this way;
 //! [`untranslatable`] lists them so the generator leaves them out.
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use gimli::write::{
     Address, CallFrameInstruction, CommonInformationEntry, EhFrame, EndianVec, Expression,
@@ -26,6 +26,7 @@ use gimli::write::{
 };
 use gimli::{CfaRule, Encoding, Format, LittleEndian, Register, RegisterRule, X86_64};
 
+use super::stack_heights::{self, Height, State};
 use crate::codegen::CloneImage;
 
 /// Row rules we can restate: CFA = register + offset, or a position
@@ -177,16 +178,113 @@ pub fn untranslatable(data: &[u8], starts: impl IntoIterator<Item = u64>) -> BTr
 /// What [`eh_frame`] produced.
 #[derive(Debug, Default)]
 pub struct CloneUnwind {
-    /// `.eh_frame` bytes (CIE, one FDE per clone, zero terminator), with
-    /// absolute FDE addresses: position independent.
+    /// `.eh_frame` bytes (CIE, one FDE per clone and per run of the
+    /// runtime's routines, zero terminator), with absolute FDE addresses:
+    /// position independent.
     pub bytes: Vec<u8>,
     pub fdes: usize,
     /// Clones whose original has no FDE (no unwinding through either).
     without_cfi: usize,
+    /// Instructions of the clones with a row of their own: copies, and
+    /// the snippets' instructions at a known stack height.
+    pub rows_known: usize,
+    /// Instructions of the clones reached at no known stack height (or
+    /// whose row cannot be moved: a CFA computed by an expression), which
+    /// keep the row before them.
+    pub rows_unknown: usize,
+}
+
+/// A row as the clone states it: the CFA rule and the register rules.
+type Rules = (Cfa, Vec<(Register, Rule)>);
+
+/// The row of `row` where `rsp` is `delta` bytes above where it was: a
+/// CFA of `rsp + k` becomes `rsp + k - delta`; rules relative to the CFA
+/// stay. `None` when that cannot be said: a CFA or a register computed by
+/// an expression (it may read `rsp`), a register kept in `rsp`, or a
+/// negative CFA offset that is not a multiple of 8 (`DW_CFA_def_cfa_sf`
+/// factors it by the CIE's -8).
+fn moved(row: &Row, delta: i64) -> Option<Rules> {
+    if delta == 0 {
+        return Some((row.1.clone(), row.2.clone()));
+    }
+    let cfa = match row.1 {
+        Cfa::RegisterOffset(r, k) if r == X86_64::RSP => {
+            let k = k - delta;
+            if k < 0 && k % 8 != 0 {
+                return None;
+            }
+            Cfa::RegisterOffset(r, k)
+        }
+        Cfa::RegisterOffset(r, k) => Cfa::RegisterOffset(r, k),
+        Cfa::Expression(_) => return None,
+    };
+    let plain = row.2.iter().all(|(_, rule)| match rule {
+        Rule::Expression(_) | Rule::ValExpression(_) => false,
+        Rule::Register(r) => *r != X86_64::RSP,
+        _ => true,
+    });
+    plain.then(|| (cfa, row.2.clone()))
+}
+
+/// The runtime's routines: every one is entered by a `call` and keeps its
+/// frame with pushes and pops, so its row is the CIE's (CFA = `rsp + 8`,
+/// the return address below it) moved by its stack height. One FDE per
+/// run of instructions reached from the entries (the signal handler and
+/// its restorer get none).
+fn runtime_fdes(image: &CloneImage, frames: &mut FrameTable, cie: gimli::write::CieId) -> usize {
+    let Ok(rt) = super::runtime::assemble(image.layout.control, image.layout.code) else {
+        return 0;
+    };
+    let at = image.layout.code;
+    let Some(code) = image.bytes.get(..rt.bytes.len()) else {
+        return 0;
+    };
+    if code != rt.bytes.as_slice() {
+        return 0;
+    }
+    let entry = Height {
+        anchor: at,
+        delta: 0,
+    };
+    let roots: Vec<(u64, Height)> = rt.routines().iter().map(|&r| (r, entry)).collect();
+    let heights = stack_heights::analyse(code, at..at + code.len() as u64, &roots);
+    let mut added = 0;
+    let mut k = 0;
+    while k < heights.len() {
+        // A run: instructions that follow each other.
+        let mut j = k + 1;
+        while j < heights.len() && heights[j].0 == heights[j - 1].0 + u64::from(heights[j - 1].1) {
+            j += 1;
+        }
+        let (lo, hi) = (heights[k].0, heights[j - 1].0 + u64::from(heights[j - 1].1));
+        let mut fde = FrameDescriptionEntry::new(Address::Constant(lo), (hi - lo) as u32);
+        let mut prev = Some(8);
+        for &(a, _, state) in &heights[k..j] {
+            let State::Known(h) = state else { continue };
+            let offset = 8 - h.delta;
+            if prev != Some(offset) && offset >= 0 {
+                fde.add_instruction(
+                    (a - lo) as u32,
+                    CallFrameInstruction::CfaOffset(offset as i32),
+                );
+                prev = Some(offset);
+            }
+        }
+        frames.add_fde(cie, fde);
+        added += 1;
+        k = j;
+    }
+    added
 }
 
 /// `.eh_frame` for every clone of `image` (made from the file `data`
-/// loaded with `bias`).
+/// loaded with `bias`), and for the runtime's routines.
+///
+/// At a copied instruction the row is the original's; inside a snippet it
+/// is the row of the original instruction the snippet belongs to, moved
+/// by how far the snippet has moved `rsp` there
+/// ([`super::stack_heights`]): a sample or a signal in a snippet unwinds
+/// like one at that instruction.
 pub fn eh_frame(data: &[u8], image: &CloneImage, bias: u64) -> Result<CloneUnwind, String> {
     let file = object::File::parse(data).map_err(|e| e.to_string())?;
     let Some(eh) = crate::analysis::cfg::parse_eh_frame(&file) else {
@@ -194,15 +292,30 @@ pub fn eh_frame(data: &[u8], image: &CloneImage, bias: u64) -> Result<CloneUnwin
             bytes: vec![0; 4],
             fdes: 0,
             without_cfi: image.functions.len(),
+            ..Default::default()
         });
     };
-    let table = image.table();
     let mut clones: Vec<(u64, u64, bool)> = image
         .functions
         .iter()
         .map(|f| (f.clone, f.orig, f.plt_stub_len().is_some()))
         .collect();
     clones.sort_unstable();
+    // Where execution enters the clones with the original's stack: every
+    // rewritten instruction, every function entry, every return site.
+    let mut roots: Vec<(u64, Height)> = (0..3)
+        .flat_map(|k| image.tables.table(k))
+        .map(|&(orig, clone)| {
+            (
+                clone,
+                Height {
+                    anchor: orig,
+                    delta: 0,
+                },
+            )
+        })
+        .collect();
+    roots.sort_unstable_by_key(|r| r.0);
     let encoding = Encoding {
         address_size: 8,
         format: Format::Dwarf32,
@@ -213,7 +326,10 @@ pub fn eh_frame(data: &[u8], image: &CloneImage, bias: u64) -> Result<CloneUnwin
     cie.add_instruction(CallFrameInstruction::Offset(X86_64::RA, -8));
     let mut frames = FrameTable::default();
     let cie_id = frames.add_cie(cie);
-    let mut out = CloneUnwind::default();
+    let mut out = CloneUnwind {
+        fdes: runtime_fdes(image, &mut frames, cie_id),
+        ..Default::default()
+    };
     for (k, &(cstart, orig, plt_stub)) in clones.iter().enumerate() {
         let cend = clones.get(k + 1).map(|c| c.0).unwrap_or(image.code_range.1);
         if plt_stub {
@@ -226,59 +342,55 @@ pub fn eh_frame(data: &[u8], image: &CloneImage, bias: u64) -> Result<CloneUnwin
             continue;
         }
         let svma = orig.wrapping_sub(bias);
-        let Ok(Some((fstart, fend, rows))) = rows(&eh, svma) else {
+        let Ok(Some(own)) = rows(&eh, svma) else {
             out.without_cfi += 1;
             continue;
         };
-        // Clone address of the first copied instruction at or after an
-        // original address (within this function).
-        let lo = table.partition_point(|e| e.0 < fstart.wrapping_add(bias));
-        let hi = table.partition_point(|e| e.0 < fend.wrapping_add(bias));
-        let insns = &table[lo..hi];
-        let clone_of = |svma: u64| -> Option<u64> {
-            let a = svma.wrapping_add(bias);
-            let j = insns.partition_point(|e| e.0 < a);
-            insns.get(j).map(|e| e.1)
-        };
+        let code = (cstart.checked_sub(image.layout.code))
+            .and_then(|lo| {
+                image
+                    .bytes
+                    .get(lo as usize..(cend - image.layout.code) as usize)
+            })
+            .ok_or_else(|| format!("the clone at {cstart:#x} is not in the image's bytes"))?;
+        let lo = roots.partition_point(|r| r.0 < cstart);
+        let hi = roots.partition_point(|r| r.0 < cend);
+        let heights = stack_heights::analyse(code, cstart..cend, &roots[lo..hi]);
+        // The rows of the FDEs anchors lie in: the function's own, and
+        // (rarely) another's.
+        let mut others = OtherFdes::new();
         let mut fde = FrameDescriptionEntry::new(Address::Constant(cstart), (cend - cstart) as u32);
-        let mut prev: Option<&Row> = None;
-        for row in &rows {
-            // The first row covers the prologue snippet too.
-            let at = if prev.is_none() {
-                cstart
-            } else {
-                match clone_of(row.0) {
-                    Some(c) if c >= cstart && c < cend => c,
-                    _ => continue,
-                }
+        let mut prev: Option<Rules> = None;
+        let mut prev_at = None;
+        for &(at, _, state) in &heights {
+            let State::Known(h) = state else {
+                out.rows_unknown += 1;
+                continue;
             };
-            let off = (at - cstart) as u32;
-            if prev.is_none_or(|p| p.1 != row.1) {
-                fde.add_instruction(
-                    off,
-                    match &row.1 {
-                        Cfa::RegisterOffset(r, o) => CallFrameInstruction::Cfa(*r, *o as i32),
-                        Cfa::Expression(e) => {
-                            CallFrameInstruction::CfaExpression(Expression::raw(e.clone()))
-                        }
-                    },
-                );
+            let Some(at_row) = anchor_row(&eh, &own, &mut others, h.anchor.wrapping_sub(bias))
+            else {
+                out.rows_unknown += 1;
+                continue;
+            };
+            // Most instructions keep the row before them.
+            if prev_at == Some((at_row, h.delta)) {
+                out.rows_known += 1;
+                continue;
             }
-            let before: &[(Register, Rule)] = prev.map(|p| p.2.as_slice()).unwrap_or(&[]);
-            for (r, rule) in &row.2 {
-                if before.iter().any(|(br, bru)| br == r && bru == rule) {
-                    continue;
-                }
-                fde.add_instruction(off, instruction(*r, rule.clone()));
+            let fde_rows = match at_row.0 {
+                None => &own.2,
+                Some(k) => &others[&k].as_ref().expect("found above").2,
+            };
+            let Some(row) = moved(&fde_rows[at_row.1], h.delta) else {
+                out.rows_unknown += 1;
+                continue;
+            };
+            out.rows_known += 1;
+            prev_at = Some((at_row, h.delta));
+            if prev.as_ref() != Some(&row) {
+                add_row(&mut fde, (at - cstart) as u32, prev.as_ref(), &row);
+                prev = Some(row);
             }
-            for (br, _) in before {
-                if !row.2.iter().any(|(r, _)| r == br) {
-                    // Back to the CIE's rule (the return address) or
-                    // untouched.
-                    fde.add_instruction(off, CallFrameInstruction::Restore(*br));
-                }
-            }
-            prev = Some(row);
         }
         frames.add_fde(cie_id, fde);
         out.fdes += 1;
@@ -290,6 +402,74 @@ pub fn eh_frame(data: &[u8], image: &CloneImage, bias: u64) -> Result<CloneUnwin
     out.bytes = eh_out.0.into_vec();
     out.bytes.extend_from_slice(&[0; 4]);
     Ok(out)
+}
+
+/// The FDEs of the original (start, end, rows) that anchors lie in
+/// besides the function's own, by start (`None`: no FDE there).
+type OtherFdes = HashMap<u64, Option<(u64, u64, Vec<Row>)>>;
+
+/// Where the row in effect at the original address `a` (SVMA) is: the
+/// FDE (`None`: the function's own, `own`; else its key in `others`,
+/// read on first use) and the row's index in it.
+fn anchor_row(
+    eh: &crate::analysis::cfg::EhFrameInfo,
+    own: &(u64, u64, Vec<Row>),
+    others: &mut OtherFdes,
+    a: u64,
+) -> Option<(Option<u64>, usize)> {
+    let (key, fde) = if (own.0..own.1).contains(&a) {
+        (None, own)
+    } else {
+        let hit = others
+            .iter()
+            .find(|(_, f)| f.as_ref().is_some_and(|f| (f.0..f.1).contains(&a)))
+            .map(|(&s, _)| s);
+        let key = match hit {
+            Some(s) => s,
+            None => {
+                let f = rows(eh, a).ok().flatten();
+                let s = f.as_ref().map_or(a, |f| f.0);
+                others.insert(s, f);
+                s
+            }
+        };
+        (Some(key), others[&key].as_ref()?)
+    };
+    let i = fde.2.partition_point(|r| r.0 <= a).checked_sub(1)?;
+    Some((key, i))
+}
+
+/// The instructions that change the row `prev` (none: the CIE's) into
+/// `row` at `off`.
+fn add_row(fde: &mut FrameDescriptionEntry, off: u32, prev: Option<&Rules>, row: &Rules) {
+    match (prev.map(|p| &p.0), &row.0) {
+        (Some(p), c) if p == c => {}
+        (Some(Cfa::RegisterOffset(pr, _)), Cfa::RegisterOffset(r, o)) if pr == r => {
+            fde.add_instruction(off, CallFrameInstruction::CfaOffset(*o as i32));
+        }
+        (_, Cfa::RegisterOffset(r, o)) => {
+            fde.add_instruction(off, CallFrameInstruction::Cfa(*r, *o as i32));
+        }
+        (_, Cfa::Expression(e)) => {
+            fde.add_instruction(
+                off,
+                CallFrameInstruction::CfaExpression(Expression::raw(e.clone())),
+            );
+        }
+    }
+    let before: &[(Register, Rule)] = prev.map(|p| p.1.as_slice()).unwrap_or(&[]);
+    for (r, rule) in &row.1 {
+        if before.iter().any(|(br, bru)| br == r && bru == rule) {
+            continue;
+        }
+        fde.add_instruction(off, instruction(*r, rule.clone()));
+    }
+    for (br, _) in before {
+        if !row.1.iter().any(|(r, _)| r == br) {
+            // Back to the CIE's rule (the return address) or untouched.
+            fde.add_instruction(off, CallFrameInstruction::Restore(*br));
+        }
+    }
 }
 
 fn instruction(r: Register, rule: Rule) -> CallFrameInstruction {

@@ -188,6 +188,26 @@ pub struct Runtime {
     pub restorer: u64,
 }
 
+impl Runtime {
+    /// The routines the clones and the other routines call, each entered
+    /// by a `call` with the return address on top (not the signal
+    /// handler and its restorer, which the kernel enters).
+    pub(crate) fn routines(&self) -> [u64; 10] {
+        [
+            self.emit,
+            self.lookup,
+            self.lookup_fn,
+            self.lookup_ret,
+            self.enter,
+            self.exit,
+            self.back,
+            self.back_at,
+            self.end,
+            self.unwind,
+        ]
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     /// The block encoder failed, e.g. the code is not within ±2 GiB of the
