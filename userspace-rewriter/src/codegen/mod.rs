@@ -62,7 +62,10 @@
 //!   writer, table lookups, enter/exit/back/end routines, signal handler
 //!   and restorer), assembled with iced's `CodeAssembler`, one routine per
 //!   file, each unit-tested in the test process;
-//! - [`unwind_info`]: `.eh_frame` for the clones.
+//! - `stack_heights.rs`: where `rsp` is at every instruction of the
+//!   clones and the runtime, relative to an original instruction;
+//! - [`unwind_info`]: `.eh_frame` for the clones and the runtime's
+//!   routines, with rows inside the snippets from those heights.
 
 /// A memory operand for the absolute address `addr` of burst state or of
 /// the clones' own data: `[disp32]` (absolute, sign-extended) when `addr`
