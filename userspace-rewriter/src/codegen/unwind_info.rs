@@ -6,7 +6,7 @@
 //! So the CFI row at a copied instruction is the original's row there, and
 //! inside a snippet it is the row of the original instruction the snippet
 //! stands for, with a CFA of `rsp + k` moved by how far the snippet has
-//! moved `rsp` ([`super::stack_heights`]: `lea rsp, [rsp - 128]` and three
+//! moved `rsp` (`codegen/stack_heights.rs`: `lea rsp, [rsp - 128]` and three
 //! pushes make it `rsp + k + 152`). A sample, a signal or a debugger that
 //! stops a thread anywhere in the clones unwinds as if it were at that
 //! original instruction. The runtime's routines get FDEs of their own (the
@@ -297,7 +297,7 @@ fn runtime_fdes(image: &CloneImage, frames: &mut FrameTable, cie: gimli::write::
 /// At a copied instruction the row is the original's; inside a snippet it
 /// is the row of the original instruction the snippet belongs to, moved
 /// by how far the snippet has moved `rsp` there
-/// ([`super::stack_heights`]): a sample or a signal in a snippet unwinds
+/// (`codegen/stack_heights.rs`): a sample or a signal in a snippet unwinds
 /// like one at that instruction.
 pub fn eh_frame(data: &[u8], image: &CloneImage, bias: u64) -> Result<CloneUnwind, String> {
     let file = object::File::parse(data).map_err(|e| e.to_string())?;
