@@ -303,6 +303,59 @@ pub struct TablesHeader {
     pub returns_len: u64,
 }
 
+/// Bytes of an encoded [`TablesHeader`].
+pub const TABLES_HEADER_BYTES: usize = core::mem::size_of::<TablesHeader>();
+
+impl TablesHeader {
+    /// The header as the target's memory holds it (six little-endian
+    /// words, in field order): the one encoding, for the daemon and the
+    /// rewriter alike.
+    pub fn to_bytes(&self) -> [u8; TABLES_HEADER_BYTES] {
+        let mut b = [0u8; TABLES_HEADER_BYTES];
+        for (i, w) in [
+            self.insns,
+            self.insns_len,
+            self.functions,
+            self.functions_len,
+            self.returns,
+            self.returns_len,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            b[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        b
+    }
+
+    /// The header from the bytes [`Self::to_bytes`] makes.
+    pub fn from_bytes(b: &[u8; TABLES_HEADER_BYTES]) -> Self {
+        let w = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[8 * i..8 * i + 8]);
+            u64::from_le_bytes(x)
+        };
+        TablesHeader {
+            insns: w(0),
+            insns_len: w(1),
+            functions: w(2),
+            functions_len: w(3),
+            returns: w(4),
+            returns_len: w(5),
+        }
+    }
+
+    /// The three tables as `(address, pairs)`: instructions, functions,
+    /// returns.
+    pub fn tables(&self) -> [(u64, u64); 3] {
+        [
+            (self.insns, self.insns_len),
+            (self.functions, self.functions_len),
+            (self.returns, self.returns_len),
+        ]
+    }
+}
+
 /// Bits 48..64 of [`BurstControl::tables`]: the generation.
 pub const TABLES_GEN_SHIFT: u32 = 48;
 /// Bits 0..48 of [`BurstControl::tables`]: the header's address.
@@ -452,6 +505,26 @@ pub const SLOT_TIDS_OFFSET: usize = core::mem::offset_of!(BurstControl, slot_tid
 #[cfg(test)]
 mod layout {
     use super::*;
+
+    /// The header's encoding is its `repr(C)` layout on x86-64 (what the
+    /// runtime reads at fixed offsets), and decoding inverts it.
+    #[test]
+    fn tables_header_bytes_are_its_memory_layout() {
+        let h = TablesHeader {
+            insns: 0x1122_3344_5566_7788,
+            insns_len: 2,
+            functions: 0x7fff_0000_1000,
+            functions_len: 3,
+            returns: 0x7fff_0000_2000,
+            returns_len: 5,
+        };
+        let b = h.to_bytes();
+        // SAFETY: TablesHeader is repr(C) of six u64s, no padding.
+        let raw: [u8; TABLES_HEADER_BYTES] = unsafe { core::mem::transmute(h) };
+        assert_eq!(b, raw);
+        assert_eq!(TablesHeader::from_bytes(&b), h);
+        assert_eq!(h.tables(), [(h.insns, 2), (h.functions, 3), (h.returns, 5)]);
+    }
 
     /// The layout `CONTROL_MAGIC` stands for. When this test fails because
     /// `BurstControl` or `BurstLocal` changed, give `CONTROL_MAGIC` a new value (a target

@@ -6,7 +6,8 @@ use std::path::Path;
 use anyhow::{Context as _, bail};
 use userspace_rewriter::analysis::plan::{self, FunctionPlan, FunctionStatus, Plan, PlanOptions};
 
-use crate::bursts::coverage::{CodeMap, HotCoverage, ProfileLeaves};
+use crate::bursts::coverage::{CodeMap, HotCoverage};
+use crate::export::leaves::ProfileLeaves;
 
 pub(crate) struct AnalyzeOptions<'a> {
     pub(crate) json: bool,

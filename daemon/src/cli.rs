@@ -211,7 +211,7 @@ pub(crate) struct ProfileArgs {
     /// the instrumented clones. 0 injects the clones and handles every
     /// overflow signal by returning straight to the original code: the
     /// cost of being attached, without bursts.
-    #[arg(long, value_name = "CHECKS", default_value_t = crate::bursts::DEFAULT_BURST)]
+    #[arg(long, value_name = "CHECKS", default_value_t = crate::bursts::options::DEFAULT_BURST)]
     pub(crate) burst: u64,
 
     /// Bursts that may run at once in one process, each on its own

@@ -400,8 +400,7 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
             output: settings.output.clone(),
             gate,
             bursts: bursts_on.then(|| {
-                crate::bursts::BurstOptions::from_settings(
-                    &settings.bursts,
+                settings.bursts.options(
                     args.full_trace,
                     args.save_bursts
                         .then(|| settings.output.join("bursts.jsonl")),

@@ -80,6 +80,24 @@ pub(crate) fn process_running(pid: Pid) -> bool {
     proc_stat(pid).is_some_and(|s| !s.exited())
 }
 
+/// The name of process `pid` (`/proc/PID/comm`, without its newline);
+/// `None` once it is gone.
+pub(crate) fn comm(pid: Pid) -> Option<String> {
+    read_comm(&format!("/proc/{pid}/comm"))
+}
+
+/// The name of thread `tid` of process `pid` (`/proc/PID/task/TID/comm`);
+/// `None` once it is gone.
+pub(crate) fn thread_comm(pid: Pid, tid: u32) -> Option<String> {
+    read_comm(&format!("/proc/{pid}/task/{tid}/comm"))
+}
+
+fn read_comm(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|c| c.trim_end_matches('\n').to_owned())
+}
+
 /// Gives the heap's free pages back to the kernel (`malloc_trim(0)`, every
 /// arena): an attach frees hundreds of megabytes of analysis and
 /// generation at once, which glibc would otherwise keep mapped (RSS).
@@ -404,5 +422,19 @@ mod tests {
         assert!(k.kernel_thread(), "{k:?}");
         let me = proc_stat(Pid(std::process::id())).unwrap();
         assert!(!me.kernel_thread() && !me.exited(), "{me:?}");
+    }
+
+    #[test]
+    fn comm_is_the_name_without_its_newline() {
+        let me = Pid(std::process::id());
+        let name = comm(me).expect("our own comm");
+        assert!(!name.is_empty() && !name.contains('\n'), "{name:?}");
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() } as u32;
+        let thread = thread_comm(me, tid).expect("our own thread's comm");
+        assert!(!thread.is_empty() && !thread.ends_with('\n'), "{thread:?}");
+        // Above the kernel's largest pid_max (2^22): no such process.
+        assert_eq!(comm(Pid(1 << 23)), None);
+        assert_eq!(thread_comm(me, 1 << 23), None);
     }
 }

@@ -48,8 +48,8 @@ use userspace_rewriter::codegen::{
     CloneImage, ClonedFunction, GenStats, Layout, Relocs, ReverseMap, Tables,
 };
 
+use super::fdata_facts::FdataFacts;
 use super::tables::FileTables;
-use crate::export::fdata::FdataFacts;
 
 const MAGIC: &[u8] = b"burstyd plan cache 4\n";
 

@@ -26,7 +26,9 @@ use std::sync::atomic::Ordering;
 
 use anyhow::Context as _;
 use burstyd_common::addr::Pid;
-use burstyd_common::burst::{ModuleEntry, TABLES_GEN_SHIFT, TABLES_HEADER_MASK, TablesHeader};
+use burstyd_common::burst::{
+    ModuleEntry, TABLES_GEN_SHIFT, TABLES_HEADER_BYTES, TABLES_HEADER_MASK, TablesHeader,
+};
 use userspace_rewriter::inject::MapEntry;
 
 use super::ring::SharedRegion;
@@ -155,11 +157,10 @@ pub(crate) fn mask(pid: Pid, header: u64, lo: u64, hi: u64) -> anyhow::Result<us
         .write(true)
         .open(format!("/proc/{pid}/mem"))
         .context("opening the target's memory")?;
-    let mut h = [0u8; std::mem::size_of::<TablesHeader>()];
+    let mut h = [0u8; TABLES_HEADER_BYTES];
     mem.read_exact_at(&mut h, header)
         .context("reading the tables' header")?;
-    let word = |i: usize| u64::from_ne_bytes(h[8 * i..8 * i + 8].try_into().unwrap());
-    let (insns, functions, returns) = ((word(0), word(1)), (word(2), word(3)), (word(4), word(5)));
+    let [insns, functions, returns] = TablesHeader::from_bytes(&h).tables();
     let mut n = 0;
     for ((at, len), to_itself) in [(insns, false), (functions, true), (returns, false)] {
         n += mask_one(&mem, at, len, lo, hi, to_itself)?;

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
 use burstyd_common::addr::Pid;
-use burstyd_common::burst::TablesHeader;
+use burstyd_common::burst::{TABLES_HEADER_BYTES, TablesHeader};
 use userspace_rewriter::codegen::{Pairs, TableSource, Tables};
 
 /// The lookup tables of several modules, to be merged into one set:
@@ -100,13 +100,12 @@ impl FileTables {
     pub(crate) fn in_process(pid: Pid, header: u64) -> anyhow::Result<FileTables> {
         let mem = std::fs::File::open(format!("/proc/{pid}/mem"))
             .context("opening the target's memory")?;
-        let mut h = [0u8; std::mem::size_of::<TablesHeader>()];
+        let mut h = [0u8; TABLES_HEADER_BYTES];
         mem.read_exact_at(&mut h, header)
             .context("reading the tables' header")?;
-        let word = |i: usize| u64::from_ne_bytes(h[8 * i..8 * i + 8].try_into().unwrap());
         Ok(FileTables {
             file: Arc::new(mem),
-            tables: [(word(0), word(1)), (word(2), word(3)), (word(4), word(5))],
+            tables: TablesHeader::from_bytes(&h).tables(),
             shift: (0, 0),
             unmasked_only: true,
             error: Mutex::new(None),

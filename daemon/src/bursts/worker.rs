@@ -4,7 +4,7 @@
 //! input; the worker analyses and generates them for a provisional layout near the
 //! module, stores the entry in the plan cache, reports on its standard
 //! output and exits. The daemon then moves the entry's clones to the real
-//! layout like any cached ones ([`super::lifecycle`]).
+//! layout like any cached ones ([`super::plans`]).
 //!
 //! Why a process: the first analysis and generation of a large module
 //! need a lot of memory for a short time (python3.11: 470 MB), which a
@@ -20,19 +20,10 @@ use std::os::fd::AsFd as _;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail};
-use serde::{Deserialize, Serialize};
 
 use super::cache;
 use super::modules::Module;
-
-/// What a worker reports on its standard output (one JSON line).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct Report {
-    pub(crate) analysis_ms: u64,
-    pub(crate) generation_ms: u64,
-    /// The worker's peak RSS.
-    pub(crate) peak_rss_bytes: u64,
-}
+use super::prepare::WorkerReport;
 
 /// The worker's command line, from the daemon (`burstyd prepare-module`,
 /// hidden).
@@ -62,7 +53,7 @@ pub(crate) struct WorkerArgs {
 
 /// Has a worker make `module`'s cache entry under `key`, and waits for
 /// it. `Err` when the worker could not run, failed or stored nothing.
-pub(crate) fn prepare(module: &Module, key: &str) -> anyhow::Result<Report> {
+pub(crate) fn prepare(module: &Module, key: &str) -> anyhow::Result<WorkerReport> {
     let cache = cache::get().context("no plan cache to hand the entry over")?;
     let mut child = Command::new("/proc/self/exe")
         .arg("prepare-module")
@@ -96,7 +87,7 @@ pub(crate) fn prepare(module: &Module, key: &str) -> anyhow::Result<Report> {
 }
 
 /// The worker: analyses and generates the module whose file is its
-/// standard input, stores the entry, prints its [`Report`]. Its exit
+/// standard input, stores the entry, prints its [`WorkerReport`]. Its exit
 /// status says whether the entry was stored.
 pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
     let file = std::fs::File::from(
@@ -119,8 +110,8 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
     let id = module.hash;
     cache::init(Some(args.cache_dir.clone()), args.cache_max_mb);
     let t0 = std::time::Instant::now();
-    let (analysis_ms, generation_ms) = super::lifecycle::prepare_entry(module, id, &args.key)?;
-    let report = Report {
+    let (analysis_ms, generation_ms) = super::prepare::prepare_entry(module, id, &args.key)?;
+    let report = WorkerReport {
         analysis_ms,
         generation_ms,
         peak_rss_bytes: crate::sys::self_peak_rss(),

@@ -1,36 +1,9 @@
 //! `edges.fdata`: the edge profile the path counts of bursty tracing imply,
 //! in BOLT's branch-profile format, for `llvm-bolt -data=`.
-use std::collections::HashMap;
-
-use userspace_rewriter::analysis::plan::{FunctionStatus, Plan};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::bursts::counts::PathView;
-use crate::bursts::lifecycle::{ModuleFacts, PathFacts};
-
-/// What `edges.fdata` needs from the executable and its analysis, taken at
-/// attach (the file's bytes and the analysis are not kept).
-#[derive(serde::Serialize, serde::Deserialize)]
-pub(crate) struct FdataFacts {
-    /// `llvm-bolt`'s names of the functions (local ones as `name/N`), by
-    /// start address (SVMA).
-    bolt_names: HashMap<u64, String>,
-    /// Per function with paths: the address (SVMA) of each block's last
-    /// instruction (its branch).
-    last_insn: HashMap<u32, Vec<u64>>,
-}
-
-impl FdataFacts {
-    pub(crate) fn new(
-        data: &[u8],
-        plan: &Plan,
-        analysis: &userspace_rewriter::analysis::cfg::Analysis,
-    ) -> Self {
-        FdataFacts {
-            bolt_names: bolt_names(data),
-            last_insn: last_insns(plan, analysis),
-        }
-    }
-}
+use crate::bursts::facts::{ModuleFacts, PathFacts};
 
 /// `edges.fdata`: the edge profile derived from the paths, in BOLT's
 /// branch-profile format (`1 FUNC FROM 1 FUNC TO MISPREDS COUNT`,
@@ -41,7 +14,7 @@ impl FdataFacts {
 ///
 /// `counts` may hold several modules' functions: those of module `m` are
 /// its `fid_base + index`.
-pub(crate) fn fdata(m: &ModuleFacts, counts: &PathView<'_>) -> String {
+pub(crate) fn fdata(m: &ModuleFacts, counts: &PathView<'_>) -> Fdata {
     use userspace_rewriter::analysis::cfg::EdgeKind;
     let (plan, facts, fid_base) = (&m.plan, &m.fdata, m.fid_base);
     let local = |gfid: u32| {
@@ -81,95 +54,57 @@ pub(crate) fn fdata(m: &ModuleFacts, counts: &PathView<'_>) -> String {
             *edges.entry((fid, from, to)).or_insert(0) += n.executions;
         }
     }
-    let mut out = String::new();
+    let mut out = Fdata::default();
     for ((fid, from, to), n) in edges {
         let f = &plan.functions[fid as usize];
         let name = facts.bolt_names.get(&f.start).unwrap_or(&f.name);
-        out.push_str(&format!("1 {name} {from:x} 1 {name} {to:x} 0 {n}\n"));
+        out.branches.insert((name.clone(), from, to), n);
     }
     out
 }
 
-/// The names `llvm-bolt` gives the functions of an executable, by address,
-/// where they differ from the symbol's: BOLT renames every local symbol
-/// `name/N`, N counting the local symbols of that name in its order (by
-/// address; at one address functions first, section symbols last; see
-/// `RewriteInstance::discoverFileObjects`), and its profile reader looks
-/// functions up by those names.
-fn bolt_names(data: &[u8]) -> HashMap<u64, String> {
-    use object::{Object, ObjectSection, ObjectSymbol, SymbolKind, SymbolSection};
-    let mut out = HashMap::new();
-    let Ok(file) = object::File::parse(data) else {
-        return out;
-    };
-    let in_memory = |s: &object::Symbol| match s.section() {
-        SymbolSection::Absolute => true,
-        SymbolSection::Section(i) => file.section_by_index(i).is_ok_and(|sec| {
-            matches!(sec.flags(), object::SectionFlags::Elf { sh_flags }
-                if sh_flags & u64::from(object::elf::SHF_ALLOC) != 0)
-        }),
-        _ => false,
-    };
-    let mut syms: Vec<_> = file
-        .symbols()
-        .filter(|s| s.kind() != SymbolKind::File && !s.is_undefined() && s.address() != 0)
-        .filter(|s| in_memory(s))
-        .collect();
-    let rank = |k: SymbolKind| match k {
-        SymbolKind::Text => 0,
-        SymbolKind::Section => 2,
-        _ => 1,
-    };
-    syms.sort_by_key(|s| (s.address(), rank(s.kind())));
-    let mut seen: HashMap<String, u32> = HashMap::new();
-    for s in syms {
-        if s.is_global() {
-            continue;
-        }
-        let name = match s.kind() {
-            SymbolKind::Section => s
-                .section_index()
-                .and_then(|i| file.section_by_index(i).ok())
-                .and_then(|sec| sec.name().ok().map(str::to_owned)),
-            _ => s.name().ok().map(str::to_owned),
-        };
-        let Some(mut name) = name.filter(|n| !n.is_empty()) else {
-            continue;
-        };
-        if name.starts_with(".L") {
-            name.insert_str(0, "PG");
-        }
-        let n = seen.entry(name.clone()).or_insert(0);
-        *n += 1;
-        if s.kind() == SymbolKind::Text {
-            out.insert(s.address(), format!("{name}/{n}"));
-        }
-    }
-    out
+/// One module's edge profile for BOLT: count per branch `(function, from
+/// offset, to offset)` within a function.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Fdata {
+    branches: BTreeMap<(String, u64, u64), u64>,
 }
 
-/// Per analysed function with a path numbering: the SVMA of each block's
-/// last instruction.
-fn last_insns(
-    plan: &Plan,
-    analysis: &userspace_rewriter::analysis::cfg::Analysis,
-) -> HashMap<u32, Vec<u64>> {
-    plan.functions
-        .iter()
-        .enumerate()
-        .filter_map(|(i, f)| {
-            let FunctionStatus::Analyzed(fa) = &f.status else {
-                return None;
-            };
-            let cfg = fa.cfg.as_ref()?;
-            fa.numbering.as_ref()?;
-            let insns = &analysis.insns[i];
-            let last = cfg
-                .blocks
-                .iter()
-                .map(|b| insns.get(b.insns.end.checked_sub(1)?).map(|x| x.addr))
-                .collect::<Option<Vec<u64>>>()?;
-            Some((i as u32, last))
-        })
-        .collect()
+impl Fdata {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.branches.is_empty()
+    }
+
+    /// Adds `other`'s counts (the same binary in several processes).
+    pub(crate) fn merge(&mut self, other: &Fdata) {
+        for (b, n) in &other.branches {
+            *self.branches.entry(b.clone()).or_insert(0) += n;
+        }
+    }
+
+    /// The profile in BOLT's format, one branch a line:
+    /// `1 FUNC FROM 1 FUNC TO MISPREDS COUNT` (offsets in hex).
+    pub(crate) fn text(&self) -> String {
+        self.branches
+            .iter()
+            .map(|((name, from, to), n)| format!("1 {name} {from:x} 1 {name} {to:x} 0 {n}\n"))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_profiles_add_counts_per_branch_and_print_in_bolt_format() {
+        let one = |name: &str, from, to, n| Fdata {
+            branches: [((name.to_owned(), from, to), n)].into_iter().collect(),
+        };
+        let mut a = one("main", 0x10, 0x20, 3);
+        a.merge(&one("main", 0x10, 0x20, 4));
+        a.merge(&one("f/1", 0x3, 0x0, 1));
+        assert_eq!(a.text(), "1 f/1 3 1 f/1 0 0 1\n1 main 10 1 main 20 0 7\n");
+        assert!(!a.is_empty() && Fdata::default().is_empty());
+    }
 }

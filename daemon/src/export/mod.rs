@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 pub(crate) mod context;
 pub(crate) mod fdata;
-pub(crate) mod lines;
+pub(crate) mod leaves;
 pub(crate) mod paths;
 pub(crate) mod pprof;
 

@@ -14,8 +14,8 @@ use userspace_rewriter::analysis::plan::FunctionStatus;
 use super::pprof::{LineKey, MappingKey, ProfileBuilder};
 use crate::bursts::contexts::FOREIGN;
 use crate::bursts::counts::PathView;
-use crate::bursts::lifecycle::PathFacts;
-use crate::bursts::{Traced, TracedModule};
+use crate::bursts::facts::PathFacts;
+use crate::bursts::traced::{Traced, TracedModule};
 use crate::stacks::symbolize::demangle;
 
 /// The sample type of the paths' measured time.

@@ -14,6 +14,7 @@ use burstyd_common::addr::Pid;
 use serde::{Deserialize, Deserializer, de};
 use toml::Spanned;
 
+use crate::bursts::options::{BurstOptions, DEFAULT_BURST, Libraries};
 use crate::sampling::events::{DEFAULT_FREQ, Sampling};
 
 /// Where the service looks when no `--config` is given.
@@ -78,8 +79,8 @@ pub(crate) enum LibrariesValue {
 }
 
 impl LibrariesValue {
-    fn get(&self) -> Option<crate::bursts::Libraries> {
-        use crate::bursts::Libraries;
+    fn get(&self) -> Option<Libraries> {
+        use Libraries;
         Some(match self {
             LibrariesValue::Bool(true) => Libraries::All,
             LibrariesValue::Bool(false) => Libraries::None,
@@ -567,9 +568,28 @@ pub(crate) struct BurstSettings {
     /// Processes traced in bursts at once (configured targets).
     pub(crate) max_traced: usize,
     pub(crate) path_time: bool,
-    pub(crate) libraries: crate::bursts::Libraries,
+    pub(crate) libraries: Libraries,
     /// Bursts at once in one process (on as many threads).
     pub(crate) max_bursts: u64,
+}
+
+impl BurstSettings {
+    /// The burst options these settings (the file and the command line)
+    /// set, with the run-only ones (`full_trace`, `save_bursts`) as given.
+    pub(crate) fn options(
+        &self,
+        full_trace: bool,
+        save_bursts: Option<std::path::PathBuf>,
+    ) -> BurstOptions {
+        BurstOptions {
+            burst_len: self.burst,
+            full_trace,
+            measure: self.path_time,
+            max_bursts: self.max_bursts,
+            libraries: self.libraries,
+            save_bursts,
+        }
+    }
 }
 
 /// A push destination, resolved.
@@ -715,10 +735,7 @@ impl Settings {
             targets,
             bursts: BurstSettings {
                 enabled: !o.no_bursts && f.bursts.enabled.unwrap_or(true),
-                burst: o
-                    .burst
-                    .or(f.bursts.burst)
-                    .unwrap_or(crate::bursts::DEFAULT_BURST),
+                burst: o.burst.or(f.bursts.burst).unwrap_or(DEFAULT_BURST),
                 max_traced: f
                     .bursts
                     .max_traced
@@ -727,14 +744,12 @@ impl Settings {
                     .unwrap_or(DEFAULT_MAX_TRACED),
                 path_time: o.path_time || f.bursts.path_time.unwrap_or(false),
                 libraries: match &f.bursts.libraries {
-                    _ if o.exe_only => crate::bursts::Libraries::None,
-                    Some(l) => l.get_ref().get().unwrap_or(crate::bursts::Libraries::Hot),
+                    _ if o.exe_only => Libraries::None,
+                    Some(l) => l.get_ref().get().unwrap_or(Libraries::Hot),
                     // The service's targets: the hot ones; `--pid` and
                     // `run`: all, from the first instruction.
-                    None if o.pids.is_empty() && !f.targets.is_empty() => {
-                        crate::bursts::Libraries::Hot
-                    }
-                    None => crate::bursts::Libraries::All,
+                    None if o.pids.is_empty() && !f.targets.is_empty() => Libraries::Hot,
+                    None => Libraries::All,
                 },
                 max_bursts: o
                     .max_bursts
@@ -819,7 +834,7 @@ pid = 1
                 burst: 200,
                 max_traced: 2,
                 path_time: true,
-                libraries: crate::bursts::Libraries::Hot,
+                libraries: Libraries::Hot,
                 max_bursts: burstyd_common::burst::DEFAULT_MAX_BURSTS
             }
         );
@@ -842,7 +857,7 @@ pid = 1
         assert!(s.targets.is_empty());
         assert_eq!(
             (s.bursts.enabled, s.bursts.burst, s.bursts.libraries),
-            (false, 9, crate::bursts::Libraries::None)
+            (false, 9, Libraries::None)
         );
     }
 
@@ -861,7 +876,7 @@ pid = 1
     /// the words and booleans, and anything else refused at its place.
     #[test]
     fn libraries_hot_all_none() {
-        use crate::bursts::Libraries;
+        use Libraries;
         let libs = |text: &str, o: &Overrides| {
             Settings::resolve(Some(&p(text).unwrap()), None, o)
                 .unwrap()
@@ -917,10 +932,10 @@ pid = 1
             s.bursts,
             BurstSettings {
                 enabled: true,
-                burst: crate::bursts::DEFAULT_BURST,
+                burst: DEFAULT_BURST,
                 max_traced: DEFAULT_MAX_TRACED,
                 path_time: false,
-                libraries: crate::bursts::Libraries::All,
+                libraries: Libraries::All,
                 max_bursts: burstyd_common::burst::DEFAULT_MAX_BURSTS
             }
         );

@@ -35,10 +35,6 @@ impl Counter {
     pub(crate) fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
-    /// Raises the gauge to `n` if it is lower.
-    pub(crate) fn max(&self, n: u64) {
-        self.0.fetch_max(n, Ordering::Relaxed);
-    }
 }
 
 /// Everything `/metrics` reports besides the process's own CPU and RSS.
@@ -79,9 +75,6 @@ pub(crate) struct Metrics {
     pub(crate) config_reload_failures: Counter,
     /// Gauge: executables whose attach failed, backing off.
     pub(crate) burst_backoff: Counter,
-    /// Gauge: the largest peak RSS of a DWARF worker process
-    /// ([`crate::stacks::dwarf_worker`]) so far.
-    pub(crate) dwarf_worker_peak_rss: Counter,
     /// The per-process series of the processes traced in bursts now
     /// (rendered text, refreshed by the session every second).
     pub(crate) traced: std::sync::Mutex<String>,
@@ -119,7 +112,6 @@ impl Metrics {
             config_reloads: Counter::new(),
             config_reload_failures: Counter::new(),
             burst_backoff: Counter::new(),
-            dwarf_worker_peak_rss: Counter::new(),
             traced: std::sync::Mutex::new(String::new()),
         }
     }
@@ -311,7 +303,9 @@ impl Metrics {
             "burstyd_dwarf_worker_peak_rss_bytes",
             "gauge",
             "The largest peak RSS of a DWARF worker process so far (a module's DWARF is read in a process of its own, for a moment, not in the daemon).",
-            c(&self.dwarf_worker_peak_rss),
+            crate::stacks::dwarf_worker::PEAK_RSS
+                .load(Ordering::Relaxed)
+                .to_string(),
         );
         s.push_str(&self.traced.lock().unwrap_or_else(|e| e.into_inner()));
         s

@@ -9,9 +9,11 @@ use tracing::{debug, info, warn};
 use super::{Session, ticker};
 use crate::bursts::counts::{Key, PathView, Tally};
 use crate::bursts::coverage::HotCoverage;
-use crate::bursts::lifecycle::LoadRequest;
+use crate::bursts::libraries::LoadRequest;
 use crate::bursts::selection::Report;
-use crate::bursts::{Attach, BurstTracer, Finished};
+use crate::bursts::tracer::{BurstTracer, Finished};
+use crate::bursts::tracers::Attach;
+use crate::export::fdata::Fdata;
 use crate::export::pprof::encode_gzip;
 use crate::sampling::sampler::{KernelCounters, Sampler};
 use crate::service::metrics::METRICS;
@@ -22,7 +24,7 @@ use burstyd_common::addr::Pid;
 /// uprobe that reports the loader's link-map changes, then the tables
 /// checked against the maps (see `bursts::linkmap`).
 /// Returns a request to clone libraries loaded since (for
-/// [`crate::bursts::Bursts::request`]).
+/// [`crate::bursts::tracers::Bursts::request`]).
 fn link(sampler: &mut Sampler, t: &mut BurstTracer) -> Option<LoadRequest> {
     let pid = t.pid();
     if let Some(loader) = t.link_hook()
@@ -36,7 +38,7 @@ fn link(sampler: &mut Sampler, t: &mut BurstTracer) -> Option<LoadRequest> {
 }
 
 /// The functions an extension rewrote and skipped, into the metrics.
-fn count_functions(ext: &crate::bursts::lifecycle::Extension) {
+fn count_functions(ext: &crate::bursts::prepare::Extension) {
     METRICS
         .functions_rewritten
         .add(ext.functions_rewritten as u64);
@@ -55,7 +57,7 @@ impl Session {
             &mut pipe.start_stacks,
         );
         if busy && let Some(t) = self.timers.bursts.as_mut() {
-            t.reset_after(crate::bursts::BUSY_DRAIN_AGAIN);
+            t.reset_after(crate::bursts::options::BUSY_DRAIN_AGAIN);
         }
         let sampler = &mut self.sampler;
         for (pid, gone) in self.bursts.relink(|pid| sampler.link_changes(pid)) {
@@ -134,7 +136,7 @@ impl Session {
     fn on_libraries(
         &mut self,
         pid: burstyd_common::addr::Pid,
-        libraries: anyhow::Result<Option<crate::bursts::lifecycle::Extension>>,
+        libraries: anyhow::Result<Option<crate::bursts::prepare::Extension>>,
         arm: bool,
     ) {
         if let Some(t) = self.bursts.tracer_mut(pid) {
@@ -184,7 +186,7 @@ impl Session {
     fn on_loaded(
         &mut self,
         request: LoadRequest,
-        libraries: anyhow::Result<Option<crate::bursts::lifecycle::Extension>>,
+        libraries: anyhow::Result<Option<crate::bursts::prepare::Extension>>,
     ) {
         let pid = request.pid;
         let ext = match libraries {
@@ -274,7 +276,7 @@ impl Session {
     }
 
     /// Once a second, for the processes whose libraries are cloned when
-    /// hot ([`crate::bursts::Libraries::Hot`]): each one's user-mode event
+    /// hot ([`crate::bursts::options::Libraries::Hot`]): each one's user-mode event
     /// weight per mapped file since it was selected; a library past the
     /// share is cloned at the next relink.
     pub(super) fn select_hot_libraries(&mut self) {
@@ -611,7 +613,8 @@ impl Session {
                 });
             }
             for name in names {
-                if let Err(e) = crate::export::write_atomic(&output, &name, fdata.as_bytes()) {
+                if let Err(e) = crate::export::write_atomic(&output, &name, fdata.text().as_bytes())
+                {
                     warn!("writing {}: {e}", output.join(name).display());
                 }
             }
@@ -632,7 +635,7 @@ impl Session {
 
 /// The daemon-wide burst counters of `/metrics`: the processes released
 /// and those traced now.
-fn set_burst_metrics(s: &crate::bursts::BurstStats) {
+fn set_burst_metrics(s: &crate::bursts::stats::BurstStats) {
     METRICS.bursts_taken.set(s.bursts);
     METRICS.bursts_truncated.set(s.bursts_truncated);
     METRICS.bursts_declined.set(s.declined());
@@ -670,11 +673,11 @@ enum Source {
 
 /// The traced facts and counts of `src`.
 fn source<'a>(
-    bursts: &'a crate::bursts::Bursts,
+    bursts: &'a crate::bursts::tracers::Bursts,
     released: &'a super::Released,
     src: Source,
 ) -> (
-    &'a crate::bursts::Traced,
+    &'a crate::bursts::traced::Traced,
     &'a crate::bursts::counts::PathCounts,
 ) {
     match src {
@@ -764,19 +767,17 @@ impl Session {
         drop(parts);
         let ts = super::files::timestamp(end);
         let output = &self.opts.output;
-        let mut edges: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>> =
-            Default::default();
-        for (pid, lib, text) in &fdatas {
+        let mut edges: std::collections::BTreeMap<String, Fdata> = Default::default();
+        for (pid, lib, fdata) in &fdatas {
             let name = lib
                 .clone()
                 .or_else(|| exe_names.get(pid).cloned())
                 .unwrap_or_default();
-            merge_fdata(edges.entry(name).or_default(), text);
+            edges.entry(name).or_default().merge(fdata);
         }
-        for (module, lines) in edges.iter().filter(|e| !e.1.is_empty()) {
+        for (module, fdata) in edges.iter().filter(|e| !e.1.is_empty()) {
             let name = format!("edges-{module}-{ts}.fdata");
-            let text: String = lines.iter().map(|(b, n)| format!("{b} {n}\n")).collect();
-            if let Err(e) = crate::export::write_atomic(output, &name, text.as_bytes()) {
+            if let Err(e) = crate::export::write_atomic(output, &name, fdata.text().as_bytes()) {
                 warn!("cannot write {}: {e}", output.join(&name).display());
             }
         }
@@ -913,14 +914,14 @@ impl Session {
 /// (all, an interval's, a window's) and the event sampled per PC over
 /// the same time.
 struct PathPart<'a> {
-    traced: &'a crate::bursts::Traced,
+    traced: &'a crate::bursts::traced::Traced,
     view: PathView<'a>,
     leaf: &'a HashMap<u64, u64>,
 }
 
 /// Each module's edges per process: `(pid, library name or None for the
 /// executable, fdata text)`.
-type ModuleEdges = Vec<(Pid, Option<String>, String)>;
+type ModuleEdges = Vec<(Pid, Option<String>, Fdata)>;
 
 /// The path profile of `parts` (gzip'd pprof of `span`) and each
 /// module's edges per process (the executable's even when empty).
@@ -962,16 +963,4 @@ fn build_paths(
     }
     let gz = encode_gzip(&paths.finish()).map_err(anyhow::Error::from);
     (gz, fdatas)
-}
-
-/// Sums BOLT fdata texts line by line (the same branch in several
-/// processes of one binary): each line's count is its last field.
-fn merge_fdata(into: &mut std::collections::BTreeMap<String, u64>, text: &str) {
-    for line in text.lines() {
-        if let Some((branch, n)) = line.rsplit_once(' ')
-            && let Ok(n) = n.parse::<u64>()
-        {
-            *into.entry(branch.to_owned()).or_insert(0) += n;
-        }
-    }
 }

@@ -33,7 +33,7 @@ use burstyd_common::addr::Pid;
 use tokio::sync::mpsc;
 use tokio::time::{Interval, MissedTickBehavior};
 
-use crate::bursts::Bursts;
+use crate::bursts::tracers::Bursts;
 use crate::export::context::{build_profile, write_profile};
 use crate::export::pprof::encode_gzip;
 use crate::sampling::events::{EventSpec, Sampling};
@@ -71,7 +71,7 @@ pub(crate) struct SessionOptions {
     pub(crate) interval: Option<Duration>,
     pub(crate) output: PathBuf,
     /// Bursty tracing of the targets (`--pid`/`run`), unless `--no-bursts`.
-    pub(crate) bursts: Option<crate::bursts::BurstOptions>,
+    pub(crate) bursts: Option<crate::bursts::options::BurstOptions>,
     /// `run`'s gate, to be closed once the attach thread is ready to hold
     /// the command at its entry point (see [`Bursts::start`]); closing it
     /// releases the command.
@@ -208,14 +208,14 @@ pub(crate) struct Session {
 /// Tracers taken out of the set during the session: their detach under
 /// way on tokio's blocking pool, and what they recorded.
 struct Released {
-    tx: mpsc::UnboundedSender<crate::bursts::Finished>,
-    rx: mpsc::UnboundedReceiver<crate::bursts::Finished>,
+    tx: mpsc::UnboundedSender<crate::bursts::tracer::Finished>,
+    rx: mpsc::UnboundedReceiver<crate::bursts::tracer::Finished>,
     /// Detaches under way.
     pending: usize,
     /// Detached: their paths go into the path profiles.
-    finished: Vec<crate::bursts::Finished>,
+    finished: Vec<crate::bursts::tracer::Finished>,
     /// Their burst counts (and at the end everyone's), for `/metrics`.
-    totals: crate::bursts::BurstStats,
+    totals: crate::bursts::stats::BurstStats,
 }
 
 /// How a session went, and how `run`'s command exited.

@@ -43,7 +43,7 @@ pub(super) struct Pipeline {
     /// Per process traced in bursts, since the last drain of its records:
     /// its samples whose pc was in its clones (its burst is alive), and
     /// all its samples (it ran).
-    pub(super) in_clones: HashMap<Pid, crate::bursts::Activity>,
+    pub(super) in_clones: HashMap<Pid, crate::bursts::stats::Activity>,
     /// Per process traced in bursts: the stacks of the samples that sent
     /// a burst signal, until their bursts' START records take them.
     pub(super) start_stacks: HashMap<Pid, StartStacks>,
@@ -78,9 +78,7 @@ impl Pipeline {
             if main_thread {
                 return thread_name.to_owned();
             }
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .map(|c| c.trim_end().to_owned())
-                .unwrap_or_else(|_| thread_name.to_owned())
+            crate::sys::comm(pid).unwrap_or_else(|| thread_name.to_owned())
         });
         if s.ppid != 0 {
             self.procs.inherit(pid, Pid(s.ppid), thread_name);

@@ -73,11 +73,7 @@ impl Session {
         if new.bursts != old.bursts {
             let b = &new.bursts;
             if let Some(o) = bursts.options() {
-                let o = crate::bursts::BurstOptions::from_settings(
-                    b,
-                    o.full_trace,
-                    o.save_bursts.clone(),
-                );
+                let o = b.options(o.full_trace, o.save_bursts.clone());
                 bursts.set_options(o);
             }
             if let Some(sel) = selection.as_mut() {
@@ -90,9 +86,9 @@ impl Session {
                 b.max_traced,
                 if b.path_time { ", path time" } else { "" },
                 match b.libraries {
-                    crate::bursts::Libraries::All => ", all libraries",
-                    crate::bursts::Libraries::Hot => ", hot libraries",
-                    crate::bursts::Libraries::None => ", executables only",
+                    crate::bursts::options::Libraries::All => ", all libraries",
+                    crate::bursts::options::Libraries::Hot => ", hot libraries",
+                    crate::bursts::options::Libraries::None => ", executables only",
                 },
             );
         }
@@ -193,7 +189,5 @@ pub(super) fn apply_scan(scanner: &mut Scanner, sampler: &mut Sampler, procs: &m
 
 /// `/proc/PID/comm`, `?` when it is gone.
 pub(super) fn comm_of(pid: Pid) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|c| c.trim_end().to_owned())
-        .unwrap_or_else(|_| "?".into())
+    crate::sys::comm(pid).unwrap_or_else(|| "?".into())
 }

@@ -66,6 +66,10 @@ pub(crate) struct DwarfWorkerArgs {
     file: PathBuf,
 }
 
+/// The largest peak RSS of a DWARF worker process so far
+/// (`burstyd_dwarf_worker_peak_rss_bytes`).
+pub(crate) static PEAK_RSS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Has a worker answer `svmas` from `file`'s DWARF, and waits for it.
 /// Returns the answers in order and the worker's peak RSS. `file` may be
 /// one of this process's descriptors (`/proc/self/fd/N`): the worker opens
@@ -101,6 +105,7 @@ pub(crate) fn answers(file: &Path, svmas: &[u64]) -> anyhow::Result<(Vec<Answer>
             svmas.len()
         );
     }
+    PEAK_RSS.fetch_max(r.peak_rss_bytes, std::sync::atomic::Ordering::Relaxed);
     Ok((r.answers, r.peak_rss_bytes))
 }
 

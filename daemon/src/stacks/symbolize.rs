@@ -275,9 +275,6 @@ impl ModuleSymbols {
                     worker_peak_mb = peak as f64 / 1e6,
                     "DWARF answered by a worker"
                 );
-                crate::service::metrics::METRICS
-                    .dwarf_worker_peak_rss
-                    .max(peak);
                 self.answers = want.into_iter().zip(answers).collect();
             }
             Err(e) => {

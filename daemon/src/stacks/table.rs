@@ -239,9 +239,7 @@ impl ProcessTable {
         if self.refresh(child) {
             return;
         }
-        let parent_comm = std::fs::read_to_string(format!("/proc/{parent}/comm"))
-            .map(|c| c.trim_end().to_owned())
-            .unwrap_or_default();
+        let parent_comm = crate::sys::comm(parent).unwrap_or_default();
         if parent_comm != comm || !(self.procs.contains_key(&parent) || self.refresh(parent)) {
             return;
         }

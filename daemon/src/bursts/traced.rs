@@ -1,0 +1,163 @@
+//! What the exporters need to know about a traced process: its modules
+//! with clones in `fid` order, its functions by address, the calling
+//! contexts of burst stack samples, and the CFGs and path numberings of
+//! the functions its paths ran through.
+use std::path::PathBuf;
+
+use burstyd_common::addr::Pid;
+use std::collections::HashMap;
+use userspace_rewriter::analysis::plan::FunctionStatus;
+
+use super::contexts;
+use super::coverage;
+use super::facts;
+
+/// Per function of module `m`, in fid order: its number of paths (none
+/// without numbering) and the fid of its family (the first part of the
+/// function it belongs to, see [`PathCounts`]).
+pub(super) fn fid_facts(m: &facts::ModuleFacts) -> impl Iterator<Item = (Option<u64>, u32)> + '_ {
+    m.plan.functions.iter().map(move |f| {
+        let paths = match &f.status {
+            FunctionStatus::Analyzed(fa) => fa.paths,
+            _ => None,
+        };
+        (paths, m.fid_base + f.family as u32)
+    })
+}
+
+/// What the exporters need to know about a traced process and its
+/// modules with clones.
+pub(crate) struct Traced {
+    pub(crate) pid: Pid,
+    /// `/proc/PID/exe`.
+    pub(crate) exe: PathBuf,
+    /// The executable first, then the libraries, in `fid` order.
+    pub(crate) modules: Vec<TracedModule>,
+    /// Where the modules and their clones' originals are (hot coverage).
+    pub(crate) code: coverage::CodeMap,
+    /// Every function of every module by address: `(AVMA start, end,
+    /// fid)`, sorted ([`Self::reindex`]).
+    pub(super) index: Vec<(u64, u64, u32)>,
+}
+
+/// One module with clones.
+pub(crate) struct TracedModule {
+    pub(crate) facts: facts::ModuleFacts,
+    /// The file with the module's DWARF lines, opened while the process
+    /// lives (its files may be gone when its paths are exported) and
+    /// parsed only while they are: python3.11's lines take 40 MB parsed.
+    pub(super) lines_file: Option<std::fs::File>,
+}
+
+impl TracedModule {
+    pub(super) fn new(pid: Pid, exe: &std::path::Path, facts: facts::ModuleFacts) -> Self {
+        let file = if facts.is_exe {
+            exe.to_owned()
+        } else {
+            facts
+                .debug_file
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(format!("/proc/{pid}/root{}", facts.path)))
+        };
+        TracedModule {
+            lines_file: std::fs::File::open(file).ok(),
+            facts,
+        }
+    }
+
+    /// `(file, line)` of the SVMAs `addrs` that the module's DWARF has.
+    pub(crate) fn lines(&self, addrs: &[u64]) -> HashMap<u64, (Option<String>, u32)> {
+        match &self.lines_file {
+            Some(f) => crate::stacks::lines::lines_in_file(f, addrs),
+            None => HashMap::new(),
+        }
+    }
+}
+
+impl std::ops::Deref for TracedModule {
+    type Target = facts::ModuleFacts;
+    fn deref(&self) -> &facts::ModuleFacts {
+        &self.facts
+    }
+}
+
+impl Traced {
+    /// The module of record `fid`, and the function's index in its plan.
+    pub(crate) fn function(&self, fid: u32) -> Option<(&TracedModule, usize)> {
+        let i = self
+            .modules
+            .partition_point(|m| m.fid_base <= fid)
+            .checked_sub(1)?;
+        let m = &self.modules[i];
+        let local = (fid - m.fid_base) as usize;
+        (local < m.plan.functions.len()).then_some((m, local))
+    }
+
+    /// Rebuilds the address index once the modules changed.
+    pub(super) fn reindex(&mut self) {
+        self.index = self
+            .modules
+            .iter()
+            .flat_map(|m| {
+                m.plan.functions.iter().enumerate().map(|(i, f)| {
+                    let a = f.start.wrapping_add(m.bias);
+                    (a, a + f.size.max(1), m.fid_base + i as u32)
+                })
+            })
+            .collect();
+        self.index.sort_unstable();
+    }
+
+    /// The function of a traced module that holds `avma`.
+    pub(crate) fn fid_at(&self, avma: u64) -> Option<u32> {
+        let i = self.index.partition_point(|e| e.0 <= avma).checked_sub(1)?;
+        let (_, end, fid) = self.index[i];
+        (avma < end).then_some(fid)
+    }
+
+    /// A burst's stack sample as context frames, outermost first, down to
+    /// the function the burst began in. A leaf in a PLT stub is left out
+    /// (the stub jumps to its target, which the burst enters).
+    pub(crate) fn context_frames(&self, s: &contexts::StartStack) -> Vec<contexts::FrameKey> {
+        let mut out = Vec::with_capacity(s.frames.len());
+        for (i, &a) in s.frames.iter().enumerate() {
+            // Return addresses point after their call.
+            let lookup = if i == 0 { a } else { a.wrapping_sub(1) };
+            match self.fid_at(lookup) {
+                Some(fid) => {
+                    let plt = self.function(fid).is_some_and(|(m, l)| {
+                        matches!(m.plan.functions[l].status, FunctionStatus::Plt)
+                    });
+                    if !(i == 0 && plt) {
+                        out.push(contexts::FrameKey::Function(fid));
+                    }
+                }
+                None => out.push(contexts::FrameKey::Address(a)),
+            }
+        }
+        out.reverse();
+        out
+    }
+
+    /// The executable.
+    pub(crate) fn exe_module(&self) -> &TracedModule {
+        &self.modules[0]
+    }
+
+    /// The CFGs and path numberings of functions `fids` (those that have
+    /// them), read once each.
+    pub(crate) fn path_details(
+        &self,
+        fids: impl IntoIterator<Item = u32>,
+    ) -> HashMap<u32, facts::PathFacts<'_>> {
+        let mut out = HashMap::new();
+        for fid in fids {
+            if let std::collections::hash_map::Entry::Vacant(v) = out.entry(fid)
+                && let Some(d) = self.function(fid).and_then(|(m, i)| m.path_details(i))
+            {
+                v.insert(d);
+            }
+        }
+        out
+    }
+}
