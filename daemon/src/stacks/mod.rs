@@ -13,6 +13,7 @@ pub(crate) mod cct;
 pub(crate) mod clones;
 pub(crate) mod dwarf;
 pub(crate) mod dwarf_worker;
+pub(crate) mod kernel_symbols;
 pub(crate) mod lines;
 pub(crate) mod modules;
 pub(crate) mod symbolize;
