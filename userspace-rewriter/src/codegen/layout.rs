@@ -15,7 +15,7 @@ pub struct Layout {
     pub bias: u64,
     /// AVMA of the [`BurstControl`](burstyd_common::burst::BurstControl).
     pub control: u64,
-    /// AVMA where [`CloneImage::bytes`] is written.
+    /// AVMA where [`CloneImage::bytes`](super::CloneImage::bytes) is written.
     pub code: u64,
     /// Added to a function's index in the plan to make the `fid` its
     /// records carry: with several modules traced into one ring, each

@@ -24,7 +24,7 @@
 //! ```
 //!
 //! so a routine may clobber rax, rcx, rdx and the flags and must preserve
-//! every other register. [`FRAME`] is the distance from `rsp` at a
+//! every other register. [`FRAME`](asm::FRAME) is the distance from `rsp` at a
 //! routine's entry to the program's `rsp` at the snippet; `rt_enter` and
 //! `rt_exit` read the program's `rsp` (the activation's return address)
 //! there. The contract, routine by routine (and its file):
