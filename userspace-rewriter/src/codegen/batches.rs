@@ -25,7 +25,7 @@ use iced_x86::{
 };
 
 use super::emitter::{Emitter, LABEL_BASE, Tag};
-use super::image::GenError;
+use super::layout::GenError;
 use super::relocs::{Field, Relocs};
 
 /// A batch is encoded once it holds this many instructions (at the end of

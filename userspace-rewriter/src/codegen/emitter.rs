@@ -158,9 +158,9 @@ impl Emitter {
     }
 }
 
-/// The operand for our own data at `addr` (see [`super::data_operand`]).
+/// The operand for our own data at `addr` (see [`super::operand::data_operand`]).
 pub(super) fn rip(addr: u64) -> MemoryOperand {
-    super::data_operand(addr)
+    super::operand::data_operand(addr)
 }
 
 fn r32(r: Register) -> Register {

@@ -11,7 +11,7 @@ use burstyd_common::burst::*;
 use iced_x86::{IcedError, Instruction, OpKind, Register};
 
 use super::emitter::{Emitter, Tag};
-use super::image::{GenStats, Layout};
+use super::layout::{GenStats, Layout};
 use super::runtime::{NO_PATH, Runtime};
 use crate::analysis::cfg::{self, Cfg, EdgeKind, ExitKind, LiveSet};
 use crate::analysis::disasm::Insn;

@@ -7,7 +7,7 @@ use iced_x86::{Code, IcedError, Instruction, MemoryOperand, Register};
 
 use super::emitter::{Emitter, Tag, rip};
 use super::function::{FnGen, OutOfLine, Skip};
-use super::image::Layout;
+use super::layout::Layout;
 
 impl FnGen<'_> {
     /// Whether edge `(b, idx)` needs code (an increment or a truncation).

@@ -23,7 +23,7 @@
 //! own (a branch out of reach) leaves the image unrelocatable: it is then
 //! generated again, never patched by guess.
 
-use super::image::Layout;
+use super::layout::Layout;
 use super::runtime::NO_PATH;
 
 /// The kinds of layout-dependent fields.

@@ -16,8 +16,10 @@
 
 use std::ffi::c_void;
 
+use burstyd_common::addr::Pid;
+
+use super::error::{InjectError, Result};
 use super::ptrace::{Wait, get_regs, ptrace, resume, set_regs, wait_tid};
-use super::{InjectError, Pid, Result};
 
 /// Seizes `pid`, which has not exec'd yet (it waits on `burstyd run`'s
 /// gate), reporting its exec. The calling thread becomes its tracer: the

@@ -103,164 +103,26 @@
 //!   classic-BPF interpreter before we make them;
 //! - `procfs.rs`: `/proc` queries ([`maps`] and its [`MapEntry`] lines,
 //!   [`find_gap_near`], [`free_signal`], [`shadow_stack_enabled`], live
-//!   threads, EPERM diagnosis).
+//!   threads, EPERM diagnosis);
+//! - `error.rs`: [`InjectError`];
+//! - `signals.rs`: [`KernelSigaction`] and the signal sets an injection
+//!   blocks; `scratch.rs`: the scratch page's layout. These three are
+//!   leaves the others import; this file only re-exports.
 
+mod error;
 pub mod hold;
 mod procfs;
 mod ptrace;
 mod remote;
+mod scratch;
 mod seccomp;
+mod signals;
 mod tracee;
 
-use std::time::Duration;
-
 pub use burstyd_common::addr::Pid;
+pub use error::InjectError;
 pub use procfs::{
     MapEntry, find_gap_near, find_low_gap, free_signal, maps, parse_maps, shadow_stack_enabled,
 };
+pub use signals::{KernelSigaction, SA_RESTORER};
 pub use tracee::Tracee;
-
-/// Errors of attaching to and injecting into a process.
-#[derive(Debug, thiserror::Error)]
-pub enum InjectError {
-    #[error("no such process: {0}")]
-    NoSuchProcess(Pid),
-    #[error("{pid} is a thread of process {tgid}, not a process id")]
-    NotAProcess { pid: Pid, tgid: Pid },
-    #[error("process {0} is a zombie (it has exited and waits to be reaped)")]
-    Zombie(Pid),
-    #[error(
-        "process {pid} is already traced by process {tracer} (a debugger, strace, or another \
-         burstyd); a process can have only one tracer"
-    )]
-    AlreadyTraced { pid: Pid, tracer: i32 },
-    #[error("not permitted to ptrace process {pid} (EPERM): {hint}")]
-    NotPermitted { pid: Pid, hint: String },
-    #[error("cannot attach to our own process ({0})")]
-    OwnProcess(Pid),
-    #[error("process {pid} ended while attached: {how}")]
-    Exited { pid: Pid, how: String },
-    #[error("{call} on thread {tid}: {source}")]
-    Ptrace {
-        call: &'static str,
-        tid: i32,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("syscall {nr} in process {pid} failed: {}", std::io::Error::from_raw_os_error(*.errno))]
-    Syscall { pid: Pid, nr: i64, errno: i32 },
-    #[error("no `syscall` instruction (0f 05) in any executable mapping of process {0}")]
-    NoSyscallInstruction(Pid),
-    #[error(
-        "call of {func:#x} in process {pid} did not return within {timeout:?} (waiting for a \
-         lock another, stopped, thread holds?); the thread was put back, but whatever the \
-         function did so far stays done"
-    )]
-    CallTimeout {
-        pid: Pid,
-        func: u64,
-        timeout: Duration,
-    },
-    #[error(
-        "call of {func:#x} in process {pid} faulted: signal {signal} at rip {rip:#x} (fault \
-         address {addr:#x}); the thread was put back"
-    )]
-    CallFaulted {
-        pid: Pid,
-        func: u64,
-        signal: i32,
-        rip: u64,
-        addr: u64,
-    },
-    #[error("{0} arguments given; at most 6 are supported")]
-    TooManyArguments(usize),
-    #[error("mmap in process {pid} asked for {wanted:#x} and got {got:#x}")]
-    MmapMoved { pid: Pid, wanted: u64, got: u64 },
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
-    #[error(
-        "no free gap of {len:#x} bytes within ±2 GiB of every byte of [{lo:#x}, {hi:#x}) in \
-         process {pid}"
-    )]
-    NoGap {
-        pid: Pid,
-        lo: u64,
-        hi: u64,
-        len: u64,
-    },
-    #[error(
-        "process {0} catches, ignores, blocks or has pending every signal from SIGRTMIN+2 (34) \
-         to SIGRTMAX (64)"
-    )]
-    NoFreeSignal(Pid),
-    #[error("thread {tid}: unexpected {what}")]
-    Unexpected { tid: i32, what: String },
-    #[error(
-        "process {0} runs in seccomp strict mode: it may make no system call but read, write, \
-         exit and sigreturn, and injecting the clones needs others"
-    )]
-    SeccompStrict(Pid),
-    #[error(
-        "the seccomp filter of process {pid} {action} on {syscall}, which injecting the clones \
-         needs; nothing was injected"
-    )]
-    SeccompRefuses {
-        pid: Pid,
-        syscall: String,
-        action: String,
-    },
-    #[error("cannot parse {what}: {text:?}")]
-    Parse { what: String, text: String },
-}
-
-type Result<T, E = InjectError> = std::result::Result<T, E>;
-
-/// The kernel's `struct sigaction` on x86-64 (`rt_sigaction(2)`'s view,
-/// not glibc's): handler, flags, restorer, a 64-bit mask.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelSigaction {
-    /// Handler address, or `SIG_DFL` (0) / `SIG_IGN` (1).
-    pub handler: u64,
-    /// `SA_*` flags; [`SA_RESTORER`] is required on x86-64 with a handler.
-    pub flags: u64,
-    /// Where the handler returns to: code doing `rt_sigreturn` (`mov eax,
-    /// 15; syscall`).
-    pub restorer: u64,
-    /// Signals blocked while the handler runs (bit `n - 1` is signal `n`).
-    pub mask: u64,
-}
-
-/// `SA_RESTORER` (not exported by libc for glibc targets).
-pub const SA_RESTORER: u64 = 0x0400_0000;
-
-/// Signals whose delivery is asynchronous: all but SIGKILL/SIGSTOP (not
-/// blockable) and the synchronous fault signals (blocking those and then
-/// faulting resets the program's handler).
-const ASYNC_SIGNALS: u64 = !(bit(libc::SIGKILL)
-    | bit(libc::SIGSTOP)
-    | bit(libc::SIGSEGV)
-    | bit(libc::SIGBUS)
-    | bit(libc::SIGILL)
-    | bit(libc::SIGFPE)
-    | bit(libc::SIGTRAP)
-    | bit(libc::SIGSYS));
-const ALL_SIGNALS: u64 = !(bit(libc::SIGKILL) | bit(libc::SIGSTOP));
-
-const fn bit(sig: i32) -> u64 {
-    1 << (sig - 1)
-}
-
-/// Offsets in the scratch page.
-const SCRATCH_LEN: u64 = crate::PAGE_SIZE;
-const SCR_SIGACTION_NEW: u64 = 0;
-const SCR_SIGACTION_OLD: u64 = 64;
-const SCR_SIGINFO: u64 = 128;
-const SCR_NAME: u64 = 512;
-const MAX_NAME: usize = 249; // memfd_create's limit, without the NUL

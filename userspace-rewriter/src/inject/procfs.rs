@@ -3,7 +3,10 @@
 //! use for the bursts, whether CET shadow stacks are on, its live threads,
 //! and why ptrace said EPERM.
 
-use super::{InjectError, Pid, Result, bit};
+use burstyd_common::addr::Pid;
+
+use super::error::{InjectError, Result};
+use super::signals::bit;
 use crate::PAGE_SIZE;
 
 const TWO_GIB: u64 = 1 << 31;

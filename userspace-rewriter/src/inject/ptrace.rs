@@ -4,7 +4,7 @@
 
 use std::ffi::c_void;
 
-use super::{InjectError, Result};
+use super::error::{InjectError, Result};
 
 /// `NT_X86_XSTATE`: the XSAVE area (x87, SSE, AVX, AVX-512, ...).
 const NT_X86_XSTATE: usize = 0x202;

@@ -6,16 +6,15 @@
 
 use std::time::{Duration, Instant};
 
+use super::error::{InjectError, Result};
 use super::procfs::{MapEntry, maps};
 use super::ptrace::{
     Wait, get_fp, get_regs, get_siginfo, get_sigmask, is_fault, ptrace, resume, set_args, set_fp,
     set_regs, set_sigmask, wait_tid,
 };
+use super::scratch::{MAX_NAME, SCR_NAME, SCR_SIGACTION_NEW, SCR_SIGACTION_OLD, SCRATCH_LEN};
+use super::signals::{ASYNC_SIGNALS, KernelSigaction};
 use super::tracee::Tracee;
-use super::{
-    ASYNC_SIGNALS, InjectError, KernelSigaction, MAX_NAME, Result, SCR_NAME, SCR_SIGACTION_NEW,
-    SCR_SIGACTION_OLD, SCRATCH_LEN,
-};
 
 const RED_ZONE: u64 = 128;
 

@@ -10,7 +10,9 @@
 //! kernel would run, on the same `struct seccomp_data`. A call whose
 //! verdict is anything but `SECCOMP_RET_ALLOW` (or `_LOG`) is not made.
 //! Strict mode (`SECCOMP_MODE_STRICT`) allows nothing we need.
-use super::{InjectError, Pid, Result};
+use burstyd_common::addr::Pid;
+
+use super::error::{InjectError, Result};
 
 /// One classic BPF instruction (`struct sock_filter`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,12 +9,16 @@ use std::marker::PhantomData;
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
+use burstyd_common::addr::Pid;
+
+use super::error::{InjectError, Result};
 use super::procfs::{diagnose_eperm, live_tasks, read_proc, status_field};
 use super::ptrace::{
     Wait, get_regs, get_siginfo, get_sigmask, ptrace, set_regs, set_sigmask, wait_tid,
 };
+use super::scratch::{SCR_SIGINFO, SCRATCH_LEN};
 use super::seccomp::Filters;
-use super::{ALL_SIGNALS, InjectError, Pid, Result, SCR_SIGINFO, SCRATCH_LEN};
+use super::signals::ALL_SIGNALS;
 
 /// A signal taken from a thread that must be given back at detach.
 pub(super) struct Pending {

@@ -12,10 +12,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use iced_x86::{InstructionInfoFactory, OpAccess};
 
+use super::context::CfgContext;
 use super::liveness::{CALLER_SAVED, gpr_index};
-use super::{
-    Block, CallSite, Cfg, CfgContext, Edge, EdgeKind, Exit, ExitKind, JumpTable, JumpTableKind,
-    SkipReason,
+use super::types::{
+    Block, CallSite, Cfg, Edge, EdgeKind, Exit, ExitKind, JumpTable, JumpTableKind, SkipReason,
 };
 use crate::analysis::disasm::{Flow, Insn};
 use crate::analysis::functions::Function;

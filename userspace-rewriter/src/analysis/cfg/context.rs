@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use iced_x86::Mnemonic;
 use object::{Object, ObjectSection};
 
-use super::is_known_noreturn;
+use super::known_noreturn::is_known_noreturn;
 use crate::analysis::disasm::Insn;
 use crate::analysis::functions::{Function, FunctionKind, FunctionSources};
 

@@ -11,7 +11,7 @@ use iced_x86::{ConditionCode, Mnemonic, OpAccess, OpKind, Register};
 
 use super::build::{Via, Walker};
 use super::liveness::gpr_index;
-use super::{JumpTable, JumpTableKind, SkipReason};
+use super::types::{JumpTable, JumpTableKind, SkipReason};
 use crate::analysis::disasm::Flow;
 
 /// What holds a jump table's index during the backward guard search.

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use iced_x86::{InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register, RflagsBits};
 use serde::Serialize;
 
-use super::{Block, Cfg, ExitKind};
+use super::types::{Block, Cfg, ExitKind};
 use crate::analysis::disasm::{Flow, Insn};
 
 /// GPR index (0 = rax ... 15 = r15, iced's order: rax rcx rdx rbx rsp rbp rsi

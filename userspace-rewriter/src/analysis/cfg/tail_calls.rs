@@ -9,7 +9,7 @@ use iced_x86::{Mnemonic, OpKind, Register};
 use super::build::Walker;
 use super::jump_tables::is_immediate;
 use super::liveness::{RSP, gpr_index};
-use super::{ExitKind, SkipReason};
+use super::types::{ExitKind, SkipReason};
 use crate::analysis::functions::FunctionSources;
 
 impl Walker<'_, '_> {

@@ -3,7 +3,7 @@
 //! smart numbering (§3.4, from PPP: out-edges in decreasing order of
 //! frequency). See the module docs of [`super`].
 
-use super::{BackEdgeAction, LoopStart, PathNumbering, PathsError};
+use super::types::{BackEdgeAction, LoopStart, PathNumbering, PathsError};
 use crate::analysis::graph::{Graph, Loops, reachable};
 
 /// One out-edge of a block in the DAG.

@@ -1,7 +1,7 @@
 //! Regeneration: a Ball-Larus path number back to its blocks, with BL96's
 //! greedy walk as used by PEP §3.3 (see the module docs of [`super`]).
 
-use super::{BackEdgeAction, PathNumbering, PathsError, RegeneratedPath};
+use super::types::{BackEdgeAction, PathNumbering, PathsError, RegeneratedPath};
 
 impl PathNumbering {
     /// Regenerates path number `path` (BL96's greedy walk, PEP §3.3).

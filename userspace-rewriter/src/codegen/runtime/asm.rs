@@ -13,6 +13,14 @@ use burstyd_common::burst::{SHADOW_ENTRY_SHIFT, ShadowEntry};
 use iced_x86::code_asm::{CodeAssembler, CodeLabel, rax, rdx};
 use iced_x86::{Code, IcedError, Instruction, MemoryOperand, Register};
 
+/// Bytes between `rsp` inside a runtime routine (before it pushes anything)
+/// and the program's `rsp` at the snippet: return address, rdx, rcx, rax,
+/// flags, red zone.
+pub const FRAME: i64 = 8 + 24 + 8 + 128;
+
+/// `rt_exit` argument flag: the function has no valid path numbering.
+pub const NO_PATH: u32 = 0x8000_0000;
+
 /// The absolute address of a [`burstyd_common::burst::BurstControl`] field,
 /// given the control block's address.
 macro_rules! field {
@@ -24,12 +32,12 @@ pub(super) use field;
 
 /// The operand "address" of the calling thread's
 /// [`burstyd_common::burst::BurstRegs`] field `f` (in its TCB,
-/// `fs:[TLS_REGS + offset]`; see [`crate::codegen::TLS_TAG`]). The control
+/// `fs:[TLS_REGS + offset]`; see [`crate::codegen::operand::TLS_TAG`]). The control
 /// block's address is not needed (the registers are per thread).
 macro_rules! local {
     ($_control:expr, $f:ident) => {{
         let _ = &$_control;
-        $crate::codegen::TLS_TAG
+        $crate::codegen::operand::TLS_TAG
             + burstyd_common::burst::TLS_REGS as u64
             + core::mem::offset_of!(burstyd_common::burst::BurstRegs, $f) as u64
     }};
@@ -56,9 +64,9 @@ macro_rules! slot {
 pub(super) use slot;
 
 /// `[rip + (addr - next_ip)]`, or `[addr]` for a control block mapped in
-/// the low 2 GiB (see [`crate::codegen::data_operand`]).
+/// the low 2 GiB (see [`crate::codegen::operand::data_operand`]).
 fn rip(addr: u64) -> MemoryOperand {
-    crate::codegen::data_operand(addr)
+    crate::codegen::operand::data_operand(addr)
 }
 
 /// `fs:[0]` with a 32-bit zero displacement: the thread's TCB self-pointer

@@ -6,7 +6,7 @@ use iced_x86::code_asm::{
     CodeAssembler, CodeLabel, eax, edx, qword_ptr, r8, r8d, rax, rcx, rdi, rdx, rsi, rsp,
 };
 
-use super::FRAME;
+use super::asm::FRAME;
 use super::asm::{
     E_ELAPSED, E_PATH, E_RSP, RipRel, drop_dead_frames, field, if_measure, local, owner_gate,
     rdtsc, shadow_base, tag,

@@ -14,7 +14,7 @@ use super::asm::{
     E_ELAPSED, E_PATH, E_RSP, RipRel, SHADOW_ENTRY, if_measure, local, owner_gate, rdtsc,
     shadow_base, tag,
 };
-use super::{FRAME, NO_PATH};
+use super::asm::{FRAME, NO_PATH};
 
 /// `rt_exit(eax = fid | NO_PATH, ecx = kind)`: PATH record (`w0 = tag |
 /// kind << 32 | fid`, `w1 = path`; none with `NO_PATH`); for returns and

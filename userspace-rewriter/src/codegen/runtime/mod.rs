@@ -24,7 +24,7 @@
 //! ```
 //!
 //! so a routine may clobber rax, rcx, rdx and the flags and must preserve
-//! every other register. [`FRAME`] is the distance from `rsp` at a
+//! every other register. [`FRAME`](asm::FRAME) is the distance from `rsp` at a
 //! routine's entry to the program's `rsp` at the snippet; `rt_enter` and
 //! `rt_exit` read the program's `rsp` (the activation's return address)
 //! there. The contract, routine by routine (and its file):
@@ -151,15 +151,8 @@ mod signal;
 #[cfg(test)]
 mod testing;
 
+pub use asm::NO_PATH;
 use asm::field;
-
-/// Bytes between `rsp` inside a runtime routine (before it pushes anything)
-/// and the program's `rsp` at the snippet: return address, rdx, rcx, rax,
-/// flags, red zone.
-pub const FRAME: i64 = 8 + 24 + 8 + 128;
-
-/// `rt_exit` argument flag: the function has no valid path numbering.
-pub const NO_PATH: u32 = 0x8000_0000;
 
 /// The assembled runtime: its bytes and the absolute address (AVMA) of
 /// each routine.

@@ -13,9 +13,10 @@ use burstyd_common::burst::{
     ShadowEntry, TLS_REGS,
 };
 
+use super::asm::FRAME;
 use super::regs;
 pub(super) use super::regs::{FRAME_CLOBBERS, Regs, fs0};
-use super::{FRAME, Runtime, assemble};
+use super::{Runtime, assemble};
 
 /// Words in the test ring (it wraps after 8 records).
 pub(super) const RING_WORDS: usize = 16;

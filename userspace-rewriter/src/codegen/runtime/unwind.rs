@@ -6,7 +6,7 @@ use iced_x86::code_asm::{
     CodeAssembler, CodeLabel, eax, qword_ptr, r8, rax, rcx, rdi, rdx, rsi, rsp,
 };
 
-use super::FRAME;
+use super::asm::FRAME;
 use super::asm::{
     RipRel, drop_dead_frames, local, owner_gate, shadow_base, start_path_if_measured, tag,
 };
