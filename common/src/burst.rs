@@ -123,8 +123,7 @@ pub const END_LEFT_CLONES: u64 = 1;
 /// `BurstControl::measure` values.
 pub const MEASURE_NONE: u64 = 0;
 /// Measure each path with the time-stamp counter (`REC_COST`), read as
-/// `lfence; rdtsc` (without the fence, the end of a path of dependent
-/// cache misses is read while they are still in flight). Time, not the
+/// `lfence; rdtsc` (see the runtime's `asm`). Time, not the
 /// sampled hardware event with `rdpmc` as Ammons, Ball & Larus read it:
 /// user-mode `rdpmc` works only in a process that has mmapped a perf
 /// event of its own (the kernel enables it per mm), which a transparent
