@@ -14,6 +14,10 @@
 //! the layout is part of the contract between `userspace-rewriter::clone`
 //! and the daemon.
 //!
+//! Why several slots: a multi-threaded server's busy threads should all
+//! get bursts in proportion to their CPU time. With one burst per process,
+//! a thread whose overflow fell while another thread's burst ran got none.
+//!
 //! # Per-thread state in the TCB
 //!
 //! The clones have no free register, so they cannot index a slot on every
@@ -27,7 +31,7 @@
 //! `tcbhead_t`). An increment stays one instruction (`add qword
 //! fs:[0x88], imm32`). This is only sound in a process whose libc is glibc
 //! 2.26 or later: the daemon checks that before it injects anything, and a
-//! process without it gets no bursts (logged, see `bursts/lifecycle`).
+//! process without it gets no bursts (logged, see `bursts/attach`).
 //!
 //! The slot itself ([`BurstSlot`]: owner, shadow stack) is in the
 //! process-private [`BurstLocal`] (`MADV_WIPEONFORK`): a forked child
@@ -118,7 +122,12 @@ pub const END_LEFT_CLONES: u64 = 1;
 
 /// `BurstControl::measure` values.
 pub const MEASURE_NONE: u64 = 0;
-/// Measure each path with the time-stamp counter (`REC_COST`).
+/// Measure each path with the time-stamp counter (`REC_COST`), read as
+/// `lfence; rdtsc` (see the runtime's `asm`). Time, not the
+/// sampled hardware event with `rdpmc` as Ammons, Ball & Larus read it:
+/// user-mode `rdpmc` works only in a process that has mmapped a perf
+/// event of its own (the kernel enables it per mm), which a transparent
+/// injection does not do.
 pub const MEASURE_TSC: u64 = 1;
 
 /// Mask of the tag bits.

@@ -10,6 +10,22 @@
 //!
 //! Samples go into one ring buffer. A full ring buffer drops the sample and
 //! counts it (`counter::RING_FULL`); it never blocks or retries.
+//!
+//! For a process armed in `BURSTS`, `on_overflow` also starts bursts: it
+//! sends the burst signal to the overflowing thread
+//! ([`bpf_send_signal_thread`]), and the handler injected into the target
+//! moves the thread into its clones. A signal, because nothing else can
+//! redirect a thread from here: `bpf_probe_write_user` is refused under
+//! kernel lockdown (no flag can be flipped in the target's memory), and
+//! uprobe programs cannot write `pt_regs`. The decision whether a signal
+//! would go unnoticed is made here, because only here are the interrupted
+//! mode, the thread's signal state and its disposition all visible
+//! before anything is sent ([`start_burst`]).
+//!
+//! Two more programs: `on_newtask` makes the processes a target forks
+//! targets too (so `burstyd run -- sh -c ...` profiles the real work), and
+//! `on_link_change` watches the loader's link map of processes traced in
+//! bursts.
 #![no_std]
 #![no_main]
 

@@ -109,6 +109,9 @@ impl Resolved {
 /// A DWARF file this large is read by a worker process, not the daemon
 /// ([`Symbolizer::with_dwarf_workers`]). libc's separate debug file (4 MB,
 /// its sections compressed) took 29 MB of the daemon's heap to parse.
+/// Smaller files are parsed in the daemon: a worker's start (tens of ms,
+/// more on a busy host) would hold up every interval profile of a small
+/// program for little memory saved.
 const DWARF_WORKER_MIN_BYTES: u64 = 1 << 20;
 
 /// Upper bound on cached addresses per module before the cache is cleared.

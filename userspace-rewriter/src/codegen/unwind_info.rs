@@ -32,6 +32,17 @@
 //! original's. Functions whose CFI uses anything else (the pc, `rip`, an
 //! address, a branch inside the expression) cannot be restated this way;
 //! [`untranslatable`] lists them so the generator leaves them out.
+//!
+//! Only the executable's table is registered in the target, in the
+//! attach's one ptrace stop; the libraries' clones are written later
+//! without stopping the program, so without a call in it, and stay
+//! unregistered. That costs little: calls in the clones push original
+//! return addresses, so an exception or a `backtrace()` that starts in
+//! ordinary code never meets a clone pc; only an unwinder that starts at a
+//! library clone's pc (a signal handler that interrupted a burst in libc,
+//! asynchronous cancellation) needs them. burstyd's own unwinder reads the
+//! clones' `.eh_frame` directly. A process with landing pads and no
+//! reachable `__register_frame` is not traced in bursts.
 use std::collections::{BTreeSet, HashMap};
 
 use gimli::write::{

@@ -48,7 +48,9 @@ const SYS_GETTID: u32 = 186;
 /// slot 0 (none: undo, `declined_busy`). Its sub-ring more than half full
 /// (unless `wait_when_full`) → the slot and `active` are given back,
 /// `declined_behind`: the daemon is behind, and declining here keeps a
-/// burst from filling the ring and losing records. The PC not in the instruction
+/// burst from filling the ring and losing records (half a sub-ring holds
+/// about a hundred bursts of the default length, so a burst that starts
+/// runs into a full ring only if it alone writes that much). The PC not in the instruction
 /// table → the slot and `active` are given back, `declined_pc`. Else the
 /// PC in the ucontext becomes the clone's; the slot gets its index, its
 /// sub-ring and head address; the thread's registers (in its TCB): `slot`,
