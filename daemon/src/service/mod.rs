@@ -8,4 +8,5 @@ pub(crate) mod http;
 pub(crate) mod metrics;
 pub(crate) mod notify;
 pub(crate) mod push;
+pub(crate) mod settings;
 pub(crate) mod targets;

@@ -29,8 +29,9 @@ use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use crate::service::config::{PushKind, PushTarget};
+use crate::service::config::PushKind;
 use crate::service::metrics::METRICS;
+use crate::service::settings::PushTarget;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);

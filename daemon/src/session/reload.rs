@@ -5,8 +5,8 @@ use burstyd_common::addr::Pid;
 use super::intervals::{interval_timer, pusher_pending, start_pusher};
 use super::{ServiceParts, Session};
 use crate::sampling::sampler::Sampler;
-use crate::service::config::Settings;
 use crate::service::metrics::METRICS;
+use crate::service::settings::Settings;
 use crate::service::targets::Scanner;
 use crate::stacks::table::ProcessTable;
 
