@@ -249,7 +249,8 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::config::{ConfigError, FileConfig, parse};
+    use crate::service::config::{ConfigError, FileConfig, Secs, TargetSpec, parse};
+    use burstyd_common::addr::Pid;
     use std::path::Path;
 
     fn p(text: &str) -> Result<FileConfig, ConfigError> {
