@@ -29,7 +29,8 @@ pub(crate) fn run(path: &Path, opts: &AnalyzeOptions) -> anyhow::Result<()> {
     )
     .with_context(|| format!("analysing {}", path.display()))?;
     if let Some(out) = opts.plan_out {
-        let json = serde_json::to_vec(&report.plan)?;
+        let json = serde_json::to_vec(&report.plan)
+            .with_context(|| format!("writing the plan of {} as JSON", path.display()))?;
         std::fs::write(out, json).with_context(|| format!("writing {}", out.display()))?;
     }
     let plan = &report.plan;
@@ -46,7 +47,9 @@ pub(crate) fn run(path: &Path, opts: &AnalyzeOptions) -> anyhow::Result<()> {
         let Some(f) = selected else {
             bail!("--dot needs --function NAME");
         };
-        print!("{}", dot(&data, f)?);
+        let text = dot(&data, f)
+            .with_context(|| format!("drawing the CFG of `{}` in {}", f.name, path.display()))?;
+        print!("{text}");
         return Ok(());
     }
     let hot = match opts.profile {
@@ -54,29 +57,35 @@ pub(crate) fn run(path: &Path, opts: &AnalyzeOptions) -> anyhow::Result<()> {
         None => None,
     };
     if opts.json {
-        let mut v = match selected {
-            Some(f) => serde_json::to_value(f)?,
-            None => serde_json::to_value(&plan.summary)?,
-        };
-        if let serde_json::Value::Object(m) = &mut v {
-            m.insert("file".into(), path.display().to_string().into());
-            m.insert("analysis_ms".into(), report.analysis_ms.into());
-            if let Some((hot, samples)) = &hot {
-                m.insert(
-                    "hot_coverage".into(),
-                    serde_json::json!({
-                        "samples_in_file": samples,
-                        "weight_total": hot.total,
-                        "weight_in_file": hot.in_exe,
-                        "weight_instrumented": hot.instrumented,
-                        "uninstrumented": hot.missed.iter().map(|(f, w, why)| serde_json::json!({
-                            "function": f, "weight": w, "why": why,
-                        })).collect::<Vec<_>>(),
-                    }),
-                );
-            }
+        let hot_coverage = hot.as_ref().map(|(hot, samples)| {
+            serde_json::json!({
+                "samples_in_file": samples,
+                "weight_total": hot.total,
+                "weight_in_file": hot.in_exe,
+                "weight_instrumented": hot.instrumented,
+                "uninstrumented": hot.missed.iter().map(|(f, w, why)| serde_json::json!({
+                    "function": f, "weight": w, "why": why,
+                })).collect::<Vec<_>>(),
+            })
+        });
+        let file = path.display().to_string();
+        let analysis_ms = report.analysis_ms;
+        let text = match selected {
+            Some(f) => json_report(&JsonReport {
+                file,
+                body: f,
+                analysis_ms,
+                hot_coverage,
+            }),
+            None => json_report(&JsonReport {
+                file,
+                body: &plan.summary,
+                analysis_ms,
+                hot_coverage,
+            }),
         }
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        .with_context(|| format!("writing the JSON report of {}", path.display()))?;
+        println!("{text}");
         return Ok(());
     }
     match selected {
@@ -89,6 +98,29 @@ pub(crate) fn run(path: &Path, opts: &AnalyzeOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--json`: the summary (or `--function`'s plan), the file's name, the
+/// analysis time and the hot coverage, as one object.
+#[derive(serde::Serialize)]
+struct JsonReport<'a, T> {
+    file: String,
+    #[serde(flatten)]
+    body: &'a T,
+    analysis_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hot_coverage: Option<serde_json::Value>,
+}
+
+/// The text of a [`JsonReport`], written straight from the plan's types
+/// rather than through `serde_json::Value`, which holds no integer above
+/// `u64::MAX` ("number out of range"): the summary's `paths_total`, a sum
+/// of up to 2^62 paths per function, exceeds it in large libraries
+/// (libz3, Mesa's drivers). It is written as the exact integer it is (JSON
+/// numbers have no bound; readers that hold numbers as doubles, as jq
+/// and JavaScript do, round it, as they round any count above 2^53).
+fn json_report<T: serde::Serialize>(r: &JsonReport<'_, T>) -> serde_json::Result<String> {
+    serde_json::to_string_pretty(r)
+}
+
 /// The hot coverage of `plan` (its analysed functions counting as
 /// instrumented) by the samples of the pprof profile at `profile`, and how
 /// many samples were in the file.
@@ -99,7 +131,8 @@ fn hot_coverage(
     profile: &Path,
 ) -> anyhow::Result<(HotCoverage, u64)> {
     let prof = crate::export::pprof::read_file(profile)?;
-    let elf = userspace_rewriter::analysis::elf::ElfInfo::parse(data)?;
+    let elf = userspace_rewriter::analysis::elf::ElfInfo::parse(data)
+        .with_context(|| format!("reading the ELF headers of {}", path.display()))?;
     let leaves = ProfileLeaves::read(&prof, path, &elf);
     if leaves.samples == 0 {
         bail!(

@@ -48,7 +48,10 @@ recorded in the profile).";
     name = "burstyd",
     version,
     about = "Near-zero-overhead profiler for native programs: eBPF stack sampling on PMU overflow, calling context trees, pprof output",
-    after_help = EXAMPLES
+    after_help = EXAMPLES,
+    // A profiling flag before a subcommand (`burstyd -F 999 run ...`,
+    // `burstyd --http X analyze F`) would be silently ignored: refuse it.
+    args_conflicts_with_subcommands = true
 )]
 pub(crate) struct Cli {
     #[command(subcommand)]
@@ -59,20 +62,8 @@ pub(crate) struct Cli {
     #[arg(short, long = "pid", value_name = "PID", value_parser = parse_pid)]
     pub(crate) pids: Vec<u32>,
 
-    /// Configuration file [default: /etc/burstyd/burstyd.toml if it
-    /// exists; `run` reads one only when given]. Flags override its values;
-    /// SIGHUP re-reads it.
-    #[arg(long, value_name = "FILE", global = true)]
-    pub(crate) config: Option<PathBuf>,
-
-    /// Ignore the configuration file.
-    #[arg(long, global = true, conflicts_with = "config")]
-    pub(crate) no_config: bool,
-
-    /// Serve /debug/pprof/*, /metrics and /healthz on this address
-    /// (HOST:PORT, or a port on 127.0.0.1). Off by default.
-    #[arg(long, value_name = "ADDR", global = true)]
-    pub(crate) http: Option<String>,
+    #[command(flatten)]
+    pub(crate) service: ServiceArgs,
 
     #[command(flatten)]
     pub(crate) profile: ProfileArgs,
@@ -95,6 +86,8 @@ pub(crate) enum Command {
     Run {
         #[command(flatten)]
         profile: ProfileArgs,
+        #[command(flatten)]
+        service: ServiceArgs,
         /// Start the command at once. By default, with bursts, it is held
         /// at its entry point (after the dynamic loader mapped its
         /// libraries) until its clones are in place, so that bursts cover
@@ -170,6 +163,38 @@ pub(crate) enum Command {
     /// daemon in a process of its own (addresses on standard input).
     #[command(hide = true)]
     SymbolizeDwarf(crate::stacks::dwarf_worker::DwarfWorkerArgs),
+}
+
+/// The configuration file and the HTTP endpoint: flags of the profiling
+/// modes only (sampling every process or `--pid`, the service, `run`), not
+/// of `analyze` or `hot-paths`, which neither read the file nor serve.
+#[derive(Debug, Args, Clone, Default)]
+pub(crate) struct ServiceArgs {
+    /// Configuration file [default: /etc/burstyd/burstyd.toml if it
+    /// exists; `run` reads one only when given]. Flags override its values;
+    /// SIGHUP re-reads it.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+
+    /// Ignore the configuration file.
+    #[arg(long, conflicts_with = "config")]
+    pub(crate) no_config: bool,
+
+    /// Serve /debug/pprof/*, /metrics and /healthz on this address
+    /// (HOST:PORT, or a port on 127.0.0.1). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) http: Option<String>,
+}
+
+impl Cli {
+    /// `--config`, `--no-config` and `--http` of the mode that runs: `run`'s,
+    /// else the top level's.
+    pub(crate) fn service(&self) -> &ServiceArgs {
+        match &self.command {
+            Some(Command::Run { service, .. }) => service,
+            _ => &self.service,
+        }
+    }
 }
 
 #[derive(Debug, Args, Clone)]
@@ -266,4 +291,94 @@ pub(crate) struct ProfileArgs {
     /// More logging (-v debug, -vv trace).
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub(crate) verbose: u8,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Cli, Command};
+    use clap::Parser;
+    use clap::error::ErrorKind;
+
+    const SERVICE_FLAGS: [&str; 3] = ["--config", "--no-config", "--http"];
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("burstyd").chain(args.iter().copied()))
+    }
+
+    /// The help text `burstyd ARGS --help` prints.
+    fn help(args: &[&str]) -> String {
+        let mut a = args.to_vec();
+        a.push("--help");
+        let e = parse(&a).expect_err("--help ends parsing");
+        assert_eq!(e.kind(), ErrorKind::DisplayHelp, "{e}");
+        e.to_string()
+    }
+
+    #[test]
+    fn analyze_and_hot_paths_neither_offer_nor_take_config_or_http() {
+        for sub in [&["analyze", "/bin/true"][..], &["hot-paths", "paths.pb.gz"]] {
+            let text = help(&sub[..1]);
+            for flag in SERVICE_FLAGS {
+                assert!(
+                    !text.contains(flag),
+                    "`{} --help` lists {flag}:\n{text}",
+                    sub[0]
+                );
+            }
+            for extra in [
+                &["--http", "127.0.0.1:6060"][..],
+                &["--config", "b.toml"],
+                &["--no-config"],
+            ] {
+                let mut after = sub.to_vec();
+                after.extend_from_slice(extra);
+                let e = parse(&after).expect_err(&format!("{after:?} accepted"));
+                assert_eq!(e.kind(), ErrorKind::UnknownArgument, "{after:?}: {e}");
+                // Nor before the subcommand, where the top level would
+                // take them and drop them.
+                let mut before = extra.to_vec();
+                before.extend_from_slice(sub);
+                let e = parse(&before).expect_err(&format!("{before:?} accepted"));
+                assert_eq!(e.kind(), ErrorKind::ArgumentConflict, "{before:?}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_profiling_modes_offer_and_take_config_and_http() {
+        for args in [&[][..], &["run", "--", "true"]] {
+            let text = help(&args[..args.len().min(1)]);
+            for flag in SERVICE_FLAGS {
+                assert!(text.contains(flag), "{args:?} --help lacks {flag}:\n{text}");
+            }
+        }
+        // Sampling every process, --pid, the service (top level).
+        let cli = parse(&[
+            "--pid",
+            "7",
+            "--http",
+            "127.0.0.1:6060",
+            "--config",
+            "b.toml",
+        ])
+        .unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.service().http.as_deref(), Some("127.0.0.1:6060"));
+        assert_eq!(cli.service().config.as_deref(), Some("b.toml".as_ref()));
+        assert!(parse(&["--no-config"]).unwrap().service().no_config);
+        // `run`: its own.
+        let cli = parse(&["run", "--http", "6060", "--config", "r.toml", "--", "true"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Run { .. })));
+        assert_eq!(cli.service().http.as_deref(), Some("6060"));
+        assert_eq!(cli.service().config.as_deref(), Some("r.toml".as_ref()));
+        assert!(cli.service.http.is_none());
+        let cli = parse(&["run", "--no-config", "--", "true"]).unwrap();
+        assert!(cli.service().no_config);
+        assert_eq!(
+            parse(&["run", "--no-config", "--config", "r.toml", "--", "true"])
+                .unwrap_err()
+                .kind(),
+            ErrorKind::ArgumentConflict
+        );
+    }
 }

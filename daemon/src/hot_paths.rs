@@ -373,8 +373,8 @@ mod tests {
     fn rows_sum_a_path_over_its_contexts() {
         use crate::export::pprof::{LineKey, MappingKey, ProfileBuilder};
         let mut b = ProfileBuilder::new(
-            &[("executions", "count"), ("cpu-clock", "count")],
-            ("cpu-clock", "count"),
+            &[("executions", "count"), ("cpu-clock", "nanoseconds")],
+            ("cpu-clock", "nanoseconds"),
             1,
         );
         let m = b.mapping(
@@ -412,7 +412,7 @@ mod tests {
         let prof = b.finish();
         let (metric, mut rs) = rows(&prof, None).unwrap();
         rs.sort_by(|a, b| a.name.cmp(&b.name));
-        assert_eq!(metric, "cpu-clock/count");
+        assert_eq!(metric, "cpu-clock/nanoseconds");
         assert_eq!(
             rs,
             vec![
@@ -424,6 +424,6 @@ mod tests {
         assert_eq!(metric, "executions/count");
         assert_eq!(rs.iter().map(|r| r.metric).sum::<u64>(), 16);
         let e = rows(&prof, Some("cycles")).unwrap_err().to_string();
-        assert!(e.contains("executions/count, cpu-clock/count"), "{e}");
+        assert!(e.contains("executions/count, cpu-clock/nanoseconds"), "{e}");
     }
 }

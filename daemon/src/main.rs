@@ -219,7 +219,7 @@ fn overrides(cli: &Cli, args: &ProfileArgs, matches: &ArgMatches) -> Overrides {
         interval: args.interval,
         output: given("output").then(|| args.output.clone()),
         no_kernel: args.no_kernel,
-        http: cli.http.clone(),
+        http: cli.service().http.clone(),
         pids: cli.pids.clone(),
         no_bursts: args.no_bursts,
         burst: given("burst").then_some(args.burst),
@@ -235,7 +235,8 @@ fn settings(
     overrides: &Overrides,
 ) -> anyhow::Result<(Option<config::Source>, Settings)> {
     let is_run = matches!(cli.command, Some(Command::Run { .. }));
-    let source = match (&cli.config, cli.no_config) {
+    let service = cli.service();
+    let source = match (&service.config, service.no_config) {
         (_, true) => None,
         (Some(p), _) => Some(config::Source {
             path: p.clone(),

@@ -657,10 +657,21 @@ pub fn assert_contract_shape(p: &Profile, event: &str) {
         .iter()
         .map(|(t, u)| format!("{t}/{u}"))
         .collect();
+    let unit = event_unit(event);
     assert!(
         types.iter().any(|t| t == "samples/count")
-            && types.iter().any(|t| *t == format!("{event}/count")),
-        "sample types are {types:?}, want samples/count and {event}/count"
+            && types.iter().any(|t| *t == format!("{event}/{unit}")),
+        "sample types are {types:?}, want samples/count and {event}/{unit}"
+    );
+    let period = p
+        .raw
+        .period_type
+        .as_ref()
+        .map(|v| format!("{}/{}", p.string(v.r#type), p.string(v.unit)));
+    assert_eq!(
+        period.as_deref(),
+        Some(format!("{event}/{unit}").as_str()),
+        "period type"
     );
     assert!(!p.samples.is_empty(), "profile has no samples");
     for (i, s) in p.samples.iter().enumerate() {
@@ -687,6 +698,27 @@ pub fn assert_contract_shape(p: &Profile, event: &str) {
             s.num_labels
         );
         assert!(!s.frames.is_empty(), "sample {i} has no locations");
+    }
+}
+
+/// `path`, a program the suite needs that scripts/setup.sh installs (from
+/// the Debian package `package`): a test that needs it fails, naming both,
+/// where it is missing, rather than passing without having run.
+pub fn installed<'a>(path: &'a str, package: &str) -> &'a str {
+    assert!(
+        Path::new(path).exists(),
+        "{path} is not installed: scripts/setup.sh installs it (apt-get install {package})"
+    );
+    path
+}
+
+/// The unit of `event`'s values in burstyd's profiles: the software
+/// clocks' period is a time (nanoseconds), so that `go tool pprof` shows
+/// their profiles as time; every other event counts occurrences.
+pub fn event_unit(event: &str) -> &'static str {
+    match event {
+        "cpu-clock" | "task-clock" => "nanoseconds",
+        _ => "count",
     }
 }
 

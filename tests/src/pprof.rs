@@ -197,7 +197,7 @@ impl Sample {
 #[derive(Clone, Debug)]
 pub struct Profile {
     pub raw: pb::Profile,
-    /// (type, unit) per sample value, e.g. ("samples","count"), ("cpu-clock","count").
+    /// (type, unit) per sample value, e.g. ("samples","count"), ("cpu-clock","nanoseconds").
     pub sample_types: Vec<(String, String)>,
     pub samples: Vec<Sample>,
 }
@@ -412,12 +412,12 @@ pub fn synthetic_profile(samples: &[SyntheticSample]) -> pb::Profile {
             },
             pb::ValueType {
                 r#type: intern("cpu-clock"),
-                unit: intern("count"),
+                unit: intern("nanoseconds"),
             },
         ],
         period_type: Some(pb::ValueType {
             r#type: intern("cpu-clock"),
-            unit: intern("count"),
+            unit: intern("nanoseconds"),
         }),
         period: 1_000_000,
         mapping: vec![pb::Mapping {

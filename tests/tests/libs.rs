@@ -121,7 +121,7 @@ fn libm_and_libc_frames_unwind_into_the_caller() {
     // libc's frames have its source files and lines from its separate
     // debug file (libc6-dbg, which scripts/setup.sh installs): 4 MB of
     // compressed DWARF, which the daemon has a worker process read.
-    let debug_installed = std::fs::read_dir("/usr/share/doc/libc6-dbg").is_ok();
+    installed("/usr/share/doc/libc6-dbg", "libc6-dbg");
     let libc_frames = lib_frames.iter().filter(|f| in_lib(f, "libc")).count();
     let with_source = lib_frames
         .iter()
@@ -133,14 +133,10 @@ fn libm_and_libc_frames_unwind_into_the_caller() {
                 && f.line > 0
         })
         .count();
-    if debug_installed {
-        assert!(
-            with_source as f64 >= 0.5 * libc_frames as f64,
-            "only {with_source} of {libc_frames} libc frames have a source file and line (from libc6-dbg's DWARF)"
-        );
-    } else {
-        eprintln!("libc6-dbg is not installed: libc's source lines are not checked");
-    }
+    assert!(
+        with_source as f64 >= 0.5 * libc_frames as f64,
+        "only {with_source} of {libc_frames} libc frames have a source file and line (from libc6-dbg's DWARF)"
+    );
 
     // The reference reader sees the same stacks, all the way down to main.
     let traces = run.traces();

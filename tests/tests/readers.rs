@@ -53,7 +53,7 @@ fn direct_decoder_round_trip() {
         p.sample_types,
         vec![
             ("samples".to_string(), "count".to_string()),
-            ("cpu-clock".to_string(), "count".to_string())
+            ("cpu-clock".to_string(), "nanoseconds".to_string())
         ]
     );
     burstyd_tests::assert_contract_shape(&p, "cpu-clock");

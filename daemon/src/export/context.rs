@@ -2,8 +2,9 @@
 //!
 //! Every node of every thread's tree that holds samples becomes one pprof
 //! sample: its context (leaf first) as locations, values
-//! `[samples, samples × period]`, and labels `pid`, `comm`, `thread`
-//! (string) and `tid` (number). Addresses are symbolized here, once per
+//! `[samples, samples × period]` (`samples/count` and `<event>/<unit>`:
+//! nanoseconds for the software clocks, else count), and labels `pid`,
+//! `comm`, `thread` (string) and `tid` (number). Addresses are symbolized here, once per
 //! distinct (process, address), through [`Symbolizer`].
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -40,9 +41,10 @@ pub(crate) fn build_profile(
     meta: &ProfileMeta,
 ) -> Profile {
     let event = meta.event.as_str();
+    let unit = crate::sampling::events::unit(event);
     let mut b = ProfileBuilder::new(
-        &[("samples", "count"), (event, "count")],
-        (event, "count"),
+        &[("samples", "count"), (event, unit)],
+        (event, unit),
         meta.period as i64,
     );
     b.set_default_sample_type(event);

@@ -5,7 +5,8 @@
 //! burst began on, up to the thread's root (`[caller unknown]` on top where
 //! the burst's stack sample was missing or could not be unwound to the
 //! root); labels `symbol`, `path` and `pid`; values `executions/count`,
-//! `<event>/count` (the sampled event attributed to paths: an estimate)
+//! `<event>/<unit>` (the sampled event attributed to paths: an estimate;
+//! nanoseconds for the software clocks, else count)
 //! and, when bursts measured them, `measured-time/nanoseconds`.
 use std::collections::HashMap;
 
@@ -25,13 +26,14 @@ pub(crate) const MEASURED: &str = "measured-time";
 /// `tsc_hz`: the time-stamp counter's rate, when bursts measured each
 /// path's time with it.
 pub(crate) fn paths_builder(event: &str, tsc_hz: Option<f64>) -> ProfileBuilder {
-    let mut types = vec![("executions", "count"), (event, "count")];
+    let unit = crate::sampling::events::unit(event);
+    let mut types = vec![("executions", "count"), (event, unit)];
     if tsc_hz.is_some() {
         types.push((MEASURED, "nanoseconds"));
     }
-    let mut b = ProfileBuilder::new(&types, (event, "count"), 1);
+    let mut b = ProfileBuilder::new(&types, (event, unit), 1);
     b.add_comment("Ball-Larus paths from bursty tracing: leaf frame = the path (its blocks' source lines), then the function, then its calling context (the functions entered in the burst, then the stack sample the burst began with, up to the thread's root; [caller unknown] where that stack was not complete)");
-    b.add_comment(&format!("{event}/count: an estimate, the sampled {event} of each block split among the paths through it by their executions"));
+    b.add_comment(&format!("{event}/{unit}: an estimate, the sampled {event} of each block split among the paths through it by their executions"));
     if let Some(hz) = tsc_hz {
         b.add_comment(&format!("{MEASURED}/nanoseconds: measured in bursts with the time-stamp counter (lfence; rdtsc, {:.0} MHz; no user-readable PMU counter), from each path's start to its end, exclusive of the functions it calls (their paths have their own), minus the cheapest execution measured in the process (the instrumentation's own cost of a path: see each process's comment)", hz / 1e6));
         b.set_default_sample_type(MEASURED);
@@ -321,5 +323,40 @@ pub(crate) fn add_paths(
                 ("path", *path as i64),
             ],
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The sampled event's sample type and the period type: nanoseconds
+    /// for the software clocks, counts for the rest; executions are
+    /// counts, the measured time nanoseconds.
+    #[test]
+    fn the_event_is_in_its_unit() {
+        for (event, unit) in [
+            ("cpu-clock", "nanoseconds"),
+            ("task-clock", "nanoseconds"),
+            ("cycles", "count"),
+            ("page-faults", "count"),
+            ("r01c2", "count"),
+        ] {
+            let p = super::paths_builder(event, Some(3e9)).finish();
+            let s = |i: i64| p.string_table[i as usize].as_str();
+            let types: Vec<(&str, &str)> = p
+                .sample_type
+                .iter()
+                .map(|t| (s(t.r#type), s(t.unit)))
+                .collect();
+            assert_eq!(
+                types,
+                [
+                    ("executions", "count"),
+                    (event, unit),
+                    (super::MEASURED, "nanoseconds")
+                ]
+            );
+            let period = p.period_type.as_ref().unwrap();
+            assert_eq!((s(period.r#type), s(period.unit)), (event, unit));
+        }
     }
 }

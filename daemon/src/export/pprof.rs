@@ -349,8 +349,8 @@ mod tests {
     #[test]
     fn builder_interns_and_roundtrips() {
         let mut b = ProfileBuilder::new(
-            &[("samples", "count"), ("cpu-clock", "count")],
-            ("cpu-clock", "count"),
+            &[("samples", "count"), ("cpu-clock", "nanoseconds")],
+            ("cpu-clock", "nanoseconds"),
             1000,
         );
         let m = b.mapping(

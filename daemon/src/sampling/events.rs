@@ -16,7 +16,7 @@ pub(crate) const DEFAULT_FREQ: u64 = 199;
 
 #[derive(Clone, Debug)]
 pub(crate) struct EventSpec {
-    /// The name recorded in the profile (`<name>/count`).
+    /// The name recorded in the profile (`<name>/<unit>`, see [`unit`]).
     pub(crate) name: String,
     pub(crate) config: PerfEventConfig,
     /// perf `type`/`config` pair, for probing support.
@@ -84,6 +84,18 @@ pub(crate) fn parse_event(name: &str) -> Result<EventSpec, UnknownEvent> {
         }
         _ => return Err(UnknownEvent(name.into())),
     })
+}
+
+/// The unit of event `name`'s values in a profile (its pprof sample type
+/// and period type): the software clocks count nanoseconds (their period
+/// is a time: each sample weighs the nanoseconds since the last one), so
+/// `go tool pprof` shows their profiles as time; every other event
+/// (hardware, raw, page-faults) counts occurrences.
+pub(crate) fn unit(name: &str) -> &'static str {
+    match name {
+        "cpu-clock" | "task-clock" => "nanoseconds",
+        _ => "count",
+    }
 }
 
 /// How often to sample.
