@@ -7,6 +7,7 @@
 pub mod accuracy;
 pub mod gopprof;
 pub mod pprof;
+pub mod summary;
 pub mod tracer;
 
 use std::collections::HashMap;
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 
 pub use gopprof::{TopRow, TraceSample};
 pub use pprof::{Frame, Profile, Sample};
+pub use summary::{Summary, read_summary};
 
 /// The workspace root (parent of tests/).
 pub fn workspace_root() -> PathBuf {
@@ -800,27 +802,6 @@ pub fn profile_fixture_with(name: &str, args: &[&str]) -> (BurstydRun, Finished,
     (run, untraced, scratch)
 }
 
-/// The daemon's per-process bursts summary line.
-pub fn bursts_line(stderr: &str) -> String {
-    stderr
-        .lines()
-        .find(|l| l.contains("bursts: "))
-        .unwrap_or_else(|| panic!("no bursts summary line:\n{stderr}"))
-        .to_string()
-}
-
-/// The number after `label` in the summary line ("96 taken").
-pub fn stat(line: &str, after_word: &str) -> u64 {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let i = words
-        .iter()
-        .position(|w| w.trim_end_matches([',', ';']) == after_word)
-        .unwrap_or_else(|| panic!("no `{after_word}` in {line}"));
-    words[i - 1]
-        .parse()
-        .unwrap_or_else(|_| panic!("bad number before {after_word} in {line}"))
-}
-
 /// Executions per path-frame name ("classify path 3: L14→L15→L16") in a
 /// `paths.pb.gz`.
 pub fn path_counts(path: &Path) -> std::collections::BTreeMap<String, i64> {
@@ -834,29 +815,13 @@ pub fn path_counts(path: &Path) -> std::collections::BTreeMap<String, i64> {
     out
 }
 
-/// burstyd's "hot coverage: N% of the executable's user-mode samples ..."
-/// line in `stderr`, and N.
-pub fn hot_coverage(stderr: &str) -> (String, f64) {
-    let line = stderr
-        .lines()
-        .find(|l| l.contains("hot coverage: "))
-        .unwrap_or_else(|| panic!("no hot coverage line in:\n{stderr}"))
-        .to_string();
-    let pct = line
-        .split("hot coverage: ")
-        .nth(1)
-        .and_then(|r| r.split('%').next())
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no percentage in {line}"));
-    (line, pct)
-}
-
 /// The path counts of a full trace of the `paths_known` fixture run with
 /// `n`: its `kernel` function's six body paths run 4, 2, 2, 2, 1 and 1
 /// times per 12 iterations, and nothing was lost.
 pub fn assert_paths_known_counts(run: &BurstydRun, n: i64) {
-    let line = bursts_line(&run.finished.stderr);
-    assert!(line.contains("records lost: 0"), "{line}");
+    let summary = read_summary(&run.out_dir);
+    let line = summary.traced().describe();
+    assert_eq!(summary.traced().records_lost(), 0, "{line}");
     let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
     let mut kernel: Vec<i64> = counts
         .iter()

@@ -29,9 +29,10 @@ fn bursts_record_paths_and_keep_output_identical() {
         "output differs under bursty tracing\n{}",
         run.finished.describe()
     );
-    let line = bursts_line(&run.finished.stderr);
-    assert!(stat(&line, "taken") >= 20, "{line}");
-    assert!(line.contains("records lost: 0"), "{line}");
+    let summary = read_summary(&run.out_dir);
+    let traced = summary.traced();
+    assert!(traced.taken() >= 20, "{}", traced.describe());
+    assert_eq!(traced.records_lost(), 0, "{}", traced.describe());
     let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
     // classify's switch on x & 7 splits into 8 paths per branch of the
     // x % 3 test; x runs through consecutive integers, so the 8 switch
@@ -219,7 +220,7 @@ fn attach_cycles(
             Duration::from_secs(60),
         );
         assert!(
-            run.finished.status.success() && run.finished.stderr.contains("bursts: "),
+            run.finished.status.success() && !read_summary(&run.out_dir).processes().is_empty(),
             "cycle {i}: {}\n{}",
             state(),
             run.finished.describe()
@@ -227,7 +228,7 @@ fn attach_cycles(
         if run.finished.stderr.contains("re-armed") {
             rearmed += 1;
         }
-        bursts += stat(&bursts_line(&run.finished.stderr), "taken");
+        bursts += read_summary(&run.out_dir).traced().taken();
     }
     (rearmed, bursts)
 }
@@ -390,13 +391,14 @@ fn cpp_exceptions_unwind_through_instrumented_frames() {
         "{}",
         run.finished.describe()
     );
-    let line = bursts_line(&run.finished.stderr);
+    let summary = read_summary(&run.out_dir);
+    let line = summary.traced().describe();
     // A burst of 100000 checks writes most of half a sub-ring, and the
     // handler declines bursts while one is more than half full: the
     // daemon drains rings that held many records again within 5 ms
     // (101-118 bursts here), not at the next 50 ms tick (19, with 844
     // signals declined as "daemon behind").
-    assert!(stat(&line, "taken") >= 40, "{line}");
+    assert!(summary.traced().taken() >= 40, "{line}");
     // Long bursts: many stack samples land in the clones; they must still
     // unwind (through the clones' registered unwind info, then the
     // original return addresses above) to main and name the original
@@ -488,9 +490,10 @@ fn exceptions_through_cloned_frames_with_landing_pads() {
             run.finished.describe()
         );
         // A full trace no longer pauses at a throw: one burst may be all.
-        let line = bursts_line(&run.finished.stderr);
+        let traced = read_summary(&run.out_dir).traced().describe();
         let want = if name == "full" { 1 } else { 10 };
-        assert!(stat(&line, "taken") >= want, "{name}: {line}");
+        let taken = read_summary(&run.out_dir).traced().taken();
+        assert!(taken >= want, "{name}: {traced}");
         // The functions with landing pads are cloned and traced.
         let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
         for f in [
@@ -652,9 +655,10 @@ fn real_programs_compress_identically_under_full_trace_and_bursts() {
                 "{prog} {mode:?}: compressed output differs\n{}",
                 run.finished.describe()
             );
-            let line = bursts_line(&run.finished.stderr);
-            assert!(stat(&line, "taken") >= 1, "{prog} {mode:?}: {line}");
-            assert!(line.contains("records lost: 0"), "{prog} {mode:?}: {line}");
+            let summary = read_summary(&run.out_dir);
+            let (t, line) = (summary.traced(), summary.traced().describe());
+            assert!(t.taken() >= 1, "{prog} {mode:?}: {line}");
+            assert_eq!(t.records_lost(), 0, "{prog} {mode:?}: {line}");
             let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
             assert!(!counts.is_empty(), "{prog} {mode:?}: no paths");
         }
@@ -1023,8 +1027,8 @@ fn longjmp_out_of_instrumented_frames() {
             "{extra:?}\n{}",
             run.finished.describe()
         );
-        let line = bursts_line(&run.finished.stderr);
-        assert!(stat(&line, "taken") >= 1, "{extra:?}: {line}");
+        let taken = read_summary(&run.out_dir).traced().taken();
+        assert!(taken >= 1, "{extra:?}: {taken} bursts");
         let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
         assert!(
             counts.keys().any(|k| k.starts_with("depth3 path ")),
@@ -1056,15 +1060,10 @@ fn a_full_ring_truncates_the_burst_and_counts_it() {
     );
     run.assert_ok();
     assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
-    let line = bursts_line(&run.finished.stderr);
-    assert!(stat(&line, "truncated") >= 1, "{line}");
-    let lost: u64 = line
-        .rsplit("records lost: ")
-        .next()
-        .and_then(|t| t.split_whitespace().next())
-        .and_then(|n| n.trim_end_matches([',', ';']).parse().ok())
-        .unwrap_or_else(|| panic!("no records lost count in {line}"));
-    assert!(lost >= 1, "{line}");
+    let summary = read_summary(&run.out_dir);
+    let (t, line) = (summary.traced(), summary.traced().describe());
+    assert!(t.truncated() >= 1, "{line}");
+    assert!(t.records_lost() >= 1, "{line}");
     let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
     assert!(
         counts.keys().any(|k| k.starts_with("kernel path ")),
@@ -1098,9 +1097,10 @@ fn a_stripped_executable_is_traced_in_bursts() {
     );
     run.assert_ok();
     assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
-    let line = bursts_line(&run.finished.stderr);
-    assert!(stat(&line, "taken") >= 1, "{line}");
-    assert!(line.contains("records lost: 0"), "{line}");
+    let summary = read_summary(&run.out_dir);
+    let (t, line) = (summary.traced(), summary.traced().describe());
+    assert!(t.taken() >= 1, "{line}");
+    assert_eq!(t.records_lost(), 0, "{line}");
     let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
     assert!(!counts.is_empty(), "{line}");
 }
@@ -1129,8 +1129,9 @@ fn a_process_that_execs_is_left_alone() {
     );
     run.assert_ok();
     assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    let summary = read_summary(&run.out_dir);
     assert!(
-        run.finished.stderr.contains("bursty tracing: "),
+        !summary.processes().is_empty(),
         "the shell was traced before its exec:\n{}",
         run.finished.describe()
     );
@@ -1206,36 +1207,23 @@ fn hot_coverage_weighs_functions_by_their_samples() {
         Duration::from_secs(120),
     );
     run.assert_ok();
-    let line = run
-        .finished
-        .stderr
-        .lines()
-        .find(|l| l.contains("hot coverage: "))
-        .unwrap_or_else(|| panic!("no hot coverage line\n{}", run.finished.describe()))
-        .to_string();
-    let pct = |after: &str| -> f64 {
-        line.split(after)
-            .nth(1)
-            .and_then(|r| r.split('%').next())
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no percentage after `{after}` in {line}"))
-    };
-    let covered = pct("hot coverage: ");
+    let summary = read_summary(&run.out_dir);
+    let t = summary.traced();
+    let line = t.hot_coverage();
+    let covered = t.exe_coverage_pct();
     assert!(
         (15.0..=85.0).contains(&covered),
         "instrumented share {covered}% is not about half: {line}"
     );
-    assert!(pct("the executable holds ") >= 90.0, "{line}");
-    let missed = line
-        .split("most sampled uninstrumented: ")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no uninstrumented list: {line}"));
-    let name = missed.split(' ').next().unwrap();
+    assert!(t.exe_share_pct() >= 90.0, "{line}");
+    let missed = t.missed_in_exe();
+    let (name, plain_pct, why) = missed
+        .first()
+        .unwrap_or_else(|| panic!("no uninstrumented function: {line}"));
     assert!(
-        name.starts_with("plain") && missed.contains("(skipped: data in code"),
+        name.starts_with("plain") && why.starts_with("skipped: data in code"),
         "{line}"
     );
-    let plain_pct = pct(&format!("most sampled uninstrumented: {name} "));
     assert!(
         (covered + plain_pct - 100.0).abs() < 2.0,
         "instrumented {covered}% + {name} {plain_pct}% should make up the executable: {line}"
@@ -1332,17 +1320,13 @@ fn computed_goto_dispatch_is_traced_exactly() {
     );
     run.assert_ok();
     assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
-    let line = bursts_line(&run.finished.stderr);
-    assert!(stat(&line, "taken") >= 10, "{line}");
-    let hot_line = run
-        .finished
-        .stderr
-        .lines()
-        .find(|l| l.contains("hot coverage: "))
-        .unwrap_or_default();
+    let summary = read_summary(&run.out_dir);
+    let t = summary.traced();
+    assert!(t.taken() >= 10, "{}", t.describe());
     assert!(
-        !hot_line.contains(" run "),
-        "run is not instrumented: {hot_line}"
+        !t.missed().iter().any(|(f, _)| f == "run"),
+        "run is not instrumented: {}",
+        t.hot_coverage()
     );
 }
 
@@ -1405,7 +1389,8 @@ fn jumps_into_cold_parts_and_back_stay_in_the_clones() {
     );
     run.assert_ok();
     assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
-    assert!(stat(&bursts_line(&run.finished.stderr), "taken") >= 10);
+    let t = read_summary(&run.out_dir).traced().taken();
+    assert!(t >= 10, "{t} bursts");
 }
 
 /// A `.cold` part that jumps back to a loop header its function's CFG
@@ -1473,13 +1458,9 @@ fn functions_with_too_many_paths_are_cut_into_regions() {
     );
     run.assert_ok();
     assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
-    let line = bursts_line(&run.finished.stderr);
-    let bad = line
-        .split("bad records: ")
-        .nth(1)
-        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-        .unwrap_or_else(|| panic!("no bad records count in {line}"));
-    assert_eq!(bad, "0", "{line}");
+    let summary = read_summary(&run.out_dir);
+    let line = summary.traced().describe();
+    assert_eq!(summary.traced().bad_records(), 0, "{line}");
     let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
     let branchy: i64 = counts
         .iter()

@@ -11,15 +11,12 @@ use userspace_rewriter::analysis::functions;
 use burstyd_tests::pprof::{Profile, read_profile};
 use burstyd_tests::*;
 
-/// N of burstyd's "Over all modules: N% of the process's user-mode samples
-/// land in instrumented code" (the hot coverage over every module).
-fn process_coverage(stderr: &str) -> f64 {
-    let (line, _) = hot_coverage(stderr);
-    line.split("Over all modules: ")
-        .nth(1)
-        .and_then(|r| r.split('%').next())
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no coverage over all modules in {line}"))
+/// The traced process's hot coverage over every module (0-100), and its
+/// hot coverage figures for messages.
+fn process_coverage(run: &BurstydRun) -> (f64, String) {
+    let summary = read_summary(&run.out_dir);
+    let t = summary.traced();
+    (t.all_coverage_pct(), t.hot_coverage())
 }
 
 /// Executions of paths through functions of `lib` (the leaf pseudo-frame's
@@ -43,13 +40,9 @@ fn paths_in(p: &Profile, lib: &str) -> (i64, usize) {
 
 /// At least 95% of the process's user-mode samples over all modules land
 /// in instrumented code.
-fn assert_covered(stderr: &str) {
-    let cov = process_coverage(stderr);
-    assert!(
-        cov >= 95.0,
-        "coverage over all modules {cov}%: {}",
-        hot_coverage(stderr).0
-    );
+fn assert_covered(run: &BurstydRun) {
+    let (cov, hot) = process_coverage(run);
+    assert!(cov >= 95.0, "coverage over all modules {cov}%: {hot}");
 }
 
 /// `prog` under `burstyd run` with default bursts (`--save-bursts` too
@@ -85,10 +78,12 @@ fn each_mode(
             "output differs ({args:?})\n{}",
             run.finished.describe()
         );
-        let line = bursts_line(&run.finished.stderr);
+        let summary = read_summary(&run.out_dir);
+        let t = summary.traced();
         assert!(
-            line.contains("records lost: 0") && line.contains("bad records: 0"),
-            "{line}"
+            t.records_lost() == 0 && t.bad_records() == 0,
+            "{}",
+            t.describe()
         );
         check(&run, full);
     }
@@ -108,16 +103,10 @@ fn time_in_libc_is_traced_in_bursts() {
     let exe_s = exe.to_str().unwrap();
     let prog = [exe_s, "600"];
     each_mode("libraries", &prog, &[exe_s, "150"], false, |run, full| {
-        let stderr = &run.finished.stderr;
         if !full {
             // In a full trace the runtime's own ring writes take samples
             // too; the coverage bound is for the default bursts.
-            let cov = process_coverage(stderr);
-            assert!(
-                cov >= 95.0,
-                "coverage over all modules {cov}%: {}",
-                hot_coverage(stderr).0
-            );
+            assert_covered(run);
         }
         let paths = read_profile(&run.out_dir.join("paths.pb.gz")).unwrap();
         let (execs, distinct) = paths_in(&paths, "libc.so");
@@ -140,13 +129,15 @@ fn time_in_libc_is_traced_in_bursts() {
     );
     run.assert_ok();
     assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
-    let (line, exe_cov) = hot_coverage(&run.finished.stderr);
+    let summary = read_summary(&run.out_dir);
+    let t = summary.traced();
+    let (line, exe_cov) = (t.hot_coverage(), t.exe_coverage_pct());
     // The executable's PLT stubs hold 9-12% of its samples on an AVX-512
     // host (the faster libc's strcmp, the larger their share): a burst
     // starts in their trampolines too (87-89% without them).
     assert!(exe_cov >= 95.0, "{exe_cov}%: {line}");
     assert!(
-        !line.contains("Over all modules"),
+        t.libraries().is_empty(),
         "--exe-only cloned libraries: {line}"
     );
     assert!(!run.out_dir.join("edges-libc.so.6.fdata").exists());
@@ -242,14 +233,13 @@ fn printf_and_the_allocator_in_libc_are_traced() {
     // About 4 s untraced: libc is cloned about a second after the start.
     let prog = [exe_s, "3000"];
     each_mode("libc-printf", &prog, &[exe_s, "150"], false, |run, full| {
-        let stderr = &run.finished.stderr;
         if !full {
-            let cov = process_coverage(stderr);
-            let line = hot_coverage(stderr).0;
+            let (cov, line) = process_coverage(run);
             assert!(cov >= 95.0, "coverage over all modules {cov}%: {line}");
+            let missed = read_summary(&run.out_dir).traced().missed();
             for f in ["__vfprintf_internal", "_int_malloc", "_int_free"] {
                 assert!(
-                    !line.contains(&format!(" {f} ")),
+                    !missed.iter().any(|(m, _)| m == f),
                     "{f} uninstrumented: {line}"
                 );
             }
@@ -283,21 +273,18 @@ fn cpp_containers_and_iostreams_in_libstdcxx_are_traced() {
     let exe_s = exe.to_str().unwrap();
     let prog = [exe_s, "200"];
     each_mode("libraries-cpp", &prog, &[exe_s, "20"], true, |run, full| {
-        let stderr = &run.finished.stderr;
+        let libs = read_summary(&run.out_dir).traced().libraries();
         assert!(
-            stderr.contains("libstdc++") && stderr.contains("libgcc_s"),
-            "libstdc++ and libgcc_s cloned:\n{stderr}"
+            ["libstdc++", "libgcc_s"]
+                .iter()
+                .all(|l| libs.iter().any(|n| n.starts_with(l))),
+            "libstdc++ and libgcc_s cloned: {libs:?}"
         );
         if !full {
             // 99.7-100% with the PLT stubs' trampolines; 92.3-93.8%
             // without them on an AVX-512 host (the executable's
             // memcmp@plt 5%, libstdc++'s locale::id::_M_id@plt 2%, ...).
-            let cov = process_coverage(stderr);
-            assert!(
-                cov >= 95.0,
-                "coverage over all modules {cov}%: {}",
-                hot_coverage(stderr).0
-            );
+            assert_covered(run);
             // Bursts do start in those stubs, and go on into the clone of
             // what the stub's GOT slot holds.
             for module in ["containers", "libstdc++"] {
@@ -346,16 +333,15 @@ fn python_zlib_and_hashlib_loaded_with_dlopen_are_traced() {
         &[python, script, "10"],
         false,
         |run, full| {
-            let stderr = &run.finished.stderr;
+            // Python dlopens libcrypto (hashlib's extension module) after
+            // the attach: it has clones only if they were made then.
+            let libs = read_summary(&run.out_dir).traced().libraries();
             assert!(
-                stderr
-                    .lines()
-                    .any(|l| l.contains("libcrypto.so.3") && l.contains("loaded since the attach")),
-                "libcrypto was not cloned after its dlopen:\n{}",
-                tail(stderr, 30)
+                libs.iter().any(|l| l == "libcrypto.so.3"),
+                "libcrypto was not cloned after its dlopen: {libs:?}"
             );
             if !full {
-                assert_covered(stderr);
+                assert_covered(run);
             }
             let paths = read_profile(&run.out_dir.join("paths.pb.gz")).unwrap();
             for lib in ["libz.so", "libcrypto.so"] {

@@ -433,15 +433,16 @@ fn covered_like_untraced(
             "{name} {label}: output differs\n{}",
             run.finished.describe()
         );
-        let line = bursts_line(&run.finished.stderr);
+        let summary = read_summary(&run.out_dir);
+        let t = summary.traced();
         // A full trace takes a new burst only where the last one paused
         // (at code that is not cloned): ideally one.
         let min = if label == "full-trace" { 1 } else { min_bursts };
-        assert!(stat(&line, "taken") >= min, "{name} {label}: {line}");
-        let (hot, covered) = hot_coverage(&run.finished.stderr);
+        assert!(t.taken() >= min, "{name} {label}: {}", t.describe());
+        let (hot, covered) = (t.hot_coverage(), t.exe_coverage_pct());
         assert!(covered >= 97.0, "{name} {label}: {hot}");
         assert!(
-            hot_fn.is_empty() || !hot.contains(hot_fn),
+            hot_fn.is_empty() || !t.missed().iter().any(|(f, _)| f.contains(hot_fn)),
             "{name} {label}: {hot}"
         );
     }
@@ -519,12 +520,10 @@ fn run_holds_the_command_at_its_entry_until_the_clones_are_in_place() {
             run.finished.stderr
         );
         // Bursts, when the command outlived the attach.
-        let stderr = &run.finished.stderr;
-        let n = if stderr.lines().any(|l| l.contains("bursts: ")) {
-            stat(&bursts_line(stderr), "taken")
-        } else {
-            0
-        };
+        let n = read_summary(&run.out_dir)
+            .processes()
+            .first()
+            .map_or(0, |t| t.taken());
         taken.push(n);
     }
     assert!(

@@ -58,9 +58,10 @@ fn busy_threads_get_bursts_in_proportion_to_their_cpu_time() {
         run.finished.describe()
     );
     let stderr = &run.finished.stderr;
-    let line = bursts_line(stderr);
-    assert!(stat(&line, "taken") >= 200, "{line}");
-    assert!(line.contains("records lost: 0"), "{line}");
+    let summary = read_summary(&run.out_dir);
+    let (t, line) = (summary.traced(), summary.traced().describe());
+    assert!(t.taken() >= 200, "{line}");
+    assert_eq!(t.records_lost(), 0, "{line}");
     let names: Vec<String> = (0..8).map(|i| format!("mix-{i}")).collect();
 
     // Stack samples per thread, and each thread's tid.
@@ -171,15 +172,6 @@ fn busy_threads_get_bursts_in_proportion_to_their_cpu_time() {
     eprintln!("{table}bursts at once: {at_once} (START records: {most_running})");
 }
 
-/// The number after `label` in the bursts summary line ("daemon behind 12").
-fn count_after(line: &str, label: &str) -> u64 {
-    line.split(label)
-        .nth(1)
-        .and_then(|r| r.trim_start().split([',', ')', ' ']).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no `{label} N` in {line}"))
-}
-
 /// Backpressure: the daemon stops draining (SIGSTOP for 2 s) while eight
 /// threads take bursts. The handler declines new bursts once a sub-ring is
 /// more than half full ("daemon behind"), so no burst runs into a full
@@ -236,12 +228,13 @@ fn a_daemon_that_falls_behind_loses_no_records() {
         untraced.stdout_str(),
         "thread_mix's output under bursty tracing differs from its untraced output"
     );
-    let line = bursts_line(&err);
+    let summary = read_summary(&out);
+    let (t, line) = (summary.traced(), summary.traced().describe());
     assert!(
-        count_after(&line, "daemon behind") > 0,
+        t.declined("behind") > 0,
         "the daemon was stopped for 2 s but no burst was declined for it: {line}"
     );
-    assert!(line.contains("records lost: 0"), "{line}");
-    assert_eq!(stat(&line, "truncated"), 0, "{line}");
+    assert_eq!(t.records_lost(), 0, "{line}");
+    assert_eq!(t.truncated(), 0, "{line}");
     eprintln!("{line}");
 }

@@ -9,27 +9,16 @@ use std::time::Duration;
 
 use burstyd_tests::*;
 
-/// The bursts summary's "signals not sent" count for `reason` ("signal
-/// blocked", "handler replaced", ...).
-fn not_sent(line: &str, reason: &str) -> u64 {
-    let rest = line
-        .split("signals not sent: ")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no declines in {line}"));
-    let at = rest
-        .find(reason)
-        .unwrap_or_else(|| panic!("no `{reason}` in {line}"));
-    rest[at + reason.len()..]
-        .split(|c: char| !c.is_ascii_digit())
-        .find(|s| !s.is_empty())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no count after `{reason}` in {line}"))
+/// The run's count of overflows that sent no burst signal for `reason`
+/// (`signal_blocked`, `handler_replaced`, ...).
+fn not_sent(s: &Summary, reason: &str) -> u64 {
+    s.metric_by("burstyd_burst_signals_declined_total", reason)
 }
 
 /// Runs `transparency MODE UNITS` untraced, then traced at each setting
 /// (plus `extra`); asserts identical stdout and exit status; returns the
-/// traced runs' stderr.
-fn compare_traced_and_untraced(mode: &str, units: &str, extra: &[&str]) -> Vec<String> {
+/// traced runs' stderr and summaries.
+fn compare_traced_and_untraced(mode: &str, units: &str, extra: &[&str]) -> Vec<(String, Summary)> {
     require_root();
     let _serial = serial();
     let exe = fixture("transparency");
@@ -52,25 +41,26 @@ fn compare_traced_and_untraced(mode: &str, units: &str, extra: &[&str]) -> Vec<S
             "{mode} {settings:?}: traced differs from untraced\n{}",
             f.describe()
         );
-        stderrs.push(f.stderr.clone());
+        stderrs.push((f.stderr.clone(), read_summary(&run.out_dir)));
     }
     stderrs
 }
 
 /// [`compare_traced_and_untraced`], where bursts must really have run in
 /// the traced runs (else the comparison proves nothing); returns their
-/// bursts summary lines.
-fn same_traced_and_untraced(mode: &str, units: &str) -> Vec<String> {
-    let mut lines = Vec::new();
-    for stderr in compare_traced_and_untraced(mode, units, &[]) {
-        let line = bursts_line(&stderr);
+/// summaries.
+fn same_traced_and_untraced(mode: &str, units: &str) -> Vec<Summary> {
+    let mut summaries = Vec::new();
+    for (_, summary) in compare_traced_and_untraced(mode, units, &[]) {
+        let t = summary.traced();
         assert!(
-            stat(&line, "taken") >= 1,
-            "{mode}: no burst ran, nothing was tested: {line}"
+            t.taken() >= 1,
+            "{mode}: no burst ran, nothing was tested: {}",
+            t.describe()
         );
-        lines.push(line);
+        summaries.push(summary);
     }
-    lines
+    summaries
 }
 
 /// A seccomp filter that kills on `memfd_create`: nothing is injected, the
@@ -79,14 +69,15 @@ fn same_traced_and_untraced(mode: &str, units: &str) -> Vec<String> {
 /// it runs, as `--pid` does; held at its entry point it has none yet.)
 #[test]
 fn a_seccomp_filter_keeps_the_injection_out() {
-    for stderr in compare_traced_and_untraced("seccomp", "40", &["--no-hold"]) {
+    for (stderr, summary) in compare_traced_and_untraced("seccomp", "40", &["--no-hold"]) {
         assert!(
             stderr.contains("seccomp filter")
                 && stderr.contains("memfd_create")
                 && stderr.contains("sampled only"),
             "{stderr}"
         );
-        assert!(stderr.contains("wrote "), "no profile written\n{stderr}");
+        assert!(summary.samples() > 0, "{:#}", summary.json);
+        assert!(summary.processes().is_empty(), "{:#}", summary.json);
     }
 }
 
@@ -94,8 +85,8 @@ fn a_seccomp_filter_keeps_the_injection_out() {
 /// 4 MiB getrandom, poll with a timeout: never short, never EINTR.
 #[test]
 fn system_calls_return_in_full() {
-    for line in same_traced_and_untraced("syscalls", "40") {
-        assert!(not_sent(&line, "in kernel") >= 1, "{line}");
+    for s in same_traced_and_untraced("syscalls", "40") {
+        assert!(not_sent(&s, "in_kernel") >= 1, "{:#}", s.json);
     }
 }
 
@@ -103,8 +94,8 @@ fn system_calls_return_in_full() {
 /// killed by the next burst signal.
 #[test]
 fn reset_dispositions_are_respected() {
-    for line in same_traced_and_untraced("sigdfl", "60") {
-        assert!(not_sent(&line, "handler replaced") >= 1, "{line}");
+    for s in same_traced_and_untraced("sigdfl", "60") {
+        assert!(not_sent(&s, "handler_replaced") >= 1, "{:#}", s.json);
     }
 }
 
@@ -118,8 +109,8 @@ fn a_small_alternate_stack_is_not_used() {
 /// pending signals and finds none; its own sigqueue still fits).
 #[test]
 fn blocked_threads_get_no_signal() {
-    for line in same_traced_and_untraced("blocked", "60") {
-        assert!(not_sent(&line, "signal blocked") >= 1, "{line}");
+    for s in same_traced_and_untraced("blocked", "60") {
+        assert!(not_sent(&s, "signal_blocked") >= 1, "{:#}", s.json);
     }
 }
 
@@ -134,8 +125,8 @@ fn exec_after_blocking_inherits_no_pending_signal() {
 /// handler for our signal runs only when it raises it.
 #[test]
 fn a_taken_over_signal_is_not_sent() {
-    for line in same_traced_and_untraced("rt", "60") {
-        assert!(not_sent(&line, "handler replaced") >= 1, "{line}");
+    for s in same_traced_and_untraced("rt", "60") {
+        assert!(not_sent(&s, "handler_replaced") >= 1, "{:#}", s.json);
     }
 }
 
@@ -149,9 +140,9 @@ fn a_taken_over_signal_is_not_sent() {
 /// in the clones (thousands of faults and backtraces in bursts).
 #[test]
 fn return_and_fault_addresses_are_original() {
-    let lines = same_traced_and_untraced("observe", "20");
-    for l in &lines {
-        assert!(stat(l, "taken") >= 20, "{l}");
+    for s in same_traced_and_untraced("observe", "20") {
+        let t = s.traced();
+        assert!(t.taken() >= 20, "{}", t.describe());
     }
     let _serial = serial();
     let exe = fixture("transparency");
@@ -172,7 +163,8 @@ fn return_and_fault_addresses_are_original() {
         "full trace: traced differs from untraced\n{}",
         f.describe()
     );
-    assert!(stat(&bursts_line(&f.stderr), "taken") >= 20, "{}", f.stderr);
+    let t = read_summary(&run.out_dir).traced().taken();
+    assert!(t >= 20, "{t} bursts\n{}", f.stderr);
 }
 
 fn wait_in_syscall(pid: u32, nrs: &[&str], what: &str) {
@@ -226,8 +218,12 @@ fn blocking_waits_survive_attach_and_detach() {
     let daemon = daemon.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&daemon.stderr);
     let out = child.wait_with_output().unwrap();
+    let summary = read_summary(&out_dir);
     assert!(
-        stderr.contains("functions rewritten") && stderr.contains("bursts: "),
+        summary
+            .processes()
+            .iter()
+            .any(|p| p.metric("burstyd_traced_functions_rewritten") > 0),
         "the clones were never injected and removed: nothing was tested\n{stderr}"
     );
     assert_eq!(
@@ -294,8 +290,8 @@ fn a_second_burstyd_samples_only() {
         "{}",
         second.finished.describe()
     );
-    let line = bursts_line(&first_err);
-    assert!(stat(&line, "taken") >= 1, "{line}");
+    let t = read_summary(&scratch.join("first")).traced().taken();
+    assert!(t >= 1, "{t} bursts\n{first_err}");
 }
 
 /// `burstyd run` follows the command's children: 100 forked children that
@@ -451,12 +447,16 @@ fn a_worker_of_a_traced_master_is_sampled_only() {
         "{}",
         f.describe()
     );
-    assert!(f.stderr.contains("wrote "), "no profile\n{}", f.describe());
+    assert!(
+        second.profile_path().is_file(),
+        "no profile\n{}",
+        f.describe()
+    );
     let (first, _master_scratch) = master.join().unwrap();
     first.assert_ok();
     assert_eq!(first.finished.stdout_str(), "worker exited 0\n");
-    let line = bursts_line(&first.finished.stderr);
-    assert!(stat(&line, "taken") >= 1, "{line}");
+    let t = read_summary(&first.out_dir).traced().taken();
+    assert!(t >= 1, "{t} bursts\n{}", first.finished.stderr);
 }
 
 /// The parent pid of `pid`, from `/proc/PID/stat`.

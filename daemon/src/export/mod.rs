@@ -10,6 +10,7 @@ pub(crate) mod fdata;
 pub(crate) mod leaves;
 pub(crate) mod paths;
 pub(crate) mod pprof;
+pub(crate) mod summary;
 
 /// Writes `bytes` to `dir/name` atomically (a hidden temp file in `dir`,
 /// then rename), creating `dir` if needed. Returns the path written. On

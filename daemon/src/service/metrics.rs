@@ -44,6 +44,9 @@ pub(crate) struct Metrics {
     pub(crate) samples: Counter,
     pub(crate) ring_drops: Counter,
     pub(crate) truncated_stacks: Counter,
+    pub(crate) no_unwind_info: Counter,
+    pub(crate) unwind_errors: Counter,
+    pub(crate) kernel_only: Counter,
     pub(crate) profiles_written: Counter,
     /// Gauge: processes currently selected by config targets.
     pub(crate) targets: Counter,
@@ -65,6 +68,12 @@ pub(crate) struct Metrics {
     /// and not sent by reason ([`Declined::reasons`] order).
     pub(crate) burst_signals: Counter,
     pub(crate) burst_signals_declined: [Counter; 7],
+    /// Gauges mirroring the eBPF program's counters: overflows while a
+    /// burst ran, failed sends, link-map changes signalled and not.
+    pub(crate) burst_busy: Counter,
+    pub(crate) burst_signal_failed: Counter,
+    pub(crate) link_signalled: Counter,
+    pub(crate) link_unsignalled: Counter,
     pub(crate) functions_rewritten: Counter,
     pub(crate) functions_skipped: Counter,
     /// Event weight of traced processes' user-mode samples by where their
@@ -94,6 +103,9 @@ impl Metrics {
             samples: Counter::new(),
             ring_drops: Counter::new(),
             truncated_stacks: Counter::new(),
+            no_unwind_info: Counter::new(),
+            unwind_errors: Counter::new(),
+            kernel_only: Counter::new(),
             profiles_written: Counter::new(),
             targets: Counter::new(),
             push_ok: Counter::new(),
@@ -106,6 +118,10 @@ impl Metrics {
             bursts_declined: Counter::new(),
             burst_signals: Counter::new(),
             burst_signals_declined: [const { Counter::new() }; 7],
+            burst_busy: Counter::new(),
+            burst_signal_failed: Counter::new(),
+            link_signalled: Counter::new(),
+            link_unsignalled: Counter::new(),
             functions_rewritten: Counter::new(),
             functions_skipped: Counter::new(),
             hot_weight: [const { Counter::new() }; 4],
@@ -128,268 +144,354 @@ impl Metrics {
         for (c, (_, n)) in self.burst_signals_declined.iter().zip(k.declined.reasons()) {
             c.set(n);
         }
+        self.burst_busy.set(k.burst_busy);
+        self.burst_signal_failed.set(k.burst_signal_failed);
+        self.link_signalled.set(k.link_signalled);
+        self.link_unsignalled.set(k.link_unsignalled);
+    }
+
+    /// Every series but the per-process ones: the one table `/metrics`
+    /// and `summary.json` are both made from.
+    pub(crate) fn table(&self) -> Vec<Series> {
+        let c =
+            |name, kind, help, x: &Counter| Series::new(name, kind, help, Value::Count(x.get()));
+        let declined = Declined::default().reasons();
+        let (cpu, rss) = self_cpu_and_rss();
+        vec![
+            c(
+                "burstyd_samples_total",
+                COUNTER,
+                "Samples handled by the daemon.",
+                &self.samples,
+            ),
+            c(
+                "burstyd_ring_drops_total",
+                COUNTER,
+                "Samples lost because the ring buffer was full.",
+                &self.ring_drops,
+            ),
+            c(
+                "burstyd_truncated_stacks_total",
+                COUNTER,
+                "Samples whose user stack could not be unwound to its end.",
+                &self.truncated_stacks,
+            ),
+            c(
+                "burstyd_stacks_without_unwind_info_total",
+                COUNTER,
+                "Samples whose user stack stopped at code without unwind information.",
+                &self.no_unwind_info,
+            ),
+            c(
+                "burstyd_unwind_errors_total",
+                COUNTER,
+                "Samples whose user stack could not be unwound (an error).",
+                &self.unwind_errors,
+            ),
+            c(
+                "burstyd_kernel_only_samples_total",
+                COUNTER,
+                "Samples without user registers (kernel threads, or taken in the kernel only).",
+                &self.kernel_only,
+            ),
+            c(
+                "burstyd_profiles_written_total",
+                COUNTER,
+                "Profiles written to the output directory.",
+                &self.profiles_written,
+            ),
+            c(
+                "burstyd_targets",
+                GAUGE,
+                "Processes currently selected by the configured targets.",
+                &self.targets,
+            ),
+            c(
+                "burstyd_push_success_total",
+                COUNTER,
+                "Profiles accepted by a push backend.",
+                &self.push_ok,
+            ),
+            c(
+                "burstyd_push_failures_total",
+                COUNTER,
+                "Push attempts that failed (each is retried).",
+                &self.push_failed,
+            ),
+            c(
+                "burstyd_push_spooled_total",
+                COUNTER,
+                "Profiles queued in the on-disk push spool.",
+                &self.push_spooled,
+            ),
+            c(
+                "burstyd_push_queued",
+                GAUGE,
+                "Profiles waiting in the push spool.",
+                &self.push_queued,
+            ),
+            c(
+                "burstyd_push_dropped_total",
+                COUNTER,
+                "Profiles dropped: spool full, or rejected by the backend as invalid.",
+                &self.push_dropped,
+            ),
+            c(
+                "burstyd_bursts_taken_total",
+                COUNTER,
+                "Tracing bursts taken.",
+                &self.bursts_taken,
+            ),
+            c(
+                "burstyd_bursts_truncated_total",
+                COUNTER,
+                "Tracing bursts cut short.",
+                &self.bursts_truncated,
+            ),
+            c(
+                "burstyd_bursts_declined_total",
+                COUNTER,
+                "Tracing bursts declined.",
+                &self.bursts_declined,
+            ),
+            c(
+                "burstyd_functions_rewritten_total",
+                COUNTER,
+                "Functions rewritten for bursty tracing.",
+                &self.functions_rewritten,
+            ),
+            c(
+                "burstyd_burst_signals_total",
+                COUNTER,
+                "Burst signals sent by the eBPF program.",
+                &self.burst_signals,
+            ),
+            Series::new(
+                "burstyd_burst_signals_declined_total",
+                COUNTER,
+                "Overflows in traced processes that sent no burst signal, by reason (the program could have noticed it).",
+                Value::by_label(
+                    "reason",
+                    declined
+                        .iter()
+                        .zip(&self.burst_signals_declined)
+                        .map(|((r, _), c)| (*r, c.get())),
+                ),
+            ),
+            c(
+                "burstyd_burst_overflows_busy_total",
+                COUNTER,
+                "Overflows in traced processes while one of their bursts ran (no signal sent).",
+                &self.burst_busy,
+            ),
+            c(
+                "burstyd_burst_signal_failures_total",
+                COUNTER,
+                "Burst signals the eBPF program failed to send.",
+                &self.burst_signal_failed,
+            ),
+            Series::new(
+                "burstyd_link_map_changes_total",
+                COUNTER,
+                "Link-map changes (dlopen, dlclose) announced by traced processes' loaders: the handler was signalled to invalidate its tables, or not (the daemon did at its next drain).",
+                Value::by_label(
+                    "handler",
+                    [
+                        ("signalled", self.link_signalled.get()),
+                        ("not_signalled", self.link_unsignalled.get()),
+                    ],
+                ),
+            ),
+            c(
+                "burstyd_functions_skipped_total",
+                COUNTER,
+                "Functions the rewriter skipped.",
+                &self.functions_skipped,
+            ),
+            Series::new(
+                "burstyd_hot_weight_total",
+                COUNTER,
+                "Event weight of bursty-traced processes' user-mode samples, by where the leaf PC lies (the executable's hot coverage = instrumented / (instrumented + executable_uninstrumented); the process's = (instrumented + library_instrumented) / all; other_modules holds what is not instrumented outside the executable).",
+                Value::by_label(
+                    "where",
+                    HOT_WHERE
+                        .iter()
+                        .zip(&self.hot_weight)
+                        .map(|(w, c)| (*w, c.get())),
+                ),
+            ),
+            c(
+                "burstyd_config_reloads_total",
+                COUNTER,
+                "Successful configuration reloads (SIGHUP).",
+                &self.config_reloads,
+            ),
+            c(
+                "burstyd_config_reload_failures_total",
+                COUNTER,
+                "Rejected configuration reloads (the previous configuration stays).",
+                &self.config_reload_failures,
+            ),
+            Series::new(
+                "process_cpu_seconds_total",
+                COUNTER,
+                "CPU time (user + system) of the daemon, from /proc/self/stat.",
+                Value::Real(cpu, 3),
+            ),
+            Series::new(
+                "process_resident_memory_bytes",
+                GAUGE,
+                "Resident set size of the daemon, from /proc/self/statm.",
+                Value::Count(rss),
+            ),
+            c(
+                "burstyd_burst_backoff_executables",
+                GAUGE,
+                "Executables whose attach for bursts failed, waiting to be tried again.",
+                &self.burst_backoff,
+            ),
+            Series::new(
+                "burstyd_dwarf_worker_peak_rss_bytes",
+                GAUGE,
+                "The largest peak RSS of a DWARF worker process so far (a module's DWARF is read in a process of its own, for a moment, not in the daemon).",
+                Value::Count(crate::stacks::dwarf_worker::PEAK_RSS.load(Ordering::Relaxed)),
+            ),
+        ]
     }
 
     /// Prometheus text exposition format (version 0.0.4).
     pub(crate) fn render(&self) -> String {
         let mut s = String::with_capacity(4096);
-        let mut one = |name: &str, kind: &str, help: &str, v: String| {
-            let _ = write!(
-                s,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
-            );
-        };
-        let c = |x: &Counter| x.get().to_string();
-        one(
-            "burstyd_samples_total",
-            "counter",
-            "Samples handled by the daemon.",
-            c(&self.samples),
-        );
-        one(
-            "burstyd_ring_drops_total",
-            "counter",
-            "Samples lost because the ring buffer was full.",
-            c(&self.ring_drops),
-        );
-        one(
-            "burstyd_truncated_stacks_total",
-            "counter",
-            "Samples whose user stack could not be unwound to its end.",
-            c(&self.truncated_stacks),
-        );
-        one(
-            "burstyd_profiles_written_total",
-            "counter",
-            "Profiles written to the output directory.",
-            c(&self.profiles_written),
-        );
-        one(
-            "burstyd_targets",
-            "gauge",
-            "Processes currently selected by the configured targets.",
-            c(&self.targets),
-        );
-        one(
-            "burstyd_push_success_total",
-            "counter",
-            "Profiles accepted by a push backend.",
-            c(&self.push_ok),
-        );
-        one(
-            "burstyd_push_failures_total",
-            "counter",
-            "Push attempts that failed (each is retried).",
-            c(&self.push_failed),
-        );
-        one(
-            "burstyd_push_spooled_total",
-            "counter",
-            "Profiles queued in the on-disk push spool.",
-            c(&self.push_spooled),
-        );
-        one(
-            "burstyd_push_queued",
-            "gauge",
-            "Profiles waiting in the push spool.",
-            c(&self.push_queued),
-        );
-        one(
-            "burstyd_push_dropped_total",
-            "counter",
-            "Profiles dropped: spool full, or rejected by the backend as invalid.",
-            c(&self.push_dropped),
-        );
-        one(
-            "burstyd_bursts_taken_total",
-            "counter",
-            "Tracing bursts taken.",
-            c(&self.bursts_taken),
-        );
-        one(
-            "burstyd_bursts_truncated_total",
-            "counter",
-            "Tracing bursts cut short.",
-            c(&self.bursts_truncated),
-        );
-        one(
-            "burstyd_bursts_declined_total",
-            "counter",
-            "Tracing bursts declined.",
-            c(&self.bursts_declined),
-        );
-        one(
-            "burstyd_functions_rewritten_total",
-            "counter",
-            "Functions rewritten for bursty tracing.",
-            c(&self.functions_rewritten),
-        );
-        one(
-            "burstyd_burst_signals_total",
-            "counter",
-            "Burst signals sent by the eBPF program.",
-            c(&self.burst_signals),
-        );
-        let name = "burstyd_burst_signals_declined_total";
-        let _ = write!(
-            s,
-            "# HELP {name} Overflows in traced processes that sent no burst signal, by reason (the program could have noticed it).\n# TYPE {name} counter\n"
-        );
-        for (c, (reason, _)) in self
-            .burst_signals_declined
-            .iter()
-            .zip(Declined::default().reasons())
-        {
-            let _ = writeln!(s, "{name}{{reason=\"{reason}\"}} {}", c.get());
+        for series in self.table() {
+            series.render_family(&mut s);
+            series.render_rows(&mut s, "");
         }
-        let mut one = |name: &str, kind: &str, help: &str, v: String| {
-            let _ = write!(
-                s,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
-            );
-        };
-        one(
-            "burstyd_functions_skipped_total",
-            "counter",
-            "Functions the rewriter skipped.",
-            c(&self.functions_skipped),
-        );
-        let name = "burstyd_hot_weight_total";
-        let _ = write!(
-            s,
-            "# HELP {name} Event weight of bursty-traced processes' user-mode samples, by where the leaf PC lies (the executable's hot coverage = instrumented / (instrumented + executable_uninstrumented); the process's = (instrumented + library_instrumented) / all; other_modules holds what is not instrumented outside the executable).\n# TYPE {name} counter\n"
-        );
-        for (c, w) in self.hot_weight.iter().zip(HOT_WHERE) {
-            let _ = writeln!(s, "{name}{{where=\"{w}\"}} {}", c.get());
-        }
-        let mut one = |name: &str, kind: &str, help: &str, v: String| {
-            let _ = write!(
-                s,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
-            );
-        };
-        one(
-            "burstyd_config_reloads_total",
-            "counter",
-            "Successful configuration reloads (SIGHUP).",
-            c(&self.config_reloads),
-        );
-        one(
-            "burstyd_config_reload_failures_total",
-            "counter",
-            "Rejected configuration reloads (the previous configuration stays).",
-            c(&self.config_reload_failures),
-        );
-        let (cpu, rss) = self_cpu_and_rss();
-        one(
-            "process_cpu_seconds_total",
-            "counter",
-            "CPU time (user + system) of the daemon, from /proc/self/stat.",
-            format!("{cpu:.3}"),
-        );
-        one(
-            "process_resident_memory_bytes",
-            "gauge",
-            "Resident set size of the daemon, from /proc/self/statm.",
-            rss.to_string(),
-        );
-        one(
-            "burstyd_burst_backoff_executables",
-            "gauge",
-            "Executables whose attach for bursts failed, waiting to be tried again.",
-            c(&self.burst_backoff),
-        );
-        one(
-            "burstyd_dwarf_worker_peak_rss_bytes",
-            "gauge",
-            "The largest peak RSS of a DWARF worker process so far (a module's DWARF is read in a process of its own, for a moment, not in the daemon).",
-            crate::stacks::dwarf_worker::PEAK_RSS
-                .load(Ordering::Relaxed)
-                .to_string(),
-        );
         s.push_str(&self.traced.lock().unwrap_or_else(|e| e.into_inner()));
         s
     }
 }
 
-/// One process traced in bursts, for [`traced_series`].
+/// `# TYPE` of a series.
+pub(crate) const COUNTER: &str = "counter";
+pub(crate) const GAUGE: &str = "gauge";
+
+/// A series' value: one number, or one per value of a label.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Value {
+    Count(u64),
+    /// A real number, shown with this many decimals in `/metrics`.
+    Real(f64, usize),
+    /// (label name, [(label value, count)]).
+    ByLabel(&'static str, Vec<(String, u64)>),
+}
+
+impl Value {
+    pub(crate) fn by_label<S: Into<String>>(
+        label: &'static str,
+        rows: impl IntoIterator<Item = (S, u64)>,
+    ) -> Self {
+        Value::ByLabel(
+            label,
+            rows.into_iter().map(|(l, n)| (l.into(), n)).collect(),
+        )
+    }
+}
+
+/// One metric family: its name, `# TYPE`, `# HELP` and value.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Series {
+    pub(crate) name: &'static str,
+    pub(crate) kind: &'static str,
+    pub(crate) help: &'static str,
+    pub(crate) value: Value,
+}
+
+impl Series {
+    pub(crate) fn new(
+        name: &'static str,
+        kind: &'static str,
+        help: &'static str,
+        value: Value,
+    ) -> Self {
+        Series {
+            name,
+            kind,
+            help,
+            value,
+        }
+    }
+
+    /// `# HELP` and `# TYPE`.
+    fn render_family(&self, s: &mut String) {
+        let name = self.name;
+        let _ = writeln!(
+            s,
+            "# HELP {name} {}\n# TYPE {name} {}",
+            self.help, self.kind
+        );
+    }
+
+    /// The sample lines, with `labels` (`a="x",b="y"`) before the value's
+    /// own.
+    fn render_rows(&self, s: &mut String, labels: &str) {
+        let name = self.name;
+        let braces = |extra: &str| match (labels.is_empty(), extra.is_empty()) {
+            (true, true) => String::new(),
+            (false, true) => format!("{{{labels}}}"),
+            (true, false) => format!("{{{extra}}}"),
+            (false, false) => format!("{{{labels},{extra}}}"),
+        };
+        match &self.value {
+            Value::Count(n) => {
+                let _ = writeln!(s, "{name}{} {n}", braces(""));
+            }
+            Value::Real(x, decimals) => {
+                let d = *decimals;
+                let _ = writeln!(s, "{name}{} {x:.d$}", braces(""));
+            }
+            Value::ByLabel(label, rows) => {
+                for (v, n) in rows {
+                    let _ = writeln!(
+                        s,
+                        "{name}{} {n}",
+                        braces(&format!("{label}=\"{}\"", esc(v)))
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A label value, escaped for the text format.
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// One process traced in bursts: its labels and its series (the same for
+/// `/metrics` and `summary.json`).
 pub(crate) struct TracedProcess {
     pub(crate) pid: u32,
     pub(crate) exe: String,
-    pub(crate) bursts: u64,
-    /// Declined by the injected handler: (reason, count).
-    pub(crate) declined: [(&'static str, u64); 4],
-    pub(crate) records_lost: u64,
-    /// Share of the process's user-mode samples in instrumented code.
-    pub(crate) hot_coverage: f64,
-    pub(crate) attach_seconds: f64,
-    pub(crate) paths: u64,
+    /// Its `burstyd_traced_*` series, the same names in the same order
+    /// for every process.
+    pub(crate) series: Vec<Series>,
 }
 
 /// The per-process series of the processes traced in bursts (labels
-/// `pid`, `exe`), Prometheus text.
-pub(crate) fn traced_series(procs: &[TracedProcess]) -> String {
+/// `pid`, `exe`), Prometheus text. `empty` gives the families' names and
+/// help when no process is traced.
+pub(crate) fn traced_series(procs: &[TracedProcess], empty: &[Series]) -> String {
     let mut s = String::new();
-    let esc = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"");
-    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, String)>| {
-        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, v) in rows {
-            let _ = writeln!(s, "{name}{{{labels}}} {v}");
+    let families = procs.first().map_or(empty, |p| &p.series[..]);
+    for (i, family) in families.iter().enumerate() {
+        family.render_family(&mut s);
+        for p in procs {
+            if let Some(series) = p.series.get(i).filter(|x| x.name == family.name) {
+                let labels = format!("pid=\"{}\",exe=\"{}\"", p.pid, esc(&p.exe));
+                series.render_rows(&mut s, &labels);
+            }
         }
-    };
-    let l = |p: &TracedProcess| format!("pid=\"{}\",exe=\"{}\"", p.pid, esc(&p.exe));
-    family(
-        "burstyd_traced_bursts_total",
-        "counter",
-        "Bursts taken, per process traced in bursts.",
-        procs.iter().map(|p| (l(p), p.bursts.to_string())).collect(),
-    );
-    family(
-        "burstyd_traced_bursts_declined_total",
-        "counter",
-        "Burst signals the injected handler declined, per process and reason.",
-        procs
-            .iter()
-            .flat_map(|p| {
-                p.declined
-                    .iter()
-                    .map(move |(r, n)| (format!("{},reason=\"{r}\"", l(p)), n.to_string()))
-            })
-            .collect(),
-    );
-    family(
-        "burstyd_traced_records_lost_total",
-        "counter",
-        "Burst records lost (ring full), per process.",
-        procs
-            .iter()
-            .map(|p| (l(p), p.records_lost.to_string()))
-            .collect(),
-    );
-    family(
-        "burstyd_traced_paths_total",
-        "counter",
-        "Complete Ball-Larus paths recorded, per process.",
-        procs.iter().map(|p| (l(p), p.paths.to_string())).collect(),
-    );
-    family(
-        "burstyd_traced_hot_coverage_ratio",
-        "gauge",
-        "Share of the process's sampled user-mode event weight in instrumented code.",
-        procs
-            .iter()
-            .map(|p| (l(p), format!("{:.4}", p.hot_coverage)))
-            .collect(),
-    );
-    family(
-        "burstyd_traced_attach_seconds",
-        "gauge",
-        "Wall time the attach took (analysis or plan cache, generation, the ptrace stop).",
-        procs
-            .iter()
-            .map(|p| (l(p), format!("{:.3}", p.attach_seconds)))
-            .collect(),
-    );
+    }
     s
 }
 

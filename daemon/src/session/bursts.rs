@@ -6,15 +6,16 @@ use std::collections::HashMap;
 
 use tracing::{debug, info, warn};
 
+use super::summary::finished_summary;
 use super::{Session, ticker};
 use crate::bursts::counts::{Key, PathView, Tally};
-use crate::bursts::coverage::HotCoverage;
 use crate::bursts::libraries::LoadRequest;
 use crate::bursts::selection::Report;
 use crate::bursts::tracer::{BurstTracer, Finished};
 use crate::bursts::tracers::Attach;
 use crate::export::fdata::Fdata;
 use crate::export::pprof::encode_gzip;
+use crate::export::summary::{ProcessSummary, hot_weights};
 use crate::sampling::sampler::{KernelCounters, Sampler};
 use crate::service::metrics::METRICS;
 use crate::service::targets::read_exe;
@@ -244,6 +245,11 @@ impl Session {
             .add(s.functions_rewritten as u64);
         METRICS.functions_skipped.add(s.functions_skipped as u64);
         self.pipe.procs.set_clone_frames(t.pid(), t.clone_frames());
+        let facts = super::summary::Attached {
+            comm: super::reload::comm_of(t.pid()),
+            secs: t.attach_secs(),
+        };
+        self.released.attached.insert(t.pid(), facts);
         self.bursts.add(t);
     }
 
@@ -305,55 +311,6 @@ impl Session {
                 );
             }
         }
-    }
-
-    /// `/metrics`' per-process series of the processes traced in bursts.
-    pub(super) fn publish_traced_metrics(&self) {
-        if let Some(sel) = &self.selection {
-            METRICS.burst_backoff.set(sel.backing_off() as u64);
-        }
-        let empty = HashMap::new();
-        let procs: Vec<_> = self
-            .bursts
-            .tracers()
-            .iter()
-            .map(|t| {
-                let st = t.stats();
-                let traced = t.traced();
-                let exe = traced.exe_module();
-                let hot = HotCoverage::measure(
-                    &traced.code,
-                    &exe.plan,
-                    exe.bias,
-                    self.pipe.leaf_weights.get(&traced.pid).unwrap_or(&empty),
-                );
-                crate::service::metrics::TracedProcess {
-                    pid: traced.pid.0,
-                    exe: exe.path.clone(),
-                    bursts: st.bursts,
-                    declined: [
-                        ("busy", st.declined_busy),
-                        ("pc_not_rewritten", st.declined_pc),
-                        ("budget_0", st.declined_budget),
-                        ("behind", st.declined_behind),
-                    ],
-                    records_lost: st.records_lost,
-                    hot_coverage: if hot.total > 0 {
-                        hot.instrumented_all as f64 / hot.total as f64
-                    } else {
-                        0.0
-                    },
-                    attach_seconds: t.attach_secs(),
-                    paths: st.paths,
-                }
-            })
-            .collect();
-        METRICS.set_traced(crate::service::metrics::traced_series(&procs));
-        let mut all = self.released.totals.clone();
-        for t in self.bursts.tracers() {
-            all.add(&t.stats());
-        }
-        set_burst_metrics(&all);
     }
 
     /// Stops tracing `pid` in bursts (it exited, or is no longer
@@ -466,14 +423,15 @@ impl Session {
     }
 
     /// `paths.pb.gz`, `edges.fdata` (and `edges-<pid>.fdata` with several
-    /// processes) and each process's summary line.
+    /// processes) and each process's summary line; returns each one's
+    /// summary for `summary.json`.
     pub(super) fn write_path_profiles(
         &mut self,
         finished: Vec<Finished>,
         counters: &KernelCounters,
-    ) {
+    ) -> Vec<ProcessSummary> {
         if finished.is_empty() {
-            return;
+            return Vec::new();
         }
         let output = self.opts.output.clone();
         let tsc_hz = self.bursts.tsc_hz();
@@ -496,11 +454,19 @@ impl Session {
             &mut self.symbolizer,
         );
         drop(parts);
-        for Finished {
-            traced,
-            counts,
-            stats,
-        } in finished
+        let mut summaries = Vec::new();
+        for f in &finished {
+            let leaf = &self.pipe.leaf_weights;
+            summaries.push(finished_summary(f, &self.released.attached, leaf, &empty));
+        }
+        for (
+            Finished {
+                traced,
+                counts,
+                stats,
+            },
+            summary,
+        ) in finished.into_iter().zip(&summaries)
         {
             let pid = traced.pid;
             let c = counts.contexts();
@@ -554,34 +520,8 @@ impl Session {
                 stats.records_lost,
                 stats.bad_records
             );
-            let exe = traced.exe_module();
-            let hot = HotCoverage::measure(
-                &traced.code,
-                &exe.plan,
-                exe.bias,
-                self.pipe.leaf_weights.get(&pid).unwrap_or(&empty),
-            );
-            let mut hot = hot;
-            for (l, m) in hot
-                .libraries
-                .iter_mut()
-                .zip(traced.modules.iter().filter(|m| !m.is_exe))
-            {
-                l.missed = HotCoverage::missed_in(
-                    &traced.code,
-                    &m.plan,
-                    m.bias,
-                    m.range,
-                    self.pipe.leaf_weights.get(&pid).unwrap_or(&empty),
-                );
-            }
-            let in_libs = hot.instrumented_all - hot.instrumented;
-            for (c, w) in METRICS.hot_weight.iter().zip([
-                hot.instrumented,
-                hot.in_exe - hot.instrumented,
-                in_libs,
-                hot.total - hot.in_exe - in_libs,
-            ]) {
+            let hot = &summary.hot;
+            for (c, w) in METRICS.hot_weight.iter().zip(hot_weights(hot)) {
                 c.add(w);
             }
             info!(%pid, "{}", hot.describe(5));
@@ -630,12 +570,13 @@ impl Session {
             },
             Err(e) => warn!("path profile: {e:#}"),
         }
+        summaries
     }
 }
 
 /// The daemon-wide burst counters of `/metrics`: the processes released
 /// and those traced now.
-fn set_burst_metrics(s: &crate::bursts::stats::BurstStats) {
+pub(super) fn set_burst_metrics(s: &crate::bursts::stats::BurstStats) {
     METRICS.bursts_taken.set(s.bursts);
     METRICS.bursts_truncated.set(s.bursts_truncated);
     METRICS.bursts_declined.set(s.declined());

@@ -54,6 +54,7 @@ mod files;
 mod intervals;
 mod pipeline;
 mod reload;
+mod summary;
 
 pub(crate) use command::Command;
 use command::Signals;
@@ -217,6 +218,8 @@ struct Released {
     finished: Vec<crate::bursts::tracer::Finished>,
     /// Their burst counts (and at the end everyone's), for `/metrics`.
     totals: crate::bursts::stats::BurstStats,
+    /// Every traced process's name and attach time, for `summary.json`.
+    attached: HashMap<Pid, summary::Attached>,
 }
 
 /// How a session went, and how `run`'s command exited.
@@ -393,6 +396,7 @@ impl Session {
                 pending: 0,
                 finished: Vec::new(),
                 totals: Default::default(),
+                attached: HashMap::new(),
             },
             path_windows: Vec::new(),
             timers,
@@ -509,6 +513,7 @@ impl Session {
         merge(&mut out.total, cct);
         let start = std::mem::replace(&mut out.interval_start, now);
         self.write_interval_paths(start, now);
+        self.write_interval_summary();
         // What building the profiles parsed (DWARF lines, symbols) goes
         // back to the kernel, not kept by the allocator between intervals.
         crate::sys::return_free_memory();
@@ -599,7 +604,7 @@ impl Session {
             finished = std::mem::take(&mut self.released.finished);
         }
         let counters = self.sampler.counters();
-        self.write_path_profiles(finished, &counters);
+        let traced = self.write_path_profiles(finished, &counters);
         drop(self.sampler);
         // The traced processes' state is gone: its free pages go back
         // before the symbolizer reads the modules' DWARF for the profile.
@@ -687,6 +692,16 @@ impl Session {
             st.final_cpu_ns / 1_000_000,
             st.peak_rss_bytes as f64 / 1e6,
         );
+        let session = crate::export::summary::SessionFigures {
+            sampling_seconds: st.sampling_secs,
+            processes: total.process_names.len() as u64,
+            threads: total.threads.len() as u64,
+            startup_cpu_ms: st.startup_cpu_ns / 1_000_000,
+            sampling_cpu_ms: st.sampling_cpu_ns / 1_000_000,
+            final_cpu_ms: st.final_cpu_ns / 1_000_000,
+            peak_rss_bytes: st.peak_rss_bytes,
+        };
+        summary::write(&opts, &traced, Some(&session));
         if st.ring_full > 0 {
             tracing::warn!(
                 "{} samples were dropped because the ring buffer was full; lower --freq or raise the period",

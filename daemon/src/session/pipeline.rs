@@ -106,10 +106,12 @@ impl Pipeline {
                 UnwindEnd::NoUnwindInfo => {
                     truncated = true;
                     self.stats.no_unwind_info += 1;
+                    METRICS.no_unwind_info.inc();
                 }
                 UnwindEnd::Error => {
                     truncated = true;
                     self.stats.unwind_errors += 1;
+                    METRICS.unwind_errors.inc();
                 }
             }
             if s.flags & SAMPLE_USTACK_SHORT != 0 && s.ustack_len == 0 {
@@ -117,6 +119,7 @@ impl Pipeline {
             }
         } else {
             self.stats.kernel_only += 1;
+            METRICS.kernel_only.inc();
         }
         self.cct.add(
             pid,

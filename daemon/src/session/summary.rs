@@ -1,0 +1,171 @@
+//! The counters of the processes traced in bursts for `/metrics`, and
+//! `summary.json` (see [`crate::export::summary`]) with every profile
+//! written: each interval's, and the run's at the end.
+use std::collections::HashMap;
+
+use tracing::warn;
+
+use super::Session;
+use crate::bursts::coverage::HotCoverage;
+use crate::bursts::stats::BurstStats;
+use crate::bursts::traced::Traced;
+use crate::bursts::tracer::Finished;
+use crate::export::summary::{self, PathFigures, ProcessSummary, Run, SessionFigures};
+use crate::service::metrics::{METRICS, TracedProcess};
+use burstyd_common::addr::Pid;
+
+/// What is known of a traced process from its attach: its name then, and
+/// how long the attach took (a detached tracer no longer says).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Attached {
+    pub(super) comm: String,
+    pub(super) secs: f64,
+}
+
+/// The process's hot coverage: the executable's, each library's, and
+/// (`missed`) the libraries' most sampled uninstrumented functions.
+pub(super) fn hot_coverage(traced: &Traced, leaf: &HashMap<u64, u64>, missed: bool) -> HotCoverage {
+    let exe = traced.exe_module();
+    let mut hot = HotCoverage::measure(&traced.code, &exe.plan, exe.bias, leaf);
+    if missed {
+        for (l, m) in hot
+            .libraries
+            .iter_mut()
+            .zip(traced.modules.iter().filter(|m| !m.is_exe))
+        {
+            l.missed = HotCoverage::missed_in(&traced.code, &m.plan, m.bias, m.range, leaf);
+        }
+    }
+    hot
+}
+
+/// One process's summary: its series and hot coverage.
+pub(super) fn process_summary(
+    traced: &Traced,
+    paths: PathFigures,
+    stats: Result<&BurstStats, String>,
+    hot: HotCoverage,
+    attached: Option<&Attached>,
+) -> ProcessSummary {
+    let (stats, error) = match stats {
+        Ok(s) => (s.clone(), None),
+        Err(e) => (BurstStats::default(), Some(e)),
+    };
+    let secs = attached.map_or(0.0, |a| a.secs);
+    ProcessSummary {
+        traced: TracedProcess {
+            pid: traced.pid.0,
+            exe: traced.exe_module().path.clone(),
+            series: summary::traced_series(&stats, &paths, &hot, secs),
+        },
+        comm: attached.map_or_else(String::new, |a| a.comm.clone()),
+        hot,
+        error,
+    }
+}
+
+impl Session {
+    /// Each process traced now (`missed`: with its libraries' most
+    /// sampled uninstrumented functions).
+    fn live_summaries(&self, missed: bool) -> Vec<ProcessSummary> {
+        let empty = HashMap::new();
+        self.bursts
+            .tracers()
+            .iter()
+            .map(|t| {
+                let traced = t.traced();
+                let leaf = self.pipe.leaf_weights.get(&traced.pid).unwrap_or(&empty);
+                let mut attached = self.released.attached.get(&traced.pid).cloned();
+                attached.get_or_insert_default().secs = t.attach_secs();
+                process_summary(
+                    traced,
+                    PathFigures::of(t.counts()),
+                    Ok(&t.stats()),
+                    hot_coverage(traced, leaf, missed),
+                    attached.as_ref(),
+                )
+            })
+            .collect()
+    }
+
+    /// The processes released during the session (detached).
+    fn released_summaries(&self) -> Vec<ProcessSummary> {
+        let empty = HashMap::new();
+        self.released
+            .finished
+            .iter()
+            .map(|f| finished_summary(f, &self.released.attached, &self.pipe.leaf_weights, &empty))
+            .collect()
+    }
+
+    /// `/metrics`' per-process series of the processes traced in bursts.
+    pub(super) fn publish_traced_metrics(&self) {
+        if let Some(sel) = &self.selection {
+            METRICS.burst_backoff.set(sel.backing_off() as u64);
+        }
+        let procs: Vec<TracedProcess> = self
+            .live_summaries(false)
+            .into_iter()
+            .map(|p| p.traced)
+            .collect();
+        let none = summary::traced_series(
+            &BurstStats::default(),
+            &PathFigures::default(),
+            &HotCoverage::default(),
+            0.0,
+        );
+        METRICS.set_traced(crate::service::metrics::traced_series(&procs, &none));
+        let mut all = self.released.totals.clone();
+        for t in self.bursts.tracers() {
+            all.add(&t.stats());
+        }
+        super::bursts::set_burst_metrics(&all);
+    }
+
+    /// Every interval: `summary.json` of the session so far.
+    pub(super) fn write_interval_summary(&self) {
+        METRICS.set_kernel_counters(&self.sampler.counters());
+        if self.bursts.active() || !self.released.finished.is_empty() {
+            self.publish_traced_metrics();
+        }
+        let mut procs = self.live_summaries(true);
+        procs.extend(self.released_summaries());
+        write(&self.opts, &procs, None);
+    }
+}
+
+/// A detached process's summary.
+pub(super) fn finished_summary(
+    f: &Finished,
+    attached: &HashMap<Pid, Attached>,
+    leaf: &HashMap<Pid, HashMap<u64, u64>>,
+    empty: &HashMap<u64, u64>,
+) -> ProcessSummary {
+    let pid = f.traced.pid;
+    process_summary(
+        &f.traced,
+        PathFigures::of(&f.counts),
+        f.stats.as_ref().map_err(|e| format!("{e:#}")),
+        hot_coverage(&f.traced, leaf.get(&pid).unwrap_or(empty), true),
+        attached.get(&pid),
+    )
+}
+
+/// Writes `summary.json` (`session`: the run's end).
+pub(super) fn write(
+    opts: &super::SessionOptions,
+    procs: &[ProcessSummary],
+    session: Option<&SessionFigures>,
+) {
+    let table = METRICS.table();
+    let run = Run {
+        event: &opts.event.name,
+        sampling: opts.sampling,
+        table: &table,
+        processes: procs,
+        session,
+    };
+    if let Err(e) = summary::write(&opts.output, &run) {
+        warn!("writing {}: {e}", opts.output.join(summary::FILE).display());
+    }
+}
