@@ -7,6 +7,9 @@ bash scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 quiet() { grep -v '^warning: burstyd@' >&2 || true; }
 
+echo "[test] import cycles (scripts/import_cycles.py, and its self-test)" >&2
+python3 scripts/import_cycles.py --self-test
+python3 scripts/import_cycles.py
 echo "[test] cargo fmt --check" >&2
 cargo fmt --all -- --check
 echo "[test] cargo build --release -p burstyd" >&2

@@ -6,9 +6,10 @@ use std::collections::HashMap;
 
 use tracing::{debug, info, warn};
 
+use super::path_window::PathWindow;
 use super::summary::finished_summary;
 use super::{Session, ticker};
-use crate::bursts::counts::{Key, PathView, Tally};
+use crate::bursts::counts::PathView;
 use crate::bursts::libraries::LoadRequest;
 use crate::bursts::selection::Report;
 use crate::bursts::tracer::{BurstTracer, Finished};
@@ -246,7 +247,7 @@ impl Session {
         METRICS.functions_skipped.add(s.functions_skipped as u64);
         self.pipe.procs.set_clone_frames(t.pid(), t.clone_frames());
         let facts = super::summary::Attached {
-            comm: super::reload::comm_of(t.pid()),
+            comm: crate::sys::comm(t.pid()).unwrap_or_else(|| "?".into()),
             secs: t.attach_secs(),
         };
         self.released.attached.insert(t.pid(), facts);
@@ -490,7 +491,7 @@ impl Session {
                 }
             };
             self.released.totals.add(&stats);
-            set_burst_metrics(&self.released.totals);
+            super::summary::set_burst_metrics(&self.released.totals);
             let declined = counters
                 .declined
                 .reasons()
@@ -574,19 +575,15 @@ impl Session {
     }
 }
 
-/// The daemon-wide burst counters of `/metrics`: the processes released
-/// and those traced now.
-pub(super) fn set_burst_metrics(s: &crate::bursts::stats::BurstStats) {
-    METRICS.bursts_taken.set(s.bursts);
-    METRICS.bursts_truncated.set(s.bursts_truncated);
-    METRICS.bursts_declined.set(s.declined());
-}
-
 /// The process's name and executable for messages: `comm (path)` (the
 /// path resolved, e.g. redis-server's symlink to redis-check-rdb).
 fn exe_name(pid: burstyd_common::addr::Pid) -> String {
     match read_exe(pid) {
-        Some(p) => format!("{} ({})", super::reload::comm_of(pid), p.display()),
+        Some(p) => format!(
+            "{} ({})",
+            crate::sys::comm(pid).unwrap_or_else(|| "?".into()),
+            p.display()
+        ),
         None => format!("pid {pid}"),
     }
 }
@@ -594,16 +591,6 @@ fn exe_name(pid: burstyd_common::addr::Pid) -> String {
 /// How many released processes' counts the session keeps for its
 /// `paths.pb.gz` once the interval files have them.
 const MAX_RELEASED: usize = 64;
-
-/// A `/debug/pprof/paths?seconds=N` request being collected: each traced
-/// process's counts and sampled event per PC when it opened.
-pub(super) struct PathWindow {
-    start: std::time::SystemTime,
-    end: tokio::time::Instant,
-    before: HashMap<Pid, HashMap<Key, Tally>>,
-    leaf_before: HashMap<Pid, HashMap<u64, u64>>,
-    reply: tokio::sync::oneshot::Sender<Result<Vec<u8>, String>>,
-}
 
 /// Where a process's counts are: traced now, or released.
 #[derive(Clone, Copy)]

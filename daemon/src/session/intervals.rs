@@ -6,7 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
 
-use super::{SessionOptions, files};
+use super::files;
+use super::options::SessionOptions;
 use crate::export::context::{ProfileMeta, build_profile};
 use crate::export::pprof::encode_gzip;
 use crate::sampling::events::Sampling;

@@ -24,7 +24,6 @@
 //! - `command.rs`: the signals, and `run`'s command they are passed on to;
 //! - `bursts.rs`: finished attaches, detach at the end, path profiles.
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -36,14 +35,11 @@ use tokio::time::{Interval, MissedTickBehavior};
 use crate::bursts::tracers::Bursts;
 use crate::export::context::{build_profile, write_profile};
 use crate::export::pprof::encode_gzip;
-use crate::sampling::events::{EventSpec, Sampling};
 use crate::sampling::sampler::{Sampler, SamplerError};
-use crate::service::config::Source;
 use crate::service::http::{ProfileKind, ProfileRequest};
 use crate::service::metrics::METRICS;
 use crate::service::notify::Notifier;
 use crate::service::push::Pusher;
-use crate::service::settings::{Overrides, Settings};
 use crate::service::targets::Scanner;
 use crate::stacks::cct::Cct;
 use crate::stacks::symbolize::Symbolizer;
@@ -52,8 +48,12 @@ mod bursts;
 mod command;
 mod files;
 mod intervals;
+mod options;
+mod path_window;
 mod pipeline;
 mod reload;
+mod report;
+mod scan;
 mod summary;
 
 pub(crate) use command::Command;
@@ -61,68 +61,12 @@ use command::Signals;
 use intervals::{
     Meta, interval_timer, merge, push_interval, pusher_pending, start_pusher, write_interval,
 };
+pub(crate) use options::{Reload, Service, SessionOptions, SessionStats};
 use pipeline::{Pipeline, Window};
-
-pub(crate) struct SessionOptions {
-    pub(crate) event: EventSpec,
-    pub(crate) requested_event: Option<String>,
-    pub(crate) sampling: Sampling,
-    /// `None`: system-wide.
-    pub(crate) targets: Option<Vec<Pid>>,
-    pub(crate) duration: Option<Duration>,
-    pub(crate) interval: Option<Duration>,
-    pub(crate) output: PathBuf,
-    /// Bursty tracing of the targets (`--pid`/`run`), unless `--no-bursts`.
-    pub(crate) bursts: Option<crate::bursts::options::BurstOptions>,
-    /// `run`'s gate, to be closed once the attach thread is ready to hold
-    /// the command at its entry point (see [`Bursts::start`]); closing it
-    /// releases the command.
-    pub(crate) gate: Option<std::os::fd::OwnedFd>,
-    pub(crate) service: Service,
-}
-
-/// The service side of a session: configuration-file targets, HTTP, push,
-/// retention, reload.
-pub(crate) struct Service {
-    /// The effective settings (HTTP address, push targets, retention).
-    pub(crate) settings: Settings,
-    /// Configured target selectors, rescanned every second.
-    pub(crate) scanner: Option<Scanner>,
-    /// Where SIGHUP re-reads the configuration from (`None`: no file).
-    pub(crate) reload: Option<Reload>,
-}
-
-pub(crate) struct Reload {
-    pub(crate) source: Source,
-    pub(crate) overrides: Overrides,
-    /// `--pid` or `run`: the file's targets do not apply.
-    pub(crate) static_targets: bool,
-}
 
 /// How long the last pushes may take at exit before they are left in the
 /// spool for the next start.
 const PUSH_GRACE: Duration = Duration::from_secs(5);
-
-/// Counts reported at the end of a session.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct SessionStats {
-    pub(crate) samples: u64,
-    pub(crate) truncated_stacks: u64,
-    pub(crate) no_unwind_info: u64,
-    pub(crate) unwind_errors: u64,
-    pub(crate) kernel_only: u64,
-    pub(crate) ring_full: u64,
-    pub(crate) profiles_written: u64,
-    /// Daemon CPU before sampling began (loading eBPF, attaching), ns.
-    pub(crate) startup_cpu_ns: u64,
-    /// Daemon CPU while sampling (unwinding, trees, interval profiles), ns.
-    pub(crate) sampling_cpu_ns: u64,
-    /// Wall time of the sampling phase.
-    pub(crate) sampling_secs: f64,
-    /// Daemon CPU for the final drain and profile (symbolization), ns.
-    pub(crate) final_cpu_ns: u64,
-    pub(crate) peak_rss_bytes: u64,
-}
 
 /// Why the session loop ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,7 +146,7 @@ pub(crate) struct Session {
     /// longer selected), detached on the blocking pool.
     released: Released,
     /// Open `/debug/pprof/paths?seconds=N` requests.
-    path_windows: Vec<bursts::PathWindow>,
+    path_windows: Vec<path_window::PathWindow>,
     timers: Timers,
     signals: Signals,
 }
@@ -563,7 +507,7 @@ impl Session {
     fn on_second(&mut self) {
         METRICS.set_kernel_counters(&self.sampler.counters());
         if let Some(s) = self.svc.scanner.as_mut() {
-            reload::apply_scan(s, &mut self.sampler, &mut self.pipe.procs);
+            scan::apply_scan(s, &mut self.sampler, &mut self.pipe.procs);
         }
         self.select_bursts();
         self.select_hot_libraries();

@@ -7,8 +7,8 @@ use std::time::SystemTime;
 use burstyd_common::addr::Pid;
 use burstyd_common::{SAMPLE_BURST_SIGNAL, SAMPLE_USER_REGS, SAMPLE_USTACK_SHORT, Sample};
 
-use super::SessionStats;
 use super::intervals::Meta;
+use super::options::SessionStats;
 use crate::bursts::contexts::{StartStack, StartStacks};
 use crate::export::context::build_profile;
 use crate::export::pprof::encode_gzip;

@@ -1,10 +1,9 @@
 //! The configuration at run time: SIGHUP reloads, and the rescans of
 //! configured targets.
-use burstyd_common::addr::Pid;
 
 use super::intervals::{interval_timer, pusher_pending, start_pusher};
+use super::scan::apply_scan;
 use super::{ServiceParts, Session};
-use crate::sampling::sampler::Sampler;
 use crate::service::metrics::METRICS;
 use crate::service::settings::Settings;
 use crate::service::targets::Scanner;
@@ -161,33 +160,4 @@ impl Session {
         tracing::info!("configuration reloaded from {path}");
         notify.status(&format!("configuration reloaded from {path}"));
     }
-}
-
-/// One rescan of the configured targets: new pids into `TARGETS`, exited
-/// or no longer matching ones out.
-pub(super) fn apply_scan(scanner: &mut Scanner, sampler: &mut Sampler, procs: &mut ProcessTable) {
-    let change = scanner.scan();
-    for pid in change.added {
-        match sampler.add_target(pid) {
-            Ok(()) => tracing::info!("target pid {pid} ({}) appeared; sampling it", comm_of(pid)),
-            Err(e) => tracing::warn!("adding target pid {pid}: {e}"),
-        }
-    }
-    for pid in change.removed {
-        if let Err(e) = sampler.remove_target(pid) {
-            tracing::warn!("removing target pid {pid}: {e}");
-        }
-        if !crate::sys::process_running(pid) {
-            procs.mark_exited(pid);
-            tracing::info!("target pid {pid} exited");
-        } else {
-            tracing::info!("pid {pid} no longer matches the targets; not sampling it");
-        }
-    }
-    METRICS.targets.set(scanner.current().len() as u64);
-}
-
-/// `/proc/PID/comm`, `?` when it is gone.
-pub(super) fn comm_of(pid: Pid) -> String {
-    crate::sys::comm(pid).unwrap_or_else(|| "?".into())
 }
