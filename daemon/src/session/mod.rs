@@ -49,6 +49,7 @@ mod command;
 mod files;
 mod intervals;
 mod options;
+mod path_profiles;
 mod path_window;
 mod pipeline;
 mod reload;
