@@ -9,7 +9,7 @@
 //! lazy-binding resolver run inside hot code, and a burst that called
 //! into it used to pause there. It is analysed like any other library
 //! (the resolver's final jump is an indirect tail call); only its
-//! debugger hook `_dl_debug_state` keeps no clone (see `lifecycle`).
+//! debugger hook `_dl_debug_state` keeps no clone (see [`super::prepare`]).
 //!
 //! A module's bytes stay in its file until it is analysed afresh: what a
 //! plan cache lookup needs (the length, a hash, the build ID, the load
