@@ -92,6 +92,21 @@ pub(crate) fn thread_comm(pid: Pid, tid: u32) -> Option<String> {
     read_comm(&format!("/proc/{pid}/task/{tid}/comm"))
 }
 
+/// Process `pid`'s memory (`/proc/PID/mem`), for reading, and with
+/// `write` for writing too.
+pub(crate) fn open_mem(pid: Pid, write: bool) -> io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .open(format!("/proc/{pid}/mem"))
+}
+
+/// Where `/proc/PID/exe` points, as the kernel says it (a file removed
+/// since ends in " (deleted)").
+pub(crate) fn exe_link(pid: Pid) -> io::Result<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+}
+
 fn read_comm(path: &str) -> Option<String> {
     std::fs::read_to_string(path)
         .ok()

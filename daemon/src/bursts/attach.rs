@@ -59,12 +59,11 @@ pub(super) const MEMFD_NAME: &str = "burstyd-bursts";
 /// structure is there; a static executable, whose libc we cannot tell
 /// apart; glibc 2.25 or older, which saved vector registers there) gets
 /// no bursts: writing there would corrupt it. `Err` says why not.
-pub(super) fn check_glibc(pid: Pid) -> anyhow::Result<()> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .with_context(|| format!("reading /proc/{pid}/maps"))?;
+pub(super) fn check_glibc(pid: Pid, maps: &[inject::MapEntry]) -> anyhow::Result<()> {
     let libc = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
+        .iter()
+        .filter_map(|m| m.path.as_deref())
+        .map(|p| p.strip_suffix(" (deleted)").unwrap_or(p))
         .find(|p| {
             p.rsplit('/').next() == Some("libc.so.6") || {
                 let n = p.rsplit('/').next().unwrap_or("");
@@ -223,7 +222,7 @@ pub(crate) fn attach(
     // the maps lines then end in " (deleted)", which the paths compared
     // here lack.
     let maps = inject::maps(pid)?;
-    let exe_link = std::fs::read_link(&exe).unwrap_or_default();
+    let exe_link = crate::sys::exe_link(pid).unwrap_or_default();
     let exe_link = exe_link.to_string_lossy();
     let exe_path = exe_link.strip_suffix(" (deleted)").unwrap_or(&exe_link);
     let mut analysed = Vec::new();
@@ -314,7 +313,7 @@ pub(crate) fn attach(
         );
     }
 
-    check_glibc(pid)?;
+    check_glibc(pid, &maps)?;
     let ring_words = if opts.full_trace {
         RING_WORDS_FULL
     } else {

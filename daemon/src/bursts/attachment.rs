@@ -237,12 +237,9 @@ impl Attachment {
     /// effort: a process that is gone has no burst to end.
     pub(super) fn clear_owner(&self, slot: usize) {
         use std::os::unix::fs::FileExt;
-        let r = std::fs::OpenOptions::new()
-            .write(true)
-            .open(format!("/proc/{}/mem", self.pid))
-            .and_then(|f| {
-                f.write_all_at(&0u64.to_ne_bytes(), self.control_addr + owner_offset(slot))
-            });
+        let r = crate::sys::open_mem(self.pid, true).and_then(|f| {
+            f.write_all_at(&0u64.to_ne_bytes(), self.control_addr + owner_offset(slot))
+        });
         if let Err(e) = r {
             debug!(pid = %self.pid, "clearing the owner of burst slot {slot}: {e}");
         }

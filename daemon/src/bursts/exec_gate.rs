@@ -42,7 +42,7 @@ pub(crate) fn wait_for_exec(pid: Pid) {
     let me = std::fs::read_link("/proc/self/exe").ok();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     while std::time::Instant::now() < deadline {
-        match std::fs::read_link(format!("/proc/{pid}/exe")) {
+        match crate::sys::exe_link(pid) {
             Ok(p) if Some(&p) != me.as_ref() => {
                 // Let the dynamic loader map the libraries and set up TLS.
                 std::thread::sleep(std::time::Duration::from_millis(5));

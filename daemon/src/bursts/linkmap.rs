@@ -152,11 +152,7 @@ fn still_mapped(e: &ModuleEntry, maps: &[MapEntry]) -> bool {
 /// whose original address is in `[lo, hi)` (see the module doc).
 /// Returns how many.
 pub(crate) fn mask(pid: Pid, header: u64, lo: u64, hi: u64) -> anyhow::Result<usize> {
-    let mem = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(format!("/proc/{pid}/mem"))
-        .context("opening the target's memory")?;
+    let mem = crate::sys::open_mem(pid, true).context("opening the target's memory")?;
     let mut h = [0u8; TABLES_HEADER_BYTES];
     mem.read_exact_at(&mut h, header)
         .context("reading the tables' header")?;

@@ -167,11 +167,7 @@ pub(super) fn write_unused(
     tables_at: u64,
 ) -> anyhow::Result<()> {
     use std::os::unix::fs::FileExt;
-    let mem = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(format!("/proc/{pid}/mem"))
-        .context("opening the target's memory")?;
+    let mem = crate::sys::open_mem(pid, true).context("opening the target's memory")?;
     let write = |at: u64, bytes: &[u8]| {
         mem.write_all_at(bytes, at)
             .with_context(|| format!("writing {} bytes at {at:#x} in pid {pid}", bytes.len()))

@@ -98,8 +98,7 @@ impl FileTables {
     /// The tables `pid` uses now, whose header is at `header`; the
     /// entries masked for unloaded libraries are left out.
     pub(crate) fn in_process(pid: Pid, header: u64) -> anyhow::Result<FileTables> {
-        let mem = std::fs::File::open(format!("/proc/{pid}/mem"))
-            .context("opening the target's memory")?;
+        let mem = crate::sys::open_mem(pid, false).context("opening the target's memory")?;
         let mut h = [0u8; TABLES_HEADER_BYTES];
         mem.read_exact_at(&mut h, header)
             .context("reading the tables' header")?;

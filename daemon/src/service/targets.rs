@@ -159,7 +159,7 @@ fn list_pids() -> Vec<Pid> {
 /// /proc/PID/exe without the " (deleted)" suffix; None for kernel threads
 /// and vanished processes.
 pub(crate) fn read_exe(pid: Pid) -> Option<PathBuf> {
-    let p = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let p = crate::sys::exe_link(pid).ok()?;
     let s = p.to_str()?;
     Some(PathBuf::from(s.strip_suffix(" (deleted)").unwrap_or(s)))
 }

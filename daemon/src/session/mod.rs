@@ -703,7 +703,7 @@ pub(crate) fn check_targets(pids: &[Pid]) -> anyhow::Result<()> {
             bail!("process {pid} has exited (zombie), nothing to profile");
         }
         // A kernel thread has no executable (and no user-space stack).
-        let no_exe = matches!(std::fs::read_link(format!("/proc/{pid}/exe")),
+        let no_exe = matches!(crate::sys::exe_link(pid),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound);
         if st.kernel_thread() || no_exe {
             bail!(

@@ -43,7 +43,6 @@
 //! notification of `mmap` events (polling `/proc/PID/maps` is enough for sampling).
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -365,7 +364,7 @@ impl ProcessTable {
         if len == 0 || len > MAX_VDSO_SIZE {
             return None;
         }
-        let mem = File::open(format!("/proc/{pid}/mem")).ok()?;
+        let mem = crate::sys::open_mem(pid, false).ok()?;
         let mut image = vec![0u8; len as usize];
         if let Err(e) = mem.read_exact_at(&mut image, entry.start) {
             debug!(%pid, error = %e, "cannot read [vdso]");
