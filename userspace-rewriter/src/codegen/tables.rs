@@ -52,16 +52,7 @@ impl Tables {
         let mut b = Vec::with_capacity(
             (head + pairs(&self.insns) + pairs(&self.functions) + pairs(&self.returns)) as usize,
         );
-        for w in [
-            h.insns,
-            h.insns_len,
-            h.functions,
-            h.functions_len,
-            h.returns,
-            h.returns_len,
-        ] {
-            b.extend_from_slice(&w.to_le_bytes());
-        }
+        b.extend_from_slice(&h.to_bytes());
         for v in [&self.insns, &self.functions, &self.returns] {
             for &(o, c) in v.iter() {
                 b.extend_from_slice(&o.to_le_bytes());
@@ -106,10 +97,15 @@ impl Tables {
             }
             Ok(())
         };
-        for (start, len) in starts.iter().zip(lens) {
-            put(&mut buf, &start.to_le_bytes(), false)?;
-            put(&mut buf, &len.to_le_bytes(), false)?;
-        }
+        let header = TablesHeader {
+            insns: starts[0],
+            insns_len: lens[0],
+            functions: starts[1],
+            functions_len: lens[1],
+            returns: starts[2],
+            returns_len: lens[2],
+        };
+        put(&mut buf, &header.to_bytes(), false)?;
         for (k, len) in lens.into_iter().enumerate() {
             // No more than counted (a source may differ the second time).
             for (o, c) in merged(parts, k).take(len as usize) {
