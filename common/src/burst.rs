@@ -64,7 +64,7 @@ macro_rules! control_block {
 
 /// `BurstControl::magic`: the version of the layout. It changes whenever
 /// [`CONTROL_FIELDS`] does; the `layout` test below fails until it has.
-pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyda");
+pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstydb");
 /// Burst slots per process: bursts that may run at once, at most (the
 /// daemon sets [`BurstControl::max_bursts`] at or below it).
 pub const MAX_SLOTS: usize = 8;
@@ -95,7 +95,10 @@ pub const START_RUNNING_SHIFT: u32 = 40;
 pub const REC_ENTER: u64 = 2;
 /// A path ended: `w0 = tag | kind << 32 | fid`, `w1 = path register`.
 pub const REC_PATH: u64 = 3;
-/// The burst ended: `w0 = tag | reason`, `w1 = 0`.
+/// The burst ended: `w0 = tag | reason`, `w1` = time-stamp-counter ticks
+/// from the burst's first record after its START to its end (0: no record
+/// came between them). A burst ended by the signal handler
+/// ([`END_LEFT_CLONES`]) was over earlier than that, at a point nobody saw.
 pub const REC_END: u64 = 4;
 /// A jump moved the thread to another frame further up its stack (an
 /// exception landing in a handler, `longjmp`): `w0 = tag`, `w1` = the
@@ -119,6 +122,12 @@ pub const PATH_END_NORETURN: u64 = 3;
 /// `REC_END` reasons.
 pub const END_BUDGET: u64 = 0;
 pub const END_LEFT_CLONES: u64 = 1;
+/// The thread had left the clones where no check saw it (a return into
+/// code without clones from a routine that could not tell, an exception
+/// landing in an original handler, `longjmp`); the signal handler ended
+/// the burst at the thread's next burst signal, so its END record's ticks
+/// run past the burst's real end.
+pub const END_LEFT_UNSEEN: u64 = 2;
 
 /// `BurstControl::measure` values.
 pub const MEASURE_NONE: u64 = 0;
@@ -458,7 +467,15 @@ control_block! {
         /// whose callee returned: `rdtsc - elapsed`, see
         /// [`ShadowEntry::elapsed`]).
         pub path_start: u64,
-        pub _pad: [u64; 3],
+        /// The time-stamp counter at the burst's first record after its
+        /// START (0 until then: the runtime's record writer reads the
+        /// counter once, when it finds 0 here). The END record carries
+        /// the ticks since ([`REC_END`]): the burst's length in time, from
+        /// the first check it passed (the signal's delivery and
+        /// `rt_sigreturn` left out), which the daemon weights its counts
+        /// by.
+        pub burst_start: u64,
+        pub _pad: [u64; 2],
     }
 }
 const _: () = assert!(core::mem::size_of::<BurstRegs>() <= TLS_REGS_ROOM);
@@ -539,7 +556,7 @@ mod layout {
     /// `BurstControl` or `BurstLocal` changed, give `CONTROL_MAGIC` a new value (a target
     /// still holding a region of the old layout must be recognised as
     /// foreign) and copy the new field list and magic here.
-    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyda");
+    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstydb");
     const PINNED_FIELDS: &[(&str, usize, usize)] = &[
         ("magic", 0, 8),
         ("armed", 8, 4),
@@ -599,7 +616,8 @@ mod layout {
         ("path", 16, 8),
         ("depth", 24, 8),
         ("path_start", 32, 8),
-        ("_pad", 40, 24),
+        ("burst_start", 40, 8),
+        ("_pad", 48, 16),
     ];
 
     #[test]

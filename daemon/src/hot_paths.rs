@@ -38,6 +38,11 @@ pub(crate) struct PathRow {
     pub(crate) name: String,
     pub(crate) executions: u64,
     pub(crate) metric: u64,
+    /// The 95% confidence interval's half-width of its executions, in
+    /// percent of them (the profile's `ci95_ppm` label; the widest of its
+    /// processes'); none in a full trace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) ci95_pct: Option<f64>,
 }
 
 /// The report.
@@ -120,6 +125,7 @@ pub(crate) fn rows(prof: &Profile, metric: Option<&str>) -> anyhow::Result<(Stri
         }
     };
     let (symbol, path) = (key(prof, "symbol"), key(prof, "path"));
+    let ci95 = key(prof, crate::export::paths::CI95_LABEL);
     let locations: HashMap<u64, &crate::export::pprof::Location> =
         prof.location.iter().map(|l| (l.id, l)).collect();
     let functions: HashMap<u64, i64> = prof.function.iter().map(|f| (f.id, f.name)).collect();
@@ -146,10 +152,15 @@ pub(crate) fn rows(prof: &Profile, metric: Option<&str>) -> anyhow::Result<(Stri
                 name,
                 executions: 0,
                 metric: 0,
+                ci95_pct: None,
             }
         });
         row.executions += value(ex);
         row.metric += value(m);
+        if let Some(l) = label(ci95) {
+            let pct = l.num as f64 / 1e4;
+            row.ci95_pct = Some(row.ci95_pct.map_or(pct, |c| c.max(pct)));
+        }
     }
     let (t, u) = types[m];
     Ok((format!("{t}/{u}"), by_path.into_values().collect()))
@@ -269,10 +280,27 @@ fn human(r: &Report, profile: &Path) -> String {
         group(&r.dense)
     );
     let _ = writeln!(o, "  sparse: {}", group(&r.sparse));
+    // The executions' 95% interval, where the profile has one (not a
+    // full trace).
+    let with_ci = r.top.iter().any(|p| p.ci95_pct.is_some());
+    let ci = |p: &PathRow| match (with_ci, p.ci95_pct) {
+        (false, _) => String::new(),
+        (true, Some(c)) => format!(" {:>7}", format!("±{c:.1}%")),
+        (true, None) => format!(" {:>7}", "-"),
+    };
     let _ = writeln!(
         o,
-        "{:>4} {:>7} {:>7} {:>7} {:>9}  path",
-        "rank", "metric", "cum", "execs", "rate/avg"
+        "{:>4} {:>7} {:>7} {:>7}{} {:>9}  path",
+        "rank",
+        "metric",
+        "cum",
+        "execs",
+        if with_ci {
+            format!(" {:>7}", "±ci95")
+        } else {
+            String::new()
+        },
+        "rate/avg"
     );
     let average = r.total as f64 / r.executions.max(1) as f64;
     let mut cum = 0;
@@ -281,11 +309,12 @@ fn human(r: &Report, profile: &Path) -> String {
         let rate = p.metric as f64 / p.executions.max(1) as f64;
         let _ = writeln!(
             o,
-            "{:>4} {:>6.1}% {:>6.1}% {:>6.1}% {:>8.2}x  {}",
+            "{:>4} {:>6.1}% {:>6.1}% {:>6.1}%{} {:>8.2}x  {}",
             i + 1,
             pct(p.metric, r.total),
             pct(cum, r.total),
             pct(p.executions, r.executions),
+            ci(p),
             rate / average.max(f64::MIN_POSITIVE),
             p.name
         );
@@ -302,6 +331,7 @@ mod tests {
             name: name.into(),
             executions,
             metric,
+            ci95_pct: None,
         }
     }
 

@@ -8,7 +8,8 @@ use std::path::Path;
 use tracing::warn;
 
 use super::contexts::{Contexts, FrameKey, ROOT, UNKNOWN};
-use super::decode::BurstEvent;
+use super::decode::{BurstEvent, EndReason};
+use super::estimate::{Estimates, Share};
 use burstyd_common::burst::MAX_SLOTS;
 
 /// Deepest chain of entered functions a burst's context records; deeper
@@ -20,10 +21,14 @@ const MAX_CONTEXT_DEPTH: usize = 64;
 pub(crate) const MAX_ENTRIES: usize = 1 << 19;
 
 /// What one (context, function, path) counted.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Tally {
-    /// Complete executions.
+    /// Complete executions recorded.
     pub(crate) executions: u64,
+    /// The executions they stand for: each burst's count times its
+    /// weight ([`super::estimate`]), added when the burst ends (a full
+    /// trace: as recorded, weight 1).
+    pub(crate) estimate: f64,
     /// Measured cost (time-stamp counter ticks) summed over the
     /// executions that have one.
     pub(crate) cost: u64,
@@ -40,6 +45,7 @@ pub(crate) struct PathView<'a> {
     entries: std::borrow::Cow<'a, HashMap<Key, Tally>>,
     contexts: &'a Contexts,
     names: &'a HashMap<u32, String>,
+    estimates: &'a Estimates,
     /// See [`PathCounts::min_cost`] (the process's, over all intervals).
     pub(crate) min_cost: Option<u64>,
 }
@@ -59,6 +65,12 @@ impl PathView<'_> {
     pub(crate) fn thread_name(&self, tid: u32) -> Option<&str> {
         self.names.get(&tid).map(String::as_str)
     }
+
+    /// Path `(fid, path)`'s share of the process's executions and its
+    /// confidence, over every burst so far (`None` in a full trace).
+    pub(crate) fn share(&self, fid: u32, path: u64) -> Option<Share> {
+        self.estimates.share(fid, path)
+    }
 }
 
 /// `now - before`, entry by entry (what was counted between two
@@ -70,11 +82,12 @@ pub(crate) fn delta(
     now.iter()
         .filter_map(|(k, t)| {
             let b = before.get(k).copied().unwrap_or_default();
-            (t.executions > b.executions).then(|| {
+            (t.executions > b.executions || t.estimate > b.estimate).then(|| {
                 (
                     *k,
                     Tally {
                         executions: t.executions - b.executions,
+                        estimate: (t.estimate - b.estimate).max(0.0),
                         cost: t.cost.saturating_sub(b.cost),
                         measured: t.measured.saturating_sub(b.measured),
                     },
@@ -86,6 +99,7 @@ pub(crate) fn delta(
 
 fn add_tally(into: &mut Tally, t: &Tally) {
     into.executions += t.executions;
+    into.estimate += t.estimate;
     into.cost += t.cost;
     into.measured += t.measured;
 }
@@ -107,6 +121,9 @@ struct BurstState {
     bottom: u32,
     /// The last path counted, for the COST record that may follow it.
     last: Option<(u32, u32, u32, u64)>,
+    /// The complete paths the running burst counted, in order: weighted
+    /// when it ends.
+    pending: Vec<Key>,
 }
 
 impl BurstState {
@@ -162,6 +179,10 @@ pub(crate) struct PathCounts {
     pub(crate) partial_paths: u64,
     /// Records that made no sense: unknown tags, path numbers out of range.
     pub(crate) bad_records: u64,
+    /// The bursts' weights and the estimates' confidence.
+    pub(crate) estimates: Estimates,
+    /// A full trace: every execution is recorded, each counts 1 at once.
+    exact: bool,
 }
 
 impl PathCounts {
@@ -246,8 +267,16 @@ impl PathCounts {
         let cur = self.cur;
         let last = self.bursts[cur].last.take();
         match *ev {
-            BurstEvent::Start { tid, .. } => self.bursts[cur].reset(tid),
-            BurstEvent::End { .. } => {
+            BurstEvent::Start { tid, .. } => {
+                // A burst whose END was lost ends here.
+                self.finish(cur, None);
+                self.bursts[cur].reset(tid);
+            }
+            BurstEvent::End { reason, ticks } => {
+                // Ticks run past the real end of a burst ended after the
+                // fact.
+                let known = ticks > 0 && reason != EndReason::LeftUnseen;
+                self.finish(cur, known.then_some(ticks));
                 let tid = self.bursts[cur].tid;
                 self.bursts[cur].reset(tid);
             }
@@ -286,12 +315,15 @@ impl PathCounts {
                     }
                     let key = (b.tid, ctx, fid, path);
                     let full = self.counts.len() + self.total.len() >= MAX_ENTRIES;
-                    match self.counts.get_mut(&key) {
+                    let counted = match self.counts.get_mut(&key) {
                         Some(t) => {
                             t.executions += 1;
-                            self.bursts[cur].last = Some(key);
+                            true
                         }
-                        None if full && !self.total.contains_key(&key) => self.dropped += 1,
+                        None if full && !self.total.contains_key(&key) => {
+                            self.dropped += 1;
+                            false
+                        }
                         None => {
                             self.counts.insert(
                                 key,
@@ -300,7 +332,17 @@ impl PathCounts {
                                     ..Tally::default()
                                 },
                             );
-                            self.bursts[cur].last = Some(key);
+                            true
+                        }
+                    };
+                    if counted {
+                        self.bursts[cur].last = Some(key);
+                        if self.exact {
+                            if let Some(t) = self.counts.get_mut(&key) {
+                                t.estimate += 1.0;
+                            }
+                        } else {
+                            self.bursts[cur].pending.push(key);
                         }
                     }
                 } else {
@@ -342,8 +384,42 @@ impl PathCounts {
     /// Slot `slot`'s running burst was ended by the daemon (its thread had
     /// left the clones without a check): its stack is gone.
     pub(crate) fn burst_reaped(&mut self, slot: usize) {
+        self.finish(slot, None);
         let tid = self.bursts[slot].tid;
         self.bursts[slot].reset(tid);
+    }
+
+    /// Slot `slot`'s burst is over (`ticks` long, when known): what it
+    /// counted gets its weight.
+    fn finish(&mut self, slot: usize, ticks: Option<u64>) {
+        let pending = std::mem::take(&mut self.bursts[slot].pending);
+        if pending.is_empty() && ticks.is_none() {
+            return;
+        }
+        let keys: Vec<(u32, u64)> = pending.iter().map(|k| (k.2, k.3)).collect();
+        let w = self.estimates.finish(&keys, ticks);
+        for k in &pending {
+            // Still in this interval's counts, or already in the totals
+            // (an interval ended during the burst): the weight goes to
+            // this interval either way.
+            self.counts.entry(*k).or_default().estimate += w;
+        }
+        let mut pending = pending;
+        pending.clear();
+        self.bursts[slot].pending = pending;
+    }
+
+    /// Every slot's running burst ends (the process is gone or detached).
+    pub(crate) fn finish_running(&mut self) {
+        for slot in 0..MAX_SLOTS {
+            self.finish(slot, None);
+        }
+    }
+
+    /// Every burst records every execution (a full trace): counts are
+    /// exact as they come, not weighted per burst.
+    pub(crate) fn set_exact(&mut self) {
+        self.exact = true;
     }
 
     fn valid_path(&self, fid: u32, path: u64) -> bool {
@@ -366,6 +442,7 @@ impl PathCounts {
             entries,
             contexts: &self.contexts,
             names: &self.names,
+            estimates: &self.estimates,
             min_cost: self.min_cost,
         }
     }
@@ -376,6 +453,7 @@ impl PathCounts {
             entries: std::borrow::Cow::Owned(entries),
             contexts: &self.contexts,
             names: &self.names,
+            estimates: &self.estimates,
             min_cost: self.min_cost,
         }
     }
@@ -476,6 +554,7 @@ mod tests {
             path(1, PathEnd::BackEdge, 0),
             BurstEvent::End {
                 reason: EndReason::Budget,
+                ticks: 1000,
             },
         ] {
             c.add(&ev);
@@ -654,6 +733,7 @@ mod tests {
                     1,
                     Tally {
                         executions: 2,
+                        estimate: 0.0,
                         cost: 150,
                         measured: 2
                     }
@@ -662,12 +742,105 @@ mod tests {
                     3,
                     Tally {
                         executions: 1,
+                        estimate: 0.0,
                         cost: 0,
                         measured: 0
                     }
                 ),
             ]
         );
+    }
+
+    fn start(tid: u32) -> BurstEvent {
+        BurstEvent::Start {
+            tid,
+            pc: 0,
+            slot: 0,
+            running: 1,
+        }
+    }
+
+    fn end(reason: EndReason, ticks: u64) -> BurstEvent {
+        BurstEvent::End { reason, ticks }
+    }
+
+    /// (path, executions, estimate) over every thread and context.
+    fn estimated(c: &PathCounts) -> Vec<(u64, u64, f64)> {
+        let mut m: std::collections::BTreeMap<u64, (u64, f64)> = Default::default();
+        for (k, t) in c.all().iter() {
+            let e = m.entry(k.3).or_default();
+            e.0 += t.executions;
+            e.1 += t.estimate;
+        }
+        m.into_iter().map(|(p, (n, e))| (p, n, e)).collect()
+    }
+
+    /// A burst's paths count as recorded at once, and as estimated (times
+    /// the burst's weight) when it ends: by its END, by the next START of
+    /// its slot (its END was lost), or when the daemon reaps it. The
+    /// burst-level sums give each path's share; the END's ticks its length
+    /// (not those of a burst ended after the fact).
+    #[test]
+    fn a_bursts_paths_are_weighted_when_it_ends() {
+        let mut c = PathCounts::new(vec![Some(4)]);
+        c.add(&start(1));
+        c.add(&path(0, PathEnd::BackEdge, 1));
+        c.add(&path(0, PathEnd::BackEdge, 1));
+        assert_eq!(estimated(&c), [(1, 2, 0.0)]);
+        c.add(&path(0, PathEnd::BackEdge, 2));
+        c.add(&end(EndReason::Budget, 700));
+        assert_eq!(estimated(&c), [(1, 2, 2.0), (2, 1, 1.0)]);
+        // Its END lost: the next START ends it.
+        c.add(&start(1));
+        c.add(&path(0, PathEnd::BackEdge, 2));
+        c.add(&start(1));
+        assert_eq!(estimated(&c), [(1, 2, 2.0), (2, 2, 2.0)]);
+        // Ended after the fact: its ticks say nothing.
+        c.add(&path(0, PathEnd::BackEdge, 3));
+        c.add(&end(EndReason::LeftUnseen, 99_999));
+        c.add(&start(1));
+        c.add(&path(0, PathEnd::BackEdge, 3));
+        c.burst_reaped(0);
+        assert_eq!(estimated(&c), [(1, 2, 2.0), (2, 2, 2.0), (3, 2, 2.0)]);
+        assert_eq!(
+            (c.estimates.bursts, c.estimates.ticks, c.estimates.timed),
+            (4, 700, 1)
+        );
+        let s = c.estimates.share(0, 1).unwrap();
+        assert!((s.share - 1.0 / 3.0).abs() < 1e-12, "{s:?}");
+        assert!(s.relative_ci95 > 0.0);
+    }
+
+    /// An interval that ends during a burst: the burst's weight goes to
+    /// the interval it ends in, and the intervals still add up.
+    #[test]
+    fn a_burst_across_intervals_is_weighted_in_the_second() {
+        let mut c = PathCounts::new(vec![Some(4)]);
+        c.add(&start(1));
+        c.add(&path(0, PathEnd::BackEdge, 1));
+        let first = c.take_interval();
+        c.add(&path(0, PathEnd::BackEdge, 1));
+        c.add(&end(EndReason::Budget, 10));
+        let second = c.take_interval();
+        let sum = |m: &HashMap<Key, Tally>| {
+            m.values()
+                .fold((0, 0.0), |a, t| (a.0 + t.executions, a.1 + t.estimate))
+        };
+        assert_eq!((sum(&first), sum(&second)), ((1, 0.0), (1, 2.0)));
+        assert_eq!(estimated(&c), [(1, 2, 2.0)]);
+    }
+
+    /// A full trace counts every execution as it comes (its one burst
+    /// never ends).
+    #[test]
+    fn a_full_trace_is_exact_at_once() {
+        let mut c = PathCounts::new(vec![Some(4)]);
+        c.set_exact();
+        c.add(&start(1));
+        c.add(&path(0, PathEnd::BackEdge, 1));
+        c.add(&path(0, PathEnd::BackEdge, 1));
+        assert_eq!(estimated(&c), [(1, 2, 2.0)]);
+        assert_eq!(c.estimates.bursts, 0);
     }
 
     /// Intervals partition the counts: each interval holds what was

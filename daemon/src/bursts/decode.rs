@@ -7,9 +7,9 @@
 use std::fmt;
 
 use burstyd_common::burst::{
-    END_BUDGET, END_LEFT_CLONES, PATH_END_BACK_EDGE, PATH_END_NORETURN, PATH_END_RETURN,
-    PATH_END_TAIL, PATH_INVALID, REC_COST, REC_END, REC_ENTER, REC_PATH, REC_START, REC_UNWIND,
-    TAG_SHIFT,
+    END_BUDGET, END_LEFT_CLONES, END_LEFT_UNSEEN, PATH_END_BACK_EDGE, PATH_END_NORETURN,
+    PATH_END_RETURN, PATH_END_TAIL, PATH_INVALID, REC_COST, REC_END, REC_ENTER, REC_PATH,
+    REC_START, REC_UNWIND, TAG_SHIFT,
 };
 
 /// One record of the burst ring.
@@ -46,8 +46,9 @@ pub(crate) enum BurstEvent {
     /// a handler, `longjmp`): the activations entered since, all but the
     /// outermost `depth`, are over.
     Unwind { depth: u64 },
-    /// The burst ended.
-    End { reason: EndReason },
+    /// The burst ended. `ticks`: time-stamp-counter ticks from its first
+    /// record after the START to its end (0: unknown, no record came).
+    End { reason: EndReason, ticks: u64 },
     /// A record with an unknown tag.
     Malformed { w0: u64, w1: u64 },
 }
@@ -74,6 +75,9 @@ pub(crate) enum EndReason {
     Budget,
     /// The thread left the clones at a point with no way back into them.
     LeftClones,
+    /// The thread had left the clones unseen; its next burst signal ended
+    /// the burst (its ticks run past the real end).
+    LeftUnseen,
     /// A reason this daemon does not know.
     Other(u8),
 }
@@ -110,6 +114,7 @@ impl EndReason {
         match reason {
             END_BUDGET => EndReason::Budget,
             END_LEFT_CLONES => EndReason::LeftClones,
+            END_LEFT_UNSEEN => EndReason::LeftUnseen,
             r => EndReason::Other(r as u8),
         }
     }
@@ -118,6 +123,7 @@ impl EndReason {
         match self {
             EndReason::Budget => END_BUDGET,
             EndReason::LeftClones => END_LEFT_CLONES,
+            EndReason::LeftUnseen => END_LEFT_UNSEEN,
             EndReason::Other(r) => u64::from(r),
         }
     }
@@ -146,9 +152,10 @@ pub(crate) fn decode(w0: u64, w1: u64) -> BurstEvent {
         REC_COST => BurstEvent::Cost { ticks: w1 },
         // w0 = tag, w1 = shadow depth left.
         REC_UNWIND => BurstEvent::Unwind { depth: w1 },
-        // w0 = tag | reason, w1 = 0.
+        // w0 = tag | reason, w1 = ticks.
         REC_END => BurstEvent::End {
             reason: EndReason::from_code(w0 & 0xff),
+            ticks: w1,
         },
         _ => BurstEvent::Malformed { w0, w1 },
     }
@@ -186,8 +193,12 @@ impl fmt::Display for BurstEvent {
             }
             BurstEvent::Unwind { depth } => write!(f, "{{\"unwind\":{depth}}}"),
             BurstEvent::Cost { ticks } => write!(f, "{{\"cost\":{ticks}}}"),
-            BurstEvent::End { reason } => {
-                write!(f, "{{\"burst\":\"end\",\"reason\":{}}}", reason.code())
+            BurstEvent::End { reason, ticks } => {
+                write!(
+                    f,
+                    "{{\"burst\":\"end\",\"reason\":{},\"ticks\":{ticks}}}",
+                    reason.code()
+                )
             }
             BurstEvent::Malformed { w0, w1 } => {
                 write!(f, "{{\"malformed\":[\"{w0:#x}\",\"{w1:#x}\"]}}")
@@ -298,23 +309,33 @@ mod tests {
 
     #[test]
     fn end_reasons() {
-        let end = |reason: u64| decode(tag(REC_END) | reason, 0);
+        let end = |reason: u64| decode(tag(REC_END) | reason, 4321);
         assert_eq!(
             end(END_BUDGET),
             BurstEvent::End {
-                reason: EndReason::Budget
+                reason: EndReason::Budget,
+                ticks: 4321
             }
         );
         assert_eq!(
             end(END_LEFT_CLONES),
             BurstEvent::End {
-                reason: EndReason::LeftClones
+                reason: EndReason::LeftClones,
+                ticks: 4321
+            }
+        );
+        assert_eq!(
+            end(END_LEFT_UNSEEN),
+            BurstEvent::End {
+                reason: EndReason::LeftUnseen,
+                ticks: 4321
             }
         );
         assert_eq!(
             end(0x1_05),
             BurstEvent::End {
-                reason: EndReason::Other(5)
+                reason: EndReason::Other(5),
+                ticks: 4321
             }
         );
     }
@@ -333,7 +354,7 @@ mod tests {
             (tag(REC_START) | 2 << 40 | 1 << 32 | 77, 0x1000),
             (tag(REC_ENTER) | 2, 0),
             (tag(REC_PATH) | PATH_END_RETURN << 32 | 2, 3),
-            (tag(REC_END) | END_LEFT_CLONES, 0),
+            (tag(REC_END) | END_LEFT_CLONES, 900),
         ]
         .iter()
         .map(|&(w0, w1)| decode(w0, w1).to_string())
@@ -344,7 +365,7 @@ mod tests {
                 r#"{"burst":"start","tid":77,"pc":"0x1000","slot":1,"running":2}"#,
                 r#"{"enter":2}"#,
                 r#"{"path":3,"fid":2,"kind":0}"#,
-                r#"{"burst":"end","reason":1}"#,
+                r#"{"burst":"end","reason":1,"ticks":900}"#,
             ]
         );
     }

@@ -21,8 +21,10 @@
 //! - [`attach`]: the ptrace attach that injects the clones (or re-arms);
 //!   [`exec_gate`]: `run`'s command held at its entry point;
 //! - [`decode`]: raw records → [`decode::BurstEvent`]s, the only code that
-//!   knows the record format; [`counts`]: events → path counts per calling
-//!   context within a burst, and the raw trace (`--save-bursts`);
+//!   knows the record format; [`estimate`]: what each burst's counts are
+//!   worth, and the estimates' confidence; [`counts`]: events → path
+//!   counts per calling context within a burst, and the raw trace
+//!   (`--save-bursts`);
 //!   [`contexts`]: the calling contexts of paths;
 //! - [`coverage`]: hot coverage (the share of samples in cloned code);
 //! - [`traced`]: what the exporters know of a traced process;
@@ -43,6 +45,7 @@ pub(crate) mod contexts;
 pub(crate) mod counts;
 pub(crate) mod coverage;
 pub(crate) mod decode;
+pub(crate) mod estimate;
 pub(crate) mod exec_gate;
 pub(crate) mod facts;
 pub(crate) mod fdata_facts;

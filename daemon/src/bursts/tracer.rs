@@ -89,6 +89,9 @@ impl BurstTracer {
         ) = attach::attach(pid, opts, held)?;
         // Path counts per fid, over every module's range of them.
         let mut counts = PathCounts::default();
+        if opts.full_trace {
+            counts.set_exact();
+        }
         for m in &modules {
             counts.add_functions(m.fid_base, fid_facts(m));
         }
@@ -485,6 +488,9 @@ impl BurstTracer {
         // Let a signal already in flight arrive and be declined.
         std::thread::sleep(std::time::Duration::from_millis(20));
         self.drain(Activity::default(), None);
+        // Bursts the target left running (it exited, or was detached,
+        // mid-burst) end here.
+        self.counts.finish_running();
         let stats = self.stats();
         tracing::info!(
             pid = %self.pid(),

@@ -22,6 +22,10 @@ use crate::stacks::symbolize::demangle;
 /// The sample type of the paths' measured time.
 pub(crate) const MEASURED: &str = "measured-time";
 
+/// The numeric label of a path's confidence: its share's 95% interval's
+/// half-width relative to the share, in parts per million.
+pub(crate) const CI95_LABEL: &str = "ci95_ppm";
+
 /// The builder of `paths.pb.gz`, which every traced process adds to.
 /// `tsc_hz`: the time-stamp counter's rate, when bursts measured each
 /// path's time with it.
@@ -34,6 +38,7 @@ pub(crate) fn paths_builder(event: &str, tsc_hz: Option<f64>) -> ProfileBuilder 
     let mut b = ProfileBuilder::new(&types, (event, unit), 1);
     b.add_comment("Ball-Larus paths from bursty tracing: leaf frame = the path (its blocks' source lines), then the function, then its calling context (the functions entered in the burst, then the stack sample the burst began with, up to the thread's root; [caller unknown] where that stack was not complete)");
     b.add_comment(&format!("{event}/{unit}: an estimate, the sampled {event} of each block split among the paths through it by their executions"));
+    b.add_comment(&format!("label {CI95_LABEL}: the half-width of the 95% confidence interval of the path's share of all executions (over every context and thread of its process), in parts per million of that share, from the burst-to-burst spread of its counts; absent in a full trace"));
     if let Some(hz) = tsc_hz {
         b.add_comment(&format!("{MEASURED}/nanoseconds: measured in bursts with the time-stamp counter (lfence; rdtsc, {:.0} MHz; no user-readable PMU counter), from each path's start to its end, exclusive of the functions it calls (their paths have their own), minus the cheapest execution measured in the process (the instrumentation's own cost of a path: see each process's comment)", hz / 1e6));
         b.set_default_sample_type(MEASURED);
@@ -313,15 +318,19 @@ pub(crate) fn add_paths(
         // The thread that ran it (as in context.pb.gz: its name, and its
         // id), so that each thread's paths can be told apart.
         let thread = counts.thread_name(*tid).unwrap_or("");
+        let mut nums = vec![
+            ("pid", i64::from(traced.pid.0)),
+            ("tid", i64::from(*tid)),
+            ("path", *path as i64),
+        ];
+        if let Some(s) = counts.share(*fid, *path) {
+            nums.push((CI95_LABEL, (s.relative_ci95 * 1e6).round() as i64));
+        }
         b.sample(
             locs,
             values,
             &[("symbol", f.name.as_str()), ("thread", thread)],
-            &[
-                ("pid", i64::from(traced.pid.0)),
-                ("tid", i64::from(*tid)),
-                ("path", *path as i64),
-            ],
+            &nums,
         );
     }
 }

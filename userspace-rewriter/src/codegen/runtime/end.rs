@@ -2,11 +2,13 @@
 use burstyd_common::burst::REC_END;
 use iced_x86::Code;
 use iced_x86::IcedError;
-use iced_x86::code_asm::{CodeAssembler, CodeLabel, eax, edx, qword_ptr, rax, rcx, rdx};
+use iced_x86::code_asm::{CodeAssembler, CodeLabel, eax, ecx, edx, qword_ptr, rax, rcx, rdx};
 
-use super::asm::{RipRel, field, local, owner_gate, slot, tag};
+use super::asm::{RipRel, field, local, owner_gate, rdtsc, slot, tag};
 
-/// `rt_end(eax = reason)`: END record (`w0 = tag | reason`, `w1 = 0`),
+/// `rt_end(eax = reason)`: END record (`w0 = tag | reason`, `w1` = the
+/// time-stamp-counter ticks since the burst's first record, `rdtsc -
+/// burst_start`, or 0 when `burst_start` is 0: no record came),
 /// the slot's `slot_tids` entry = 0, its `owner` = 0, `ended` + 1, one
 /// running burst fewer in `active` (in that order: `active` frees room for
 /// the next burst last). Nothing for a thread that does not own the burst.
@@ -20,10 +22,22 @@ pub(super) fn end(
     let mut not_owner = a.create_label();
     a.set_label(entry)?;
     owner_gate(a, control, rdx, not_owner)?;
-    a.mov(eax, eax)?;
-    a.mov(rdx, tag(REC_END))?;
-    a.or(rax, rdx)?;
+    // w1 = the ticks since the burst's first record (0: none came).
+    let mut untimed = a.create_label();
+    let mut timed = a.create_label();
+    a.mov(ecx, eax)?;
+    a.rip_rm(Code::Mov_r64_rm64, rdx, local!(control, burst_start))?;
+    a.test(rdx, rdx)?;
+    a.je(untimed)?;
+    rdtsc(a)?;
+    a.rip_rm(Code::Sub_r64_rm64, rax, local!(control, burst_start))?;
+    a.mov(rdx, rax)?;
+    a.jmp(timed)?;
+    a.set_label(&mut untimed)?;
     a.xor(edx, edx)?;
+    a.set_label(&mut timed)?;
+    a.mov(rax, tag(REC_END))?;
+    a.or(rax, rcx)?;
     a.call(emit)?;
     // Free the slot: its tid for the eBPF program first, its owner, then
     // the count of running bursts last.
@@ -44,7 +58,7 @@ mod tests {
     use burstyd_common::burst::{END_BUDGET, END_LEFT_CLONES, REC_END};
 
     use super::super::asm::tag;
-    use super::super::testing::{FRAME_CLOBBERS, Harness, Regs, fs0};
+    use super::super::testing::{FRAME_CLOBBERS, Harness, Regs, end_ticks, fs0};
 
     fn end(h: &mut Harness, rax: u64) {
         let before = Regs {
@@ -74,11 +88,32 @@ mod tests {
             let mut h = Harness::new();
             in_burst(&mut h);
             end(&mut h, 0xffff_ffff_0000_0000 | reason);
-            assert_eq!(h.ring()[4..6], [tag(REC_END) | reason, 0]);
+            assert_eq!(h.ring()[4..6], [tag(REC_END) | reason, end_ticks(&h, 5)]);
             let c = h.ctl();
             assert_eq!((h.loc().owner, c.active, c.ended, c.heads[0]), (0, 0, 6, 6));
             assert_eq!((c.armed, h.loc().budget, c.lost_records), (1, 7, 0));
         }
+    }
+
+    /// The END record carries the ticks since the burst's first record
+    /// (`rdtsc - burst_start`); 0 when no record started the clock.
+    #[test]
+    fn end_record_carries_the_bursts_length_in_ticks() {
+        use super::super::testing::{PAST, assert_within, tsc};
+        let mut h = Harness::new();
+        in_burst(&mut h);
+        let t0 = tsc();
+        h.loc_mut().burst_start = t0 - PAST;
+        end(&mut h, END_BUDGET);
+        let t1 = tsc();
+        assert_eq!(h.ring()[4], tag(REC_END) | END_BUDGET);
+        assert_within(h.ring()[5], PAST, t1 - t0 + PAST, "ticks");
+
+        let mut h = Harness::new();
+        in_burst(&mut h);
+        h.loc_mut().burst_start = 0;
+        end(&mut h, END_LEFT_CLONES);
+        assert_eq!(h.ring()[4..6], [tag(REC_END) | END_LEFT_CLONES, 0]);
     }
 
     /// Only the burst's thread ends it: for any other, nothing changes.

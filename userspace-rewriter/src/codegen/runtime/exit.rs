@@ -209,7 +209,7 @@ mod tests {
     use super::super::NO_PATH;
     use super::super::asm::tag;
     use super::super::testing::{
-        CLONE_LO, FRAME_CLOBBERS, Harness, PAST, Regs, SLACK, assert_within, tsc,
+        CLONE_LO, FRAME_CLOBBERS, Harness, PAST, Regs, SLACK, assert_within, end_ticks, tsc,
     };
 
     /// An original return address the table translates, and its clone.
@@ -340,7 +340,12 @@ mod tests {
         exit(&mut h, 7, PATH_END_RETURN);
         assert_eq!(
             h.ring()[..4],
-            [tag(REC_PATH) | 7, 5, tag(REC_END) | END_LEFT_CLONES, 0]
+            [
+                tag(REC_PATH) | 7,
+                5,
+                tag(REC_END) | END_LEFT_CLONES,
+                end_ticks(&h, 3)
+            ]
         );
         assert_eq!(state(&h, ORIG + 1), (0, 22, ORIG + 1));
         let c = h.ctl();
@@ -455,7 +460,10 @@ mod tests {
         let t1 = tsc();
         assert_eq!(h.ring()[..2], [tag(REC_PATH) | 7, 5]);
         assert_cost(&h, 2, t0, t1);
-        assert_eq!(h.ring()[4..6], [tag(REC_END) | END_LEFT_CLONES, 0]);
+        assert_eq!(
+            h.ring()[4..6],
+            [tag(REC_END) | END_LEFT_CLONES, end_ticks(&h, 5)]
+        );
         assert_eq!(state(&h, ORIG + 1), (0, 22, ORIG + 1));
         assert_eq!((h.ctl().active, h.ctl().ended), (0, 1));
     }

@@ -1,6 +1,6 @@
 //! The burst signal handler and its `rt_sigreturn` restorer.
 use burstyd_common::burst::{
-    END_LEFT_CLONES, MAX_SLOTS, PATH_INVALID, REC_START, START_RUNNING_SHIFT, START_SLOT_SHIFT,
+    END_LEFT_UNSEEN, MAX_SLOTS, PATH_INVALID, REC_START, START_RUNNING_SHIFT, START_SLOT_SHIFT,
     TABLES_GEN_SHIFT,
 };
 use iced_x86::Code;
@@ -57,7 +57,8 @@ const SYS_GETTID: u32 = 186;
 /// `budget` = `burst_len`, `path` = `PATH_INVALID`, `depth` = 0; one more
 /// in `bursts`, `concurrent_max` raised to `active`, `slot_tids[slot]` =
 /// `gettid()`, and a START record (`w0` = the tag, `active` now << 40, the
-/// slot << 32 and `gettid()`; `w1` = the interrupted PC); then, with
+/// slot << 32 and `gettid()`; `w1` = the interrupted PC), `burst_start`
+/// = 0 (the burst's clock starts at its next record); then, with
 /// `measure`, `path_start = rdtsc` (the first path is partial anyway, its
 /// PATH record carries `PATH_INVALID`; this keeps the value sane).
 pub(super) fn handler(
@@ -125,7 +126,7 @@ pub(super) fn handler(
     a.call(lookup)?;
     a.test(rax, rax)?;
     a.je(declined_busy)?;
-    a.mov(eax, END_LEFT_CLONES as u32)?;
+    a.mov(eax, END_LEFT_UNSEEN as u32)?;
     a.call(end)?;
 
     // Room for one more burst: active + 1, unless it was at the bound.
@@ -220,6 +221,9 @@ pub(super) fn handler(
     a.or(rax, rdx)?;
     a.mov(rdx, r10)?;
     a.call(emit)?;
+    // The burst's clock starts at its next record (`rt_emit`): the
+    // signal's delivery and `rt_sigreturn` are not the program's time.
+    a.rip_mi(Code::Mov_rm64_imm32, local!(control, burst_start), 0)?;
     // The first path (a partial one) starts here.
     start_path_if_measured(a, control)?;
     a.ret()?;

@@ -5,7 +5,7 @@ use iced_x86::code_asm::{
     CodeAssembler, CodeLabel, eax, esi, qword_ptr, r8, r8d, r9, r11, rax, rcx, rdi, rdx, rsi,
 };
 
-use super::asm::{RipRel, field, local, owner_gate, slot};
+use super::asm::{RipRel, field, local, owner_gate, rdtsc, slot};
 
 /// Bytes from `heads[i]` to `tails[i]` in the control block.
 pub(super) const TAILS_FROM_HEADS: i32 =
@@ -22,7 +22,9 @@ const SYS_KILL: u32 = 62;
 /// Yields between two checks that the daemon (`tracer`) is alive.
 const CHECK_TRACER_EVERY: u32 = 1 << 10;
 
-/// `rt_emit(rax = w0, rdx = w1)`; clobbers rcx. Only a burst's thread
+/// `rt_emit(rax = w0, rdx = w1)`; clobbers rcx. The first record of a
+/// burst after its START (the thread's `burst_start` is 0) starts the
+/// burst's clock: `burst_start = rdtsc`. Only a burst's thread
 /// writes ([`owner_gate`]), into its slot's sub-ring (single producer:
 /// `heads[slot]`, the slot's `head`); for any other the call does nothing. A full ring truncates the
 /// burst (its budget drops to 1) and counts the record as lost, unless
@@ -47,6 +49,17 @@ pub(super) fn emit(
 
     a.set_label(entry)?;
     owner_gate(a, control, rcx, not_owner)?;
+    // The burst's first record after its START: its clock starts now.
+    let mut timed = a.create_label();
+    a.rip_mi(Code::Cmp_rm64_imm8, local!(control, burst_start), 0)?;
+    a.jne(timed)?;
+    a.push(rax)?;
+    a.push(rdx)?;
+    rdtsc(a)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, burst_start), rax)?;
+    a.pop(rdx)?;
+    a.pop(rax)?;
+    a.set_label(&mut timed)?;
     a.push(rsi)?;
     a.push(rdi)?;
     a.push(r8)?;
@@ -157,6 +170,25 @@ mod tests {
         let c = h.ctl();
         assert_eq!((c.heads[0], c.tails[0]), (8, 4));
         assert_eq!((c.lost_records, c.truncated, h.loc().budget), (0, 0, 10));
+    }
+
+    /// The first record of a burst (`burst_start` 0) starts its clock:
+    /// `burst_start` = the time-stamp counter then; later records leave
+    /// it alone (only rcx clobbered either way).
+    #[test]
+    fn the_first_record_starts_the_bursts_clock() {
+        use super::super::testing::{assert_within, tsc};
+        let mut h = Harness::new();
+        h.loc_mut().budget = 10;
+        h.loc_mut().burst_start = 0;
+        let t0 = tsc();
+        emit(&mut h, 0x1111, 0x2222);
+        let t1 = tsc();
+        let started = h.loc().burst_start;
+        assert_within(started, t0, t1, "burst_start");
+        emit(&mut h, 0x3333, 0x4444);
+        assert_eq!(h.loc().burst_start, started);
+        assert_eq!(h.ring()[..4], [0x1111, 0x2222, 0x3333, 0x4444]);
     }
 
     /// A thread that does not own the burst (a forked child's, whose

@@ -64,6 +64,16 @@ pub(super) fn tsc() -> u64 {
 pub(super) const PAST: u64 = 1_000_000;
 pub(super) const SLACK: u64 = 1_000_000_000;
 
+/// The ticks of the END record whose second word is `ring[at]`: from the
+/// harness's making (or a test's own `burst_start`) to the END, so more
+/// than 0 and less than [`SLACK`].
+#[track_caller]
+pub(super) fn end_ticks(h: &Harness, at: usize) -> u64 {
+    let t = h.ring()[at];
+    assert_within(t, 1, SLACK, "END ticks");
+    t
+}
+
 /// Asserts `v` in `lo..=hi`.
 #[track_caller]
 pub(super) fn assert_within(v: u64, lo: u64, hi: u64, what: &str) {
@@ -183,7 +193,10 @@ impl Harness {
                 path: 0,
                 depth: 0,
                 path_start: 0,
-                _pad: [0; 3],
+                // A burst whose clock started as the harness was made
+                // (the tests of the clock set 0: not started).
+                burst_start: tsc(),
+                _pad: [0; 2],
             }
         };
         let mut l = h.loc_mut();
@@ -235,6 +248,7 @@ impl Harness {
             path: r.path,
             depth: r.depth,
             path_start: r.path_start,
+            burst_start: r.burst_start,
         }
     }
 
@@ -436,6 +450,7 @@ pub(super) struct Loc {
     pub path: u64,
     pub depth: u64,
     pub path_start: u64,
+    pub burst_start: u64,
 }
 
 /// See [`Harness::loc_mut`].
@@ -473,7 +488,8 @@ impl Drop for LocMut {
                 path: v.path,
                 depth: v.depth,
                 path_start: v.path_start,
-                _pad: [0; 3],
+                burst_start: v.burst_start,
+                _pad: [0; 2],
             };
         }
     }

@@ -87,7 +87,9 @@ mod tests {
     use burstyd_common::burst::{END_LEFT_CLONES, PATH_INVALID, REC_END, REC_UNWIND};
 
     use super::super::asm::tag;
-    use super::super::testing::{CLONE_LO, FRAME_CLOBBERS, Harness, Regs, assert_within, tsc};
+    use super::super::testing::{
+        CLONE_LO, FRAME_CLOBBERS, Harness, Regs, assert_within, end_ticks, tsc,
+    };
 
     /// A landing pad the instruction table translates, and its clone.
     const PAD: u64 = 0x40_3000;
@@ -138,7 +140,12 @@ mod tests {
         assert_eq!(unwind(&mut h, PAD + 1), PAD + 1);
         assert_eq!(
             h.ring()[..4],
-            [tag(REC_UNWIND), 1, tag(REC_END) | END_LEFT_CLONES, 0]
+            [
+                tag(REC_UNWIND),
+                1,
+                tag(REC_END) | END_LEFT_CLONES,
+                end_ticks(&h, 3)
+            ]
         );
         assert_eq!((h.ctl().active, h.ctl().ended), (0, 1));
     }

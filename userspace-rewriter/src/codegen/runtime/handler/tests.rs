@@ -1,5 +1,5 @@
 //! Tests of [`super`] (`handler.rs`).
-use burstyd_common::burst::{END_LEFT_CLONES, PATH_INVALID, REC_END, REC_START};
+use burstyd_common::burst::{END_LEFT_CLONES, END_LEFT_UNSEEN, PATH_INVALID, REC_END, REC_START};
 
 use burstyd_common::burst::{TABLES_GEN_SHIFT, TABLES_HEADER_MASK};
 
@@ -275,7 +275,8 @@ fn nested_signal_is_declined() {
 /// The burst's own thread interrupted in original code (it left the
 /// clones without a check: an exception into an original landing pad,
 /// a return into code that is not instrumented): that burst ends
-/// (END_LEFT_CLONES) and a fresh one starts there. Another thread at
+/// (END_LEFT_UNSEEN; no record came, so its END has no ticks) and a fresh
+/// one starts there, its clock not started (`burst_start` 0). Another thread at
 /// the same PC is declined.
 #[test]
 fn a_stale_burst_of_the_same_thread_is_replaced() {
@@ -305,15 +306,20 @@ fn a_stale_burst_of_the_same_thread_is_replaced() {
     let c = h.ctl();
     assert_eq!((c.active, c.ended, c.heads[0]), (1, 1, 6));
     assert_eq!(
-        (h.loc().owner, h.loc().budget, h.loc().depth),
-        (fs0(), 50, 0)
+        (
+            h.loc().owner,
+            h.loc().budget,
+            h.loc().depth,
+            h.loc().burst_start
+        ),
+        (fs0(), 50, 0, 0)
     );
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() } as u64;
     assert_eq!(
         h.ring()[2..6],
         [
-            tag(REC_END) | END_LEFT_CLONES,
+            tag(REC_END) | END_LEFT_UNSEEN,
             0,
             tag(REC_START) | 1 << 40 | tid,
             PC + 3

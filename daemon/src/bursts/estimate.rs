@@ -1,0 +1,172 @@
+//! What each burst's path counts are worth, and how sure the estimate is.
+//!
+//! A burst is a window of the thread's execution: it starts at a
+//! time-uniform point (a counter overflow) and lasts `--burst` checks.
+//! An execution of a path is recorded when a burst started in the window
+//! of the checks before it, so its chance of being recorded is the
+//! *original* time of that window (`λ·L(e)`): where checks are dense in
+//! time the window is short, and the path is under-counted relative to
+//! code where they are sparse. Horvitz-Thompson weighs each burst by the
+//! inverse of that chance, `1 / L`; every estimate here is a sum over
+//! bursts of `weight × count` ([`Estimates::finish`]).
+//!
+//! What `L` is cannot be read inside a burst: the burst runs the
+//! instrumented clones, and their time is not the original's (measured
+//! in ARCHITECTURE.md, "Estimates from bursts": a 3-cycle loop takes 20
+//! times its original time per check in the clones, a 65-cycle one 1.3
+//! times). Until a measure of the original time is known to beat
+//! counting every burst alike, the weight is 1 ([`Weighting::Uniform`])
+//! and the estimate is today's; what this module adds is the machinery:
+//! weights applied when a burst ends, and the estimate's confidence.
+//!
+//! Confidence: bursts are the independent draws, so the variance of a
+//! path's share of all executions comes from the burst-to-burst spread of
+//! what each burst counted of it (the ratio estimator's linearisation,
+//! Cochran 6.3): with `x_b` the burst's weighted count of the path, `X_b`
+//! of all paths, `R = Σx/ΣX`, `var R ≈ Σ(x_b − R·X_b)² / (ΣX)²`. Three
+//! sums per path and two in all are kept as bursts end, so the interval is
+//! there at any time, for any number of bursts.
+use std::collections::HashMap;
+
+/// How a burst is weighted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Weighting {
+    /// Every burst counts alike.
+    #[default]
+    Uniform,
+}
+
+/// The sums one path's confidence interval needs (see the module doc).
+#[derive(Clone, Copy, Debug, Default)]
+struct Moments {
+    /// Σ x_b.
+    x: f64,
+    /// Σ x_b².
+    xx: f64,
+    /// Σ x_b·X_b.
+    x_all: f64,
+}
+
+/// The bursts' weights and the sums behind the intervals of one process.
+#[derive(Default)]
+pub(crate) struct Estimates {
+    weighting: Weighting,
+    /// Per (fid, path).
+    moments: HashMap<(u32, u64), Moments>,
+    /// Σ X_b and Σ X_b².
+    all: f64,
+    all_sq: f64,
+    /// Bursts that ended with at least one complete path.
+    pub(crate) bursts: u64,
+    /// Σ of the bursts' lengths in time-stamp-counter ticks (END records
+    /// that carry them: not those ended after the fact), and how many.
+    pub(crate) ticks: u64,
+    pub(crate) timed: u64,
+}
+
+/// A path's share of all executions, with its 95% interval.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Share {
+    pub(crate) share: f64,
+    /// Half-width of the 95% interval, as a fraction of `share`.
+    pub(crate) relative_ci95: f64,
+}
+
+impl Estimates {
+    /// The weight of a burst that counted `paths` complete paths (`ticks`:
+    /// its length, when its END record carried one).
+    fn weight(&self, _paths: usize, _ticks: Option<u64>) -> f64 {
+        match self.weighting {
+            Weighting::Uniform => 1.0,
+        }
+    }
+
+    /// A burst ended having counted `keys` (one per complete path, in
+    /// order; `(fid, path)`), `ticks` long if known. Returns its weight.
+    pub(crate) fn finish(&mut self, keys: &[(u32, u64)], ticks: Option<u64>) -> f64 {
+        if let Some(t) = ticks {
+            self.ticks += t;
+            self.timed += 1;
+        }
+        let w = self.weight(keys.len(), ticks);
+        if keys.is_empty() {
+            return w;
+        }
+        let mut per: HashMap<(u32, u64), u32> = HashMap::new();
+        for k in keys {
+            *per.entry(*k).or_default() += 1;
+        }
+        let all = w * keys.len() as f64;
+        for (k, n) in per {
+            let x = w * f64::from(n);
+            let m = self.moments.entry(k).or_default();
+            m.x += x;
+            m.xx += x * x;
+            m.x_all += x * all;
+        }
+        self.all += all;
+        self.all_sq += all * all;
+        self.bursts += 1;
+        w
+    }
+
+    /// Path `(fid, path)`'s share of all executions counted in bursts and
+    /// its interval; `None` before any burst counted it.
+    pub(crate) fn share(&self, fid: u32, path: u64) -> Option<Share> {
+        let m = self.moments.get(&(fid, path))?;
+        if self.all <= 0.0 || m.x <= 0.0 {
+            return None;
+        }
+        let r = m.x / self.all;
+        let var =
+            ((m.xx - 2.0 * r * m.x_all + r * r * self.all_sq) / (self.all * self.all)).max(0.0);
+        Some(Share {
+            share: r,
+            relative_ci95: 1.96 * var.sqrt() / r,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A path counted alike in every burst has no spread: a zero-width
+    /// interval around its exact share.
+    #[test]
+    fn the_same_share_in_every_burst_is_certain() {
+        let mut e = Estimates::default();
+        for _ in 0..10 {
+            e.finish(&[(1, 0), (1, 0), (1, 1), (2, 5)], Some(100));
+        }
+        let s = e.share(1, 0).unwrap();
+        assert!((s.share - 0.5).abs() < 1e-12, "{s:?}");
+        assert!(s.relative_ci95 < 1e-6, "{s:?}");
+        assert_eq!((e.bursts, e.ticks, e.timed), (10, 1000, 10));
+        assert_eq!(e.share(3, 0), None);
+    }
+
+    /// Bursts that disagree give an interval that shrinks as 1/√bursts,
+    /// around the pooled share; for a path in half the bursts (all of
+    /// each), the share is 1/2 and the standard error √(1/4n)/… as
+    /// binomial sampling of bursts says.
+    #[test]
+    fn the_interval_is_the_burst_to_burst_spread() {
+        let run = |n: usize| {
+            let mut e = Estimates::default();
+            for i in 0..n {
+                let k = if i % 2 == 0 { (1, 0) } else { (2, 0) };
+                e.finish(&[k; 10], None);
+            }
+            e.share(1, 0).unwrap()
+        };
+        let (a, b) = (run(100), run(400));
+        assert!((a.share - 0.5).abs() < 1e-12 && (b.share - 0.5).abs() < 1e-12);
+        // var R = Σ (x_b - R X_b)² / (ΣX)² = n·(5)²/(10n)² = 1/(4n):
+        // half-width 1.96·√(1/4n), relative to 0.5.
+        let want = |n: f64| 1.96 * (1.0 / (4.0 * n)).sqrt() / 0.5;
+        assert!((a.relative_ci95 - want(100.0)).abs() < 1e-9, "{a:?}");
+        assert!((b.relative_ci95 - want(400.0)).abs() < 1e-9, "{b:?}");
+        assert!((a.relative_ci95 / b.relative_ci95 - 2.0).abs() < 1e-9);
+    }
+}
