@@ -121,9 +121,21 @@ struct BurstState {
     bottom: u32,
     /// The last path counted, for the COST record that may follow it.
     last: Option<(u32, u32, u32, u64)>,
-    /// The complete paths the running burst counted, in order: weighted
-    /// when it ends.
-    pending: Vec<Key>,
+    /// The complete paths the running burst counted, in order, with
+    /// their spans (see [`span_weight`]; `None`: not known): weighted when
+    /// it ends.
+    pending: Vec<(Key, Option<u32>)>,
+    /// Checks the burst passed so far: its ENTER and PATH records (every
+    /// check is an entry, a back edge or the return site after a callee's
+    /// path; a tail call's is the callee's entry).
+    checks: u32,
+    /// For each activation entered in the burst (as the runtime's shadow
+    /// stack): where its current path started (its index in `checks`;
+    /// `None` after an unwind landed in it).
+    starts: Vec<Option<u32>>,
+    /// The same for the activation below them (the one the burst began
+    /// in, or one it returned to): known from its first back edge on.
+    floor: Option<u32>,
 }
 
 impl BurstState {
@@ -133,6 +145,32 @@ impl BurstState {
         self.stack.clear();
         self.base = 0;
         self.bottom = UNKNOWN;
+        self.checks = 0;
+        self.starts.clear();
+        self.floor = None;
+    }
+
+    /// Where the innermost activation's current path started.
+    fn path_start(&mut self) -> &mut Option<u32> {
+        match self.starts.last_mut() {
+            Some(s) => s,
+            None => &mut self.floor,
+        }
+    }
+}
+
+/// What one recorded execution of a path that spanned `span` checks (from
+/// the check before its first block to the one that ended it, its callees'
+/// included) stands for in a burst of `checks` checks. A burst starting at
+/// any of the `checks - span` checks that leave the whole path inside it
+/// records it: longer paths are caught by fewer bursts, and a path longer
+/// than a burst by none. Weighing each by `checks / (checks - span)` undoes
+/// that (in checks; the bursts' start in time is the estimator's other
+/// half, see [`super::estimate`]).
+pub(crate) fn span_weight(span: Option<u32>, checks: u32) -> f64 {
+    match span {
+        Some(s) if s < checks => f64::from(checks) / f64::from(checks - s),
+        _ => 1.0,
     }
 }
 
@@ -282,6 +320,8 @@ impl PathCounts {
             }
             BurstEvent::Enter { fid } => {
                 let b = &mut self.bursts[cur];
+                b.starts.push(Some(b.checks));
+                b.checks += 1;
                 if b.stack.len() - b.base < MAX_CONTEXT_DEPTH {
                     let parent = b.stack.last().map_or(b.bottom, |e| e.1);
                     let node = self.contexts.child(parent, fid);
@@ -294,6 +334,25 @@ impl PathCounts {
                 path,
                 partial,
             } => {
+                let here = {
+                    let b = &mut self.bursts[cur];
+                    let here = b.checks;
+                    b.checks += 1;
+                    here
+                };
+                let span = self.bursts[cur].path_start().map(|s| here - s);
+                {
+                    // The activation's next path starts here, or it is
+                    // over (its caller's path goes on).
+                    let b = &mut self.bursts[cur];
+                    if end.leaves_function() {
+                        if b.starts.pop().is_none() {
+                            b.floor = None;
+                        }
+                    } else {
+                        *b.path_start() = Some(here);
+                    }
+                }
                 if partial {
                     self.partial_paths += 1;
                 } else if self.valid_path(fid, path) {
@@ -342,7 +401,7 @@ impl PathCounts {
                                 t.estimate += 1.0;
                             }
                         } else {
-                            self.bursts[cur].pending.push(key);
+                            self.bursts[cur].pending.push((key, span));
                         }
                     }
                 } else {
@@ -376,6 +435,10 @@ impl PathCounts {
                 let keep = usize::try_from(depth).unwrap_or(usize::MAX);
                 let b = &mut self.bursts[cur];
                 b.stack.truncate(b.base.saturating_add(keep));
+                // The frame it landed in goes on with a path whose start
+                // the runtime did not see.
+                b.starts.truncate(keep);
+                *b.path_start() = None;
             }
             BurstEvent::Malformed { .. } => self.bad_records += 1,
         }
@@ -396,13 +459,17 @@ impl PathCounts {
         if pending.is_empty() && ticks.is_none() {
             return;
         }
-        let keys: Vec<(u32, u64)> = pending.iter().map(|k| (k.2, k.3)).collect();
-        let w = self.estimates.finish(&keys, ticks);
-        for k in &pending {
+        let checks = self.bursts[slot].checks;
+        let occurrences: Vec<((u32, u64), f64)> = pending
+            .iter()
+            .map(|(k, span)| ((k.2, k.3), span_weight(*span, checks)))
+            .collect();
+        let w = self.estimates.finish(&occurrences, ticks);
+        for ((k, _), (_, o)) in pending.iter().zip(&occurrences) {
             // Still in this interval's counts, or already in the totals
             // (an interval ended during the burst): the weight goes to
             // this interval either way.
-            self.counts.entry(*k).or_default().estimate += w;
+            self.counts.entry(*k).or_default().estimate += w * o;
         }
         let mut pending = pending;
         pending.clear();
@@ -789,26 +856,65 @@ mod tests {
         assert_eq!(estimated(&c), [(1, 2, 0.0)]);
         c.add(&path(0, PathEnd::BackEdge, 2));
         c.add(&end(EndReason::Budget, 700));
-        assert_eq!(estimated(&c), [(1, 2, 2.0), (2, 1, 1.0)]);
+        // Three checks: the first path's span is not known (1), the
+        // others span one check (3/2 each).
+        assert_eq!(estimated(&c), [(1, 2, 2.5), (2, 1, 1.5)]);
         // Its END lost: the next START ends it.
         c.add(&start(1));
         c.add(&path(0, PathEnd::BackEdge, 2));
         c.add(&start(1));
-        assert_eq!(estimated(&c), [(1, 2, 2.0), (2, 2, 2.0)]);
+        assert_eq!(estimated(&c), [(1, 2, 2.5), (2, 2, 2.5)]);
         // Ended after the fact: its ticks say nothing.
         c.add(&path(0, PathEnd::BackEdge, 3));
         c.add(&end(EndReason::LeftUnseen, 99_999));
         c.add(&start(1));
         c.add(&path(0, PathEnd::BackEdge, 3));
         c.burst_reaped(0);
-        assert_eq!(estimated(&c), [(1, 2, 2.0), (2, 2, 2.0), (3, 2, 2.0)]);
+        assert_eq!(estimated(&c), [(1, 2, 2.5), (2, 2, 2.5), (3, 2, 2.0)]);
         assert_eq!(
             (c.estimates.bursts, c.estimates.ticks, c.estimates.timed),
             (4, 700, 1)
         );
         let s = c.estimates.share(0, 1).unwrap();
-        assert!((s.share - 1.0 / 3.0).abs() < 1e-12, "{s:?}");
+        assert!((s.share - 2.5 / 7.0).abs() < 1e-12, "{s:?}");
         assert!(s.relative_ci95 > 0.0);
+    }
+
+    /// A path that spans more checks is caught whole by fewer bursts, and
+    /// counts for more: f0's loop path (span 1) then its path around a
+    /// call of f1 (whose ENTER and return are two more checks: span 3),
+    /// in a burst of 6 checks. f1's own path (from its entry, span 1) and
+    /// the first paths (partial) as usual.
+    #[test]
+    fn paths_spanning_more_checks_weigh_more() {
+        let mut c = PathCounts::new(vec![Some(4), Some(2)]);
+        for ev in [
+            start(1),
+            // The path the burst began in: partial; the next starts here.
+            BurstEvent::Path {
+                fid: 0,
+                end: PathEnd::BackEdge,
+                path: 0,
+                partial: true,
+            },
+            path(0, PathEnd::BackEdge, 1),
+            BurstEvent::Enter { fid: 1 },
+            path(1, PathEnd::Return, 1),
+            path(0, PathEnd::BackEdge, 2),
+            // The burst's sixth check: an entry.
+            BurstEvent::Enter { fid: 1 },
+            end(EndReason::Budget, 100),
+        ] {
+            c.add(&ev);
+        }
+        assert_eq!(span_weight(Some(1), 6), 6.0 / 5.0);
+        assert_eq!(span_weight(Some(3), 6), 2.0);
+        assert_eq!(span_weight(Some(6), 6), 1.0);
+        assert_eq!(span_weight(None, 6), 1.0);
+        assert_eq!(
+            estimated(&c),
+            [(1, 2, 6.0 / 5.0 + 6.0 / 5.0), (2, 1, 2.0)]
+        );
     }
 
     /// An interval that ends during a burst: the burst's weight goes to
@@ -826,8 +932,9 @@ mod tests {
             m.values()
                 .fold((0, 0.0), |a, t| (a.0 + t.executions, a.1 + t.estimate))
         };
-        assert_eq!((sum(&first), sum(&second)), ((1, 0.0), (1, 2.0)));
-        assert_eq!(estimated(&c), [(1, 2, 2.0)]);
+        // The second path spans one check of the burst's two: 2.
+        assert_eq!((sum(&first), sum(&second)), ((1, 0.0), (1, 3.0)));
+        assert_eq!(estimated(&c), [(1, 2, 3.0)]);
     }
 
     /// A full trace counts every execution as it comes (its one burst

@@ -81,24 +81,27 @@ impl Estimates {
         }
     }
 
-    /// A burst ended having counted `keys` (one per complete path, in
-    /// order; `(fid, path)`), `ticks` long if known. Returns its weight.
-    pub(crate) fn finish(&mut self, keys: &[(u32, u64)], ticks: Option<u64>) -> f64 {
+    /// A burst ended having counted `occurrences`: one per complete path
+    /// (`(fid, path)`), with what it stands for within the burst (its
+    /// span weight, [`super::counts::span_weight`]); `ticks` long if
+    /// known. Returns the burst's weight (an occurrence's estimate is the
+    /// burst's weight times its own).
+    pub(crate) fn finish(&mut self, occurrences: &[((u32, u64), f64)], ticks: Option<u64>) -> f64 {
         if let Some(t) = ticks {
             self.ticks += t;
             self.timed += 1;
         }
-        let w = self.weight(keys.len(), ticks);
-        if keys.is_empty() {
+        let w = self.weight(occurrences.len(), ticks);
+        if occurrences.is_empty() {
             return w;
         }
-        let mut per: HashMap<(u32, u64), u32> = HashMap::new();
-        for k in keys {
-            *per.entry(*k).or_default() += 1;
+        let mut per: HashMap<(u32, u64), f64> = HashMap::new();
+        for (k, o) in occurrences {
+            *per.entry(*k).or_default() += o;
         }
-        let all = w * keys.len() as f64;
+        let all = w * per.values().sum::<f64>();
         for (k, n) in per {
-            let x = w * f64::from(n);
+            let x = w * n;
             let m = self.moments.entry(k).or_default();
             m.x += x;
             m.xx += x * x;
@@ -137,7 +140,7 @@ mod tests {
     fn the_same_share_in_every_burst_is_certain() {
         let mut e = Estimates::default();
         for _ in 0..10 {
-            e.finish(&[(1, 0), (1, 0), (1, 1), (2, 5)], Some(100));
+            e.finish(&[((1, 0), 1.0), ((1, 0), 1.0), ((1, 1), 1.0), ((2, 5), 1.0)], Some(100));
         }
         let s = e.share(1, 0).unwrap();
         assert!((s.share - 0.5).abs() < 1e-12, "{s:?}");
@@ -156,7 +159,7 @@ mod tests {
             let mut e = Estimates::default();
             for i in 0..n {
                 let k = if i % 2 == 0 { (1, 0) } else { (2, 0) };
-                e.finish(&[k; 10], None);
+                e.finish(&[(k, 1.0); 10], None);
             }
             e.share(1, 0).unwrap()
         };

@@ -22,7 +22,7 @@ pub(crate) fn fdata(m: &ModuleFacts, counts: &PathView<'_>) -> Fdata {
             .filter(|&f| (f as usize) < plan.functions.len())
     };
     let mut details: HashMap<u32, Option<PathFacts<'_>>> = HashMap::new();
-    let mut edges: std::collections::BTreeMap<(u32, u64, u64), u64> = Default::default();
+    let mut edges: std::collections::BTreeMap<(u32, u64, u64), f64> = Default::default();
     for ((_, _, gfid, path), n) in counts.iter() {
         let Some(fid) = local(*gfid) else {
             continue;
@@ -51,11 +51,15 @@ pub(crate) fn fdata(m: &ModuleFacts, counts: &PathView<'_>) -> Fdata {
             };
             let from = last - f.start;
             let to = cfg.blocks[e.to].start - f.start;
-            *edges.entry((fid, from, to)).or_insert(0) += n.executions;
+            *edges.entry((fid, from, to)).or_insert(0.0) += n.estimate;
         }
     }
     let mut out = Fdata::default();
     for ((fid, from, to), n) in edges {
+        let n = n.round() as u64;
+        if n == 0 {
+            continue;
+        }
         let f = &plan.functions[fid as usize];
         let name = facts.bolt_names.get(&f.start).unwrap_or(&f.name);
         out.branches.insert((name.clone(), from, to), n);

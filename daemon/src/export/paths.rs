@@ -4,10 +4,12 @@
 //! calling context: the functions entered in the burst, then the stack the
 //! burst began on, up to the thread's root (`[caller unknown]` on top where
 //! the burst's stack sample was missing or could not be unwound to the
-//! root); labels `symbol`, `path` and `pid`; values `executions/count`,
-//! `<event>/<unit>` (the sampled event attributed to paths: an estimate;
-//! nanoseconds for the software clocks, else count)
-//! and, when bursts measured them, `measured-time/nanoseconds`.
+//! root); labels `symbol`, `path`, `pid` and `ci95_ppm` (the path's
+//! confidence); values `executions/count` (estimated: see
+//! [`crate::bursts::estimate`]), `<event>/<unit>` (the sampled event
+//! attributed to paths: an estimate; nanoseconds for the software clocks,
+//! else count), when bursts measured them `measured-time/nanoseconds`,
+//! and `recorded/count` (the executions recorded).
 use std::collections::HashMap;
 
 use userspace_rewriter::analysis::plan::FunctionStatus;
@@ -22,6 +24,9 @@ use crate::stacks::symbolize::demangle;
 /// The sample type of the paths' measured time.
 pub(crate) const MEASURED: &str = "measured-time";
 
+/// The sample type of the executions recorded, before weighting.
+pub(crate) const RECORDED: &str = "recorded";
+
 /// The numeric label of a path's confidence: its share's 95% interval's
 /// half-width relative to the share, in parts per million.
 pub(crate) const CI95_LABEL: &str = "ci95_ppm";
@@ -35,8 +40,10 @@ pub(crate) fn paths_builder(event: &str, tsc_hz: Option<f64>) -> ProfileBuilder 
     if tsc_hz.is_some() {
         types.push((MEASURED, "nanoseconds"));
     }
+    types.push((RECORDED, "count"));
     let mut b = ProfileBuilder::new(&types, (event, unit), 1);
     b.add_comment("Ball-Larus paths from bursty tracing: leaf frame = the path (its blocks' source lines), then the function, then its calling context (the functions entered in the burst, then the stack sample the burst began with, up to the thread's root; [caller unknown] where that stack was not complete)");
+    b.add_comment("executions/count: the executions the bursts' records stand for (each weighted by the inverse of its chance to be recorded whole: a path spanning more of a burst's checks is caught by fewer bursts); recorded/count: the executions recorded");
     b.add_comment(&format!("{event}/{unit}: an estimate, the sampled {event} of each block split among the paths through it by their executions"));
     b.add_comment(&format!("label {CI95_LABEL}: the half-width of the 95% confidence interval of the path's share of all executions (over every context and thread of its process), in parts per million of that share, from the burst-to-burst spread of its counts; absent in a full trace"));
     if let Some(hz) = tsc_hz {
@@ -46,13 +53,16 @@ pub(crate) fn paths_builder(event: &str, tsc_hz: Option<f64>) -> ProfileBuilder 
     b
 }
 
-/// Executions per (fid, path), over all contexts.
+/// Estimated executions per (fid, path), over all contexts.
 fn executions(counts: &PathView<'_>) -> HashMap<(u32, u64), u64> {
-    let mut execs: HashMap<(u32, u64), u64> = HashMap::new();
+    let mut execs: HashMap<(u32, u64), f64> = HashMap::new();
     for ((_, _, fid, path), n) in counts.iter() {
-        *execs.entry((*fid, *path)).or_insert(0) += n.executions;
+        *execs.entry((*fid, *path)).or_insert(0.0) += n.estimate;
     }
     execs
+        .into_iter()
+        .map(|(k, v)| (k, v.round() as u64))
+        .collect()
 }
 
 /// The sampled event attributed to paths: every stack sample's weight
@@ -307,14 +317,15 @@ pub(crate) fn add_paths(
             locs.push(unknown_caller);
         }
         // This context's share of the path's event.
-        let ev = events.get(&(*fid, *path)).copied().unwrap_or(0.0) * n.executions as f64
+        let ev = events.get(&(*fid, *path)).copied().unwrap_or(0.0) * n.estimate
             / execs[&(*fid, *path)].max(1) as f64;
-        let mut values = vec![n.executions as i64, ev.round() as i64];
+        let mut values = vec![n.estimate.round() as i64, ev.round() as i64];
         if let Some(hz) = tsc_hz {
             // Executions whose COST record was lost count at the mean.
             let mean = n.cost.saturating_sub(floor * n.measured) as f64 / n.measured.max(1) as f64;
-            values.push((mean * n.executions as f64 * 1e9 / hz).round() as i64);
+            values.push((mean * n.estimate * 1e9 / hz).round() as i64);
         }
+        values.push(n.executions as i64);
         // The thread that ran it (as in context.pb.gz: its name, and its
         // id), so that each thread's paths can be told apart.
         let thread = counts.thread_name(*tid).unwrap_or("");
@@ -361,7 +372,8 @@ mod tests {
                 [
                     ("executions", "count"),
                     (event, unit),
-                    (super::MEASURED, "nanoseconds")
+                    (super::MEASURED, "nanoseconds"),
+                    (super::RECORDED, "count")
                 ]
             );
             let period = p.period_type.as_ref().unwrap();
