@@ -911,10 +911,7 @@ mod tests {
         assert_eq!(span_weight(Some(3), 6), 2.0);
         assert_eq!(span_weight(Some(6), 6), 1.0);
         assert_eq!(span_weight(None, 6), 1.0);
-        assert_eq!(
-            estimated(&c),
-            [(1, 2, 6.0 / 5.0 + 6.0 / 5.0), (2, 1, 2.0)]
-        );
+        assert_eq!(estimated(&c), [(1, 2, 6.0 / 5.0 + 6.0 / 5.0), (2, 1, 2.0)]);
     }
 
     /// An interval that ends during a burst: the burst's weight goes to

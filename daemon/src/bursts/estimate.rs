@@ -140,7 +140,10 @@ mod tests {
     fn the_same_share_in_every_burst_is_certain() {
         let mut e = Estimates::default();
         for _ in 0..10 {
-            e.finish(&[((1, 0), 1.0), ((1, 0), 1.0), ((1, 1), 1.0), ((2, 5), 1.0)], Some(100));
+            e.finish(
+                &[((1, 0), 1.0), ((1, 0), 1.0), ((1, 1), 1.0), ((2, 5), 1.0)],
+                Some(100),
+            );
         }
         let s = e.share(1, 0).unwrap();
         assert!((s.share - 0.5).abs() < 1e-12, "{s:?}");

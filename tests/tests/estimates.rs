@@ -1,0 +1,99 @@
+//! The estimates bursts give, against counts known by construction: the
+//! five paths of `shares`'s loop, picked at random per iteration and
+//! counted by the program itself, under default bursts, and the 95%
+//! intervals `paths.pb.gz` gives them (label `ci95_ppm`).
+use std::time::Duration;
+
+use burstyd_tests::pprof::read_profile;
+use burstyd_tests::*;
+
+/// Every one of the five paths' estimated share of all executions lies
+/// within twice its 95% interval of the truth (outside 3.9 standard
+/// errors: one time in ten thousand), at least four of them within the
+/// interval itself, and the intervals are neither zero nor useless (each
+/// below 25% of the share, with thousands of bursts). The program's output
+/// (its own counts) is its untraced output.
+#[test]
+fn the_intervals_hold_the_known_path_shares() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("shares");
+    let exe_s = exe.to_str().unwrap();
+    // About 3 s of the loop under bursts: some 2,500 bursts at 997 Hz.
+    let n = "150000000";
+    let untraced = run_untraced(&[exe_s, n], Duration::from_secs(120));
+    let scratch = Scratch::new("estimates-shares");
+    let run = burstyd_run(
+        &scratch,
+        &["-F", "997"],
+        &[exe_s, n],
+        Duration::from_secs(300),
+    );
+    run.assert_ok();
+    let out = run.finished.stdout_str();
+    assert_eq!(out, untraced.stdout_str());
+    // "shares N c0 c1 c2 c3 c4"
+    let nums: Vec<f64> = out
+        .split_whitespace()
+        .skip(1)
+        .map(|w| w.parse().unwrap())
+        .collect();
+    let mut truth: Vec<f64> = nums[1..].iter().map(|c| c / nums[0]).collect();
+    truth.sort_by(|a, b| b.total_cmp(a));
+    let p = read_profile(&run.out_dir.join("paths.pb.gz")).unwrap_or_else(|e| panic!("{e:#}"));
+    let all: i64 = p.samples.iter().map(|s| s.values[0]).sum();
+    // Per kernel path: (estimated executions, ci95 relative).
+    let mut paths: std::collections::BTreeMap<i64, (i64, f64)> = Default::default();
+    for s in &p.samples {
+        if s.label("symbol") != Some("kernel") {
+            continue;
+        }
+        let path = s.num_labels["path"];
+        let ci = s.num_labels.get("ci95_ppm").copied().unwrap_or_else(|| {
+            panic!(
+                "kernel path {path} has no ci95_ppm label: {:?}",
+                s.num_labels
+            )
+        });
+        let e = paths.entry(path).or_insert((0, 0.0));
+        e.0 += s.values[0];
+        e.1 = ci as f64 / 1e6;
+    }
+    // The five body paths are the five most executed (the loop's entry
+    // and exit paths run once); the two of 2/16 are alike: by rank.
+    let mut top: Vec<(i64, f64)> = paths.values().copied().collect();
+    top.sort_by(|a, b| b.0.cmp(&a.0));
+    assert!(top.len() >= 5, "kernel paths: {paths:?}");
+    top.truncate(5);
+    let rows: Vec<String> = top
+        .iter()
+        .zip(&truth)
+        .map(|((n, ci), t)| {
+            let share = *n as f64 / all as f64;
+            format!(
+                "share {share:.5} (truth {t:.5}, off {:+.3}%) ±{:.3}%",
+                100.0 * (share / t - 1.0),
+                100.0 * ci
+            )
+        })
+        .collect();
+    let summary = read_summary(&run.out_dir);
+    let why = format!(
+        "kernel paths:\n  {}\n{}",
+        rows.join("\n  "),
+        summary.traced().describe()
+    );
+    let mut inside = 0;
+    for ((n, ci), t) in top.iter().zip(&truth) {
+        let off = (*n as f64 / all as f64 / t - 1.0).abs();
+        assert!(*ci > 0.0 && *ci < 0.25, "an interval of ±{ci}: {why}");
+        assert!(off <= 2.0 * ci, "a path outside twice its interval: {why}");
+        if off <= *ci {
+            inside += 1;
+        }
+    }
+    assert!(
+        inside >= 4,
+        "{inside} of 5 paths within their interval: {why}"
+    );
+}
