@@ -62,7 +62,7 @@ fn the_intervals_hold_the_known_path_shares() {
     // The five body paths are the five most executed (the loop's entry
     // and exit paths run once); the two of 2/16 are alike: by rank.
     let mut top: Vec<(i64, f64)> = paths.values().copied().collect();
-    top.sort_by(|a, b| b.0.cmp(&a.0));
+    top.sort_by_key(|t| std::cmp::Reverse(t.0));
     assert!(top.len() >= 5, "kernel paths: {paths:?}");
     top.truncate(5);
     let rows: Vec<String> = top
