@@ -34,12 +34,20 @@ pub type EdgeId = (String, usize, usize);
 
 /// Path counts of a `paths.pb.gz`.
 pub fn path_counts(p: &Profile) -> HashMap<PathId, u64> {
+    path_counts_of(p, "executions")
+}
+
+/// [`path_counts`] with the values of sample type `value` (e.g.
+/// `recorded`, the executions recorded before the estimator's weights);
+/// the first sample type where the profile has no such one.
+pub fn path_counts_of(p: &Profile, value: &str) -> HashMap<PathId, u64> {
+    let i = p.value_index(value).unwrap_or(0);
     let mut out = HashMap::new();
     for s in &p.samples {
         let (Some(sym), Some(&path)) = (s.label("symbol"), s.num_labels.get("path")) else {
             continue;
         };
-        *out.entry((sym.to_string(), path as u64)).or_insert(0) += s.values[0] as u64;
+        *out.entry((sym.to_string(), path as u64)).or_insert(0) += s.values[i] as u64;
     }
     out
 }

@@ -15,7 +15,13 @@
 //!       prints `overlap=F branches=N unplaced=N`: edge relative overlap of
 //!       the estimates' paths (added up) against callgrind's exact branch
 //!       counts of BINARY (`--collect-jumps=yes --dump-instr=yes
-//!       --compress-strings=no --compress-pos=no`), an independent truth
+//!       --compress-strings=no --compress-pos=no`), an independent truth.
+//!       BENCH_VALUE=TYPE reads the estimates' sample type TYPE
+//!       (`recorded`: before the estimator's weights) instead of
+//!       `executions`
+//!   bench_tool function-shares PATHS.pb.gz FUNC...
+//!       prints each FUNC's share of the FUNCs' executions (sample type
+//!       BENCH_VALUE, default `executions`), one line each: `SHARE FUNC`
 //!   bench_tool rusage OUT_FILE -- CMD ARGS...
 //!       runs CMD, waits for it with wait4(2) and writes its own rusage
 //!       (`wall_s= user_s= sys_s= maxrss_kb= status=`) to OUT_FILE; exits
@@ -96,7 +102,8 @@ fn main() {
             for p in &args[4..] {
                 let prof = burstyd_tests::pprof::read_profile(std::path::Path::new(p))
                     .unwrap_or_else(|e| panic!("{p}: {e:#}"));
-                for (k, v) in path_counts(&prof) {
+                let value = std::env::var("BENCH_VALUE").unwrap_or_else(|_| "executions".into());
+                for (k, v) in path_counts_of(&prof, &value) {
                     *est.entry(k).or_insert(0) += v;
                 }
             }
@@ -134,6 +141,20 @@ fn main() {
                         l, b.0, b.1
                     );
                 }
+            }
+        }
+        Some("function-shares") if args.len() >= 4 => {
+            let prof = burstyd_tests::pprof::read_profile(std::path::Path::new(&args[2]))
+                .unwrap_or_else(|e| panic!("{}: {e:#}", args[2]));
+            let value = std::env::var("BENCH_VALUE").unwrap_or_else(|_| "executions".into());
+            let counts = burstyd_tests::accuracy::path_counts_of(&prof, &value);
+            let per: Vec<u64> = args[3..]
+                .iter()
+                .map(|f| counts.iter().filter(|(k, _)| &k.0 == f).map(|(_, v)| v).sum())
+                .collect();
+            let total: u64 = per.iter().sum();
+            for (f, n) in args[3..].iter().zip(per) {
+                println!("{:.4} {f}", n as f64 / total.max(1) as f64);
             }
         }
         Some("rusage") if args.len() >= 5 && args[3] == "--" => {
