@@ -56,7 +56,7 @@ command_for() {
 bursts_of() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sum(p['metrics'].get('burstyd_traced_bursts_total',0) for p in d['processes']))" "$1/summary.json"; }
 # density: the dense loop's share of the two loops' executions (truth: 0.5
 # by construction), of sample type $2.
-dense_share() { BENCH_VALUE="$2" "$TOOL" function-shares "$1/paths.pb.gz" dense sparse | awk '{ print $1 }'; }
+dense_share() { BENCH_VALUE="$2" "$TOOL" function-shares "$1/paths.pb.gz" dense sparse | awk 'NR == 1 { print $1 }'; }
 
 printf '%-11s %7s %7s  %9s %9s %9s\n' program target bursts full recorded estimated
 echo "(edge relative overlap against callgrind; for density, the dense loop's share of the two loops' executions, 0.5 by construction)"
