@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# How the path profile of bursts converges, against an independent truth:
-# for each program, the edge relative overlap against callgrind's exact
-# branch counts (`--collect-jumps=yes`, bench_tool callgrind-accuracy) of
-#   - the full trace (every path from the first burst on),
-#   - the executions recorded in default bursts, counted alike (the
-#     estimator before issue 32: sample type `recorded`),
-#   - the estimates (sample type `executions`: each recorded execution
-#     weighted, see ARCHITECTURE.md "Estimates from bursts"),
+# How the path profile of bursts converges, and to what: for each program
 # at about 100, 300, 1,000 and 3,000 bursts (one run each, the burst rate
-# set from the program's traced run time), in one table.
+# set from the program's traced run time), in one table,
+#   - cg: the edge relative overlap against callgrind's exact branch counts
+#     (`--collect-jumps=yes`, bench_tool callgrind-accuracy), an
+#     independent truth; it weighs each branch's taken/not-taken split by
+#     its frequency, so it barely sees a bias in how executions split
+#     among functions;
+#   - fn: how executions split among functions against the full trace's
+#     split (bench_tool function-overlap): this one sees it;
+# each for the full trace (every path from the first burst on), the
+# executions recorded in default bursts counted alike (`rec`: the
+# estimator before issue 32, sample type `recorded`), the estimates
+# (`est`: sample type `executions`, each execution weighted by the checks
+# its path spans) and the same with bursts weighted by the static cost of
+# their paths (`static`: BURSTYD_WEIGHTS=cost, an experiment; see
+# ARCHITECTURE.md "Estimates from bursts").
 # Programs: tests/fixtures/density.c (two loops run equally often, one
 # dense in checks and one sparse: a 20x contrast in time per check),
 # Lua 5.4 on tests/fixtures/gc_heavy.lua (the garbage collector's loops
@@ -54,12 +61,10 @@ command_for() {
     esac
 }
 bursts_of() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sum(p['metrics'].get('burstyd_traced_bursts_total',0) for p in d['processes']))" "$1/summary.json"; }
-# density: the dense loop's share of the two loops' executions (truth: 0.5
-# by construction), of sample type $2.
-dense_share() { BENCH_VALUE="$2" "$TOOL" function-shares "$1/paths.pb.gz" dense sparse | awk 'NR == 1 { print $1 }'; }
+cg() { BENCH_VALUE="$3" "$TOOL" callgrind-accuracy "$1" "$2" "$4/paths.pb.gz" | sed 's/ .*//; s/overlap=//'; }
+fn() { BENCH_VALUE="$2" "$TOOL" function-overlap "$1/paths.pb.gz" "$3/paths.pb.gz" | sed 's/overlap=//'; }
 
-printf '%-11s %7s %7s  %9s %9s %9s\n' program target bursts full recorded estimated
-echo "(edge relative overlap against callgrind; for density, the dense loop's share of the two loops' executions, 0.5 by construction)"
+printf '%-11s %6s %6s | cg %6s %6s %6s %6s | fn %6s %6s %6s\n' program target bursts full rec est static rec est static
 for prog in $PROGRAMS; do
     if [[ "$prog" != density && "$prog" != python3.11 && ! -x "$RP/${prog%-gc}" ]]; then
         echo "$prog: not built (bash scripts/realprogs.sh)" >&2; continue
@@ -71,22 +76,20 @@ for prog in $PROGRAMS; do
         || { tail -5 "$WORK/$prog.cg.log" >&2; die "callgrind failed for $prog"; }
     "$BIN" run --full-trace -o "$WORK/$prog-full" -- "${CMD[@]}" >/dev/null 2>"$WORK/$prog-full.log" \
         || die "full trace of $prog failed: $(tail -3 "$WORK/$prog-full.log")"
-    full=$("$TOOL" callgrind-accuracy "$exe" "$WORK/$prog.cg" "$WORK/$prog-full/paths.pb.gz" | sed 's/ .*//; s/overlap=//')
-    [[ "$prog" != density ]] || full=$(dense_share "$WORK/$prog-full" executions)
+    full=$(cg "$exe" "$WORK/$prog.cg" executions "$WORK/$prog-full")
     # The traced run time at the default rate sets the rate for each target.
     t0=$(date +%s.%N)
     "$BIN" run -o "$WORK/$prog-rate" -- "${CMD[@]}" >/dev/null 2>&1
     secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
     for k in $BURSTS; do
         hz=$(awk -v k="$k" -v s="$secs" 'BEGIN { f = int(k / s + 0.5); print (f < 1 ? 1 : f) }')
-        out="$WORK/$prog-$k"
+        out="$WORK/$prog-$k" cost="$WORK/$prog-$k-cost"
         "$BIN" run -F "$hz" -o "$out" -- "${CMD[@]}" >/dev/null 2>"$out.log" || die "$prog at $hz Hz failed: $(tail -3 "$out.log")"
-        rec=$(BENCH_VALUE=recorded "$TOOL" callgrind-accuracy "$exe" "$WORK/$prog.cg" "$out/paths.pb.gz" | sed 's/ .*//; s/overlap=//')
-        est=$("$TOOL" callgrind-accuracy "$exe" "$WORK/$prog.cg" "$out/paths.pb.gz" | sed 's/ .*//; s/overlap=//')
-        if [[ "$prog" == density ]]; then
-            rec=$(dense_share "$out" recorded)
-            est=$(dense_share "$out" executions)
-        fi
-        printf '%-11s %7s %7s  %9s %9s %9s\n' "$prog" "$k" "$(bursts_of "$out")" "$full" "$rec" "$est"
+        BURSTYD_WEIGHTS=cost "$BIN" run -F "$hz" -o "$cost" -- "${CMD[@]}" >/dev/null 2>"$cost.log" || die "$prog at $hz Hz failed: $(tail -3 "$cost.log")"
+        printf '%-11s %6s %6s | cg %6s %6s %6s %6s | fn %6s %6s %6s\n' "$prog" "$k" "$(bursts_of "$out")" "$full" \
+            "$(cg "$exe" "$WORK/$prog.cg" recorded "$out")" "$(cg "$exe" "$WORK/$prog.cg" executions "$out")" \
+            "$(cg "$exe" "$WORK/$prog.cg" executions "$cost")" \
+            "$(fn "$WORK/$prog-full" recorded "$out")" "$(fn "$WORK/$prog-full" executions "$out")" \
+            "$(fn "$WORK/$prog-full" executions "$cost")"
     done
 done

@@ -221,6 +221,10 @@ pub(crate) struct PathCounts {
     pub(crate) estimates: Estimates,
     /// A full trace: every execution is recorded, each counts 1 at once.
     exact: bool,
+    /// Each path's cost in the original code (quarter cycles;
+    /// [`super::traced::Traced::path_cost`]), learnt as paths are first
+    /// seen; `None`: not known.
+    costs: HashMap<(u32, u64), Option<u64>>,
 }
 
 impl PathCounts {
@@ -464,7 +468,13 @@ impl PathCounts {
             .iter()
             .map(|(k, span)| ((k.2, k.3), span_weight(*span, checks)))
             .collect();
-        let w = self.estimates.finish(&occurrences, ticks);
+        // The original time the burst's complete paths took, where every
+        // one's cost is known.
+        let cost: Option<u64> = pending
+            .iter()
+            .map(|(k, _)| self.costs.get(&(k.2, k.3)).copied().flatten())
+            .sum();
+        let w = self.estimates.finish(&occurrences, ticks, cost);
         for ((k, _), (_, o)) in pending.iter().zip(&occurrences) {
             // Still in this interval's counts, or already in the totals
             // (an interval ended during the burst): the weight goes to
@@ -481,6 +491,16 @@ impl PathCounts {
         for slot in 0..MAX_SLOTS {
             self.finish(slot, None);
         }
+    }
+
+    /// Whether path `(fid, path)`'s cost is still to be learnt.
+    pub(crate) fn needs_cost(&self, fid: u32, path: u64) -> bool {
+        !self.exact && !self.costs.contains_key(&(fid, path))
+    }
+
+    /// Path `(fid, path)` costs `cost` in the original code.
+    pub(crate) fn set_cost(&mut self, fid: u32, path: u64, cost: Option<u64>) {
+        self.costs.insert((fid, path), cost);
     }
 
     /// Every burst records every execution (a full trace): counts are

@@ -34,7 +34,16 @@ pub(crate) enum Weighting {
     /// Every burst counts alike.
     #[default]
     Uniform,
+    /// By the inverse of the original time per path the burst covered,
+    /// as the static cost of its complete paths says (`paths / Σ cost`);
+    /// a burst whose paths' costs are not all known weighs the mean of
+    /// those that are.
+    StaticCost,
 }
+
+/// [`Weighting::StaticCost`]'s scale: a burst whose paths average this many
+/// quarter cycles weighs 1 (keeps estimates near the recorded counts).
+const COST_SCALE: f64 = 40.0;
 
 /// The sums one path's confidence interval needs (see the module doc).
 #[derive(Clone, Copy, Debug, Default)]
@@ -58,6 +67,10 @@ pub(crate) struct Estimates {
     all_sq: f64,
     /// Bursts that ended with at least one complete path.
     pub(crate) bursts: u64,
+    /// Σ of the weights of the bursts weighed by their paths' cost, and
+    /// how many (their mean weighs the others).
+    weights: f64,
+    weighed: u64,
     /// Σ of the bursts' lengths in time-stamp-counter ticks (END records
     /// that carry them: not those ended after the fact), and how many.
     pub(crate) ticks: u64,
@@ -74,11 +87,22 @@ pub(crate) struct Share {
 
 impl Estimates {
     /// The weight of a burst that counted `paths` complete paths (`ticks`:
-    /// its length, when its END record carried one).
-    fn weight(&self, _paths: usize, _ticks: Option<u64>) -> f64 {
+    /// its length, when its END record carried one; `cost`: theirs in the
+    /// original code, when known).
+    fn weight(&self, paths: usize, _ticks: Option<u64>, cost: Option<u64>) -> f64 {
         match self.weighting {
             Weighting::Uniform => 1.0,
+            Weighting::StaticCost => match cost {
+                Some(c) if c > 0 && paths > 0 => paths as f64 / c as f64 * COST_SCALE,
+                _ if self.weighed > 0 => self.weights / self.weighed as f64,
+                _ => 1.0,
+            },
         }
+    }
+
+    /// Weighs bursts with `w` from now on.
+    pub(crate) fn set_weighting(&mut self, w: Weighting) {
+        self.weighting = w;
     }
 
     /// A burst ended having counted `occurrences`: one per complete path
@@ -86,12 +110,21 @@ impl Estimates {
     /// span weight, [`super::counts::span_weight`]); `ticks` long if
     /// known. Returns the burst's weight (an occurrence's estimate is the
     /// burst's weight times its own).
-    pub(crate) fn finish(&mut self, occurrences: &[((u32, u64), f64)], ticks: Option<u64>) -> f64 {
+    pub(crate) fn finish(
+        &mut self,
+        occurrences: &[((u32, u64), f64)],
+        ticks: Option<u64>,
+        cost: Option<u64>,
+    ) -> f64 {
         if let Some(t) = ticks {
             self.ticks += t;
             self.timed += 1;
         }
-        let w = self.weight(occurrences.len(), ticks);
+        let w = self.weight(occurrences.len(), ticks, cost);
+        if cost.is_some_and(|c| c > 0) && !occurrences.is_empty() {
+            self.weights += w;
+            self.weighed += 1;
+        }
         if occurrences.is_empty() {
             return w;
         }
@@ -143,6 +176,7 @@ mod tests {
             e.finish(
                 &[((1, 0), 1.0), ((1, 0), 1.0), ((1, 1), 1.0), ((2, 5), 1.0)],
                 Some(100),
+                None,
             );
         }
         let s = e.share(1, 0).unwrap();
@@ -150,6 +184,25 @@ mod tests {
         assert!(s.relative_ci95 < 1e-6, "{s:?}");
         assert_eq!((e.bursts, e.ticks, e.timed), (10, 1000, 10));
         assert_eq!(e.share(3, 0), None);
+    }
+
+    /// Weighted by static cost, a burst of cheap paths weighs more than
+    /// one of costly paths by their cost ratio, and a burst whose paths'
+    /// costs are not known weighs the mean so far.
+    #[test]
+    fn static_cost_weighs_by_the_inverse_cost_per_path() {
+        let mut e = Estimates::default();
+        e.set_weighting(Weighting::StaticCost);
+        let cheap = e.finish(&[((1, 0), 1.0); 10], None, Some(10 * 8));
+        let costly = e.finish(&[((2, 0), 1.0); 10], None, Some(10 * 160));
+        assert!((cheap / costly - 20.0).abs() < 1e-9, "{cheap} {costly}");
+        assert!((cheap - COST_SCALE / 8.0).abs() < 1e-9);
+        let unknown = e.finish(&[((3, 0), 1.0); 10], None, None);
+        assert!((unknown - (cheap + costly) / 2.0).abs() < 1e-9);
+        // Dense and sparse in equal numbers of bursts: shares 20 : 1.
+        let d = e.share(1, 0).unwrap().share;
+        let s = e.share(2, 0).unwrap().share;
+        assert!((d / s - 20.0).abs() < 1e-9);
     }
 
     /// Bursts that disagree give an interval that shrinks as 1/√bursts,
@@ -162,7 +215,7 @@ mod tests {
             let mut e = Estimates::default();
             for i in 0..n {
                 let k = if i % 2 == 0 { (1, 0) } else { (2, 0) };
-                e.finish(&[(k, 1.0); 10], None);
+                e.finish(&[(k, 1.0); 10], None, None);
             }
             e.share(1, 0).unwrap()
         };

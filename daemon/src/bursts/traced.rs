@@ -139,6 +139,22 @@ impl Traced {
         out
     }
 
+    /// What path `path` of function `fid` costs in the original code, in
+    /// quarter cycles: its blocks' static costs added up
+    /// (`userspace_rewriter::analysis::cost`); `None` where the function
+    /// has no path numbering or the number is not a path.
+    pub(crate) fn path_cost(&self, fid: u32, path: u64) -> Option<u64> {
+        let (m, local) = self.function(fid)?;
+        let d = m.path_details(local)?;
+        let p = d.numbering.regenerate(path).ok()?;
+        Some(
+            p.blocks
+                .iter()
+                .map(|&b| u64::from(d.cfg.blocks.get(b).map_or(0, |b| b.cost)))
+                .sum(),
+        )
+    }
+
     /// The executable.
     pub(crate) fn exe_module(&self) -> &TracedModule {
         &self.modules[0]

@@ -92,6 +92,11 @@ impl BurstTracer {
         if opts.full_trace {
             counts.set_exact();
         }
+        if std::env::var("BURSTYD_WEIGHTS").as_deref() == Ok("cost") {
+            counts
+                .estimates
+                .set_weighting(super::estimate::Weighting::StaticCost);
+        }
         for m in &modules {
             counts.add_functions(m.fid_base, fid_facts(m));
         }
@@ -413,6 +418,16 @@ impl BurstTracer {
                 let ev = decode::decode(w0, w1);
                 if let Some(t) = trace.as_mut() {
                     t.add(&ev);
+                }
+                if let decode::BurstEvent::Path {
+                    fid,
+                    path,
+                    partial: false,
+                    ..
+                } = ev
+                    && counts.needs_cost(fid, path)
+                {
+                    counts.set_cost(fid, path, traced.path_cost(fid, path));
                 }
                 counts.add(&ev);
                 if let decode::BurstEvent::Start { tid, pc, .. } = ev {

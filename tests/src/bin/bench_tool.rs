@@ -19,6 +19,11 @@
 //!       BENCH_VALUE=TYPE reads the estimates' sample type TYPE
 //!       (`recorded`: before the estimator's weights) instead of
 //!       `executions`
+//!   bench_tool function-overlap TRUTH.pb.gz ESTIMATE.pb.gz
+//!       prints `overlap=F`: Σ over functions of the smaller of their two
+//!       shares of all path executions (TRUTH's `executions`, ESTIMATE's
+//!       BENCH_VALUE): 1 when the estimate splits executions among
+//!       functions as the truth does, whatever the branches within them
 //!   bench_tool function-shares PATHS.pb.gz FUNC...
 //!       prints each FUNC's share of the FUNCs' executions (sample type
 //!       BENCH_VALUE, default `executions`), one line each: `SHARE FUNC`
@@ -143,6 +148,31 @@ fn main() {
                 }
             }
         }
+        Some("function-overlap") if args.len() == 4 => {
+            let read = |p: &str| {
+                burstyd_tests::pprof::read_profile(std::path::Path::new(p))
+                    .unwrap_or_else(|e| panic!("{p}: {e:#}"))
+            };
+            let value = std::env::var("BENCH_VALUE").unwrap_or_else(|_| "executions".into());
+            let shares = |c: std::collections::HashMap<burstyd_tests::accuracy::PathId, u64>| {
+                let mut f: std::collections::HashMap<String, f64> = Default::default();
+                let total: u64 = c.values().sum();
+                for ((func, _), n) in c {
+                    *f.entry(func).or_default() += n as f64 / total.max(1) as f64;
+                }
+                f
+            };
+            let truth = shares(burstyd_tests::accuracy::path_counts(&read(&args[2])));
+            let est = shares(burstyd_tests::accuracy::path_counts_of(
+                &read(&args[3]),
+                &value,
+            ));
+            let overlap: f64 = truth
+                .iter()
+                .map(|(f, t)| t.min(est.get(f).copied().unwrap_or(0.0)))
+                .sum();
+            println!("overlap={overlap:.4}");
+        }
         Some("function-shares") if args.len() >= 4 => {
             let prof = burstyd_tests::pprof::read_profile(std::path::Path::new(&args[2]))
                 .unwrap_or_else(|e| panic!("{}: {e:#}", args[2]));
@@ -150,7 +180,13 @@ fn main() {
             let counts = burstyd_tests::accuracy::path_counts_of(&prof, &value);
             let per: Vec<u64> = args[3..]
                 .iter()
-                .map(|f| counts.iter().filter(|(k, _)| &k.0 == f).map(|(_, v)| v).sum())
+                .map(|f| {
+                    counts
+                        .iter()
+                        .filter(|(k, _)| &k.0 == f)
+                        .map(|(_, v)| v)
+                        .sum()
+                })
                 .collect();
             let total: u64 = per.iter().sum();
             for (f, n) in args[3..].iter().zip(per) {

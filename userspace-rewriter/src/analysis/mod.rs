@@ -4,6 +4,7 @@
 //! `callgraph` → [`plan`].
 mod callgraph;
 pub mod cfg;
+pub mod cost;
 pub mod disasm;
 pub mod elf;
 pub mod functions;

@@ -535,8 +535,8 @@ impl Walker<'_, '_> {
     }
 
     /// Cut reached instructions into blocks and connect them.
-    fn finish(self) -> Cfg {
-        let insns = self.insns;
+    fn finish(mut self) -> Cfg {
+        let insns = std::mem::take(&mut self.insns);
         let ends_block =
             |i: usize| !matches!(insns[i].flow, Flow::Next | Flow::Syscall | Flow::Interrupt);
         let mut blocks: Vec<Block> = Vec::new();
@@ -559,10 +559,12 @@ impl Walker<'_, '_> {
                     break;
                 }
             }
+            let instrs: Vec<_> = insns[start..i].iter().map(|x| x.instr).collect();
             blocks.push(Block {
                 start: insns[start].addr,
                 end: insns[i - 1].end(),
                 insns: start..i,
+                cost: crate::analysis::cost::block_cost(&instrs, &mut self.info),
             });
         }
         let mut edges = Vec::new();

@@ -115,6 +115,9 @@ pub struct Block {
     pub(super) end: u64,
     /// Indices into the function's instruction slice.
     pub insns: Range<usize>,
+    /// What it costs in the original code, in quarter cycles
+    /// ([`crate::analysis::cost::block_cost`]).
+    pub cost: u32,
 }
 
 /// An edge between two blocks.
