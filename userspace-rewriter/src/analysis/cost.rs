@@ -35,6 +35,22 @@ fn latency(i: &Instruction) -> u32 {
     }
 }
 
+/// Whether an operand access reads the operand (maybe).
+pub fn reads(a: OpAccess) -> bool {
+    matches!(
+        a,
+        OpAccess::Read | OpAccess::CondRead | OpAccess::ReadWrite | OpAccess::ReadCondWrite
+    )
+}
+
+/// Whether an operand access writes the operand (maybe).
+pub fn writes(a: OpAccess) -> bool {
+    matches!(
+        a,
+        OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
+    )
+}
+
 /// Where a register's value is tracked: its full register (`eax` is
 /// `rax`); flags are one register.
 fn slot(r: Register) -> Option<usize> {
@@ -56,18 +72,11 @@ pub fn block_cost(insns: &[Instruction], info: &mut InstructionInfoFactory) -> u
     let mut uops = 0u32;
     for i in insns {
         let inf = info.info(i);
-        let loads = inf.used_memory().iter().any(|m| {
-            matches!(
-                m.access(),
-                OpAccess::Read | OpAccess::CondRead | OpAccess::ReadWrite | OpAccess::ReadCondWrite
-            )
-        });
+        let loads = inf.used_memory().iter().any(|m| reads(m.access()));
         let mut start = 0;
         for u in inf.used_registers() {
-            if matches!(
-                u.access(),
-                OpAccess::Read | OpAccess::CondRead | OpAccess::ReadWrite | OpAccess::ReadCondWrite
-            ) && let Some(s) = slot(u.register())
+            if reads(u.access())
+                && let Some(s) = slot(u.register())
             {
                 start = start.max(ready[s]);
             }
@@ -85,13 +94,8 @@ pub fn block_cost(insns: &[Instruction], info: &mut InstructionInfoFactory) -> u
         }
         let done = start + latency(i) + if loads { LOAD } else { 0 };
         for u in inf.used_registers() {
-            if matches!(
-                u.access(),
-                OpAccess::Write
-                    | OpAccess::CondWrite
-                    | OpAccess::ReadWrite
-                    | OpAccess::ReadCondWrite
-            ) && let Some(s) = slot(u.register())
+            if writes(u.access())
+                && let Some(s) = slot(u.register())
             {
                 ready[s] = done;
             }

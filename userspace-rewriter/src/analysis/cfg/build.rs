@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use iced_x86::{InstructionInfoFactory, OpAccess};
+use iced_x86::InstructionInfoFactory;
 
 use super::context::CfgContext;
 use super::liveness::{CALLER_SAVED, gpr_index};
@@ -472,13 +472,8 @@ impl Walker<'_, '_> {
         let info = self.info.info(&insn.instr);
         let mut mask = 0;
         for r in info.used_registers() {
-            if matches!(
-                r.access(),
-                OpAccess::Write
-                    | OpAccess::CondWrite
-                    | OpAccess::ReadWrite
-                    | OpAccess::ReadCondWrite
-            ) && let Some(n) = gpr_index(r.register())
+            if crate::analysis::cost::writes(r.access())
+                && let Some(n) = gpr_index(r.register())
             {
                 mask |= 1 << n;
             }
