@@ -122,9 +122,10 @@ struct BurstState {
     /// The last path counted, for the COST record that may follow it.
     last: Option<(u32, u32, u32, u64)>,
     /// The complete paths the running burst counted, in order, with
-    /// their spans (see [`span_weight`]; `None`: not known): weighted when
-    /// it ends.
-    pending: Vec<(Key, Option<u32>)>,
+    /// their spans (see [`span_weight`]; `None`: not known), runs of the
+    /// same (a loop going round) as one entry with their number: weighted
+    /// when it ends.
+    pending: Vec<(Key, Option<u32>, u32)>,
     /// Checks the burst passed so far: its ENTER and PATH records (every
     /// check is an entry, a back edge or the return site after a callee's
     /// path; a tail call's is the callee's entry).
@@ -405,7 +406,11 @@ impl PathCounts {
                                 t.estimate += 1.0;
                             }
                         } else {
-                            self.bursts[cur].pending.push((key, span));
+                            let pending = &mut self.bursts[cur].pending;
+                            match pending.last_mut() {
+                                Some((k, s, n)) if *k == key && *s == span => *n += 1,
+                                _ => pending.push((key, span, 1)),
+                            }
                         }
                     }
                 } else {
@@ -466,16 +471,24 @@ impl PathCounts {
         let checks = self.bursts[slot].checks;
         let occurrences: Vec<((u32, u64), f64)> = pending
             .iter()
-            .map(|(k, span)| ((k.2, k.3), span_weight(*span, checks)))
+            .map(|(k, span, n)| ((k.2, k.3), f64::from(*n) * span_weight(*span, checks)))
             .collect();
+        let paths: u64 = pending.iter().map(|p| u64::from(p.2)).sum();
         // The original time the burst's complete paths took, where every
         // one's cost is known.
-        let cost: Option<u64> = pending
-            .iter()
-            .map(|(k, _)| self.costs.get(&(k.2, k.3)).copied().flatten())
-            .sum();
-        let w = self.estimates.finish(&occurrences, ticks, cost);
-        for ((k, _), (_, o)) in pending.iter().zip(&occurrences) {
+        let cost: Option<u64> = if self.estimates.uses_costs() {
+            pending
+                .iter()
+                .map(|(k, _, n)| {
+                    let c = self.costs.get(&(k.2, k.3)).copied().flatten();
+                    c.map(|c| c * u64::from(*n))
+                })
+                .sum()
+        } else {
+            None
+        };
+        let w = self.estimates.finish(&occurrences, paths, ticks, cost);
+        for ((k, _, _), (_, o)) in pending.iter().zip(&occurrences) {
             // Still in this interval's counts, or already in the totals
             // (an interval ended during the burst): the weight goes to
             // this interval either way.
@@ -495,7 +508,7 @@ impl PathCounts {
 
     /// Whether path `(fid, path)`'s cost is still to be learnt.
     pub(crate) fn needs_cost(&self, fid: u32, path: u64) -> bool {
-        !self.exact && !self.costs.contains_key(&(fid, path))
+        !self.exact && self.estimates.uses_costs() && !self.costs.contains_key(&(fid, path))
     }
 
     /// Path `(fid, path)` costs `cost` in the original code.

@@ -89,7 +89,7 @@ impl Estimates {
     /// The weight of a burst that counted `paths` complete paths (`ticks`:
     /// its length, when its END record carried one; `cost`: theirs in the
     /// original code, when known).
-    fn weight(&self, paths: usize, _ticks: Option<u64>, cost: Option<u64>) -> f64 {
+    fn weight(&self, paths: u64, _ticks: Option<u64>, cost: Option<u64>) -> f64 {
         match self.weighting {
             Weighting::Uniform => 1.0,
             Weighting::StaticCost => match cost {
@@ -100,19 +100,28 @@ impl Estimates {
         }
     }
 
+    /// Whether the weights need the paths' static costs (learning them
+    /// reads each function's CFG: not for nothing).
+    pub(crate) fn uses_costs(&self) -> bool {
+        self.weighting == Weighting::StaticCost
+    }
+
     /// Weighs bursts with `w` from now on.
     pub(crate) fn set_weighting(&mut self, w: Weighting) {
         self.weighting = w;
     }
 
-    /// A burst ended having counted `occurrences`: one per complete path
-    /// (`(fid, path)`), with what it stands for within the burst (its
-    /// span weight, [`super::counts::span_weight`]); `ticks` long if
-    /// known. Returns the burst's weight (an occurrence's estimate is the
-    /// burst's weight times its own).
+    /// A burst ended having counted `paths` complete paths, as
+    /// `occurrences`: `(fid, path)` and what its executions stand for
+    /// within the burst (their number times their span weight,
+    /// [`super::counts::span_weight`]; a path may come more than once);
+    /// `ticks` long if known, `cost` (quarter cycles) the paths' static
+    /// cost if known. Returns the burst's weight (an occurrence's estimate
+    /// is the burst's weight times its own).
     pub(crate) fn finish(
         &mut self,
         occurrences: &[((u32, u64), f64)],
+        paths: u64,
         ticks: Option<u64>,
         cost: Option<u64>,
     ) -> f64 {
@@ -120,7 +129,7 @@ impl Estimates {
             self.ticks += t;
             self.timed += 1;
         }
-        let w = self.weight(occurrences.len(), ticks, cost);
+        let w = self.weight(paths, ticks, cost);
         if cost.is_some_and(|c| c > 0) && !occurrences.is_empty() {
             self.weights += w;
             self.weighed += 1;
@@ -175,6 +184,7 @@ mod tests {
         for _ in 0..10 {
             e.finish(
                 &[((1, 0), 1.0), ((1, 0), 1.0), ((1, 1), 1.0), ((2, 5), 1.0)],
+                4,
                 Some(100),
                 None,
             );
@@ -193,11 +203,11 @@ mod tests {
     fn static_cost_weighs_by_the_inverse_cost_per_path() {
         let mut e = Estimates::default();
         e.set_weighting(Weighting::StaticCost);
-        let cheap = e.finish(&[((1, 0), 1.0); 10], None, Some(10 * 8));
-        let costly = e.finish(&[((2, 0), 1.0); 10], None, Some(10 * 160));
+        let cheap = e.finish(&[((1, 0), 1.0); 10], 10, None, Some(10 * 8));
+        let costly = e.finish(&[((2, 0), 1.0); 10], 10, None, Some(10 * 160));
         assert!((cheap / costly - 20.0).abs() < 1e-9, "{cheap} {costly}");
         assert!((cheap - COST_SCALE / 8.0).abs() < 1e-9);
-        let unknown = e.finish(&[((3, 0), 1.0); 10], None, None);
+        let unknown = e.finish(&[((3, 0), 1.0); 10], 10, None, None);
         assert!((unknown - (cheap + costly) / 2.0).abs() < 1e-9);
         // Dense and sparse in equal numbers of bursts: shares 20 : 1.
         let d = e.share(1, 0).unwrap().share;
@@ -215,7 +225,7 @@ mod tests {
             let mut e = Estimates::default();
             for i in 0..n {
                 let k = if i % 2 == 0 { (1, 0) } else { (2, 0) };
-                e.finish(&[(k, 1.0); 10], None, None);
+                e.finish(&[(k, 1.0); 10], 10, None, None);
             }
             e.share(1, 0).unwrap()
         };
