@@ -26,7 +26,7 @@
 //! of all paths, `R = Σx/ΣX`, `var R ≈ Σ(x_b − R·X_b)² / (ΣX)²`. Three
 //! sums per path and two in all are kept as bursts end, so the interval is
 //! there at any time, for any number of bursts.
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 /// How a burst is weighted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,7 +61,7 @@ struct Moments {
 pub(crate) struct Estimates {
     weighting: Weighting,
     /// Per (fid, path).
-    moments: HashMap<(u32, u64), Moments>,
+    moments: FxHashMap<(u32, u64), Moments>,
     /// Σ X_b and Σ X_b².
     all: f64,
     all_sq: f64,
@@ -137,7 +137,7 @@ impl Estimates {
         if occurrences.is_empty() {
             return w;
         }
-        let mut per: HashMap<(u32, u64), f64> = HashMap::new();
+        let mut per: FxHashMap<(u32, u64), f64> = FxHashMap::default();
         for (k, o) in occurrences {
             *per.entry(*k).or_default() += o;
         }
