@@ -54,12 +54,24 @@ fn bursts_record_paths_and_keep_output_identical() {
     // is most of the event the stack samples of the program saw.
     let paths = read_profile(&run.out_dir.join("paths.pb.gz")).unwrap();
     let ctx = run.profile();
-    assert_eq!(paths.sample_types.len(), 3, "{:?}", paths.sample_types);
+    assert_eq!(paths.sample_types.len(), 4, "{:?}", paths.sample_types);
     let event = paths.sample_types[1].0.clone();
-    // Each path's time, measured in bursts with the time-stamp counter.
+    // Each path's time, measured in bursts with the time-stamp counter;
+    // then the executions recorded (before the estimator's weights).
     assert_eq!(
         paths.sample_types[2],
         ("measured-time".to_string(), "nanoseconds".to_string())
+    );
+    assert_eq!(
+        paths.sample_types[3],
+        ("recorded".to_string(), "count".to_string())
+    );
+    let recorded: i64 = paths.samples.iter().map(|s| s.values[3]).sum();
+    let estimated: i64 = paths.samples.iter().map(|s| s.values[0]).sum();
+    // Span weights only ever add (each at least 1; rounding aside).
+    assert!(
+        recorded > 0 && estimated as f64 >= 0.99 * recorded as f64,
+        "estimated {estimated}, recorded {recorded}"
     );
     let measured: i64 = paths.samples.iter().map(|s| s.values[2]).sum();
     assert!(measured > 0, "no path time measured");
