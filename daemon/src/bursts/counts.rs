@@ -464,8 +464,9 @@ impl PathCounts {
     /// Slot `slot`'s burst is over (`ticks` long, when known): what it
     /// counted gets its weight.
     fn finish(&mut self, slot: usize, ticks: Option<u64>) {
-        let pending = std::mem::take(&mut self.bursts[slot].pending);
+        let mut pending = std::mem::take(&mut self.bursts[slot].pending);
         if pending.is_empty() && ticks.is_none() {
+            self.bursts[slot].pending = pending;
             return;
         }
         let checks = self.bursts[slot].checks;
@@ -494,7 +495,7 @@ impl PathCounts {
             // this interval either way.
             self.counts.entry(*k).or_default().estimate += w * o;
         }
-        let mut pending = pending;
+        // The buffer is kept for the slot's next burst.
         pending.clear();
         self.bursts[slot].pending = pending;
     }
