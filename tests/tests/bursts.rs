@@ -155,8 +155,9 @@ fn bursts_record_paths_and_keep_output_identical() {
     }
 }
 
-/// In a raw trace: (UNWIND records, those the burst ended right after,
-/// and how many of the first paths the landing function records after
+/// In a raw trace: (UNWIND records, those whose landing left the clones —
+/// the END that `rt_unwind` writes right after its UNWIND when the target
+/// has no clone, reason `END_LEFT_CLONES` —, and how many of the first paths the landing function records after
 /// one — at the depth the jump left, not in a callee — are complete or
 /// partial).
 fn landings(jsonl: &std::path::Path) -> (usize, usize, usize, usize) {
@@ -171,7 +172,13 @@ fn landings(jsonl: &std::path::Path) -> (usize, usize, usize, usize) {
             continue;
         }
         unwinds += 1;
-        left += usize::from(recs.get(i + 1).is_some_and(|n| n["burst"] == "end"));
+        // An END of another reason right after is the handler's, later: the
+        // thread left the clones somewhere after the landing, before its
+        // next record (a paused burst), not at it.
+        left += usize::from(recs.get(i + 1).is_some_and(|n| {
+            n["burst"] == "end"
+                && n["reason"].as_u64() == Some(burstyd_common::burst::END_LEFT_CLONES)
+        }));
         let mut depth = 0usize;
         for r in &recs[i + 1..] {
             if r.get("burst").is_some() || r.get("unwind").is_some() {
