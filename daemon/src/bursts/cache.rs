@@ -51,7 +51,7 @@ use userspace_rewriter::codegen::{
 use super::fdata_facts::FdataFacts;
 use super::tables::FileTables;
 
-const MAGIC: &[u8] = b"burstyd plan cache 5\n";
+const MAGIC: &[u8] = b"burstyd plan cache 6\n";
 
 /// Default bound on the cache directory.
 pub(crate) const DEFAULT_MAX_MB: u64 = 1024;
