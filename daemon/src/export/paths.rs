@@ -49,6 +49,9 @@ pub(crate) fn paths_builder(event: &str, tsc_hz: Option<f64>) -> ProfileBuilder 
     if let Some(hz) = tsc_hz {
         b.add_comment(&format!("{MEASURED}/nanoseconds: measured in bursts with the time-stamp counter (lfence; rdtsc, {:.0} MHz; no user-readable PMU counter), from each path's start to its end, exclusive of the functions it calls (their paths have their own), minus the cheapest execution measured in the process (the instrumentation's own cost of a path: see each process's comment)", hz / 1e6));
         b.set_default_sample_type(MEASURED);
+    } else {
+        // Not the last type (`recorded`), which readers take without one.
+        b.set_default_sample_type(event);
     }
     b
 }
