@@ -14,8 +14,8 @@
 # estimator before issue 32, sample type `recorded`), the estimates
 # (`est`: sample type `executions`, each execution weighted by the checks
 # its path spans) and the same with bursts weighted by the static cost of
-# their paths (`static`: BURSTYD_WEIGHTS=cost, an experiment; see
-# ARCHITECTURE.md "Estimates from bursts").
+# their paths (`static`: `--weights static`; see ARCHITECTURE.md
+# "Estimates from bursts").
 # Programs: tests/fixtures/density.c (two loops run equally often, one
 # dense in checks and one sparse: a 20x contrast in time per check),
 # Lua 5.4 on tests/fixtures/gc_heavy.lua (the garbage collector's loops
@@ -85,7 +85,7 @@ for prog in $PROGRAMS; do
         hz=$(awk -v k="$k" -v s="$secs" 'BEGIN { f = int(k / s + 0.5); print (f < 1 ? 1 : f) }')
         out="$WORK/$prog-$k" cost="$WORK/$prog-$k-cost"
         "$BIN" run -F "$hz" -o "$out" -- "${CMD[@]}" >/dev/null 2>"$out.log" || die "$prog at $hz Hz failed: $(tail -3 "$out.log")"
-        BURSTYD_WEIGHTS=cost "$BIN" run -F "$hz" -o "$cost" -- "${CMD[@]}" >/dev/null 2>"$cost.log" || die "$prog at $hz Hz failed: $(tail -3 "$cost.log")"
+        "$BIN" run -F "$hz" --weights static -o "$cost" -- "${CMD[@]}" >/dev/null 2>"$cost.log" || die "$prog at $hz Hz failed: $(tail -3 "$cost.log")"
         printf '%-11s %6s %6s | cg %6s %6s %6s %6s | fn %6s %6s %6s\n' "$prog" "$k" "$(bursts_of "$out")" "$full" \
             "$(cg "$exe" "$WORK/$prog.cg" recorded "$out")" "$(cg "$exe" "$WORK/$prog.cg" executions "$out")" \
             "$(cg "$exe" "$WORK/$prog.cg" executions "$cost")" \

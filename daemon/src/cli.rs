@@ -244,6 +244,17 @@ pub(crate) struct ProfileArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=8))]
     pub(crate) max_bursts: Option<u64>,
 
+    /// How each burst's counts are weighted into the estimated executions
+    /// (beats the file's [bursts] weights) [default: uniform]. Bursts
+    /// start at time-uniform points and last a fixed number of checks, so
+    /// code dense in checks is under-counted against code sparse in them;
+    /// `static` undoes that by the paths' static cost (right for
+    /// compute-bound code, wrong where memory stalls dominate: the model
+    /// sees no cache miss); `uniform` counts every burst alike. See
+    /// ARCHITECTURE.md, "Estimates from bursts".
+    #[arg(long, value_enum, value_name = "HOW", conflicts_with = "no_bursts")]
+    pub(crate) weights: Option<crate::bursts::estimate::Weighting>,
+
     /// Sample only: no rewriting, no bursts (--pid, run, or the
     /// configuration's targets).
     #[arg(long, conflicts_with_all = ["full_trace", "save_bursts"])]

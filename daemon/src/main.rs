@@ -226,6 +226,7 @@ fn overrides(cli: &Cli, args: &ProfileArgs, matches: &ArgMatches) -> Overrides {
         path_time: args.path_time,
         exe_only: args.exe_only,
         max_bursts: args.max_bursts,
+        weights: args.weights,
     }
 }
 

@@ -160,6 +160,10 @@ impl BurstState {
     }
 }
 
+/// How many of a burst's first complete paths may stand for its start
+/// segment ([`PathCounts::start_cost`]).
+const START_PATHS: usize = 8;
+
 /// What one recorded execution of a path that spanned `span` checks (from
 /// the check before its first block to the one that ended it, its callees'
 /// included) stands for in a burst of `checks` checks. A burst starting at
@@ -475,16 +479,10 @@ impl PathCounts {
             .map(|(k, span, n)| ((k.2, k.3), f64::from(*n) * span_weight(*span, checks)))
             .collect();
         let paths: u64 = pending.iter().map(|p| u64::from(p.2)).sum();
-        // The original time the burst's complete paths took, where every
-        // one's cost is known.
-        let cost: Option<u64> = if self.estimates.uses_costs() {
-            pending
-                .iter()
-                .map(|(k, _, n)| {
-                    let c = self.costs.get(&(k.2, k.3)).copied().flatten();
-                    c.map(|c| c * u64::from(*n))
-                })
-                .sum()
+        // The original time per check where the burst started (see
+        // `start_cost`), for the static weights.
+        let cost = if self.estimates.uses_costs() {
+            self.start_cost(&pending)
         } else {
             None
         };
@@ -498,6 +496,34 @@ impl PathCounts {
         // The buffer is kept for the slot's next burst.
         pending.clear();
         self.bursts[slot].pending = pending;
+    }
+
+    /// The static cost (quarter cycles) of the original code between two
+    /// checks where a burst started: the exact weight of a burst is the
+    /// inverse of its start segment's original time (ARCHITECTURE.md,
+    /// "Estimates from bursts"), not of its whole window's, which would
+    /// overweigh a burst that starts in slow code and runs into fast code
+    /// (and the reverse). The start segment itself is partial in the
+    /// records; the first complete path that spans one check (no call) among
+    /// the burst's first [`START_PATHS`] stands for it (in a loop, the next
+    /// round of the same); failing that, the mean cost per path of the whole
+    /// burst. `None` while a needed path's cost is not known.
+    fn start_cost(&self, pending: &[(Key, Option<u32>, u32)]) -> Option<u64> {
+        let cost = |k: &Key| self.costs.get(&(k.2, k.3)).copied().flatten();
+        if let Some((k, _, _)) = pending
+            .iter()
+            .take(START_PATHS)
+            .find(|(_, span, _)| *span == Some(1))
+        {
+            return cost(k);
+        }
+        let mut sum = 0;
+        let mut paths = 0;
+        for (k, _, n) in pending {
+            sum += cost(k)? * u64::from(*n);
+            paths += u64::from(*n);
+        }
+        (paths > 0).then(|| sum.div_ceil(paths))
     }
 
     /// Every slot's running burst ends (the process is gone or detached).

@@ -12,12 +12,12 @@
 //!
 //! What `L` is cannot be read inside a burst: the burst runs the
 //! instrumented clones, and their time is not the original's (measured
-//! in ARCHITECTURE.md, "Estimates from bursts": a 3-cycle loop takes 20
+//! in ARCHITECTURE.md, "Estimates from bursts": a 2-cycle loop takes 20
 //! times its original time per check in the clones, a 65-cycle one 1.3
-//! times). Until a measure of the original time is known to beat
-//! counting every burst alike, the weight is 1 ([`Weighting::Uniform`])
-//! and the estimate is today's; what this module adds is the machinery:
-//! weights applied when a burst ends, and the estimate's confidence.
+//! times), and nothing else observed measures it. [`Weighting::StaticCost`]
+//! takes it from a static model of the code where the burst started;
+//! [`Weighting::Uniform`] (the default) counts every burst alike, as the
+//! model sees no cache miss.
 //!
 //! Confidence: bursts are the independent draws, so the variance of a
 //! path's share of all executions comes from the burst-to-burst spread of
@@ -28,16 +28,24 @@
 //! there at any time, for any number of bursts.
 use rustc_hash::FxHashMap;
 
-/// How a burst is weighted.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How a burst is weighted (`--weights`, `[bursts] weights`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub(crate) enum Weighting {
-    /// Every burst counts alike.
+    /// Every burst counts alike: right where checks are about as dense in
+    /// time everywhere, and where time goes to memory stalls the static
+    /// model cannot see (interpreters, collectors; see ARCHITECTURE.md,
+    /// "Estimates from bursts").
     #[default]
     Uniform,
-    /// By the inverse of the original time per path the burst covered,
-    /// as the static cost of its complete paths says (`paths / Σ cost`);
-    /// a burst whose paths' costs are not all known weighs the mean of
-    /// those that are.
+    /// By the inverse of the original time between two checks where the
+    /// burst started (the exact weight), as the static cost of the paths
+    /// there says (each block's steady-state throughput): right for
+    /// compute-bound code whose checks are dense in one place and sparse
+    /// in another. A burst whose start's cost is not known weighs the
+    /// mean of those that are.
+    #[value(name = "static")]
+    #[serde(rename = "static")]
     StaticCost,
 }
 
@@ -89,21 +97,19 @@ impl Estimates {
     /// The weight of a burst that counted `paths` complete paths (`ticks`:
     /// its length, when its END record carried one; `cost`: theirs in the
     /// original code, when known).
-    fn weight(&self, paths: u64, _ticks: Option<u64>, cost: Option<u64>) -> f64 {
-        match self.weighting {
-            Weighting::Uniform => 1.0,
-            Weighting::StaticCost => match cost {
-                Some(c) if c > 0 && paths > 0 => paths as f64 / c as f64 * COST_SCALE,
-                _ if self.weighed > 0 => self.weights / self.weighed as f64,
-                _ => 1.0,
-            },
+    fn weight(&self, paths: u64, cost: Option<u64>) -> f64 {
+        match (self.weighting, cost) {
+            (Weighting::Uniform, _) => 1.0,
+            (Weighting::StaticCost, Some(c)) if c > 0 && paths > 0 => COST_SCALE / c as f64,
+            _ if self.weighed > 0 => self.weights / self.weighed as f64,
+            _ => 1.0,
         }
     }
 
     /// Whether the weights need the paths' static costs (learning them
     /// reads each function's CFG: not for nothing).
     pub(crate) fn uses_costs(&self) -> bool {
-        self.weighting == Weighting::StaticCost
+        self.weighting != Weighting::Uniform
     }
 
     /// Weighs bursts with `w` from now on.
@@ -115,8 +121,9 @@ impl Estimates {
     /// `occurrences`: `(fid, path)` and what its executions stand for
     /// within the burst (their number times their span weight,
     /// [`super::counts::span_weight`]; a path may come more than once);
-    /// `ticks` long if known, `cost` (quarter cycles) the paths' static
-    /// cost if known. Returns the burst's weight (an occurrence's estimate
+    /// `ticks` long if known, `cost` the static cost (quarter cycles) of
+    /// the original code between two checks where it started, if known
+    /// ([`super::counts::PathCounts`]'s `start_cost`). Returns the burst's weight (an occurrence's estimate
     /// is the burst's weight times its own).
     pub(crate) fn finish(
         &mut self,
@@ -129,7 +136,7 @@ impl Estimates {
             self.ticks += t;
             self.timed += 1;
         }
-        let w = self.weight(paths, ticks, cost);
+        let w = self.weight(paths, cost);
         if cost.is_some_and(|c| c > 0) && !occurrences.is_empty() {
             self.weights += w;
             self.weighed += 1;
@@ -196,15 +203,15 @@ mod tests {
         assert_eq!(e.share(3, 0), None);
     }
 
-    /// Weighted by static cost, a burst of cheap paths weighs more than
-    /// one of costly paths by their cost ratio, and a burst whose paths'
-    /// costs are not known weighs the mean so far.
+    /// Weighted by static cost, a burst that started in cheap code weighs
+    /// more than one that started in costly code by their cost ratio, and
+    /// a burst whose start's cost is not known weighs the mean so far.
     #[test]
-    fn static_cost_weighs_by_the_inverse_cost_per_path() {
+    fn static_cost_weighs_by_the_inverse_cost_at_the_start() {
         let mut e = Estimates::default();
         e.set_weighting(Weighting::StaticCost);
-        let cheap = e.finish(&[((1, 0), 1.0); 10], 10, None, Some(10 * 8));
-        let costly = e.finish(&[((2, 0), 1.0); 10], 10, None, Some(10 * 160));
+        let cheap = e.finish(&[((1, 0), 1.0); 10], 10, None, Some(8));
+        let costly = e.finish(&[((2, 0), 1.0); 10], 10, None, Some(160));
         assert!((cheap / costly - 20.0).abs() < 1e-9, "{cheap} {costly}");
         assert!((cheap - COST_SCALE / 8.0).abs() < 1e-9);
         let unknown = e.finish(&[((3, 0), 1.0); 10], 10, None, None);

@@ -18,6 +18,9 @@ pub(crate) struct BurstOptions {
     pub(crate) libraries: Libraries,
     /// Write raw burst traces here (`--save-bursts`).
     pub(crate) save_bursts: Option<PathBuf>,
+    /// How each burst's counts are weighted into the estimates
+    /// (`--weights`).
+    pub(crate) weights: super::estimate::Weighting,
 }
 
 /// Which of a traced process's shared libraries get clones.

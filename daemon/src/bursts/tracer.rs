@@ -92,11 +92,7 @@ impl BurstTracer {
         if opts.full_trace {
             counts.set_exact();
         }
-        if std::env::var("BURSTYD_WEIGHTS").as_deref() == Ok("cost") {
-            counts
-                .estimates
-                .set_weighting(super::estimate::Weighting::StaticCost);
-        }
+        counts.estimates.set_weighting(opts.weights);
         for m in &modules {
             counts.add_functions(m.fid_base, fid_facts(m));
         }

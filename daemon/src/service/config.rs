@@ -61,6 +61,9 @@ pub(crate) struct BurstsConfig {
     pub(crate) max_bursts: Option<Spanned<u64>>,
     /// Refused with a reason: a full trace is for `burstyd run`.
     pub(crate) full_trace: Option<Spanned<bool>>,
+    /// How bursts are weighted into the estimates: `"uniform"` or
+    /// `"static"` (`--weights`).
+    pub(crate) weights: Option<crate::bursts::estimate::Weighting>,
 }
 
 /// `libraries = true | false | "hot" | "all" | "none"`.

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::bursts::estimate::Weighting;
 use crate::bursts::options::{BurstOptions, DEFAULT_BURST, Libraries};
 use crate::sampling::events::{DEFAULT_FREQ, Sampling};
 use crate::service::config::{FileConfig, HttpUrl, PushKind, Target, parse_listen};
@@ -37,6 +38,8 @@ pub(crate) struct Overrides {
     pub(crate) exe_only: bool,
     /// `--max-bursts`.
     pub(crate) max_bursts: Option<u64>,
+    /// `--weights`.
+    pub(crate) weights: Option<Weighting>,
 }
 
 /// How many processes the service traces in bursts at once by default.
@@ -56,6 +59,8 @@ pub(crate) struct BurstSettings {
     pub(crate) libraries: Libraries,
     /// Bursts at once in one process (on as many threads).
     pub(crate) max_bursts: u64,
+    /// How bursts are weighted into the estimates.
+    pub(crate) weights: Weighting,
 }
 
 impl BurstSettings {
@@ -73,6 +78,7 @@ impl BurstSettings {
             max_bursts: self.max_bursts,
             libraries: self.libraries,
             save_bursts,
+            weights: self.weights,
         }
     }
 }
@@ -240,6 +246,7 @@ impl Settings {
                     .max_bursts
                     .or(f.bursts.max_bursts.as_ref().map(|m| *m.get_ref()))
                     .unwrap_or(burstyd_common::burst::DEFAULT_MAX_BURSTS),
+                weights: o.weights.or(f.bursts.weights).unwrap_or_default(),
             },
             source: file.and(source).map(Path::to_path_buf),
         })
@@ -279,6 +286,7 @@ interval = 30
 burst = 200
 max_traced = 2
 path_time = true
+weights = "static"
 [[target]]
 exe = "/usr/bin/foo"
 bursts = false
@@ -323,7 +331,8 @@ pid = 1
                 max_traced: 2,
                 path_time: true,
                 libraries: Libraries::Hot,
-                max_bursts: burstyd_common::burst::DEFAULT_MAX_BURSTS
+                max_bursts: burstyd_common::burst::DEFAULT_MAX_BURSTS,
+                weights: Weighting::StaticCost,
             }
         );
         let o = Overrides {
@@ -424,7 +433,8 @@ pid = 1
                 max_traced: DEFAULT_MAX_TRACED,
                 path_time: false,
                 libraries: Libraries::All,
-                max_bursts: burstyd_common::burst::DEFAULT_MAX_BURSTS
+                max_bursts: burstyd_common::burst::DEFAULT_MAX_BURSTS,
+                weights: Weighting::Uniform,
             }
         );
     }
