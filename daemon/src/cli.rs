@@ -155,6 +155,37 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The hot data streams of a data reference trace (Chilimbi's: the
+    /// repeated reference sequences that account for most of it, found
+    /// with a Sequitur grammar; Hirzel & Chilimbi's case study for bursty
+    /// tracing): each stream's access signature (its instructions, with
+    /// functions and lines), its share of all references, how often it
+    /// occurs, and what its addresses do.
+    HotStreams {
+        /// A complete trace from another tool, one reference a line:
+        /// `<module path> <static vaddr hex> <data address hex>`, an empty
+        /// line between independent sequences (`bench/lackey_trace.py`
+        /// makes one from valgrind lackey's `--trace-mem=yes`).
+        #[arg(long, value_name = "FILE")]
+        from_trace: PathBuf,
+        /// The shortest stream reported, in references.
+        #[arg(long, value_name = "N", default_value_t = 10)]
+        min_len: u64,
+        /// The longest stream reported, in references.
+        #[arg(long, value_name = "N", default_value_t = 40)]
+        max_len: u64,
+        /// The heat threshold is set so that the hot streams together
+        /// account for this percent of the references (or as many as
+        /// there are, if they never do).
+        #[arg(long, value_name = "PCT", default_value_t = 90.0)]
+        coverage: f64,
+        /// How many of the hottest streams to list.
+        #[arg(long, value_name = "N", default_value_t = 20)]
+        top: usize,
+        /// Machine-readable output (every hot stream).
+        #[arg(long)]
+        json: bool,
+    },
     /// Internal: a module's first analysis and generation, run by the
     /// daemon in a process of its own (its bytes on standard input).
     #[command(hide = true)]

@@ -25,10 +25,12 @@ mod bursts;
 mod cli;
 mod export;
 mod hot_paths;
+mod hot_streams;
 mod sampling;
 mod service;
 mod session;
 mod stacks;
+mod streams;
 mod sys;
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -92,6 +94,30 @@ fn main() {
             json: *json,
         };
         if let Err(e) = crate::hot_paths::run(profile, &opts) {
+            eprintln!("burstyd: error: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if let Some(Command::HotStreams {
+        from_trace,
+        min_len,
+        max_len,
+        coverage,
+        top,
+        json,
+    }) = &cli.command
+    {
+        let opts = crate::hot_streams::HotStreamOptions {
+            hot: crate::streams::hot::HotOptions {
+                min_len: *min_len,
+                max_len: *max_len,
+                coverage: coverage / 100.0,
+            },
+            top: *top,
+            json: *json,
+        };
+        if let Err(e) = crate::hot_streams::run(from_trace, &opts) {
             eprintln!("burstyd: error: {e:#}");
             std::process::exit(1);
         }

@@ -1,0 +1,237 @@
+//! `burstyd hot-streams`: the hot data streams of a data reference trace
+//! (see [`crate::streams`]), as a readable report or as JSON:
+//! `{"references": N, "streams": [{"signature": [{"module", "build_id",
+//! "address", "function", "line"}], "heat", "frequency", "length",
+//! "pattern", "strides", "example"}]}` (README, "Hot data streams").
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::streams::hot::{HotOptions, Pattern, Stream, hot_streams, pattern};
+use crate::streams::references::References;
+
+pub(crate) struct HotStreamOptions {
+    pub(crate) hot: HotOptions,
+    pub(crate) top: usize,
+    pub(crate) json: bool,
+}
+
+#[derive(Serialize)]
+pub(crate) struct Report {
+    /// References in the trace.
+    pub(crate) references: u64,
+    /// The share of them the hot streams account for.
+    pub(crate) hot_share: f64,
+    pub(crate) min_length: u64,
+    pub(crate) max_length: u64,
+    pub(crate) streams: Vec<StreamOut>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct StreamOut {
+    pub(crate) signature: Vec<RefSite>,
+    /// Its share of all references.
+    pub(crate) heat: f64,
+    pub(crate) frequency: u64,
+    pub(crate) length: usize,
+    /// `constant`, `stride` or `irregular`.
+    pub(crate) pattern: &'static str,
+    /// With `stride`: each instruction's step, in signature order of
+    /// their first repeat.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) strides: Vec<i64>,
+    /// The data addresses of one occurrence (hex).
+    pub(crate) example: Vec<String>,
+}
+
+#[derive(Serialize, Clone)]
+pub(crate) struct RefSite {
+    pub(crate) module: String,
+    pub(crate) build_id: Option<String>,
+    /// Static virtual address (hex), as `nm` prints it.
+    pub(crate) address: String,
+    pub(crate) function: Option<String>,
+    /// `file:line` where the module has line info.
+    pub(crate) line: Option<String>,
+}
+
+/// `burstyd hot-streams --from-trace FILE`.
+pub(crate) fn run(trace: &Path, opts: &HotStreamOptions) -> anyhow::Result<()> {
+    let file =
+        std::fs::File::open(trace).with_context(|| format!("opening {}", trace.display()))?;
+    let refs =
+        crate::streams::trace::read(std::io::BufReader::new(file), &trace.display().to_string())?;
+    let report = report(&refs, &opts.hot);
+    let mut out = std::io::stdout().lock();
+    let written = if opts.json {
+        serde_json::to_writer_pretty(&mut out, &report)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(out))
+    } else {
+        print_report(&mut out, &report, opts.top)
+    };
+    match written {
+        // A reader that stopped reading (`| head`) is a normal end.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("writing the report"),
+    }
+}
+
+/// The hot streams of `refs`, with their instructions named.
+pub(crate) fn report(refs: &References, hot: &HotOptions) -> Report {
+    let streams = hot_streams(refs, hot);
+    let sites = name_sites(refs, &streams);
+    let total = refs.count.max(1) as f64;
+    let out: Vec<StreamOut> = streams
+        .iter()
+        .map(|s| {
+            let (pattern, strides) = match pattern(s) {
+                Pattern::Constant => ("constant", Vec::new()),
+                Pattern::Stride(v) => ("stride", v),
+                Pattern::Irregular => ("irregular", Vec::new()),
+            };
+            StreamOut {
+                signature: s.signature.iter().map(|i| sites[i].clone()).collect(),
+                heat: s.heat as f64 / total,
+                frequency: s.frequency,
+                length: s.length(),
+                pattern,
+                strides,
+                example: s.example.iter().map(|a| format!("{a:#x}")).collect(),
+            }
+        })
+        .collect();
+    Report {
+        references: refs.count,
+        hot_share: streams.iter().map(|s| s.heat).sum::<u64>() as f64 / total,
+        min_length: hot.min_len,
+        max_length: hot.max_len,
+        streams: out,
+    }
+}
+
+/// Each instruction of the streams with its module's build ID, its
+/// function and its source line, where the module file says.
+fn name_sites(refs: &References, streams: &[Stream]) -> HashMap<u32, RefSite> {
+    let mut by_module: HashMap<u32, Vec<u32>> = HashMap::new();
+    for s in streams {
+        for &i in &s.signature {
+            let m = refs.instrs[i as usize].module;
+            let v = by_module.entry(m).or_default();
+            if !v.contains(&i) {
+                v.push(i);
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    for (m, instrs) in by_module {
+        let path = &refs.modules[m as usize];
+        let bytes = std::fs::read(path).ok();
+        let elf = bytes.as_deref().and_then(|b| object::File::parse(b).ok());
+        let build_id = bytes.as_deref().and_then(|b| {
+            userspace_rewriter::analysis::elf::ElfInfo::parse(b)
+                .ok()
+                .and_then(|e| e.build_id_hex())
+        });
+        let addrs: Vec<u64> = instrs
+            .iter()
+            .map(|&i| refs.instrs[i as usize].vaddr)
+            .collect();
+        let lines = bytes
+            .as_deref()
+            .map(|b| crate::stacks::lines::lines_of(b, &addrs))
+            .unwrap_or_default();
+        let symbols = elf.as_ref().map(|f| {
+            use object::Object;
+            f.symbol_map()
+        });
+        for (&i, &a) in instrs.iter().zip(&addrs) {
+            let function = symbols
+                .as_ref()
+                .and_then(|s| s.get(a))
+                .map(|s| crate::stacks::symbolize::demangle(s.name()));
+            let line = lines.get(&a).map(|(f, l)| {
+                let f = f.as_deref().unwrap_or("?");
+                format!("{}:{l}", f.rsplit('/').next().unwrap_or(f))
+            });
+            out.insert(
+                i,
+                RefSite {
+                    module: path.clone(),
+                    build_id: build_id.clone(),
+                    address: format!("{a:#x}"),
+                    function,
+                    line,
+                },
+            );
+        }
+    }
+    out
+}
+
+fn print_report(out: &mut impl Write, r: &Report, top: usize) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "hot data streams: {} references; {} streams of {} to {} references account for {:.1}% of them",
+        r.references,
+        r.streams.len(),
+        r.min_length,
+        r.max_length,
+        100.0 * r.hot_share
+    )?;
+    for (k, s) in r.streams.iter().take(top).enumerate() {
+        let how = match s.pattern {
+            "stride" => format!(
+                "stride {}",
+                s.strides
+                    .iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            p => p.to_string(),
+        };
+        writeln!(
+            out,
+            "{:>4}. {:5.1}% of references, {} times, {} references, addresses {how}",
+            k + 1,
+            100.0 * s.heat,
+            s.frequency,
+            s.length
+        )?;
+        // The signature, runs of one site folded.
+        let mut i = 0;
+        while i < s.signature.len() {
+            let site = &s.signature[i];
+            let mut j = i + 1;
+            while j < s.signature.len()
+                && s.signature[j].address == site.address
+                && s.signature[j].module == site.module
+            {
+                j += 1;
+            }
+            let module = site.module.rsplit('/').next().unwrap_or(&site.module);
+            let at = match (&site.function, &site.line) {
+                (Some(f), Some(l)) => format!(" {f} {l}"),
+                (Some(f), None) => format!(" {f}"),
+                (None, Some(l)) => format!(" {l}"),
+                (None, None) => String::new(),
+            };
+            let times = if j - i > 1 {
+                format!(" ×{}", j - i)
+            } else {
+                String::new()
+            };
+            writeln!(
+                out,
+                "        {module}+{}{at}{times}  e.g. {}",
+                site.address, s.example[i]
+            )?;
+            i = j;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! Data references, interned and fed to a Sequitur grammar: each distinct
+//! (instruction, address) pair becomes a terminal, each distinct
+//! instruction (module, static address) an id; the end of an independent
+//! sequence (a burst; a thread of a complete trace) is a terminal of its
+//! own that occurs once, so no rule, and no stream, spans it.
+use rustc_hash::FxHashMap;
+
+use super::grammar::{Grammar, RULE_BIT};
+
+/// An instruction that references data: its module (index into
+/// [`References::modules`]) and static virtual address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Instr {
+    pub(crate) module: u32,
+    pub(crate) vaddr: u64,
+}
+
+/// The references of a process (or a trace), as a grammar.
+#[derive(Default)]
+pub(crate) struct References {
+    pub(crate) grammar: Grammar,
+    /// Module paths, by index.
+    pub(crate) modules: Vec<String>,
+    module_ids: FxHashMap<String, u32>,
+    /// Instructions, by id.
+    pub(crate) instrs: Vec<Instr>,
+    instr_ids: FxHashMap<Instr, u32>,
+    /// Terminals: (instruction id, data address), by id.
+    pub(crate) terms: Vec<(u32, u64)>,
+    term_ids: FxHashMap<(u32, u64), u32>,
+    /// Separators handed out (ids count down from below `RULE_BIT`).
+    separators: u32,
+    /// References pushed.
+    pub(crate) count: u64,
+    /// Whether the last terminal pushed was a separator (or none was).
+    at_start: bool,
+}
+
+impl References {
+    pub(crate) fn new() -> Self {
+        References {
+            at_start: true,
+            ..Default::default()
+        }
+    }
+
+    /// The id of module `path`.
+    pub(crate) fn module(&mut self, path: &str) -> u32 {
+        if let Some(&m) = self.module_ids.get(path) {
+            return m;
+        }
+        let m = self.modules.len() as u32;
+        self.modules.push(path.to_string());
+        self.module_ids.insert(path.to_string(), m);
+        m
+    }
+
+    /// Appends a reference by `instr` to `addr`.
+    pub(crate) fn push(&mut self, instr: Instr, addr: u64) {
+        let i = match self.instr_ids.get(&instr) {
+            Some(&i) => i,
+            None => {
+                let i = self.instrs.len() as u32;
+                self.instrs.push(instr);
+                self.instr_ids.insert(instr, i);
+                i
+            }
+        };
+        let t = match self.term_ids.get(&(i, addr)) {
+            Some(&t) => t,
+            None => {
+                let t = self.terms.len() as u32;
+                assert!(
+                    t < RULE_BIT - 1 - self.separators,
+                    "too many distinct references"
+                );
+                self.terms.push((i, addr));
+                self.term_ids.insert((i, addr), t);
+                t
+            }
+        };
+        self.grammar.push(t);
+        self.count += 1;
+        self.at_start = false;
+    }
+
+    /// Ends the current sequence: what follows is independent of it.
+    pub(crate) fn end_sequence(&mut self) {
+        if self.at_start {
+            return;
+        }
+        self.separators += 1;
+        let s = RULE_BIT - self.separators;
+        assert!((s as usize) > self.terms.len(), "too many sequences");
+        self.grammar.push(s);
+        self.at_start = true;
+    }
+
+    /// Whether terminal `t` is a reference (not a separator).
+    pub(crate) fn is_reference(&self, t: u32) -> bool {
+        (t as usize) < self.terms.len()
+    }
+}
