@@ -40,6 +40,9 @@ command -v go >/dev/null || need+=(golang-go)
 dpkg -s libc6-dbg >/dev/null 2>&1 || need+=(libc6-dbg)
 # llvm-bolt: the test that feeds burstyd's edges.fdata to BOLT.
 command -v llvm-bolt-19 >/dev/null || command -v llvm-bolt >/dev/null || need+=(bolt-19)
+# valgrind: lackey's complete data reference trace, the hot data streams'
+# independent reference (and callgrind for bench/).
+command -v valgrind >/dev/null || need+=(valgrind)
 for extra in ${BURSTYD_EXTRA_APT:-}; do
     dpkg -s "$extra" >/dev/null 2>&1 || need+=("$extra")
 done

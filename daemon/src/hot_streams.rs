@@ -129,33 +129,30 @@ fn name_sites(refs: &References, streams: &[Stream]) -> HashMap<u32, RefSite> {
     let mut out = HashMap::new();
     for (m, instrs) in by_module {
         let path = &refs.modules[m as usize];
-        let bytes = std::fs::read(path).ok();
-        let elf = bytes.as_deref().and_then(|b| object::File::parse(b).ok());
-        let build_id = bytes.as_deref().and_then(|b| {
-            userspace_rewriter::analysis::elf::ElfInfo::parse(b)
-                .ok()
-                .and_then(|e| e.build_id_hex())
-        });
+        let module = std::fs::File::open(path)
+            .ok()
+            .and_then(|f| crate::stacks::modules::Module::from_file(path, path.into(), f).ok())
+            .map(std::sync::Arc::new);
+        let build_id = module
+            .as_ref()
+            .and_then(|m| m.build_id().map(str::to_owned));
         let addrs: Vec<u64> = instrs
             .iter()
             .map(|&i| refs.instrs[i as usize].vaddr)
             .collect();
-        let lines = bytes
-            .as_deref()
-            .map(|b| crate::stacks::lines::lines_of(b, &addrs))
+        let frames = module
+            .map(|m| crate::stacks::symbolize::resolve_in_module(m, &addrs))
             .unwrap_or_default();
-        let symbols = elf.as_ref().map(|f| {
-            use object::Object;
-            f.symbol_map()
-        });
-        for (&i, &a) in instrs.iter().zip(&addrs) {
-            let function = symbols
-                .as_ref()
-                .and_then(|s| s.get(a))
-                .map(|s| crate::stacks::symbolize::demangle(s.name()));
-            let line = lines.get(&a).map(|(f, l)| {
-                let f = f.as_deref().unwrap_or("?");
-                format!("{}:{l}", f.rsplit('/').next().unwrap_or(f))
+        for (&i, a) in instrs.iter().zip(&addrs) {
+            // The innermost frame: where the instruction is, inlined or not.
+            let inner = frames.get(a).and_then(|f| f.first());
+            let line = inner.and_then(|f| {
+                let file = f.file.as_deref()?;
+                Some(format!(
+                    "{}:{}",
+                    file.rsplit('/').next().unwrap_or(file),
+                    f.line?
+                ))
             });
             out.insert(
                 i,
@@ -163,7 +160,7 @@ fn name_sites(refs: &References, streams: &[Stream]) -> HashMap<u32, RefSite> {
                     module: path.clone(),
                     build_id: build_id.clone(),
                     address: format!("{a:#x}"),
-                    function,
+                    function: inner.map(|f| f.function.clone()).filter(|f| f != "??"),
                     line,
                 },
             );

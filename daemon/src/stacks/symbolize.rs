@@ -210,6 +210,19 @@ pub(crate) fn demangle(raw: &str) -> String {
     addr2line::demangle_auto(Cow::Borrowed(raw), None).into_owned()
 }
 
+/// The frames (innermost first) of static addresses `svmas` of the ELF
+/// file `module`, outside any process (`burstyd hot-streams`): its symbol
+/// table, its separate debug file's, its DWARF, opened here and dropped.
+pub(crate) fn resolve_in_module(module: Arc<Module>, svmas: &[u64]) -> HashMap<u64, Vec<Frame>> {
+    let mut syms = ModuleSymbols::new(module);
+    let out = svmas
+        .iter()
+        .map(|&a| (a, syms.resolve(a).to_vec()))
+        .collect();
+    syms.close_dwarf();
+    out
+}
+
 struct ModuleSymbols {
     module: Arc<Module>,
     symbols: Option<SymbolTable>,

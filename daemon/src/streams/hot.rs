@@ -5,7 +5,11 @@
 //! heat `length × frequency`. Streams of `min_len..=max_len` references
 //! are candidates; the heat threshold is the highest at which the hot
 //! streams together account for `coverage` of the references (or every
-//! candidate, when they never do). A hot stream's occurrences inside a
+//! candidate, when they never do). A rule too long to be a stream may
+//! still hold one: a run of references written out in its right-hand
+//! side occurs as often as the rule, and is a candidate too (Sequitur
+//! joins a walk that is always followed by another walk to it, and the
+//! first walk is never a rule of its own). A hot stream's occurrences inside a
 //! hotter, longer one are that one's, not its own (Chilimbi's "cold
 //! uses"): nothing is counted twice. Streams with the same access
 //! signature (the ordered list of their instructions) are one stream.
@@ -68,13 +72,37 @@ pub(crate) fn hot_streams(refs: &References, opts: &HotOptions) -> Vec<Stream> {
             .sum();
         length.insert(r, l);
     }
-    let candidate = |r: u32| r != 0 && (opts.min_len..=opts.max_len).contains(&length[&r]);
+    let in_range = |l: u64| (opts.min_len..=opts.max_len).contains(&l);
+    let candidate = |r: u32| r != 0 && in_range(length[&r]);
+    // A rule too long to be a stream may hold a stream of its own: a run
+    // of references written out in it (no sub-rule), as often as the rule
+    // occurs. (A list walked each time before another walk is one such:
+    // Sequitur makes the two walks one rule, the first one's references
+    // its own terminals.)
+    let mut runs: Vec<(u32, usize, u64)> = Vec::new();
+    for &r in &order {
+        if length[&r] <= opts.max_len {
+            continue;
+        }
+        let rhs = &rules[&r];
+        let mut i = 0;
+        while i < rhs.len() {
+            let j = (i..rhs.len())
+                .find(|&j| rhs[j] & RULE_BIT != 0 || !refs.is_reference(rhs[j]))
+                .unwrap_or(rhs.len());
+            if in_range((j - i) as u64) {
+                runs.push((r, i, (j - i) as u64));
+            }
+            i = j + 1;
+        }
+    }
     // Upper bounds of the heats: the thresholds worth trying.
     let uses = cold_uses(&rules, &order, |_, _| false);
     let mut thresholds: Vec<u64> = order
         .iter()
         .filter(|&&r| candidate(r))
         .map(|&r| length[&r] * uses[&r])
+        .chain(runs.iter().map(|&(r, _, l)| l * uses[&r]))
         .filter(|&h| h > 0)
         .collect();
     thresholds.sort_unstable();
@@ -82,15 +110,23 @@ pub(crate) fn hot_streams(refs: &References, opts: &HotOptions) -> Vec<Stream> {
     if thresholds.is_empty() {
         return Vec::new();
     }
+    // The streams hot at threshold `h` (a rule, or a run of one: `(rule,
+    // start, length)`), with their non-overlapping occurrences, and the
+    // references they cover.
     let select = |h: u64| {
         let hot = |r: u32, cold: u64| candidate(r) && length[&r] * cold >= h;
         let cold = cold_uses(&rules, &order, hot);
-        let chosen: Vec<(u32, u64)> = order
+        let mut chosen: Vec<((u32, usize, u64), u64)> = order
             .iter()
             .filter(|&&r| hot(r, cold[&r]))
-            .map(|&r| (r, cold[&r]))
+            .map(|&r| ((r, 0, length[&r]), cold[&r]))
             .collect();
-        let covered: u64 = chosen.iter().map(|(r, c)| length[r] * c).sum();
+        chosen.extend(
+            runs.iter()
+                .filter(|&&(r, _, l)| l * cold[&r] >= h)
+                .map(|&run| (run, cold[&run.0])),
+        );
+        let covered: u64 = chosen.iter().map(|((_, _, l), c)| l * c).sum();
         (chosen, covered)
     };
     let want = (opts.coverage * refs.count as f64).ceil() as u64;
@@ -111,9 +147,13 @@ pub(crate) fn hot_streams(refs: &References, opts: &HotOptions) -> Vec<Stream> {
     let (chosen, _) = select(thresholds[lo]);
     // One stream per signature.
     let mut by_sig: FxHashMap<Vec<u32>, Stream> = FxHashMap::default();
-    for (r, cold) in chosen {
+    for ((r, start, len), cold) in chosen {
         let mut terms = Vec::new();
-        expand(&rules, r, &mut terms);
+        if candidate(r) {
+            expand(&rules, r, &mut terms);
+        } else {
+            terms.extend_from_slice(&rules[&r][start..start + len as usize]);
+        }
         let terms: Vec<(u32, u64)> = terms
             .into_iter()
             .filter(|&t| refs.is_reference(t))
@@ -126,7 +166,7 @@ pub(crate) fn hot_streams(refs: &References, opts: &HotOptions) -> Vec<Stream> {
             frequency: 0,
             example: terms.iter().map(|t| t.1).collect(),
         });
-        s.heat += length[&r] * cold;
+        s.heat += len * cold;
         s.frequency += cold;
     }
     let mut out: Vec<Stream> = by_sig.into_values().collect();
@@ -391,5 +431,44 @@ mod tests {
                 "a stream across the split: {first:#x}..{last:#x}"
             );
         }
+    }
+
+    /// A list walked 25 times, each time just before a hot walk (walked
+    /// 800 times), with noise before it: Sequitur makes the two walks one
+    /// rule of 48 references, too long; the first walk is a run of that
+    /// rule's references, found as a stream as often as it occurs.
+    #[test]
+    fn a_walk_always_followed_by_another_is_a_stream() {
+        let mut refs = References::new();
+        let mut x = 1u64;
+        let walk = |refs: &mut References, base: u64, data: u64| {
+            for n in 0..12u64 {
+                refs.push(instr(base), data + n * 64);
+                refs.push(instr(base + 4), data + n * 64 + 8);
+            }
+        };
+        for r in 0..200 {
+            for _ in 0..4 {
+                walk(&mut refs, 0x10, 0x5000);
+                for _ in 0..64 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    refs.push(instr(0x30), x >> 20);
+                }
+            }
+            if r % 8 == 0 {
+                walk(&mut refs, 0x20, 0x9000);
+            }
+        }
+        let streams = hot_streams(&refs, &HotOptions::default());
+        let by = |base: u64| {
+            streams
+                .iter()
+                .find(|s| refs.instrs[s.signature[0] as usize].vaddr == base)
+                .map(|s| (s.length(), s.frequency, s.heat))
+        };
+        assert_eq!(by(0x10), Some((24, 800, 800 * 24)), "{streams:?}");
+        assert_eq!(by(0x20), Some((24, 25, 25 * 24)), "{streams:?}");
     }
 }

@@ -1,0 +1,119 @@
+//! Hot data streams of a complete trace recorded by a tool that shares no
+//! code with burstyd (valgrind's lackey, `--trace-mem=yes`, turned into
+//! the plain-text trace by `bench/lackey_trace.py`), on `streams`, whose
+//! streams are known by construction: its hot list walked `rounds × 4`
+//! times (24 references a walk: a node's value and next pointer), its cold
+//! one `ceil(rounds / 8)` times, random noise between.
+use std::process::Command;
+use std::time::Duration;
+
+use burstyd_tests::*;
+
+#[test]
+fn a_lackey_trace_gives_the_known_streams() {
+    let exe = fixture("streams");
+    let scratch = Scratch::new("hot-streams-lackey");
+    let log = scratch.join("lackey.log");
+    let rounds = 200u64;
+    let run = run_timeout(
+        Command::new(installed("/usr/bin/valgrind", "valgrind"))
+            .args(["--tool=lackey", "--trace-mem=yes", "-v", "-v", "-v"])
+            .arg(format!("--log-file={}", log.display()))
+            .arg(&exe)
+            .arg(rounds.to_string()),
+        Duration::from_secs(300),
+    );
+    assert!(run.status.success(), "{}", run.describe());
+    // "references hot H cold C noise N"
+    let counts: Vec<u64> = run
+        .stdout_str()
+        .lines()
+        .find_map(|l| l.strip_prefix("references "))
+        .unwrap()
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (hot_refs, cold_refs) = (counts[0], counts[1]);
+    let trace = scratch.join("trace.txt");
+    let conv = run_timeout(
+        Command::new("python3")
+            .arg(workspace_root().join("bench/lackey_trace.py"))
+            .arg(&log),
+        Duration::from_secs(300),
+    );
+    assert!(conv.status.success(), "{}", conv.describe());
+    std::fs::write(&trace, &conv.stdout).unwrap();
+    let report = run_timeout(
+        Command::new(burstyd_bin())
+            .args(["hot-streams", "--json", "--from-trace"])
+            .arg(&trace),
+        Duration::from_secs(300),
+    );
+    assert!(report.status.success(), "{}", report.describe());
+    let r: serde_json::Value = serde_json::from_str(&report.stdout_str()).unwrap();
+    let total = r["references"].as_u64().unwrap();
+    let streams = r["streams"].as_array().unwrap();
+    // The references the streams account for by the sites of one
+    // function (occurrences × its sites in the signature), and the most
+    // frequent stream all of whose sites are in it.
+    let of = |f: &str| {
+        let refs: u64 = streams
+            .iter()
+            .map(|s| {
+                let sites = s["signature"].as_array().unwrap();
+                let mine = sites.iter().filter(|site| site["function"] == f).count() as u64;
+                mine * s["frequency"].as_u64().unwrap()
+            })
+            .sum();
+        let top = streams
+            .iter()
+            .filter(|s| {
+                let sites = s["signature"].as_array().unwrap();
+                sites.iter().all(|site| site["function"] == f)
+            })
+            .map(|s| s["frequency"].as_u64().unwrap())
+            .max()
+            .unwrap_or(0);
+        (refs, top)
+    };
+    let describe = || {
+        streams
+            .iter()
+            .take(8)
+            .map(|s| {
+                format!(
+                    "{} x{} len {} in {}",
+                    s["heat"], s["frequency"], s["length"], s["signature"][0]["function"]
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n  ")
+    };
+    // Every reference of every walk is in a hot stream, and the hot walk
+    // is one stream, as often as it was walked. (The cold walk, always
+    // followed by a hot one, may share a stream with it: Sequitur's rules
+    // cut where repetition does.)
+    let (hot, hot_top) = of("walk_hot");
+    assert_eq!(hot, hot_refs, "hot walk:\n  {}", describe());
+    assert_eq!(hot_top, rounds * 4, "hot walk:\n  {}", describe());
+    let (cold, _) = of("walk_cold");
+    assert_eq!(cold, cold_refs, "cold walk:\n  {}", describe());
+    // The hottest stream is the hot walk; noise never repeats.
+    assert_eq!(streams[0]["signature"][0]["function"], "walk_hot");
+    assert_eq!(streams[0]["length"], 24);
+    assert_eq!(streams[0]["pattern"], "irregular");
+    assert!(
+        streams.iter().all(|s| s["signature"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["function"] != "noise")),
+        "{}",
+        describe()
+    );
+    // The module is named with its build ID and static addresses.
+    let site = &streams[0]["signature"][0];
+    assert_eq!(site["module"], exe.to_str().unwrap());
+    assert_eq!(site["build_id"].as_str(), elf_build_id(&exe).as_deref());
+    assert!(site["line"].as_str().unwrap().starts_with("streams.c:"));
+}
