@@ -101,6 +101,8 @@ fn a_lackey_trace_gives_the_known_streams() {
     // The hottest stream is the hot walk; noise never repeats.
     assert_eq!(streams[0]["signature"][0]["function"], "walk_hot");
     assert_eq!(streams[0]["length"], 24);
+    let share = streams[0]["heat"].as_f64().unwrap();
+    assert_eq!((share * total as f64).round() as u64, hot_refs);
     assert_eq!(streams[0]["pattern"], "irregular");
     assert!(
         streams.iter().all(|s| s["signature"]
