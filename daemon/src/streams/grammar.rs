@@ -347,19 +347,21 @@ impl Grammar {
     }
 }
 
+/// Appends the terminals rule `r` derives (from [`Grammar::rules`], by
+/// rule) to `out`.
+pub(crate) fn expand(rules: &FxHashMap<u32, Vec<u32>>, r: u32, out: &mut Vec<u32>) {
+    for &s in &rules[&r] {
+        if s & RULE_BIT != 0 {
+            expand(rules, s & !RULE_BIT, out);
+        } else {
+            out.push(s);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn expand(rules: &FxHashMap<u32, Vec<u32>>, r: u32, out: &mut Vec<u32>) {
-        for &s in &rules[&r] {
-            if s & RULE_BIT != 0 {
-                expand(rules, s & !RULE_BIT, out);
-            } else {
-                out.push(s);
-            }
-        }
-    }
 
     /// Builds the grammar of `input` and checks what Sequitur promises:
     /// the start rule expands to the input, every other rule is used at

@@ -15,7 +15,7 @@
 //! signature (the ordered list of their instructions) are one stream.
 use rustc_hash::FxHashMap;
 
-use super::grammar::RULE_BIT;
+use super::grammar::{RULE_BIT, expand};
 use super::references::References;
 
 /// What counts as a hot stream.
@@ -228,16 +228,6 @@ fn cold_uses(
         }
     }
     cold
-}
-
-fn expand(rules: &FxHashMap<u32, Vec<u32>>, r: u32, out: &mut Vec<u32>) {
-    for &s in &rules[&r] {
-        if s & RULE_BIT != 0 {
-            expand(rules, s & !RULE_BIT, out);
-        } else {
-            out.push(s);
-        }
-    }
 }
 
 /// What a stream's addresses do, from one occurrence: every instruction
