@@ -49,8 +49,7 @@ pub(crate) fn run(path: &Path, opts: &AnalyzeOptions) -> anyhow::Result<()> {
         };
         let text = dot(&data, f)
             .with_context(|| format!("drawing the CFG of `{}` in {}", f.name, path.display()))?;
-        print!("{text}");
-        return Ok(());
+        return crate::sys::print_stdout(&text);
     }
     let hot = match opts.profile {
         Some(p) => Some(hot_coverage(&data, path, plan, p)?),
@@ -85,17 +84,16 @@ pub(crate) fn run(path: &Path, opts: &AnalyzeOptions) -> anyhow::Result<()> {
             }),
         }
         .with_context(|| format!("writing the JSON report of {}", path.display()))?;
-        println!("{text}");
-        return Ok(());
+        return crate::sys::print_stdout(&format!("{text}\n"));
     }
-    match selected {
-        Some(f) => print!("{}", human_function(f)),
-        None => print!("{}", human_summary(path, plan, report.analysis_ms)),
-    }
+    let mut text = match selected {
+        Some(f) => human_function(f),
+        None => human_summary(path, plan, report.analysis_ms),
+    };
     if let (Some((hot, samples)), Some(p)) = (&hot, opts.profile) {
-        print!("{}", human_hot(hot, *samples, p));
+        text.push_str(&human_hot(hot, *samples, p));
     }
-    Ok(())
+    crate::sys::print_stdout(&text)
 }
 
 /// `--json`: the summary (or `--function`'s plan), the file's name, the

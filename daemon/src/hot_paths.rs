@@ -83,12 +83,12 @@ pub(crate) fn run(profile: &Path, opts: &HotPathOptions) -> anyhow::Result<()> {
     let (metric, rows) =
         rows(&prof, opts.metric).with_context(|| format!("reading {}", profile.display()))?;
     let r = report(metric, rows, opts.threshold_pct, opts.top);
-    if opts.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+    let text = if opts.json {
+        serde_json::to_string_pretty(&r)? + "\n"
     } else {
-        print!("{}", human(&r, profile));
-    }
-    Ok(())
+        human(&r, profile)
+    };
+    crate::sys::print_stdout(&text)
 }
 
 /// The paths of a burstyd path profile and the metric's name: each

@@ -65,19 +65,14 @@ pub(crate) fn run(trace: &Path, opts: &HotStreamOptions) -> anyhow::Result<()> {
     let refs =
         crate::streams::trace::read(std::io::BufReader::new(file), &trace.display().to_string())?;
     let report = report(&refs, &opts.hot);
-    let mut out = std::io::stdout().lock();
-    let written = if opts.json {
-        serde_json::to_writer_pretty(&mut out, &report)
-            .map_err(std::io::Error::from)
-            .and_then(|()| writeln!(out))
+    let text = if opts.json {
+        serde_json::to_string_pretty(&report)? + "\n"
     } else {
-        print_report(&mut out, &report, opts.top)
+        let mut text = Vec::new();
+        print_report(&mut text, &report, opts.top)?;
+        String::from_utf8(text)?
     };
-    match written {
-        // A reader that stopped reading (`| head`) is a normal end.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        r => r.context("writing the report"),
-    }
+    crate::sys::print_stdout(&text)
 }
 
 /// The hot streams of `refs`, with their instructions named.

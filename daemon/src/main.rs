@@ -207,10 +207,21 @@ fn init_logging(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(log_colour())
         .with_target(false)
         .init();
     // aya-log forwards eBPF-side log records through the `log` crate.
     let _ = tracing_log_bridge();
+}
+
+/// Whether log lines get colour: on a terminal only, never into a file,
+/// a pipe or the journal (`JOURNAL_STREAM`: systemd's stderr is a socket
+/// to it), and never with `NO_COLOR` set (no-color.org).
+fn log_colour() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal()
+        && std::env::var_os("JOURNAL_STREAM").is_none()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// Routes `log` records (aya-log's eBPF messages) into tracing.

@@ -128,3 +128,58 @@ fn run_of_a_missing_program_fails_promptly() {
         run.finished.describe()
     );
 }
+
+/// A reader that stops reading (`| head -1`) ends a report normally: exit
+/// status 0, no panic. The CFG of python3.11's interpreter loop as
+/// Graphviz is some 2 MB, far more than a pipe holds.
+#[test]
+fn a_closed_stdout_is_a_normal_end() {
+    use std::io::{BufRead, BufReader};
+    let python = installed("/usr/bin/python3.11", "python3.11");
+    let mut child = std::process::Command::new(burstyd_bin())
+        .args([
+            "analyze",
+            "--function",
+            "_PyEval_EvalFrameDefault",
+            "--dot",
+            python,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    // The read end is closed here.
+    let out = child.wait_with_output().unwrap();
+    assert!(first.starts_with("digraph"), "{first}");
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Log lines are plain text off a terminal: a file, a pipe, the journal
+/// get no terminal escape sequences (colour).
+#[test]
+fn log_lines_have_no_colour_off_a_terminal() {
+    require_root();
+    let scratch = Scratch::new("nocolour");
+    let run = burstyd_run(
+        &scratch,
+        &["--no-bursts"],
+        &["true"],
+        Duration::from_secs(60),
+    );
+    run.assert_ok();
+    assert!(!run.finished.stderr.is_empty());
+    assert!(
+        !run.finished.stderr.contains('\x1b'),
+        "escape bytes in the log: {:?}",
+        tail(&run.finished.stderr, 3)
+    );
+}
