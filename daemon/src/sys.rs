@@ -415,6 +415,18 @@ pub(crate) fn collect_child(
     Ok((child.wait()?, out, err))
 }
 
+/// Writes a subcommand's report to standard output. A reader that stopped
+/// reading (`| head -1`) ends it normally: the rest is dropped, no error
+/// (`print!` would panic there).
+pub(crate) fn print_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -451,17 +463,5 @@ mod tests {
         // Above the kernel's largest pid_max (2^22): no such process.
         assert_eq!(comm(Pid(1 << 23)), None);
         assert_eq!(thread_comm(me, 1 << 23), None);
-    }
-}
-
-/// Writes a subcommand's report to standard output. A reader that stopped
-/// reading (`| head -1`) ends it normally: the rest is dropped, no error
-/// (`print!` would panic there).
-pub(crate) fn print_stdout(text: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut out = io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
-        r => Ok(r?),
     }
 }
