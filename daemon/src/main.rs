@@ -341,10 +341,10 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
     let mut child = None;
     let targets = match &cli.command {
         Some(Command::Run { command, .. }) => {
-            let (c, g) = spawn_gated(command)?;
+            let (c, g, report) = spawn_gated(command)?;
             gate = Some(g);
             let pid = c.id().context("the command exited before it started")?;
-            child = Some(c);
+            child = Some((c, report));
             Some(vec![Pid(pid)])
         }
         _ if !pids.is_empty() => Some(pids.clone()),
@@ -374,7 +374,7 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
         Err(e) => {
             // The command has not started: its gate dies with the pipe
             // still shut, so that it never runs unprofiled and unwaited.
-            if let Some(mut c) = child.take() {
+            if let Some((mut c, _)) = child.take() {
                 let _ = c.start_kill();
                 let _ = c.wait().await;
             }
@@ -457,7 +457,7 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
             },
         },
         sampler,
-        child.map(session::Command::new),
+        child.map(|(c, report)| session::Command::new(c, Some(report))),
     )
     .await;
     let Some(command) = ended.command else {
@@ -509,6 +509,9 @@ fn preflight() -> anyhow::Result<()> {
 /// Environment variable that turns `burstyd` into the exec gate of
 /// `burstyd run` (see [`spawn_gated`]); its value is the pipe's read fd.
 const GATE_ENV: &str = "__BURSTYD_EXEC_GATE";
+/// The gate's report pipe (write end): a failed exec writes its errno
+/// there; a successful one closes it (close-on-exec).
+const REPORT_ENV: &str = "__BURSTYD_EXEC_REPORT";
 
 /// In the gate process: waits until burstyd closes the pipe, then execs the
 /// command in place (same pid). Never returns on success.
@@ -519,14 +522,33 @@ fn exec_gate(fd: &str, argv: &[std::ffi::OsString]) -> ! {
     while unsafe { libc::read(fd, &mut b as *mut u8 as *mut libc::c_void, 1) } < 0
         && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
     {}
+    let report: i32 = std::env::var(REPORT_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1);
     // SAFETY: single-threaded at this point; we exec right after.
     unsafe {
         libc::close(fd);
         std::env::remove_var(GATE_ENV);
+        std::env::remove_var(REPORT_ENV);
+        if report >= 0 {
+            libc::fcntl(report, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
     }
     let err = std::process::Command::new(&argv[0]).args(&argv[1..]).exec();
     eprintln!("burstyd: cannot run `{}`: {err}", argv[0].to_string_lossy());
-    std::process::exit(127);
+    if report >= 0 {
+        let code = err.raw_os_error().unwrap_or(0).to_ne_bytes();
+        // SAFETY: writing 4 bytes from a valid buffer to our own pipe.
+        unsafe { libc::write(report, code.as_ptr().cast(), code.len()) };
+    }
+    // As a shell: 127 for a command not found, 126 for one not runnable.
+    let code = if err.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    };
+    std::process::exit(code);
 }
 
 /// Spawns `command` so that it does not start before the returned fd (the
@@ -534,20 +556,28 @@ fn exec_gate(fd: &str, argv: &[std::ffi::OsString]) -> ! {
 /// gate, which waits on the pipe and then execs `command` in place, keeping
 /// its pid. (Blocking in `pre_exec` instead would deadlock: `spawn` waits
 /// for the exec.)
-fn spawn_gated(command: &[String]) -> anyhow::Result<(tokio::process::Child, OwnedFd)> {
-    let mut fds = [0i32; 2];
-    // SAFETY: `fds` is a valid out-array of two ints.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("pipe2");
-    }
-    // SAFETY: pipe2 just returned these two descriptors; we own them.
-    let (read_end, write_end) =
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+fn spawn_gated(command: &[String]) -> anyhow::Result<(tokio::process::Child, OwnedFd, OwnedFd)> {
+    let pipe = |flags: i32| -> anyhow::Result<(OwnedFd, OwnedFd)> {
+        let mut fds = [0i32; 2];
+        // SAFETY: `fds` is a valid out-array of two ints.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | flags) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("pipe2");
+        }
+        // SAFETY: pipe2 just returned these two descriptors; we own them.
+        Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    };
+    let (read_end, write_end) = pipe(0)?;
+    // Read without blocking once the command has ended.
+    let (report_read, report_write) = pipe(libc::O_NONBLOCK)?;
     let rfd = read_end.as_raw_fd();
     let wfd = write_end.as_raw_fd();
+    let report_rfd = report_read.as_raw_fd();
+    let report_wfd = report_write.as_raw_fd();
     let exe = std::env::current_exe().context("finding burstyd's own executable")?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.args(command).env(GATE_ENV, rfd.to_string());
+    cmd.args(command)
+        .env(GATE_ENV, rfd.to_string())
+        .env(REPORT_ENV, report_wfd.to_string());
     // The command starts with the signal mask burstyd was given, not the
     // one that holds the session's signals back.
     let mask = crate::sys::original_sigmask();
@@ -556,10 +586,14 @@ fn spawn_gated(command: &[String]) -> anyhow::Result<(tokio::process::Child, Own
     unsafe {
         cmd.pre_exec(move || {
             libc::close(wfd);
+            libc::close(report_rfd);
             crate::sys::set_sigmask(&mask)?;
-            // Keep the read end open across exec.
-            if libc::fcntl(rfd, libc::F_SETFD, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
+            // Keep the gate's read end and the report's write end open
+            // across the exec into the gate.
+            for fd in [rfd, report_wfd] {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });
@@ -568,7 +602,8 @@ fn spawn_gated(command: &[String]) -> anyhow::Result<(tokio::process::Child, Own
         .spawn()
         .with_context(|| format!("cannot run `{}`", command[0]))?;
     drop(read_end);
-    Ok((child, write_end))
+    drop(report_write);
+    Ok((child, write_end, report_read))
 }
 
 #[cfg(test)]

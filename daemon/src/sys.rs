@@ -124,6 +124,8 @@ pub(crate) fn return_free_memory() {
 
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags: a kernel thread.
 const PF_KTHREAD: u64 = 0x0020_0000;
+/// `PF_EXITING`: the process is exiting.
+const PF_EXITING: u64 = 0x0000_0004;
 
 /// What `/proc/PID/stat` says about a process: its name, state and flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,9 +137,10 @@ pub(crate) struct ProcStat {
 }
 
 impl ProcStat {
-    /// A zombie or dead: the process has exited.
+    /// A zombie or dead, or on its way there (`PF_EXITING`: its memory
+    /// and executable may be gone already): the process has exited.
     pub(crate) fn exited(&self) -> bool {
-        matches!(self.state, 'Z' | 'X')
+        matches!(self.state, 'Z' | 'X') || self.flags & PF_EXITING != 0
     }
 
     pub(crate) fn kernel_thread(&self) -> bool {

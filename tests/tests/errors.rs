@@ -122,9 +122,23 @@ fn run_of_a_missing_program_fails_promptly() {
         &["/nonexistent/burstyd-test-prog"],
         Duration::from_secs(60),
     );
+    // As a shell: 127, and no profile of a command that never ran.
+    assert_eq!(
+        run.finished.status.code(),
+        Some(127),
+        "burstyd run of a missing program\n{}",
+        run.finished.describe()
+    );
     assert!(
-        !run.finished.status.success(),
-        "burstyd run of a missing program exited 0\n{}",
+        !run.out_dir.join("context.pb.gz").exists(),
+        "a profile of a command that never ran"
+    );
+    // One that cannot be executed: 126.
+    let run = burstyd_run(&scratch, &[], &["/etc/passwd"], Duration::from_secs(60));
+    assert_eq!(
+        run.finished.status.code(),
+        Some(126),
+        "{}",
         run.finished.describe()
     );
 }

@@ -74,7 +74,13 @@ impl Session {
             Err(e) => {
                 self.pipe.leaf_weights.remove(&pid);
                 let Some(sel) = self.selection.as_mut() else {
-                    warn!(%pid, "bursty tracing disabled for this process (it is sampled only): {e:#}");
+                    if crate::sys::process_running(pid) {
+                        warn!(%pid, "bursty tracing disabled for this process (it is sampled only): {e:#}");
+                    } else {
+                        // Gone (a command that could not be run): nothing
+                        // to say about tracing it.
+                        tracing::debug!(%pid, "not traced, it ended: {e:#}");
+                    }
                     return;
                 };
                 // The service: once per executable, then retried with
@@ -226,9 +232,10 @@ impl Session {
                 info!(%pid, "the session ended while attaching; detaching");
                 self.joined(*t);
             }
-            Err(e) => {
+            Err(e) if crate::sys::process_running(pid) => {
                 warn!(%pid, "bursty tracing disabled for this process (it is sampled only): {e:#}")
             }
+            Err(e) => tracing::debug!(%pid, "not traced, it ended: {e:#}"),
         }
     }
 

@@ -50,16 +50,33 @@ pub(crate) struct Command {
     child: Child,
     pid: u32,
     status: Option<ExitStatus>,
+    /// The exec gate's report pipe (read end, non-blocking): the errno of
+    /// an exec that failed; closed empty by one that succeeded.
+    report: Option<std::os::fd::OwnedFd>,
 }
 
 impl Command {
-    pub(crate) fn new(child: Child) -> Self {
+    pub(crate) fn new(child: Child, report: Option<std::os::fd::OwnedFd>) -> Self {
         let pid = child.id().unwrap_or(0);
         Command {
             child,
             pid,
             status: None,
+            report,
         }
+    }
+
+    /// Whether the command never ran: its exec failed (the gate said so
+    /// before it exited 127 or 126).
+    pub(super) fn exec_failed(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let Some(fd) = &self.report else {
+            return false;
+        };
+        let mut code = [0u8; 4];
+        // SAFETY: reading into a valid 4-byte buffer from our own pipe.
+        let n = unsafe { libc::read(fd.as_raw_fd(), code.as_mut_ptr().cast(), code.len()) };
+        n > 0
     }
 
     pub(super) fn pid(&self) -> u32 {
@@ -70,9 +87,28 @@ impl Command {
         self.status.is_some()
     }
 
-    /// The command's exit (cancel-safe, like `Child::wait`).
+    /// The command's exit (cancel-safe, like `Child::wait`). A command
+    /// that ended while the attach thread traced it (an exec that failed
+    /// before its entry point) was reaped by that thread's ptrace wait:
+    /// its status is taken from there.
     pub(super) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        let s = self.child.wait().await?;
+        use std::os::unix::process::ExitStatusExt;
+        let s = match self.child.wait().await {
+            Err(e) if e.raw_os_error() == Some(libc::ECHILD) => {
+                // The attach thread notes the status right after its wait
+                // returns: give it that moment.
+                let mut st = None;
+                for _ in 0..200 {
+                    st = userspace_rewriter::inject::reaped_status(self.pid as i32);
+                    if st.is_some() {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                ExitStatus::from_raw(st.ok_or(e)?)
+            }
+            r => r?,
+        };
         self.status = Some(s);
         Ok(s)
     }

@@ -185,6 +185,17 @@ pub(crate) async fn run(opts: SessionOptions, sampler: Sampler, command: Option<
         Ok(mut s) => {
             s.command = command;
             match s.run_loop().await {
+                // A command that never ran (its exec failed, as a shell
+                // would say in one line): no profile of it.
+                Ok(_)
+                    if s.command
+                        .as_ref()
+                        .is_some_and(|c| c.exited() && c.exec_failed()) =>
+                {
+                    let command = s.command.take();
+                    s.abort().await;
+                    (Ok(SessionStats::default()), command)
+                }
                 Ok(reason) => {
                     let command = s.command.take();
                     if let Some(c) = command.as_ref().filter(|c| !c.exited()) {

@@ -124,5 +124,6 @@ pub use error::InjectError;
 pub use procfs::{
     MapEntry, find_gap_near, find_low_gap, free_signal, maps, parse_maps, shadow_stack_enabled,
 };
+pub use ptrace::reaped_status;
 pub use signals::{KernelSigaction, SA_RESTORER};
 pub use tracee::Tracee;

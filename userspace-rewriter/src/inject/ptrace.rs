@@ -183,6 +183,21 @@ pub(super) fn is_fault(sig: i32, info: &[u8; 128]) -> bool {
     ) && code > 0
 }
 
+/// The raw `waitpid` statuses of the last processes (threads) this
+/// process's ptrace waits reaped: a tracee that is also our child (the
+/// command of `burstyd run`, held at its entry) leaves its exit status
+/// here, not to its parent's own `wait`, which then gets `ECHILD`.
+static REAPED: std::sync::Mutex<std::collections::VecDeque<(i32, i32)>> =
+    std::sync::Mutex::new(std::collections::VecDeque::new());
+const REAPED_KEPT: usize = 64;
+
+/// The exit status of `pid` if a ptrace wait here reaped it (see
+/// [`REAPED`]), as `waitpid` gave it.
+pub fn reaped_status(pid: i32) -> Option<i32> {
+    let r = REAPED.lock().unwrap_or_else(|e| e.into_inner());
+    r.iter().rev().find(|(p, _)| *p == pid).map(|&(_, st)| st)
+}
+
 pub(super) fn wait_tid(tid: i32, nohang: bool) -> Result<Option<Wait>> {
     let mut st: libc::c_int = 0;
     let flags = libc::__WALL | if nohang { libc::WNOHANG } else { 0 };
@@ -206,6 +221,13 @@ pub(super) fn wait_tid(tid: i32, nohang: bool) -> Result<Option<Wait>> {
             return Ok(None);
         }
         break;
+    }
+    if libc::WIFEXITED(st) || libc::WIFSIGNALED(st) {
+        let mut reaped = REAPED.lock().unwrap_or_else(|e| e.into_inner());
+        if reaped.len() == REAPED_KEPT {
+            reaped.pop_front();
+        }
+        reaped.push_back((tid, st));
     }
     Ok(Some(decode_wait(st)))
 }
