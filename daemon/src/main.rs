@@ -32,6 +32,7 @@ mod session;
 mod stacks;
 mod streams;
 mod sys;
+mod words;
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
@@ -383,19 +384,24 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
     };
     match (&targets, &scanner) {
         (None, None) => tracing::info!(
-            "sampling every process on {} CPUs on {} ({:?})",
+            "sampling every process on {} CPUs on {} at {sampling}",
             sampler.cpus(),
             event.name,
-            sampling
         ),
-        (None, Some(s)) => tracing::info!(
-            "sampling targets [{}] (now pids {:?}) on {} ({:?})",
-            describe_specs(s.specs()),
-            initial.as_deref().unwrap_or_default(),
-            event.name,
-            sampling
+        (None, Some(s)) => {
+            tracing::info!(
+                "sampling targets {} ({} now) on {} at {sampling}",
+                describe_specs(s.specs()),
+                crate::service::targets::describe_pids(initial.as_deref().unwrap_or_default()),
+                event.name,
+            );
+            crate::service::targets::warn_unmatchable(s.specs());
+        }
+        (Some(t), _) => tracing::info!(
+            "sampling {} on {} at {sampling}",
+            crate::service::targets::describe_pids(t),
+            event.name
         ),
-        (Some(t), _) => tracing::info!("sampling pid {:?} on {} ({:?})", t, event.name, sampling),
     }
     // Release the command; with bursts, unless --no-hold, the attach
     // thread releases it once it traces it (to hold it at its entry).

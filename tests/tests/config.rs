@@ -37,7 +37,7 @@ fn sighup_reload_switches_targets() {
     pa.wait_exec(&a);
     pb.wait_exec(&b);
     let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
-    d.wait_log(&format!("pids [{}]", pa.pid()), 20);
+    d.wait_log(&format!("(pid {} now)", pa.pid()), 20);
     std::thread::sleep(Duration::from_millis(1200));
     write_config(
         &cfg,
@@ -139,7 +139,7 @@ fn bad_config_is_rejected_with_line_and_reason_and_the_old_one_stays() {
     let mut d = Daemon::start_with(&scratch.path, &["--config", cfg.to_str().unwrap()], |c| {
         c.env("NOTIFY_SOCKET", &sock_path);
     });
-    d.wait_log(&format!("pids [{}]", pa.pid()), 20);
+    d.wait_log(&format!("(pid {} now)", pa.pid()), 20);
     // Line 3: a string where a number belongs.
     write_config(&cfg, "event = \"cpu-clock\"\n[[target]]\npid = \"one\"\n");
     d.signal(libc::SIGHUP);
@@ -196,7 +196,7 @@ fn exe_target_started_later_is_picked_up() {
         &base_config(&out, &format!("[[target]]\nexe = \"{}\"\n", exe.display())),
     );
     let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
-    d.wait_log("pids []", 20);
+    d.wait_log("(no process now)", 20);
     std::thread::sleep(Duration::from_millis(300));
     let late = Background::spawn(Command::new(&exe).arg("2"));
     d.wait_log(
@@ -244,7 +244,7 @@ fn exited_target_is_dropped_and_a_new_instance_picked_up() {
     first.wait_exec(&exe);
     let p1 = first.pid();
     let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
-    d.wait_log(&format!("pids [{p1}]"), 20);
+    d.wait_log(&format!("(pid {p1} now)"), 20);
     d.wait_log(&format!("target pid {p1} exited"), 10);
     assert!(
         d.running(),
@@ -312,7 +312,7 @@ fn unit_target_started_later_is_picked_up() {
         &base_config(&out, &format!("[[target]]\nunit = \"{unit}\"\n")),
     );
     let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
-    d.wait_log("pids []", 20);
+    d.wait_log("(no process now)", 20);
     // A process that joins the unit's cgroup, then becomes the spinner
     // (for 3 s: on a loaded machine a 2 s spinner drew 282 samples).
     let script = format!(

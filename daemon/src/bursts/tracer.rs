@@ -505,8 +505,8 @@ impl BurstTracer {
         let stats = self.stats();
         tracing::info!(
             pid = %self.pid(),
-            "burst slots: at most {} bursts ran at once (of {} allowed)",
-            self.attachment.concurrent_max(),
+            "burst slots: at most {} ran at once (of {} allowed)",
+            crate::words::count(self.attachment.concurrent_max(), "burst", "bursts"),
             self.attachment.max_bursts()
         );
         if let Some(t) = &mut self.trace {

@@ -107,6 +107,16 @@ pub(crate) enum Sampling {
     Frequency(u64),
 }
 
+impl std::fmt::Display for Sampling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Sampling::Frequency(hz) => write!(f, "{hz} Hz"),
+            Sampling::Period(1) => write!(f, "every event"),
+            Sampling::Period(n) => write!(f, "one sample every {n} events"),
+        }
+    }
+}
+
 /// Where the kernel keeps its limit on sampling frequencies.
 const MAX_SAMPLE_RATE: &str = "/proc/sys/kernel/perf_event_max_sample_rate";
 

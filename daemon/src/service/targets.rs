@@ -182,6 +182,49 @@ fn parse_cgroups(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// `pid 12`, `pids 12, 34`, `no process`: a list of pids for a person.
+pub(crate) fn describe_pids(pids: &[Pid]) -> String {
+    match pids {
+        [] => "no process".to_string(),
+        [p] => format!("pid {p}"),
+        _ => {
+            let list: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
+            format!("pids {}", list.join(", "))
+        }
+    }
+}
+
+/// What in `specs` cannot match a process, and why: an executable path
+/// that does not exist (a typo: `/usr/bin/pyhton3`), a pid that is no
+/// process. Units and cgroups may appear later and are not judged.
+pub(crate) fn unmatchable(specs: &[TargetSpec]) -> Vec<String> {
+    specs
+        .iter()
+        .filter_map(|s| match s {
+            TargetSpec::Exe(p) if !p.exists() => Some(format!(
+                "target exe {}: no such file, so no process can match it (a typo?)",
+                p.display()
+            )),
+            TargetSpec::Exe(p) if !p.is_file() => Some(format!(
+                "target exe {}: not a file, so no process can match it",
+                p.display()
+            )),
+            TargetSpec::Pid(p) if !crate::sys::process_exists(*p) => {
+                Some(format!("target pid {p}: no such process"))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Warns of each target in `specs` that cannot match (at start and at
+/// each reload).
+pub(crate) fn warn_unmatchable(specs: &[TargetSpec]) {
+    for why in unmatchable(specs) {
+        tracing::warn!("{why}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,5 +294,24 @@ mod tests {
         child.wait().unwrap();
         assert_eq!(s.scan().removed, [pid]);
         assert!(s.current().is_empty());
+    }
+
+    #[test]
+    fn targets_that_cannot_match_are_named() {
+        let specs = [
+            TargetSpec::Exe("/usr/bin/pyhton3-no-such".into()),
+            TargetSpec::Exe("/usr/bin".into()),
+            TargetSpec::Exe("/proc/self/exe".into()),
+            TargetSpec::Pid(Pid(u32::MAX / 2)),
+            TargetSpec::Pid(Pid(std::process::id())),
+            TargetSpec::Unit("nosuch.service".into()),
+        ];
+        let why = unmatchable(&specs);
+        assert_eq!(why.len(), 3, "{why:?}");
+        assert!(why[0].contains("/usr/bin/pyhton3-no-such"));
+        assert!(why[2].contains(&(u32::MAX / 2).to_string()));
+        assert_eq!(describe_pids(&[]), "no process");
+        assert_eq!(describe_pids(&[Pid(3)]), "pid 3");
+        assert_eq!(describe_pids(&[Pid(3), Pid(4)]), "pids 3, 4");
     }
 }

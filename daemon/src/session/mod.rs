@@ -627,12 +627,12 @@ impl Session {
         pipe.stats.peak_rss_bytes = crate::sys::self_peak_rss();
         let st = &pipe.stats;
         eprintln!(
-            "burstyd: wrote {} — {} samples in {:.1}s of sampling ({} processes, {} threads); stacks truncated {}, without unwind info {}, unwind errors {}, kernel-only {}; lost to full ring buffer: {}",
+            "burstyd: wrote {} — {} in {:.1}s of sampling ({}, {}); stacks truncated {}, without unwind info {}, unwind errors {}, kernel-only {}; lost to full ring buffer: {}",
             path.display(),
-            st.samples,
+            crate::words::count(st.samples, "sample", "samples"),
             st.sampling_secs,
-            total.process_names.len(),
-            total.threads.len(),
+            crate::words::count(total.process_names.len() as u64, "process", "processes"),
+            crate::words::count(total.threads.len() as u64, "thread", "threads"),
             st.truncated_stacks,
             st.no_unwind_info,
             st.unwind_errors,

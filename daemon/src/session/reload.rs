@@ -103,7 +103,14 @@ impl Session {
                     tracing::error!("switching to targeted sampling: {e}");
                 }
                 apply_scan(s, sampler, &mut ProcessTable::new());
-                tracing::info!("targets now {:?}: pids {:?}", new.targets, s.current());
+                let specs: Vec<_> = new.targets.iter().map(|t| t.spec.to_string()).collect();
+                let pids: Vec<_> = s.current().iter().copied().collect();
+                tracing::info!(
+                    "targets now {}: {}",
+                    specs.join(", "),
+                    crate::service::targets::describe_pids(&pids)
+                );
+                crate::service::targets::warn_unmatchable(s.specs());
             } else if let Some(mut s) = scanner.take() {
                 s.set_targets(Vec::new(), false);
                 for pid in s.scan().removed {
