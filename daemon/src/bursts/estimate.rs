@@ -94,9 +94,8 @@ pub(crate) struct Share {
 }
 
 impl Estimates {
-    /// The weight of a burst that counted `paths` complete paths (`ticks`:
-    /// its length, when its END record carried one; `cost`: theirs in the
-    /// original code, when known).
+    /// The weight of a burst that counted `paths` complete paths (`cost`:
+    /// the original code's static cost where it started, when known).
     fn weight(&self, paths: u64, cost: Option<u64>) -> f64 {
         match (self.weighting, cost) {
             (Weighting::Uniform, _) => 1.0,
@@ -123,8 +122,9 @@ impl Estimates {
     /// [`super::counts::span_weight`]; a path may come more than once);
     /// `ticks` long if known, `cost` the static cost (quarter cycles) of
     /// the original code between two checks where it started, if known
-    /// ([`super::counts::PathCounts`]'s `start_cost`). Returns the burst's weight (an occurrence's estimate
-    /// is the burst's weight times its own).
+    /// ([`super::counts::PathCounts`]'s `start_cost`). Returns the burst's
+    /// weight (an occurrence's estimate is the burst's weight times its
+    /// own).
     pub(crate) fn finish(
         &mut self,
         occurrences: &[((u32, u64), f64)],
