@@ -111,6 +111,19 @@ pub const REC_UNWIND: u64 = 5;
 /// record writing).
 pub const REC_COST: u64 = 6;
 
+/// A data reference in memory mode (`--record refs`): `w0 = tag | kind <<
+/// REF_KIND_SHIFT | pc`, `w1` = the effective address. `pc` is the
+/// original instruction's address (AVMA; below 2^56), `kind` one of
+/// [`REF_LOAD`], [`REF_STORE`], [`REF_RMW`]. Written before the
+/// instruction runs (an access that faults was still recorded).
+pub const REC_REF: u64 = 7;
+/// See [`REC_REF`].
+pub const REF_KIND_SHIFT: u32 = 56;
+pub const REF_LOAD: u64 = 0;
+pub const REF_STORE: u64 = 1;
+/// A read-modify-write (`add [m], r`, `lock xadd`, ...).
+pub const REF_RMW: u64 = 2;
+
 /// `REC_PATH` kinds.
 pub const PATH_END_RETURN: u64 = 0;
 pub const PATH_END_BACK_EDGE: u64 = 1;

@@ -162,12 +162,18 @@ pub(crate) enum Command {
     /// functions and lines), its share of all references, how often it
     /// occurs, and what its addresses do.
     HotStreams {
+        /// A run's output directory (its `hot-streams.json`, written with
+        /// `--record refs`), or one `hot-streams*.json` file: the streams
+        /// as found then (--min-len, --max-len and --coverage do not
+        /// apply).
+        #[arg(value_name = "OUT", required_unless_present = "from_trace")]
+        profile: Option<PathBuf>,
         /// A complete trace from another tool, one reference a line:
         /// `<module path> <static vaddr hex> <data address hex>`, an empty
         /// line between independent sequences (`bench/lackey_trace.py`
         /// makes one from valgrind lackey's `--trace-mem=yes`).
-        #[arg(long, value_name = "FILE")]
-        from_trace: PathBuf,
+        #[arg(long, value_name = "FILE", conflicts_with = "profile")]
+        from_trace: Option<PathBuf>,
         /// The shortest stream reported, in references.
         #[arg(long, value_name = "N", default_value_t = 10)]
         min_len: u64,
@@ -285,6 +291,27 @@ pub(crate) struct ProfileArgs {
     /// ARCHITECTURE.md, "Estimates from bursts".
     #[arg(long, value_enum, value_name = "HOW", conflicts_with = "no_bursts")]
     pub(crate) weights: Option<crate::bursts::estimate::Weighting>,
+
+    /// What bursts record besides paths, calls and returns (beats the
+    /// file's [bursts] record): `refs`, every load and store of heap and
+    /// global data with its address, from which the hot data streams are
+    /// found (hot-streams.json; `burstyd hot-streams OUT`). Clones with
+    /// references are bigger and bursts in them slower; without it the
+    /// clones have no trace of them.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "WHAT",
+        value_delimiter = ',',
+        conflicts_with = "no_bursts"
+    )]
+    pub(crate) record: Vec<crate::bursts::options::Record>,
+
+    /// With --record refs, the stack's references too (by default an
+    /// operand based on rsp, or on rbp where the function sets up a frame
+    /// pointer, is left out).
+    #[arg(long, requires = "record")]
+    pub(crate) refs_stack: bool,
 
     /// Sample only: no rewriting, no bursts (--pid, run, or the
     /// configuration's targets).

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::Context;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::streams::hot::{HotOptions, Pattern, Stream, hot_streams, pattern};
 use crate::streams::references::References;
@@ -19,10 +19,14 @@ pub(crate) struct HotStreamOptions {
     pub(crate) json: bool,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub(crate) struct Report {
     /// References in the trace.
     pub(crate) references: u64,
+    /// Memory mode: references recorded but not analysed (the process's
+    /// bound on references held was reached).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) dropped: u64,
     /// The share of them the hot streams account for.
     pub(crate) hot_share: f64,
     pub(crate) min_length: u64,
@@ -30,7 +34,11 @@ pub(crate) struct Report {
     pub(crate) streams: Vec<StreamOut>,
 }
 
-#[derive(Serialize)]
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+#[derive(Serialize, Deserialize)]
 pub(crate) struct StreamOut {
     pub(crate) signature: Vec<RefSite>,
     /// Its share of all references.
@@ -38,16 +46,16 @@ pub(crate) struct StreamOut {
     pub(crate) frequency: u64,
     pub(crate) length: usize,
     /// `constant`, `stride` or `irregular`.
-    pub(crate) pattern: &'static str,
+    pub(crate) pattern: String,
     /// With `stride`: each instruction's step, in signature order of
     /// their first repeat.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) strides: Vec<i64>,
     /// The data addresses of one occurrence (hex).
     pub(crate) example: Vec<String>,
 }
 
-#[derive(Serialize, Clone)]
+#[derive(Serialize, Deserialize, Clone)]
 pub(crate) struct RefSite {
     pub(crate) module: String,
     pub(crate) build_id: Option<String>,
@@ -65,11 +73,37 @@ pub(crate) fn run(trace: &Path, opts: &HotStreamOptions) -> anyhow::Result<()> {
     let refs =
         crate::streams::trace::read(std::io::BufReader::new(file), &trace.display().to_string())?;
     let report = report(&refs, &opts.hot);
+    print(&report, opts)
+}
+
+/// `burstyd hot-streams OUT`: the streams a run with `--record refs`
+/// found (`OUT/hot-streams.json`, or the JSON file given).
+pub(crate) fn show(out: &Path, opts: &HotStreamOptions) -> anyhow::Result<()> {
+    let file = if out.is_dir() {
+        let f = out.join("hot-streams.json");
+        if !f.exists() {
+            anyhow::bail!(
+                "{} has no hot-streams.json: profile with --record refs to find hot data streams",
+                out.display()
+            );
+        }
+        f
+    } else {
+        out.to_path_buf()
+    };
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    let report: Report = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a hot data streams report", file.display()))?;
+    print(&report, opts)
+}
+
+fn print(report: &Report, opts: &HotStreamOptions) -> anyhow::Result<()> {
     let text = if opts.json {
-        serde_json::to_string_pretty(&report)? + "\n"
+        serde_json::to_string_pretty(report)? + "\n"
     } else {
         let mut text = Vec::new();
-        print_report(&mut text, &report, opts.top)?;
+        print_report(&mut text, report, opts.top)?;
         String::from_utf8(text)?
     };
     crate::sys::print_stdout(&text)
@@ -84,9 +118,9 @@ pub(crate) fn report(refs: &References, hot: &HotOptions) -> Report {
         .iter()
         .map(|s| {
             let (pattern, strides) = match pattern(s) {
-                Pattern::Constant => ("constant", Vec::new()),
-                Pattern::Stride(v) => ("stride", v),
-                Pattern::Irregular => ("irregular", Vec::new()),
+                Pattern::Constant => ("constant".to_string(), Vec::new()),
+                Pattern::Stride(v) => ("stride".to_string(), v),
+                Pattern::Irregular => ("irregular".to_string(), Vec::new()),
             };
             StreamOut {
                 signature: s.signature.iter().map(|i| sites[i].clone()).collect(),
@@ -101,6 +135,7 @@ pub(crate) fn report(refs: &References, hot: &HotOptions) -> Report {
         .collect();
     Report {
         references: refs.count,
+        dropped: 0,
         hot_share: streams.iter().map(|s| s.heat).sum::<u64>() as f64 / total,
         min_length: hot.min_len,
         max_length: hot.max_len,
@@ -175,7 +210,7 @@ fn print_report(out: &mut impl Write, r: &Report, top: usize) -> std::io::Result
         100.0 * r.hot_share
     )?;
     for (k, s) in r.streams.iter().take(top).enumerate() {
-        let how = match s.pattern {
+        let how = match s.pattern.as_str() {
             "stride" => format!(
                 "stride {}",
                 s.strides

@@ -101,6 +101,7 @@ fn main() {
         return;
     }
     if let Some(Command::HotStreams {
+        profile,
         from_trace,
         min_len,
         max_len,
@@ -118,7 +119,12 @@ fn main() {
             top: *top,
             json: *json,
         };
-        if let Err(e) = crate::hot_streams::run(from_trace, &opts) {
+        let done = match (from_trace, profile) {
+            (Some(trace), _) => crate::hot_streams::run(trace, &opts),
+            (None, Some(out)) => crate::hot_streams::show(out, &opts),
+            (None, None) => unreachable!("clap requires one"),
+        };
+        if let Err(e) = done {
             eprintln!("burstyd: error: {e:#}");
             std::process::exit(1);
         }
@@ -265,6 +271,8 @@ fn overrides(cli: &Cli, args: &ProfileArgs, matches: &ArgMatches) -> Overrides {
         exe_only: args.exe_only,
         max_bursts: args.max_bursts,
         weights: args.weights,
+        record: args.record.clone(),
+        refs_stack: args.refs_stack,
     }
 }
 

@@ -119,3 +119,115 @@ fn a_lackey_trace_gives_the_known_streams() {
     assert_eq!(site["build_id"].as_str(), elf_build_id(&exe).as_deref());
     assert!(site["line"].as_str().unwrap().starts_with("streams.c:"));
 }
+
+/// `streams`' reference counts by construction ("references hot H cold C
+/// noise N").
+fn constructed(stdout: &str) -> (u64, u64, u64) {
+    let c: Vec<u64> = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("references "))
+        .unwrap()
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (c[0], c[1], c[2])
+}
+
+/// Bursts in memory mode (`--record refs`) find `streams`' hot walk as
+/// the hottest stream, with its 24 references in order (a node's value,
+/// then its next pointer, in `walk_hot`), at its share of all references
+/// by construction within 5 points, under `run` and under `--pid`; the
+/// seed `noise` updates through a pointer into `main`'s frame is the
+/// thread's stack and is left out; nothing is lost; the traced output is
+/// the untraced one. `burstyd hot-streams OUT --json` reads the same
+/// report back.
+#[test]
+fn bursts_in_memory_mode_find_the_known_streams() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("streams");
+    let exe_s = exe.to_str().unwrap();
+    let rounds = "1000000";
+    let untraced = run_untraced(&[exe_s, rounds], Duration::from_secs(120));
+    let (hot, cold, noise) = constructed(&untraced.stdout_str());
+    let truth = hot as f64 / (hot + cold + noise) as f64;
+
+    let scratch = Scratch::new("hot-streams-run");
+    let run = burstyd_run(
+        &scratch,
+        &["--record", "refs"],
+        &[exe_s, rounds],
+        Duration::from_secs(300),
+    );
+    run.assert_ok();
+    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    let mut outs = vec![("run", run.out_dir.clone())];
+
+    let scratch = Scratch::new("hot-streams-pid");
+    let target = Background::spawn(Command::new(exe_s).arg("1000000000"));
+    target.wait_exec(&exe);
+    let pid = target.pid().to_string();
+    let run = burstyd(
+        &scratch,
+        &["--pid", &pid, "--duration", "3", "--record", "refs"],
+        &[],
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    drop(target);
+    outs.push(("--pid", run.out_dir.clone()));
+
+    for (how, out) in &outs {
+        let summary = read_summary(out);
+        assert_eq!(summary.traced().records_lost(), 0, "{how}");
+        let text = std::fs::read_to_string(out.join("hot-streams.json"))
+            .unwrap_or_else(|e| panic!("{how}: hot-streams.json: {e}"));
+        let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let streams = r["streams"].as_array().unwrap();
+        let top = &streams[0];
+        let sites: Vec<(&str, &str)> = top["signature"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["function"].as_str().unwrap_or("?"),
+                    s["address"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        let why = format!(
+            "{how}: {} references, top stream {} x{} {:?}",
+            r["references"], top["heat"], top["frequency"], sites
+        );
+        assert_eq!(top["length"], 24, "{why}");
+        assert!(sites.iter().all(|(f, _)| *f == "walk_hot"), "{why}");
+        // Two instructions, alternating: the value's load, the next's.
+        assert_ne!(sites[0].1, sites[1].1, "{why}");
+        assert!(sites.chunks(2).all(|p| p == &sites[..2]), "{why}");
+        assert_eq!(top["signature"][0]["module"], exe_s, "{why}");
+        let share = top["heat"].as_f64().unwrap();
+        assert!(
+            (share - truth).abs() <= 0.05,
+            "{why}: share {share:.3}, by construction {truth:.3}"
+        );
+        assert!(
+            streams.iter().all(|s| s["signature"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|x| x["address"].as_str() != Some("0x0"))),
+            "{why}"
+        );
+        // The readable report's JSON is the file's.
+        let shown = run_timeout(
+            Command::new(burstyd_bin())
+                .args(["hot-streams", "--json"])
+                .arg(out),
+            Duration::from_secs(60),
+        );
+        assert!(shown.status.success(), "{}", shown.describe());
+        let back: serde_json::Value = serde_json::from_str(&shown.stdout_str()).unwrap();
+        assert_eq!(back, r, "{how}");
+    }
+}

@@ -12,13 +12,15 @@ use std::path::Path;
 
 use userspace_rewriter::analysis::cfg::Analysis;
 use userspace_rewriter::analysis::plan::{FunctionStatus, Plan, PlanOptions, analyze_with_insns};
-use userspace_rewriter::codegen::{CloneImage, Layout, generate_excluding, unwind_info};
+use userspace_rewriter::codegen::{CloneImage, Layout, Refs, generate_excluding, unwind_info};
 
 struct Module {
     data: Vec<u8>,
     plan: Plan,
     analysis: Analysis,
     exclude: BTreeMap<u64, &'static str>,
+    /// Memory mode of its clones.
+    refs: Refs,
 }
 
 fn module(path: &Path) -> Module {
@@ -37,11 +39,12 @@ fn module(path: &Path) -> Module {
         plan: report.plan,
         analysis,
         exclude,
+        refs: Refs::Off,
     }
 }
 
 fn generate(m: &Module, l: &Layout) -> (CloneImage, Vec<u8>) {
-    let img = generate_excluding(&m.plan, &m.analysis, l, &m.exclude).unwrap();
+    let img = generate_excluding(&m.plan, &m.analysis, l, &m.exclude, m.refs).unwrap();
     let eh = unwind_info::eh_frame(&m.data, &img, l.bias).unwrap().bytes;
     (img, eh)
 }
@@ -169,6 +172,39 @@ fn non_pie_moved_equals_non_pie_generated() {
             code: 0x4000_0000,
             control: 0x1_0000,
             fid_base: 90,
+        },
+    );
+}
+
+/// In memory mode the records' first words (each holding its
+/// instruction's original address) move with the module: a library's
+/// clones with references, moved, equal those generated there.
+#[test]
+fn memory_mode_moved_equals_generated() {
+    let path = Path::new("/usr/lib/x86_64-linux-gnu/liblzma.so.5");
+    if !path.exists() {
+        eprintln!("skipped: no {}", path.display());
+        return;
+    }
+    let m = Module {
+        refs: Refs::Data,
+        ..module(path)
+    };
+    let b0 = 0x7f00_0000_0000;
+    let b1 = 0x7f12_3456_0000;
+    moved_equals_generated(
+        &m,
+        Layout {
+            bias: b0,
+            code: b0 - 0x1000_0000,
+            control: 0x2000_0000,
+            fid_base: 0,
+        },
+        Layout {
+            bias: b1,
+            code: b1 + 0x300_0000,
+            control: 0x1_0000,
+            fid_base: 77,
         },
     );
 }

@@ -120,6 +120,7 @@ pub(super) struct Injected {
     pub(super) region: SharedRegion,
     pub(super) signal: i32,
     pub(super) old_action: KernelSigaction,
+    pub(super) refs: userspace_rewriter::codegen::Refs,
 }
 
 impl Injected {
@@ -132,6 +133,7 @@ impl Injected {
             region,
             signal,
             old_action,
+            refs,
         } = self;
         let baseline = region.target_counters();
         let base = control_tables_base(&region);
@@ -166,6 +168,7 @@ impl Injected {
                 link_seen: 0,
                 relink_due: true,
                 forgets: 0,
+                refs,
             },
             exe,
             modules: facts,
@@ -238,6 +241,9 @@ pub(crate) fn attach(
         held && opts.libraries == Libraries::All,
     )?;
     cap_modules(pid, &mut mapped, 0);
+    for m in &mut mapped {
+        m.refs = opts.refs;
+    }
     // The executable's id: the hash of its bytes.
     let id = mapped[0].hash;
     let names: Vec<(bool, String)> = mapped.iter().map(|m| (m.is_exe, m.path.clone())).collect();
@@ -300,6 +306,7 @@ pub(crate) fn attach(
                 next_fid: 0,
                 rearm: Some(entries),
                 rooms: Rooms::default(),
+                refs: opts.refs,
             });
             return Ok((attached, pending.map(Then::Libraries)));
         }
@@ -586,6 +593,7 @@ pub(crate) fn attach(
                 next_fid: fid_base,
                 rearm: None,
                 rooms,
+                refs: opts.refs,
             })
         }),
     };
@@ -598,6 +606,7 @@ pub(crate) fn attach(
             region,
             signal,
             old_action,
+            refs: opts.refs,
         }
         .attached(),
         then,
@@ -676,6 +685,7 @@ pub(super) fn rearm(
         region,
         signal,
         old_action,
+        refs: opts.refs,
     }
     .attached())
 }

@@ -454,6 +454,8 @@ impl PathCounts {
                 *b.path_start() = None;
             }
             BurstEvent::Malformed { .. } => self.bad_records += 1,
+            // Data references are the streams' (`super::data_refs`).
+            BurstEvent::Ref { .. } => {}
         }
     }
 

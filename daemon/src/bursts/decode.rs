@@ -8,8 +8,8 @@ use std::fmt;
 
 use burstyd_common::burst::{
     END_BUDGET, END_LEFT_CLONES, END_LEFT_UNSEEN, PATH_END_BACK_EDGE, PATH_END_NORETURN,
-    PATH_END_RETURN, PATH_END_TAIL, PATH_INVALID, REC_COST, REC_END, REC_ENTER, REC_PATH,
-    REC_START, REC_UNWIND, TAG_SHIFT,
+    PATH_END_RETURN, PATH_END_TAIL, PATH_INVALID, REC_COST, REC_END, REC_ENTER, REC_PATH, REC_REF,
+    REC_START, REC_UNWIND, REF_KIND_SHIFT, REF_LOAD, REF_RMW, REF_STORE, TAG_SHIFT,
 };
 
 /// One record of the burst ring.
@@ -49,8 +49,42 @@ pub(crate) enum BurstEvent {
     /// The burst ended. `ticks`: time-stamp-counter ticks from its first
     /// record after the START to its end (0: unknown, no record came).
     End { reason: EndReason, ticks: u64 },
+    /// Memory mode: the instruction at (original) `pc` is about to
+    /// access data at `addr`.
+    Ref { pc: u64, kind: RefKind, addr: u64 },
     /// A record with an unknown tag.
     Malformed { w0: u64, w1: u64 },
+}
+
+/// What a data reference does (`REF_*` kinds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RefKind {
+    Load,
+    Store,
+    /// A read-modify-write.
+    Rmw,
+    /// A kind this daemon does not know.
+    Other(u8),
+}
+
+impl RefKind {
+    fn from_code(k: u64) -> Self {
+        match k {
+            REF_LOAD => RefKind::Load,
+            REF_STORE => RefKind::Store,
+            REF_RMW => RefKind::Rmw,
+            k => RefKind::Other(k as u8),
+        }
+    }
+
+    fn code(self) -> u64 {
+        match self {
+            RefKind::Load => REF_LOAD,
+            RefKind::Store => REF_STORE,
+            RefKind::Rmw => REF_RMW,
+            RefKind::Other(k) => u64::from(k),
+        }
+    }
 }
 
 /// How a path ended (`REC_PATH` kinds).
@@ -157,6 +191,12 @@ pub(crate) fn decode(w0: u64, w1: u64) -> BurstEvent {
             reason: EndReason::from_code(w0 & 0xff),
             ticks: w1,
         },
+        // w0 = tag | kind << 56 | pc, w1 = address.
+        REC_REF => BurstEvent::Ref {
+            pc: w0 & ((1 << REF_KIND_SHIFT) - 1),
+            kind: RefKind::from_code((w0 >> REF_KIND_SHIFT) & 0xf),
+            addr: w1,
+        },
         _ => BurstEvent::Malformed { w0, w1 },
     }
 }
@@ -200,6 +240,11 @@ impl fmt::Display for BurstEvent {
                     reason.code()
                 )
             }
+            BurstEvent::Ref { pc, kind, addr } => write!(
+                f,
+                "{{\"ref\":\"{addr:#x}\",\"pc\":\"{pc:#x}\",\"kind\":{}}}",
+                kind.code()
+            ),
             BurstEvent::Malformed { w0, w1 } => {
                 write!(f, "{{\"malformed\":[\"{w0:#x}\",\"{w1:#x}\"]}}")
             }
@@ -213,6 +258,36 @@ mod tests {
 
     fn tag(t: u64) -> u64 {
         t << TAG_SHIFT
+    }
+
+    /// A reference carries its instruction, its kind and its address; its
+    /// raw-trace line says all three.
+    #[test]
+    fn ref_carries_pc_kind_and_address() {
+        let ev = decode(
+            tag(REC_REF) | REF_RMW << REF_KIND_SHIFT | 0x7f12_3456_789a,
+            0x5555_0000_1238,
+        );
+        assert_eq!(
+            ev,
+            BurstEvent::Ref {
+                pc: 0x7f12_3456_789a,
+                kind: RefKind::Rmw,
+                addr: 0x5555_0000_1238
+            }
+        );
+        assert_eq!(
+            ev.to_string(),
+            r#"{"ref":"0x555500001238","pc":"0x7f123456789a","kind":2}"#
+        );
+        let load = decode(tag(REC_REF) | 0x40_1000, 8);
+        assert!(matches!(
+            load,
+            BurstEvent::Ref {
+                kind: RefKind::Load,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -342,7 +417,7 @@ mod tests {
 
     #[test]
     fn unknown_tags_are_malformed() {
-        for t in [0, 7, 15] {
+        for t in [0, 8, 15] {
             let w0 = tag(t) | 1;
             assert_eq!(decode(w0, 2), BurstEvent::Malformed { w0, w1: 2 });
         }

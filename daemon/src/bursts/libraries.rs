@@ -36,6 +36,8 @@ pub(crate) struct Pending {
     pub(super) rearm: Option<Vec<ModuleEntry>>,
     /// Where the libraries' clones and the merged tables go.
     pub(super) rooms: Rooms,
+    /// Memory mode.
+    pub(super) refs: userspace_rewriter::codegen::Refs,
 }
 
 /// The second step of an attach: every shared library mapped in `pid`
@@ -56,6 +58,9 @@ pub(crate) fn add_libraries(
     let t0 = std::time::Instant::now();
     let maps = inject::maps(pid)?;
     let mut all = modules::mapped_libraries(pid, &maps, &pending.exe_path);
+    for m in &mut all {
+        m.refs = pending.refs;
+    }
     cap_modules(pid, &mut all, 1);
     if all.is_empty() {
         return Ok(None);
@@ -182,6 +187,8 @@ pub(crate) struct LoadRequest {
     /// clones are ready, the tables merged here are stale.
     pub(crate) forgets: u64,
     pub(crate) libraries: Vec<super::linkmap::Loaded>,
+    /// Memory mode.
+    pub(super) refs: userspace_rewriter::codegen::Refs,
 }
 
 /// Clones libraries mapped since the attach (`dlopen`): each is analysed
@@ -199,7 +206,8 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
     let mut gens = Vec::new();
     let mut reserved = Vec::new();
     let mut from_cache = 0;
-    for module in modules::mapped_libraries(pid, &maps, &req.exe_path) {
+    for mut module in modules::mapped_libraries(pid, &maps, &req.exe_path) {
+        module.refs = req.refs;
         if !req
             .libraries
             .iter()

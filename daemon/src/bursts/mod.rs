@@ -25,7 +25,8 @@
 //!   worth, and the estimates' confidence; [`counts`]: events → path
 //!   counts per calling context within a burst, and the raw trace
 //!   (`--save-bursts`);
-//!   [`contexts`]: the calling contexts of paths;
+//!   [`contexts`]: the calling contexts of paths; [`data_refs`]: memory
+//!   mode's references per burst, into the process's reference grammar;
 //! - [`coverage`]: hot coverage (the share of samples in cloned code);
 //! - [`traced`]: what the exporters know of a traced process;
 //!   [`tracer`]: one traced process; [`tracers`]: all of them and the
@@ -44,6 +45,7 @@ pub(crate) mod cache;
 pub(crate) mod contexts;
 pub(crate) mod counts;
 pub(crate) mod coverage;
+pub(crate) mod data_refs;
 pub(crate) mod decode;
 pub(crate) mod estimate;
 pub(crate) mod exec_gate;

@@ -21,6 +21,29 @@ pub(crate) struct BurstOptions {
     /// How each burst's counts are weighted into the estimates
     /// (`--weights`).
     pub(crate) weights: super::estimate::Weighting,
+    /// Memory mode: which data references the clones record (`--record
+    /// refs`, `--refs-stack`).
+    pub(crate) refs: userspace_rewriter::codegen::Refs,
+}
+
+/// What bursts record besides paths, calls and returns (`--record`,
+/// `[bursts] record`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Record {
+    /// Every load, store and read-modify-write of heap and global data
+    /// (the stack's too with `--refs-stack`): hot data streams.
+    Refs,
+}
+
+/// The memory mode `record` and `refs_stack` ask for.
+pub(crate) fn refs_mode(record: &[Record], refs_stack: bool) -> userspace_rewriter::codegen::Refs {
+    use userspace_rewriter::codegen::Refs;
+    match (record.contains(&Record::Refs), refs_stack) {
+        (false, _) => Refs::Off,
+        (true, false) => Refs::Data,
+        (true, true) => Refs::All,
+    }
 }
 
 /// Which of a traced process's shared libraries get clones.

@@ -379,7 +379,8 @@ pub(super) fn generate_at(
             exclude,
             data,
         } => {
-            let img = codegen::generate_excluding(&a.plan, analysis, &layout, exclude)?;
+            let img =
+                codegen::generate_excluding(&a.plan, analysis, &layout, exclude, a.module.refs)?;
             let eh = unwind_info::eh_frame(data, &img, a.module.bias)
                 .map_err(anyhow::Error::msg)?
                 .bytes;

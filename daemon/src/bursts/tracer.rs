@@ -13,6 +13,7 @@ use super::attach::{self, Attached};
 use super::attachment::Attachment;
 use super::contexts;
 use super::counts::{PathCounts, TraceFile};
+use super::data_refs::DataRefs;
 use super::decode;
 use super::libraries;
 use super::linkmap;
@@ -51,6 +52,8 @@ pub(crate) struct BurstTracer {
     pub(super) awaiting_libraries: bool,
     /// How long the attach (its first step) took.
     pub(super) attach_secs: f64,
+    /// Memory mode: the data references of its bursts.
+    pub(super) data_refs: Option<DataRefs>,
 }
 
 /// How often one library file may be cloned anew in a process that
@@ -62,6 +65,8 @@ pub(super) const MAX_CLONINGS: u32 = 8;
 pub(crate) struct Finished {
     pub(crate) traced: Traced,
     pub(crate) counts: PathCounts,
+    /// Memory mode: the data references of its bursts.
+    pub(crate) data_refs: Option<DataRefs>,
     /// The totals, or why restoring the target's signal failed.
     pub(crate) stats: anyhow::Result<BurstStats>,
 }
@@ -117,6 +122,8 @@ impl BurstTracer {
             clonings: Default::default(),
             awaiting_libraries: matches!(pending, Some(attach::Then::Libraries(_))),
             attach_secs: began.elapsed().as_secs_f64(),
+            data_refs: (opts.refs != userspace_rewriter::codegen::Refs::Off)
+                .then(DataRefs::default),
             traced: Traced {
                 pid,
                 exe,
@@ -403,6 +410,7 @@ impl BurstTracer {
         mut stacks: Option<&mut contexts::StartStacks>,
     ) -> u64 {
         let (counts, trace, traced) = (&mut self.counts, &mut self.trace, &self.traced);
+        let data_refs = &mut self.data_refs;
         let pid = traced.pid;
         let mut n = 0;
         let mut heads = [0; MAX_SLOTS];
@@ -426,6 +434,9 @@ impl BurstTracer {
                     counts.set_cost(fid, path, traced.path_cost(fid, path));
                 }
                 counts.add(&ev);
+                if let Some(d) = data_refs.as_mut() {
+                    d.add(slot, &ev, traced);
+                }
                 if let decode::BurstEvent::Start { tid, pc, .. } = ev {
                     if !counts.has_name(tid) {
                         counts.name_thread(
@@ -502,6 +513,9 @@ impl BurstTracer {
         // Bursts the target left running (it exited, or was detached,
         // mid-burst) end here.
         self.counts.finish_running();
+        if let Some(d) = &mut self.data_refs {
+            d.finish();
+        }
         let stats = self.stats();
         tracing::info!(
             pid = %self.pid(),
@@ -518,6 +532,7 @@ impl BurstTracer {
         Finished {
             traced: self.traced,
             counts: self.counts,
+            data_refs: self.data_refs,
             stats: restored.map(|()| stats),
         }
     }

@@ -49,6 +49,9 @@ pub(crate) struct WorkerArgs {
     cache_dir: std::path::PathBuf,
     #[arg(long)]
     cache_max_mb: u64,
+    /// Memory mode: `Data` or `All` (absent: off).
+    #[arg(long)]
+    refs: Option<String>,
 }
 
 /// Has a worker make `module`'s cache entry under `key`, and waits for
@@ -66,6 +69,10 @@ pub(crate) fn prepare(module: &Module, key: &str) -> anyhow::Result<WorkerReport
         .arg("--cache-dir")
         .arg(cache.dir())
         .args(["--cache-max-mb", &cache.max_mb().to_string()])
+        .args(
+            (module.refs != userspace_rewriter::codegen::Refs::Off)
+                .then(|| format!("--refs={:?}", module.refs)),
+        )
         .stdin(Stdio::from(
             module
                 .file
@@ -96,7 +103,7 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
             .try_clone_to_owned()
             .context("the module's file")?,
     );
-    let module = Module::from_file(
+    let mut module = Module::from_file(
         &args.path,
         file,
         (args.lo, args.hi),
@@ -104,6 +111,12 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         args.exe,
         args.ino,
     )?;
+    module.refs = match args.refs.as_deref() {
+        None => userspace_rewriter::codegen::Refs::Off,
+        Some("Data") => userspace_rewriter::codegen::Refs::Data,
+        Some("All") => userspace_rewriter::codegen::Refs::All,
+        Some(other) => bail!("unknown memory mode {other}"),
+    };
     if module.key() != args.key {
         bail!("the file read is not that of key {}", args.key);
     }

@@ -64,6 +64,11 @@ pub(crate) struct BurstsConfig {
     /// How bursts are weighted into the estimates: `"uniform"` or
     /// `"static"` (`--weights`).
     pub(crate) weights: Option<crate::bursts::estimate::Weighting>,
+    /// What bursts record besides paths: `["refs"]` (`--record refs`).
+    pub(crate) record: Option<Vec<crate::bursts::options::Record>>,
+    /// With `record = ["refs"]`, the stack's references too
+    /// (`--refs-stack`).
+    pub(crate) refs_stack: Option<bool>,
 }
 
 /// `libraries = true | false | "hot" | "all" | "none"`.

@@ -40,6 +40,9 @@ pub(crate) struct Overrides {
     pub(crate) max_bursts: Option<u64>,
     /// `--weights`.
     pub(crate) weights: Option<Weighting>,
+    /// `--record`, `--refs-stack`.
+    pub(crate) record: Vec<crate::bursts::options::Record>,
+    pub(crate) refs_stack: bool,
 }
 
 /// How many processes the service traces in bursts at once by default.
@@ -61,6 +64,8 @@ pub(crate) struct BurstSettings {
     pub(crate) max_bursts: u64,
     /// How bursts are weighted into the estimates.
     pub(crate) weights: Weighting,
+    /// Memory mode.
+    pub(crate) refs: userspace_rewriter::codegen::Refs,
 }
 
 impl BurstSettings {
@@ -79,6 +84,7 @@ impl BurstSettings {
             libraries: self.libraries,
             save_bursts,
             weights: self.weights,
+            refs: self.refs,
         }
     }
 }
@@ -247,6 +253,14 @@ impl Settings {
                     .or(f.bursts.max_bursts.as_ref().map(|m| *m.get_ref()))
                     .unwrap_or(burstyd_common::burst::DEFAULT_MAX_BURSTS),
                 weights: o.weights.or(f.bursts.weights).unwrap_or_default(),
+                refs: crate::bursts::options::refs_mode(
+                    if o.record.is_empty() {
+                        f.bursts.record.as_deref().unwrap_or_default()
+                    } else {
+                        &o.record
+                    },
+                    o.refs_stack || f.bursts.refs_stack.unwrap_or(false),
+                ),
             },
             source: file.and(source).map(Path::to_path_buf),
         })
@@ -287,6 +301,7 @@ burst = 200
 max_traced = 2
 path_time = true
 weights = "static"
+record = ["refs"]
 [[target]]
 exe = "/usr/bin/foo"
 bursts = false
@@ -333,6 +348,7 @@ pid = 1
                 libraries: Libraries::Hot,
                 max_bursts: burstyd_common::burst::DEFAULT_MAX_BURSTS,
                 weights: Weighting::StaticCost,
+                refs: userspace_rewriter::codegen::Refs::Data,
             }
         );
         let o = Overrides {
@@ -435,6 +451,7 @@ pid = 1
                 libraries: Libraries::All,
                 max_bursts: burstyd_common::burst::DEFAULT_MAX_BURSTS,
                 weights: Weighting::Uniform,
+                refs: userspace_rewriter::codegen::Refs::Off,
             }
         );
     }

@@ -55,6 +55,7 @@ mod pipeline;
 mod reload;
 mod report;
 mod scan;
+mod stream_profiles;
 mod summary;
 
 pub(crate) use command::Command;
@@ -560,6 +561,7 @@ impl Session {
             finished = std::mem::take(&mut self.released.finished);
         }
         let counters = self.sampler.counters();
+        self.write_stream_profiles(&finished);
         let traced = self.write_path_profiles(finished, &counters);
         drop(self.sampler);
         // The traced processes' state is gone: its free pages go back

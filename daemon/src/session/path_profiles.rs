@@ -61,6 +61,7 @@ impl Session {
                 traced,
                 counts,
                 stats,
+                ..
             },
             summary,
         ) in finished.into_iter().zip(&summaries)

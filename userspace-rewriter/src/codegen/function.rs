@@ -58,6 +58,11 @@ pub(super) struct FnGen<'a> {
     /// The shared ends of truncated edges into a block ([`OutOfLine::Tail`]):
     /// `(block, restarts, checked)` → label.
     pub(super) tails: HashMap<(usize, bool, bool), u64>,
+    /// Memory mode ([`super::references`]).
+    pub(super) refs: super::layout::Refs,
+    /// The function sets up a frame pointer: `rbp`-based operands are the
+    /// stack's.
+    pub(super) frame_pointer: bool,
 }
 
 pub(super) enum OutOfLine {
@@ -274,6 +279,7 @@ impl FnGen<'_> {
     /// absolute targets; the encoder recomputes the displacement).
     pub(super) fn copy(&mut self, k: usize) -> Result<(), Skip> {
         self.record(k);
+        self.reference(k)?;
         if matches!(
             self.insns[k].instr.mnemonic(),
             iced_x86::Mnemonic::Div | iced_x86::Mnemonic::Idiv

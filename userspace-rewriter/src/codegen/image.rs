@@ -15,8 +15,9 @@ use super::batches::{BATCH_INSTRUCTIONS, Batches};
 use super::emitter::Emitter;
 use super::function::{FnGen, Skip};
 use super::instrument::{Arg, call_routine};
-use super::layout::{GenError, GenStats, Layout};
+use super::layout::{GenError, GenStats, Layout, Refs};
 use super::operand::LOW_STATE_LIMIT;
+use super::references::sets_up_frame_pointer;
 use super::relocs::Relocs;
 use super::reverse::ReverseMap;
 use super::runtime;
@@ -156,18 +157,20 @@ pub fn generate(
     analysis: &cfg::Analysis,
     layout: &Layout,
 ) -> Result<CloneImage, GenError> {
-    generate_excluding(plan, analysis, layout, &Default::default())
+    generate_excluding(plan, analysis, layout, &Default::default(), Refs::Off)
 }
 
 /// [`generate`], leaving out the functions starting at the keys of
 /// `exclude` (SVMAs), counted under their values as skip reasons: those
 /// whose unwind information cannot be restated
-/// ([`crate::codegen::unwind_info::untranslatable`]), a debugger's hook.
+/// ([`crate::codegen::unwind_info::untranslatable`]), a debugger's hook;
+/// in memory mode with `refs`.
 pub fn generate_excluding(
     plan: &Plan,
     analysis: &cfg::Analysis,
     layout: &Layout,
     exclude: &BTreeMap<u64, &'static str>,
+    refs: Refs,
 ) -> Result<CloneImage, GenError> {
     // The runtime first, then the clones (16-aligned) after it; the clones
     // call the runtime's routines at their absolute addresses.
@@ -275,6 +278,8 @@ pub fn generate_excluding(
             out_of_line: Vec::new(),
             check_exits: HashMap::new(),
             tails: HashMap::new(),
+            refs,
+            frame_pointer: sets_up_frame_pointer(&analysis.insns[i]),
         };
         let result = fg.function(label);
         let s = fg.stats;
@@ -283,6 +288,9 @@ pub fn generate_excluding(
                 stats.edge_increments += s.edge_increments;
                 stats.checks += s.checks;
                 stats.path_records += s.path_records;
+                stats.refs += s.refs;
+                stats.refs_stack += s.refs_stack;
+                stats.refs_unsupported += s.refs_unsupported;
                 stats.instructions += analysis.insns[i].len();
                 funcs.push((
                     i as u32,

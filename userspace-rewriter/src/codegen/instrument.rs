@@ -232,6 +232,8 @@ impl FnGen<'_> {
 pub(super) enum Arg {
     Const(u32),
     Fid(u32),
+    /// `pre` sets `rax` itself.
+    Preset,
 }
 
 /// A runtime call in the standard frame: `eax = arg`, `ecx = arg2`; `pre`
@@ -256,6 +258,7 @@ pub(super) fn call_routine(
             em.e(Instruction::with2(Code::Mov_r32_imm32, Register::EAX, v))?;
             em.tag_last(Tag::Fid);
         }
+        Arg::Preset => {}
     }
     if let Some(a2) = arg2 {
         em.mov_imm(Register::RCX, u64::from(a2))?;

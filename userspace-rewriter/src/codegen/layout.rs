@@ -32,6 +32,51 @@ pub struct GenStats {
     /// PLT stubs given a trampoline.
     #[serde(default)]
     pub(crate) plt_trampolines: usize,
+    /// Memory mode ([`Refs`]): loads, stores and read-modify-writes that
+    /// record a `REC_REF` before they run.
+    #[serde(default)]
+    pub refs: usize,
+    /// Memory operands left out as the stack's (see [`Refs::Data`]).
+    #[serde(default)]
+    pub refs_stack: usize,
+    /// Memory operands not recorded because their address cannot be
+    /// computed with one `lea` in the clone: `fs`/`gs`-relative (thread
+    /// locals), vector-indexed (gathers, scatters); and the string
+    /// operations' implicit operands (`movs`, `stos`, ...).
+    #[serde(default)]
+    pub refs_unsupported: usize,
+}
+
+/// Which data references the clones record (`--record refs`; the
+/// memory mode of Hirzel & Chilimbi's bursts). A generation option: clones
+/// made without it have no trace of it, so path mode costs what it did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub enum Refs {
+    /// None (path mode).
+    #[default]
+    Off,
+    /// Heap and global data: every explicit memory operand but the
+    /// stack's, decided twice. The rewriter, by the operand: one based on
+    /// `rsp`, or on `rbp` in a function whose prologue sets up a frame
+    /// pointer (`mov rbp, rsp`), is the stack's and gets no code. The
+    /// runtime (`rt_ref`), by the address: one from the red zone below
+    /// the thread's `rsp` up to 8 MiB above it is the stack's (a local
+    /// whose address went into another register). `push`, `pop`, `call`
+    /// and `ret` are never recorded.
+    Data,
+    /// Every explicit memory operand, the stack's too (`--refs-stack`).
+    All,
+}
+
+impl Refs {
+    /// What the plan cache key adds for clones made with it.
+    pub fn key_suffix(self) -> &'static str {
+        match self {
+            Refs::Off => "",
+            Refs::Data => "-refs",
+            Refs::All => "-refs-stack",
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -64,6 +64,8 @@
 //!   returns and other exits, tail calls, switch jumps);
 //! - `instrument.rs`: the instrumentation proper (Ball-Larus increments,
 //!   path records on truncated edges, Hirzel & Chilimbi's checks);
+//! - `references.rs`: memory mode, a `REC_REF` record before each load,
+//!   store and read-modify-write ([`Refs`]);
 //! - `runtime/`: the runtime placed at the start of the region (record
 //!   writer, table lookups, enter/exit/back/end routines, signal handler
 //!   and restorer), assembled with iced's `CodeAssembler`, one routine per
@@ -96,6 +98,7 @@ mod image;
 mod instrument;
 mod layout;
 mod operand;
+mod references;
 mod relocs;
 mod reverse;
 mod stack_heights;
@@ -104,7 +107,7 @@ mod transfers;
 pub mod unwind_info;
 
 pub use image::{BytesMove, CloneImage, ClonedFunction, generate, generate_excluding};
-pub use layout::{GenError, GenStats, Layout};
+pub use layout::{GenError, GenStats, Layout, Refs};
 pub use operand::LOW_STATE_LIMIT;
 pub use relocs::Relocs;
 pub use reverse::ReverseMap;

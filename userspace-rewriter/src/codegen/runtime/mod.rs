@@ -35,6 +35,9 @@
 //!   budget drops to 1, `truncated` counts it once) and counts the record
 //!   in `lost_records`, unless `wait_when_full` (full trace), which yields
 //!   (`sched_yield`, at most 2^22 times) for the daemon to consume.
+//! - `rt_ref(rax = w0, rdx = address)` (`refs.rs`): memory mode's
+//!   reference: nothing for an address in the thread's own stack (its red
+//!   zone up to 8 MiB above its `rsp`), else `rt_emit`. Clobbers rcx.
 //! - `rt_lookup(rax = original address) -> rax = clone address or 0`
 //!   (`lookup.rs`): binary search over every rewritten instruction (the
 //!   sorted `insns` table of the `TablesHeader` at `tables`). Clobbers rcx, rdx.
@@ -141,6 +144,7 @@ mod enter;
 mod exit;
 mod handler;
 mod lookup;
+mod refs;
 mod ring;
 mod unwind;
 
@@ -160,10 +164,12 @@ use asm::field;
 pub struct Runtime {
     /// The code, to be placed at the `at` given to [`assemble`].
     pub bytes: Vec<u8>,
-    /// `rt_emit` and `rt_lookup` are called by the other routines, not by
-    /// the clones; the unit tests call them directly.
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// `rt_emit`: called by the other routines, and by the clones in
+    /// memory mode (`REC_REF` records). `rt_lookup` is called by the other
+    /// routines, not by the clones; the unit tests call it directly.
     pub emit: u64,
+    /// `rt_ref`: memory mode's references, the thread's stack left out.
+    pub reference: u64,
     #[cfg_attr(not(test), allow(dead_code))]
     pub lookup: u64,
     pub lookup_fn: u64,
@@ -185,9 +191,10 @@ impl Runtime {
     /// The routines the clones and the other routines call, each entered
     /// by a `call` with the return address on top (not the signal
     /// handler and its restorer, which the kernel enters).
-    pub(crate) fn routines(&self) -> [u64; 10] {
+    pub(crate) fn routines(&self) -> [u64; 11] {
         [
             self.emit,
+            self.reference,
             self.lookup,
             self.lookup_fn,
             self.lookup_ret,
@@ -222,6 +229,7 @@ impl From<IcedError> for RuntimeError {
 /// The routines' entry labels.
 struct Entries {
     emit: CodeLabel,
+    reference: CodeLabel,
     lookup: CodeLabel,
     lookup_fn: CodeLabel,
     lookup_ret: CodeLabel,
@@ -247,6 +255,7 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
     let mut a = CodeAssembler::new(64)?;
     let mut e = Entries {
         emit: a.create_label(),
+        reference: a.create_label(),
         lookup: a.create_label(),
         lookup_fn: a.create_label(),
         lookup_ret: a.create_label(),
@@ -260,6 +269,7 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
         restorer: a.create_label(),
     };
     ring::emit(&mut a, control, &mut e.emit)?;
+    refs::reference(&mut a, &mut e.reference, e.emit)?;
     use burstyd_common::burst::TablesHeader;
     use core::mem::offset_of;
     let tables = field!(control, tables);
@@ -305,6 +315,7 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
     let r = a.assemble_options(at, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
     Ok(Runtime {
         emit: r.label_ip(&e.emit)?,
+        reference: r.label_ip(&e.reference)?,
         lookup: r.label_ip(&e.lookup)?,
         lookup_fn: r.label_ip(&e.lookup_fn)?,
         lookup_ret: r.label_ip(&e.lookup_ret)?,
@@ -365,6 +376,7 @@ mod tests {
         let rt = assemble(CONTROL, at).unwrap();
         let entries = [
             rt.emit,
+            rt.reference,
             rt.lookup,
             rt.lookup_fn,
             rt.lookup_ret,

@@ -1,0 +1,199 @@
+//! Memory mode ([`Refs`]): before each load, store and read-modify-write
+//! of a clone, a `REC_REF` record with the original instruction's address
+//! and the effective address it is about to touch (the data reference
+//! traces of Hirzel & Chilimbi's bursts, from which hot data streams are
+//! found).
+//!
+//! The snippet is a runtime call in the standard frame
+//! ([`call_routine`]): inside it `lea rdx, [operand]` computes the address
+//! with the program's registers (the frame saved rax, rcx and rdx without
+//! changing them; an `rsp`-based operand is moved by the frame's 160
+//! bytes, a RIP-relative one names its original absolute target), `rax`
+//! is loaded from a slot holding the record's first word (tag, kind and
+//! the instruction's address: a `dq` of an original address, which a moved
+//! image relocates), and `rt_ref` writes the record unless the address is
+//! in the thread's own stack (`rt_emit` with `--refs-stack`). Only the burst's
+//! thread writes ([`rt_emit`'s owner gate](super::runtime)); a full ring
+//! truncates the burst and never blocks.
+use burstyd_common::burst::{REC_REF, REF_KIND_SHIFT, REF_LOAD, REF_RMW, REF_STORE, TAG_SHIFT};
+use iced_x86::{
+    Code, Instruction, InstructionInfoFactory, MemoryOperand, Mnemonic, OpAccess, OpKind, Register,
+};
+
+use super::emitter::rip;
+use super::function::{FnGen, OutOfLine, Skip};
+use super::instrument::{Arg, call_routine};
+use super::layout::Refs;
+use crate::analysis::disasm::Insn;
+
+/// Bytes the standard frame moves `rsp` by before the routine's `call`:
+/// the red zone and four pushes (flags, rax, rcx, rdx).
+const FRAME_BYTES: i64 = 128 + 4 * 8;
+
+/// Whether the function's prologue sets up a frame pointer (`mov rbp,
+/// rsp` among its first instructions): then `rbp`-based operands are the
+/// stack's. Elsewhere `rbp` is a register like any other.
+pub(super) fn sets_up_frame_pointer(insns: &[Insn]) -> bool {
+    insns.iter().take(8).any(|i| {
+        let ins = &i.instr;
+        matches!(ins.code(), Code::Mov_r64_rm64 | Code::Mov_rm64_r64)
+            && ins.op0_kind() == OpKind::Register
+            && ins.op1_kind() == OpKind::Register
+            && ins.op0_register() == Register::RBP
+            && ins.op1_register() == Register::RSP
+    })
+}
+
+/// What instruction `ins` does to its explicit memory operand: its
+/// operand index and the `REF_*` kind; `None` when it has none or does
+/// not access it (`lea`, `nop`, prefetches).
+fn access(ins: &Instruction) -> Option<(u32, u64)> {
+    let op = (0..ins.op_count()).find(|&i| ins.op_kind(i) == OpKind::Memory)?;
+    if matches!(ins.mnemonic(), Mnemonic::Lea | Mnemonic::Nop) {
+        return None;
+    }
+    let info = InstructionInfoFactory::new().info(ins).clone();
+    let kind = match info.op_access(op) {
+        OpAccess::Read | OpAccess::CondRead => REF_LOAD,
+        OpAccess::Write | OpAccess::CondWrite => REF_STORE,
+        OpAccess::ReadWrite | OpAccess::ReadCondWrite => REF_RMW,
+        _ => return None,
+    };
+    Some((op, kind))
+}
+
+/// Whether `ins` has an implicit memory operand that is not the stack's
+/// (the string operations).
+fn string_operation(ins: &Instruction) -> bool {
+    (0..ins.op_count()).any(|i| {
+        matches!(
+            ins.op_kind(i),
+            OpKind::MemorySegSI
+                | OpKind::MemorySegESI
+                | OpKind::MemorySegRSI
+                | OpKind::MemorySegDI
+                | OpKind::MemorySegEDI
+                | OpKind::MemorySegRDI
+                | OpKind::MemoryESDI
+                | OpKind::MemoryESEDI
+                | OpKind::MemoryESRDI
+        )
+    })
+}
+
+impl FnGen<'_> {
+    /// In memory mode, the `REC_REF` record of instruction `k`'s data
+    /// reference, emitted right before the instruction's copy (counted in
+    /// the stats when left out).
+    pub(super) fn reference(&mut self, k: usize) -> Result<(), Skip> {
+        if self.refs == Refs::Off {
+            return Ok(());
+        }
+        let ins = self.reloc(k);
+        let Some((_, kind)) = access(&ins) else {
+            if string_operation(&ins) {
+                self.stats.refs_unsupported += 1;
+            }
+            return Ok(());
+        };
+        let base = ins.memory_base();
+        if matches!(ins.memory_segment(), Register::FS | Register::GS)
+            || ins.is_vsib()
+            || base == Register::ESP
+        {
+            self.stats.refs_unsupported += 1;
+            return Ok(());
+        }
+        let stack = base == Register::RSP || (base == Register::RBP && self.frame_pointer);
+        if stack && self.refs != Refs::All {
+            self.stats.refs_stack += 1;
+            return Ok(());
+        }
+        let operand = if ins.is_ip_rel_memory_operand() {
+            MemoryOperand::with_base_displ(Register::RIP, ins.memory_displacement64() as i64)
+        } else {
+            let mut displ = ins.memory_displacement64() as i64;
+            if base.full_register() == Register::RSP {
+                displ += FRAME_BYTES;
+            }
+            MemoryOperand::with_base_index_scale_displ_size(
+                base,
+                ins.memory_index(),
+                ins.memory_index_scale(),
+                displ,
+                // The original's size (a displ8 widens itself when the
+                // frame's adjustment does not fit it).
+                if displ == 0 {
+                    0
+                } else {
+                    ins.memory_displ_size().max(1)
+                },
+            )
+        };
+        let pc = self.avma(self.insns[k].addr);
+        if pc >> REF_KIND_SHIFT != 0 {
+            self.stats.refs_unsupported += 1;
+            return Ok(());
+        }
+        let slot = self.em.label();
+        self.out_of_line.push((
+            slot,
+            OutOfLine::Slot(REC_REF << TAG_SHIFT | kind << REF_KIND_SHIFT | pc),
+        ));
+        self.stats.refs += 1;
+        // `rt_ref` leaves out what is the thread's stack by its address;
+        // with the stack's references wanted, `rt_emit` records them all.
+        let routine = match self.refs {
+            Refs::All => self.rt.emit,
+            _ => self.rt.reference,
+        };
+        Ok(call_routine(self.em, routine, Arg::Preset, None, |em| {
+            em.e(Instruction::with2(Code::Lea_r64_m, Register::RDX, operand))?;
+            em.e(Instruction::with2(
+                Code::Mov_r64_rm64,
+                Register::RAX,
+                rip(slot),
+            ))
+        })?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iced_x86::{Decoder, DecoderOptions};
+
+    fn decode(bytes: &[u8]) -> Instruction {
+        Decoder::with_ip(64, bytes, 0x1000, DecoderOptions::NONE).decode()
+    }
+
+    /// Loads, stores and read-modify-writes are told apart; `lea`, `nop`
+    /// and prefetches touch no data.
+    #[test]
+    fn accesses_by_kind() {
+        // mov rax, [rdi+8]
+        assert_eq!(
+            access(&decode(&[0x48, 0x8b, 0x47, 0x08])),
+            Some((1, REF_LOAD))
+        );
+        // mov [rdi], rax
+        assert_eq!(access(&decode(&[0x48, 0x89, 0x07])), Some((0, REF_STORE)));
+        // add [rdi], eax
+        assert_eq!(access(&decode(&[0x01, 0x07])), Some((0, REF_RMW)));
+        // cmp qword [rdi], 0: a load
+        assert_eq!(
+            access(&decode(&[0x48, 0x83, 0x3f, 0x00])),
+            Some((0, REF_LOAD))
+        );
+        // lea rax, [rdi+8]
+        assert_eq!(access(&decode(&[0x48, 0x8d, 0x47, 0x08])), None);
+        // nop dword [rax+rax]
+        assert_eq!(access(&decode(&[0x0f, 0x1f, 0x44, 0x00, 0x00])), None);
+        // prefetcht0 [rdi]
+        assert_eq!(access(&decode(&[0x0f, 0x18, 0x0f])), None);
+        // rep movsb: implicit operands only
+        let movs = decode(&[0xf3, 0xa4]);
+        assert_eq!(access(&movs), None);
+        assert!(string_operation(&movs));
+    }
+}
