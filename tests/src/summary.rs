@@ -127,6 +127,11 @@ impl Process<'_> {
         self.metric("burstyd_traced_records_lost_total")
     }
 
+    /// Memory mode: data references read from the bursts.
+    pub fn references(&self) -> u64 {
+        self.metric("burstyd_traced_references_total")
+    }
+
     pub fn bad_records(&self) -> u64 {
         self.metric("burstyd_traced_bad_records_total")
     }

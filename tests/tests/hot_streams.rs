@@ -180,9 +180,13 @@ fn bursts_in_memory_mode_find_the_known_streams() {
     for (how, out) in &outs {
         let summary = read_summary(out);
         assert_eq!(summary.traced().records_lost(), 0, "{how}");
+        let read = summary.traced().references();
         let text = std::fs::read_to_string(out.join("hot-streams.json"))
             .unwrap_or_else(|e| panic!("{how}: hot-streams.json: {e}"));
         let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+        // Every reference read went into the analysis.
+        assert_eq!(r["references"].as_u64(), Some(read), "{how}");
+        assert!(read > 10_000, "{how}: {read} references");
         let streams = r["streams"].as_array().unwrap();
         let top = &streams[0];
         let sites: Vec<(&str, &str)> = top["signature"]

@@ -26,6 +26,8 @@ pub(crate) struct DataRefs {
     /// were held.
     pub(crate) unplaced: u64,
     pub(crate) dropped: u64,
+    /// References read.
+    pub(crate) seen: u64,
 }
 
 impl Default for DataRefs {
@@ -35,6 +37,7 @@ impl Default for DataRefs {
             pending: Default::default(),
             unplaced: 0,
             dropped: 0,
+            seen: 0,
         }
     }
 }
@@ -44,6 +47,7 @@ impl DataRefs {
     pub(crate) fn add(&mut self, slot: usize, ev: &BurstEvent, traced: &Traced) {
         match *ev {
             BurstEvent::Ref { pc, addr, .. } => {
+                self.seen += 1;
                 let Some((m, _)) = traced.fid_at(pc).and_then(|f| traced.function(f)) else {
                     self.unplaced += 1;
                     return;

@@ -33,6 +33,11 @@ pub(crate) struct BurstStats {
     /// Bursts ended by the daemon: their thread left the clones without a
     /// check (an exception or longjmp into original code).
     pub(crate) reaped: u64,
+    /// Memory mode: data references read, and those not analysed (the
+    /// bound on references held was reached, or no traced function holds
+    /// the instruction).
+    pub(crate) references: u64,
+    pub(crate) references_dropped: u64,
 }
 
 impl BurstStats {
@@ -56,6 +61,8 @@ impl BurstStats {
         self.partial_paths += o.partial_paths;
         self.bad_records += o.bad_records;
         self.reaped += o.reaped;
+        self.references += o.references;
+        self.references_dropped += o.references_dropped;
     }
 }
 
@@ -80,6 +87,8 @@ mod tests {
             partial_paths: 10,
             bad_records: 11,
             reaped: 12,
+            references: 13,
+            references_dropped: 14,
         };
         let mut t = BurstStats::default();
         t.add(&one);
@@ -93,6 +102,7 @@ mod tests {
             (t.paths, t.partial_paths, t.bad_records, t.reaped),
             (18, 20, 22, 24)
         );
+        assert_eq!((t.references, t.references_dropped), (26, 28));
         assert_eq!((t.functions_rewritten, t.functions_skipped), (0, 0));
     }
 }

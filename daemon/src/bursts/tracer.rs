@@ -487,6 +487,11 @@ impl BurstTracer {
             partial_paths: self.counts.partial_paths,
             bad_records: self.counts.bad_records,
             reaped: self.reaped,
+            references: self.data_refs.as_ref().map_or(0, |d| d.seen),
+            references_dropped: self
+                .data_refs
+                .as_ref()
+                .map_or(0, |d| d.dropped + d.unplaced),
         }
     }
 

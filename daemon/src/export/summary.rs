@@ -151,6 +151,16 @@ pub(crate) fn traced_series(
             s.records_lost,
         ),
         c(
+            "burstyd_traced_references_total",
+            "Data references read from bursts in memory mode (--record refs), per process.",
+            s.references,
+        ),
+        c(
+            "burstyd_traced_references_dropped_total",
+            "Data references read but not analysed for hot data streams (the bound on references held), per process.",
+            s.references_dropped,
+        ),
+        c(
             "burstyd_traced_bad_records_total",
             "Burst records malformed or with a path number out of range, per process.",
             s.bad_records,
@@ -368,6 +378,8 @@ mod tests {
             partial_paths: 4,
             bad_records: 0,
             reaped: 9,
+            references: 0,
+            references_dropped: 0,
         }
     }
 
