@@ -4,7 +4,11 @@
 //! stream spans two bursts. The drain reads one slot's sub-ring at a
 //! time, and a burst's records may come in several drains, so each slot's
 //! running burst collects its references apart until its END (or the
-//! START of the next burst in the slot, when an END was lost).
+//! START of the next burst in the slot, when an END was lost). A long
+//! burst (a full trace is one burst) goes into the grammar in chunks as
+//! it runs; its sequence stays open while no other slot's chunk comes in
+//! between (one that does closes it: a stream may be cut there, never
+//! joined across bursts).
 use burstyd_common::burst::MAX_SLOTS;
 
 use super::decode::BurstEvent;
@@ -15,6 +19,12 @@ use crate::streams::references::{Instr, References};
 /// are counted but not kept (Sequitur's grammar costs some 50 bytes a
 /// reference; 2^21 keep the daemon's share of it near 100 MB).
 pub(crate) const MAX_REFERENCES: u64 = 1 << 21;
+/// The same for a full trace (`--full-trace`: ground truth, on a short
+/// run).
+pub(crate) const MAX_REFERENCES_FULL: u64 = 1 << 24;
+/// A running burst's references held apart before a chunk of them goes
+/// into the grammar.
+const CHUNK: usize = 1 << 16;
 
 /// The data references of one traced process.
 pub(crate) struct DataRefs {
@@ -28,21 +38,27 @@ pub(crate) struct DataRefs {
     pub(crate) dropped: u64,
     /// References read.
     pub(crate) seen: u64,
+    /// The bound on references held.
+    max: u64,
+    /// The slot whose burst's sequence is open in the grammar (chunks
+    /// pushed, no separator yet).
+    open: Option<usize>,
 }
 
-impl Default for DataRefs {
-    fn default() -> Self {
+impl DataRefs {
+    /// Holding at most `max` references.
+    pub(crate) fn new(max: u64) -> Self {
         DataRefs {
             refs: References::new(),
             pending: Default::default(),
             unplaced: 0,
             dropped: 0,
             seen: 0,
+            max,
+            open: None,
         }
     }
-}
 
-impl DataRefs {
     /// Takes one event of slot `slot`'s sub-ring, in order.
     pub(crate) fn add(&mut self, slot: usize, ev: &BurstEvent, traced: &Traced) {
         match *ev {
@@ -56,6 +72,9 @@ impl DataRefs {
                 let vaddr = pc.wrapping_sub(m.bias);
                 if let Some(p) = self.pending.get_mut(slot) {
                     p.push((Instr { module, vaddr }, addr));
+                    if p.len() >= CHUNK {
+                        self.push_pending(slot);
+                    }
                 }
             }
             BurstEvent::Start { .. } | BurstEvent::End { .. } => self.end_burst(slot),
@@ -63,24 +82,37 @@ impl DataRefs {
         }
     }
 
-    /// Slot `slot`'s burst is over: its references go into the grammar,
-    /// as one sequence.
+    /// Slot `slot`'s burst is over: the rest of its references go into
+    /// the grammar, and its sequence ends.
     pub(crate) fn end_burst(&mut self, slot: usize) {
+        self.push_pending(slot);
+        if self.open == Some(slot) {
+            self.refs.end_sequence();
+            self.open = None;
+        }
+    }
+
+    /// Slot `slot`'s references so far into the grammar, in its open
+    /// sequence (another slot's open one ends first).
+    fn push_pending(&mut self, slot: usize) {
         let Some(p) = self.pending.get_mut(slot) else {
             return;
         };
         if p.is_empty() {
             return;
         }
-        if self.refs.count + p.len() as u64 > MAX_REFERENCES {
+        if self.refs.count + p.len() as u64 > self.max {
             self.dropped += p.len() as u64;
             p.clear();
             return;
         }
+        if self.open.is_some_and(|o| o != slot) {
+            self.refs.end_sequence();
+        }
+        self.open = Some(slot);
         for (instr, addr) in p.drain(..) {
             self.refs.push(instr, addr);
         }
-        self.refs.end_sequence();
     }
 
     /// Every running burst is over (the detach).
@@ -88,5 +120,51 @@ impl DataRefs {
         for slot in 0..MAX_SLOTS {
             self.end_burst(slot);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn push(d: &mut DataRefs, slot: usize, n: u64, base: u64) {
+        let p = &mut d.pending[slot];
+        for i in 0..n {
+            p.push((
+                Instr {
+                    module: 0,
+                    vaddr: 0x10 + i % 4,
+                },
+                base + i,
+            ));
+        }
+    }
+
+    /// A burst's references are one sequence, however many chunks they
+    /// come in; a chunk of another slot in between ends it; nothing is
+    /// held beyond the bound.
+    #[test]
+    fn bursts_are_sequences_in_chunks() {
+        let mut d = DataRefs::new(100);
+        push(&mut d, 0, 10, 0);
+        d.push_pending(0);
+        push(&mut d, 0, 10, 10);
+        d.end_burst(0);
+        // One sequence of 20, then its separator.
+        assert_eq!((d.refs.count, d.refs.sequences()), (20, 1));
+        assert_eq!(d.open, None);
+        push(&mut d, 1, 5, 100);
+        d.push_pending(1);
+        push(&mut d, 2, 5, 200);
+        d.push_pending(2);
+        // Slot 2's chunk ended slot 1's sequence.
+        assert_eq!((d.open, d.refs.sequences()), (Some(2), 2));
+        d.end_burst(1);
+        d.end_burst(2);
+        assert_eq!((d.refs.count, d.open, d.refs.sequences()), (30, None, 3));
+        // Beyond the bound: counted, not kept.
+        push(&mut d, 3, 80, 300);
+        d.end_burst(3);
+        assert_eq!((d.refs.count, d.dropped), (30, 80));
     }
 }

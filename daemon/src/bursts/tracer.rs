@@ -122,8 +122,13 @@ impl BurstTracer {
             clonings: Default::default(),
             awaiting_libraries: matches!(pending, Some(attach::Then::Libraries(_))),
             attach_secs: began.elapsed().as_secs_f64(),
-            data_refs: (opts.refs != userspace_rewriter::codegen::Refs::Off)
-                .then(DataRefs::default),
+            data_refs: (opts.refs != userspace_rewriter::codegen::Refs::Off).then(|| {
+                DataRefs::new(if opts.full_trace {
+                    super::data_refs::MAX_REFERENCES_FULL
+                } else {
+                    super::data_refs::MAX_REFERENCES
+                })
+            }),
             traced: Traced {
                 pid,
                 exe,

@@ -96,6 +96,11 @@ impl References {
         self.at_start = true;
     }
 
+    /// Sequences ended so far.
+    pub(crate) fn sequences(&self) -> u32 {
+        self.separators
+    }
+
     /// Whether terminal `t` is a reference (not a separator).
     pub(crate) fn is_reference(&self, t: u32) -> bool {
         (t as usize) < self.terms.len()
