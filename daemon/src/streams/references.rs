@@ -97,6 +97,7 @@ impl References {
     }
 
     /// Sequences ended so far.
+    #[cfg(test)]
     pub(crate) fn sequences(&self) -> u32 {
         self.separators
     }
