@@ -218,4 +218,16 @@ mod tests {
         let has_pmu = crate::sys::probe_perf_event(PERF_TYPE_HARDWARE, 0, 0).is_ok();
         assert_eq!(spec.name, if has_pmu { "cycles" } else { "cpu-clock" });
     }
+
+    /// Bursts that start where the misses are (`--event cache-misses`,
+    /// memory mode) sample the cache-miss counter where there is one, and
+    /// the software clock where there is none.
+    #[test]
+    fn cache_misses_resolve_to_themselves_or_cpu_clock() {
+        let want = parse_event("cache-misses").unwrap();
+        let has = crate::sys::probe_perf_event(want.type_, want.raw_config, 0).is_ok();
+        let spec = resolve_supported(want).unwrap();
+        assert_eq!(spec.name, if has { "cache-misses" } else { "cpu-clock" });
+        assert_eq!(spec.is_hardware(), has);
+    }
 }
