@@ -19,7 +19,7 @@
 //!
 //! - `pipeline.rs`: samples → trees (and HTTP profile windows);
 //! - `intervals.rs`: interval profiles, and pushing them;
-//! - `files.rs`: interval file names and retention;
+//! - `files.rs`: interval file names and retention; an earlier run's stale outputs;
 //! - `reload.rs`: SIGHUP and the rescans of configured targets;
 //! - `command.rs`: the signals, and `run`'s command they are passed on to;
 //! - `bursts.rs`: finished attaches, detach at the end, path profiles.
@@ -658,6 +658,15 @@ impl Session {
             peak_rss_bytes: st.peak_rss_bytes,
         };
         summary::write(&opts, &traced, Some(&session));
+        let stale = files::remove_stale_outputs(&opts.output, out.session_start);
+        if !stale.is_empty() {
+            tracing::info!(
+                "removed {} an earlier run left in {} and this run did not write again: {}",
+                crate::words::count(stale.len() as u64, "file", "files"),
+                opts.output.display(),
+                stale.join(", ")
+            );
+        }
         if st.ring_full > 0 {
             tracing::warn!(
                 "{} samples were dropped because the ring buffer was full; lower --freq or raise the period",
