@@ -255,7 +255,7 @@ impl Session {
         let cpu_start = crate::sys::self_cpu_ns();
         let session_start = SystemTime::now();
         let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
-        let interval = opts.interval.map(interval_timer);
+        let interval = opts.interval.map(|d| interval_timer(d, Duration::ZERO));
         let meta = Meta::new(&opts, session_start);
 
         // Service parts: HTTP endpoint (bound before READY=1, so a port in
@@ -553,10 +553,14 @@ impl Session {
         // Whatever is still in the ring buffer belongs to this session.
         self.sampler.drain_now(|s| self.pipe.handle(s));
         let mut finished = self.stop_bursts().await;
+        // The end of the last partial interval: its path and edge profiles
+        // and its context profile carry the same time, so that retention
+        // counts them as one interval.
+        let now = SystemTime::now();
         if self.opts.interval.is_some() && !finished.is_empty() {
             // The last partial interval's paths, like its context profile.
             self.released.finished = finished;
-            self.write_interval_paths(self.out.interval_start, SystemTime::now());
+            self.write_interval_paths(self.out.interval_start, now);
             finished = std::mem::take(&mut self.released.finished);
         }
         let counters = self.sampler.counters();
@@ -577,7 +581,6 @@ impl Session {
             EndReason::TargetsExited => tracing::info!("target exited; writing the profile"),
             EndReason::Duration => {}
         }
-        let now = SystemTime::now();
         let last = std::mem::take(&mut pipe.cct);
         if opts.interval.is_some() && !last.is_empty() {
             let interval = write_interval(
