@@ -261,14 +261,17 @@ impl Session {
         // Service parts: HTTP endpoint (bound before READY=1, so a port in
         // use fails the start), push tasks, the last interval profile.
         let (req_tx, req_rx) = mpsc::channel::<ProfileRequest>(16);
-        let http = match opts.service.settings.http {
-            Some(addr) => {
-                let s =
-                    crate::service::http::Server::start(addr, req_tx.clone(), opts.output.clone())
-                        .with_context(|| format!("serving HTTP on {addr}"))?;
+        let http = match &opts.service.settings.http {
+            Some(listen) => {
+                let s = crate::service::http::Server::start(
+                    listen,
+                    req_tx.clone(),
+                    opts.output.clone(),
+                )
+                .with_context(|| format!("serving HTTP on {listen}"))?;
                 tracing::info!(
-                    "HTTP endpoint on http://{}/ (/debug/pprof/profile, /metrics)",
-                    s.addr()
+                    "HTTP endpoint on {} (/debug/pprof/profile, /metrics)",
+                    s.listen()
                 );
                 Some(s)
             }

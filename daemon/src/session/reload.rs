@@ -147,24 +147,26 @@ impl Session {
         }
         opts.interval = new.interval;
         if new.http != old.http {
-            match new.http {
+            match &new.http {
                 None => {
                     *http = None;
                     tracing::info!("HTTP endpoint off");
                 }
-                Some(addr) => {
+                Some(listen) => {
+                    // The old server, dropped once the new one runs,
+                    // removes its Unix socket (another path than this).
                     match crate::service::http::Server::start(
-                        addr,
+                        listen,
                         req_tx.clone(),
                         opts.output.clone(),
                     ) {
                         Ok(s) => {
-                            tracing::info!("HTTP endpoint now on http://{}/", s.addr());
+                            tracing::info!("HTTP endpoint now on {}", s.listen());
                             *http = Some(s);
                         }
                         Err(e) => {
                             tracing::error!(
-                                "serving HTTP on {addr}: {e}; the endpoint stays as it was"
+                                "serving HTTP on {listen}: {e}; the endpoint stays as it was"
                             )
                         }
                     }
