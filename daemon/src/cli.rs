@@ -218,7 +218,8 @@ pub(crate) struct ServiceArgs {
     pub(crate) no_config: bool,
 
     /// Serve /debug/pprof/*, /metrics and /healthz on this address
-    /// (HOST:PORT, or a port on 127.0.0.1). Off by default.
+    /// (HOST:PORT, a port on 127.0.0.1, or the absolute path of a Unix
+    /// socket, mode 0660). Off by default.
     #[arg(long, value_name = "ADDR")]
     pub(crate) http: Option<String>,
 }

@@ -101,6 +101,29 @@ pub(crate) fn open_mem(pid: Pid, write: bool) -> io::Result<std::fs::File> {
         .open(format!("/proc/{pid}/mem"))
 }
 
+/// The mode of every file burstyd writes for people to read (profiles,
+/// `summary.json`, `bursts.jsonl`, the push spool): its owner reads and
+/// writes, its group reads, nobody else (never 0644: a profile shows
+/// every sampled process's code and threads). The process's umask takes
+/// more away: the service's `UMask=0077` leaves 0600.
+pub(crate) const OUTPUT_MODE: u32 = 0o640;
+
+/// Creates `path` for writing with [`OUTPUT_MODE`] (less the umask); a
+/// file already there is removed first, so that the new one takes the
+/// mode.
+pub(crate) fn create_output_file(path: &std::path::Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(OUTPUT_MODE)
+        .open(path)
+}
+
 /// Where `/proc/PID/exe` points, as the kernel says it (a file removed
 /// since ends in " (deleted)").
 pub(crate) fn exe_link(pid: Pid) -> io::Result<std::path::PathBuf> {

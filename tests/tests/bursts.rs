@@ -1122,6 +1122,83 @@ fn a_stripped_executable_is_traced_in_bursts() {
     assert_eq!(t.records_lost(), 0, "{line}");
     let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
     assert!(!counts.is_empty(), "{line}");
+    // A function no symbol names carries one name, with its module, in
+    // both profiles: `bursty-stripped!sub_<start>`.
+    let unnamed = "bursty-stripped!sub_";
+    let paths = read_profile(&run.out_dir.join("paths.pb.gz")).unwrap();
+    // The executable's functions (libc's have names).
+    let path_fns: std::collections::BTreeSet<String> = paths
+        .samples
+        .iter()
+        .map(|s| &s.frames[1])
+        .filter(|f| f.mapping_file.ends_with("/bursty-stripped"))
+        .map(|f| f.name())
+        .collect();
+    assert!(
+        !path_fns.is_empty() && path_fns.iter().all(|n| n.starts_with(unnamed)),
+        "{path_fns:?}"
+    );
+    let context = read_profile(&run.profile_path()).unwrap();
+    let names: std::collections::BTreeSet<String> = context
+        .samples
+        .iter()
+        .flat_map(|s| s.names())
+        .chain(paths.samples.iter().flat_map(|s| s.names()))
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.starts_with("sub_")),
+        "a name without its module: {names:?}"
+    );
+    let in_context: std::collections::BTreeSet<String> =
+        context.samples.iter().flat_map(|s| s.names()).collect();
+    assert!(
+        path_fns.iter().any(|n| in_context.contains(n)),
+        "no function named alike in both: paths {path_fns:?}, context {in_context:?}"
+    );
+    // Without source lines the hot paths show their blocks' addresses
+    // (as nm prints them: in the function, from its start on), not L0.
+    let report = run_timeout(
+        Command::new(burstyd_bin())
+            .args(["hot-paths", "--json", "--top", "10"])
+            .arg(run.out_dir.join("paths.pb.gz")),
+        Duration::from_secs(60),
+    );
+    assert!(report.status.success(), "{}", report.describe());
+    let r: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let top: Vec<&str> = r["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert!(
+        top.iter()
+            .all(|n| !n.contains(": L0") && !n.contains("→L0")),
+        "{top:?}"
+    );
+    let ours: Vec<&&str> = top.iter().filter(|n| n.starts_with(unnamed)).collect();
+    assert!(!ours.is_empty(), "{top:?}");
+    for name in ours {
+        // `bursty-stripped!sub_1180 path 3: 0x1180→0x11a4`
+        let (function, blocks) = name.split_once(": ").unwrap_or((name, ""));
+        let start = function
+            .strip_prefix(unnamed)
+            .and_then(|f| f.split(' ').next())
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+            .unwrap_or_else(|| panic!("{name}"));
+        let addrs: Vec<u64> = blocks
+            .split('→')
+            .map(|b| {
+                b.strip_prefix("0x")
+                    .and_then(|h| u64::from_str_radix(h, 16).ok())
+                    .unwrap_or_else(|| panic!("block {b:?} of {name}"))
+            })
+            .collect();
+        assert!(
+            !addrs.is_empty() && addrs.iter().all(|&a| a >= start),
+            "{name}"
+        );
+    }
 }
 
 /// The traced process execs another program (same pid, new image: our

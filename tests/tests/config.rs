@@ -328,3 +328,104 @@ fn unit_target_started_later_is_picked_up() {
     let m = samples_by_comm(&p);
     assert!(m.get("spinner").copied().unwrap_or(0) > 300, "{m:?}");
 }
+
+/// The UTC time in an interval file's name (`context-<time>.pb.gz`,
+/// `paths-<time>.pb.gz`, `edges-<module>-<time>.fdata`), in milliseconds
+/// since the month began; `None` for other files.
+fn interval_ms(name: &str) -> Option<u64> {
+    let stem = name
+        .strip_suffix(".pb.gz")
+        .or_else(|| name.strip_suffix(".fdata"))?;
+    let t = stem.rsplit_once('-')?.1;
+    // YYYYmmddTHHMMSS.mmmZ
+    if t.len() != 20 || !t.ends_with('Z') {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| t.get(r)?.parse::<u64>().ok();
+    Some((((n(6..8)? * 24 + n(9..11)?) * 60 + n(11..13)?) * 60 + n(13..15)?) * 1000 + n(16..19)?)
+}
+
+/// Two SIGHUPs within an interval (the file unchanged) do not move the
+/// interval clock: the next interval profile ends one interval after the
+/// one before, not an interval after the last reload. And with `keep =
+/// 3`, three whole intervals are left after SIGTERM, the last partial
+/// one included: its path profile carries its context profile's time.
+/// Read from the files' names only.
+#[test]
+fn reloads_keep_the_interval_clock_and_retention_keeps_whole_intervals() {
+    require_root();
+    let _serial = serial();
+    let scratch = Scratch::new("reload-clock");
+    let exe = spinner_copy(&scratch.path, "spin_clock");
+    let out = scratch.join("out");
+    let cfg = scratch.join("burstyd.toml");
+    write_config(
+        &cfg,
+        &format!(
+            "event = \"cpu-clock\"\nfreq = 199\n\n[output]\ndir = \"{}\"\ninterval = \"2s\"\nkeep = 3\n\n[bursts]\nmax_traced = 1\n\n[[target]]\nexe = \"{}\"\n",
+            out.display(),
+            exe.display()
+        ),
+    );
+    let p = Background::spawn(Command::new(&exe).arg("40"));
+    p.wait_exec(&exe);
+    let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
+    let times = |out: &std::path::Path| -> Vec<u64> {
+        interval_files(out)
+            .iter()
+            .filter_map(|f| interval_ms(&f.file_name().unwrap().to_string_lossy()))
+            .collect()
+    };
+    let wait_for = |n: usize, d: &mut Daemon| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while times(&out).len() < n {
+            assert!(d.running(), "burstyd ended:\n{}", d.log());
+            assert!(
+                std::time::Instant::now() < deadline,
+                "fewer than {n} interval profiles in 20 s:\n{}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for(1, &mut d);
+    // Two reloads, 0.5 and 1.2 s into the second interval: restarted
+    // by each, the clock would end it 3.2 s after the first.
+    std::thread::sleep(Duration::from_millis(500));
+    d.signal(libc::SIGHUP);
+    std::thread::sleep(Duration::from_millis(700));
+    d.signal(libc::SIGHUP);
+    wait_for(2, &mut d);
+    let t = times(&out);
+    let gap = t[1] - t[0];
+    assert!(
+        (1500..2800).contains(&gap),
+        "{gap} ms between the first two interval profiles, for an interval of 2 s: {:?}",
+        interval_files(&out)
+    );
+    // Two more intervals (retention holds it at 3), then the end.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while times(&out).last().is_none_or(|&l| l < t[1] + 3900) {
+        assert!(std::time::Instant::now() < deadline, "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(d.stop().success(), "{}", d.log());
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let context = times(&out);
+    let all: std::collections::BTreeSet<u64> =
+        names.iter().filter_map(|n| interval_ms(n)).collect();
+    assert_eq!(context.len(), 3, "interval files left: {names:?}");
+    assert!(
+        names.iter().any(|n| n.starts_with("paths-")),
+        "no interval path profile: {names:?}"
+    );
+    assert_eq!(
+        all,
+        context.iter().copied().collect(),
+        "every interval kept has its context profile: {names:?}"
+    );
+}

@@ -161,3 +161,56 @@ fn unprivileged_user_gets_a_clear_error() {
         f.describe()
     );
 }
+
+/// A run into a directory an earlier run wrote: the earlier run's final
+/// outputs that this one does not write again go (an
+/// `edges-liblzma.so.5.4.1.fdata` of another program), files burstyd
+/// does not name so, and interval files (retention's), stay; and no
+/// empty file is left that looks like a profile (a traced `sleep` takes
+/// no burst: its `edges.fdata` would have no branch).
+#[test]
+fn a_second_run_replaces_the_first_runs_outputs_and_writes_no_empty_file() {
+    require_root();
+    let scratch = Scratch::new("stale-outputs");
+    let out = scratch.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let old = ["edges-liblzma.so.5.4.1.fdata", "bursts.jsonl"];
+    let others = [
+        "notes.txt",
+        "context-20261118T110640.042Z.pb.gz",
+        "edges.fdata.orig",
+    ];
+    for n in old.iter().chain(&others) {
+        std::fs::write(out.join(n), "an earlier run's\n").unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let run = run_timeout(
+        Command::new(burstyd_bin())
+            .args(["run", "--exe-only", "-F", "199", "-o"])
+            .arg(&out)
+            .args(["--", "sleep", "0.5"]),
+        Duration::from_secs(60),
+    );
+    assert!(run.status.success(), "{}", run.describe());
+    let left: std::collections::BTreeMap<String, u64> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let n = e.file_name().to_string_lossy().into_owned();
+            (n, e.metadata().unwrap().len())
+        })
+        .collect();
+    for n in old {
+        assert!(
+            !left.contains_key(n),
+            "{n} of the earlier run is left: {left:?}"
+        );
+    }
+    for n in others.iter().chain(&["context.pb.gz", "summary.json"]) {
+        assert!(left.contains_key(*n), "{n} is gone: {left:?}");
+    }
+    assert!(
+        left.iter().all(|(_, &len)| len > 0),
+        "an empty file: {left:?}"
+    );
+}

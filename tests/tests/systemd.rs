@@ -32,6 +32,48 @@ fn unit_file_verifies() {
     );
 }
 
+/// `systemd-analyze security` rates the unit's exposure below 4.0 (its
+/// figure, 0 to 10, from the "Overall exposure level" line of its
+/// output): what the service may do is bounded to what it needs.
+#[test]
+fn unit_exposure_is_below_4() {
+    let Ok(out) = Command::new("systemd-analyze").arg("--version").output() else {
+        println!("SKIP: systemd-analyze is not installed here");
+        return;
+    };
+    // `security --offline` (reading a unit file, no running manager)
+    // came with systemd 250.
+    let version: u32 = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if version < 250 {
+        println!("SKIP: systemd {version} has no `systemd-analyze security --offline`");
+        return;
+    }
+    let scratch = Scratch::new("unit-security");
+    let unit = std::fs::read_to_string(workspace_root().join("systemd/burstyd.service")).unwrap();
+    let unit = unit.replace("/usr/local/bin/burstyd", burstyd_bin().to_str().unwrap());
+    let path = scratch.join("burstyd.service");
+    std::fs::write(&path, unit).unwrap();
+    let f = run_timeout(
+        Command::new("systemd-analyze")
+            .args(["security", "--offline=yes", "--no-pager"])
+            .arg(&path),
+        Duration::from_secs(60),
+    );
+    // "→ Overall exposure level for burstyd.service: 3.3 OK 🙂"
+    let text = f.stdout_str();
+    let exposure: f64 = text
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .and_then(|l| l.rsplit_once(": "))
+        .and_then(|(_, v)| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no exposure level: {}", f.describe()));
+    assert!(exposure < 4.0, "exposure {exposure}:\n{text}");
+}
+
 #[test]
 fn readiness_status_watchdog_and_stopping_reach_the_notify_socket() {
     require_root();

@@ -621,7 +621,7 @@ impl TraceFile {
         if let Some(dir) = path.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
-        std::fs::File::create(path)
+        crate::sys::create_output_file(path)
             .map_err(|e| warn!("cannot write {}: {e}", path.display()))
             .ok()
             .map(|f| TraceFile(std::io::BufWriter::new(f)))

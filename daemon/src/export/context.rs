@@ -209,8 +209,9 @@ fn location(
             })
             .collect()
     } else {
-        // Unknown code: name it by module and offset so the profile still
-        // groups it sensibly.
+        // Code no symbol and no unwind entry places in a function: name
+        // it by module and address as `nm` and the path profiles print
+        // addresses (the SVMA), so the profile still groups it sensibly.
         let name = match &mapping {
             Some(m) => format!(
                 "{}+{:#x}",
@@ -218,7 +219,7 @@ fn location(
                     .file_name()
                     .map(|s| s.to_string_lossy().into_owned())
                     .unwrap_or_default(),
-                addr.wrapping_sub(m.start).wrapping_add(m.file_offset)
+                addr.wrapping_sub(m.bias.0)
             ),
             None => format!("{addr:#x}"),
         };

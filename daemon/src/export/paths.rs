@@ -1,6 +1,8 @@
 //! `paths.pb.gz`: the Ball-Larus paths bursty tracing counted, as pprof:
 //! the calling context tree of paths. Leaf pseudo-frame `f path N:
-//! L12→L14→L20` (the blocks' source lines), then the function, then its
+//! L12→L14→L20` (the blocks' source lines; a block without one by its
+//! address, `0x16895`), then the function (named by
+//! [`function_name`]: `xz!sub_16880` where no symbol names it), then its
 //! calling context: the functions entered in the burst, then the stack the
 //! burst began on, up to the thread's root (`[caller unknown]` on top where
 //! the burst's stack sample was missing or could not be unwound to the
@@ -19,7 +21,7 @@ use crate::bursts::contexts::FOREIGN;
 use crate::bursts::counts::PathView;
 use crate::bursts::facts::PathFacts;
 use crate::bursts::traced::{Traced, TracedModule};
-use crate::stacks::symbolize::demangle;
+use crate::stacks::symbolize::function_name;
 
 /// The sample type of the paths' measured time.
 pub(crate) const MEASURED: &str = "measured-time";
@@ -42,7 +44,7 @@ pub(crate) fn paths_builder(event: &str, tsc_hz: Option<f64>) -> ProfileBuilder 
     }
     types.push((RECORDED, "count"));
     let mut b = ProfileBuilder::new(&types, (event, unit), 1);
-    b.add_comment("Ball-Larus paths from bursty tracing: leaf frame = the path (its blocks' source lines), then the function, then its calling context (the functions entered in the burst, then the stack sample the burst began with, up to the thread's root; [caller unknown] where that stack was not complete)");
+    b.add_comment("Ball-Larus paths from bursty tracing: leaf frame = the path (its blocks' source lines, or where there is none their addresses as nm prints them), then the function, then its calling context (the functions entered in the burst, then the stack sample the burst began with, up to the thread's root; [caller unknown] where that stack was not complete)");
     b.add_comment("executions/count: the executions the bursts' records stand for (each weighted by the inverse of its chance to be recorded whole: a path spanning more of a burst's checks is caught by fewer bursts); recorded/count: the executions recorded");
     b.add_comment(&format!("{event}/{unit}: an estimate, the sampled {event} of each block split among the paths through it by their executions"));
     b.add_comment(&format!("label {CI95_LABEL}: the half-width of the 95% confidence interval of the path's share of all executions (over every context and thread of its process), in parts per million of that share, from the burst-to-burst spread of its counts; absent in a full trace"));
@@ -54,6 +56,18 @@ pub(crate) fn paths_builder(event: &str, tsc_hz: Option<f64>) -> ProfileBuilder 
         b.set_default_sample_type(event);
     }
     b
+}
+
+/// A block of a path as its pseudo-frame shows it: `L12`, its first
+/// instruction's source line, or where the module has no line for it
+/// (no DWARF: a stripped program), `0x16895`, its address as `nm` and
+/// `objdump` print it (the SVMA).
+fn block_name(start: u64, line: u32) -> String {
+    if line == 0 {
+        format!("{start:#x}")
+    } else {
+        format!("L{line}")
+    }
 }
 
 /// Estimated executions per (fid, path), over all contexts.
@@ -225,7 +239,9 @@ pub(crate) fn add_paths(
                     start: 0,
                     limit: u64::MAX,
                     file_offset: 0,
-                    filename: if m.is_exe {
+                    // The executable as `/proc/PID/exe` names it while
+                    // the process lives, else as its maps did.
+                    filename: if m.is_exe && !exe_name.is_empty() {
                         exe_name.clone()
                     } else {
                         m.path.clone()
@@ -266,12 +282,13 @@ pub(crate) fn add_paths(
         let mut lines = Vec::new();
         let mut file = None;
         for &blk in &p.blocks {
-            let (fl, line) = line_of(m, cfg.blocks[blk].start);
+            let start = cfg.blocks[blk].start;
+            let (fl, line) = line_of(m, start);
             file = file.or(fl);
-            lines.push(format!("L{line}"));
+            lines.push(block_name(start, line));
         }
         let (ffile, fline) = line_of(m, f.start);
-        let fname = demangle(&f.name);
+        let fname = function_name(&m.path, &f.name);
         let name = format!("{fname} path {path}: {}", lines.join("→"));
         let leaf = b.location(
             mapping,
@@ -308,7 +325,7 @@ pub(crate) fn add_paths(
                     mappings[module_index(cm)],
                     cf.start.wrapping_add(cm.bias),
                     &[LineKey {
-                        function: demangle(&cf.name),
+                        function: function_name(&cm.path, &cf.name),
                         file: cfile.unwrap_or_default(),
                         line: i64::from(cline),
                     }],

@@ -109,9 +109,31 @@ pub(crate) struct OutputConfig {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct HttpConfig {
-    /// `host:port`; absent = no HTTP endpoint. A bare port means loopback.
+    /// `host:port`, or a Unix socket's path; absent = no HTTP endpoint.
+    /// A bare port means loopback.
     #[serde(default, deserialize_with = "de_listen")]
-    pub(crate) listen: Option<SocketAddr>,
+    pub(crate) listen: Option<Listen>,
+}
+
+/// Where the HTTP endpoint listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Listen {
+    /// A TCP address: whoever can connect reads every profile.
+    Tcp(SocketAddr),
+    /// A Unix socket, mode 0660: only its owner (root) and its group can
+    /// connect.
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for Listen {
+    /// As a person would reach it: `http://127.0.0.1:6060/`, or
+    /// `unix:/run/burstyd/http.sock` (`curl --unix-socket PATH http://x/`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Tcp(a) => write!(f, "http://{a}/"),
+            Listen::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -294,19 +316,26 @@ fn parse_duration(s: &str) -> Result<f64, String> {
     Ok(n * mul)
 }
 
-fn de_listen<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+fn de_listen<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Listen>, D::Error> {
     let s = String::deserialize(d)?;
     parse_listen(&s).map(Some).map_err(de::Error::custom)
 }
 
-/// `host:port`, `[v6]:port`, or a bare port (loopback).
-pub(crate) fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+/// `host:port`, `[v6]:port`, a bare port (loopback), or an absolute path
+/// (a Unix socket).
+pub(crate) fn parse_listen(s: &str) -> Result<Listen, String> {
+    if s.starts_with('/') {
+        return Ok(Listen::Unix(PathBuf::from(s)));
+    }
     if let Ok(port) = s.parse::<u16>() {
-        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+        return Ok(Listen::Tcp(SocketAddr::from(([127, 0, 0, 1], port))));
     }
     let s = s.replace("localhost:", "127.0.0.1:");
-    s.parse()
-        .map_err(|_| format!("listen address {s:?} is not host:port (e.g. \"127.0.0.1:6060\")"))
+    s.parse().map(Listen::Tcp).map_err(|_| {
+        format!(
+            "listen address {s:?} is neither host:port (e.g. \"127.0.0.1:6060\") nor a Unix socket's absolute path"
+        )
+    })
 }
 
 /// An `http://host[:port][/base]` URL (no TLS: put a local proxy or agent

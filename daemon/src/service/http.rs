@@ -13,11 +13,14 @@
 //! - `GET /metrics`: Prometheus text ([`crate::service::metrics`]).
 //! - `GET /healthz`: `ok`.
 //!
+//! On TCP (no authentication: whoever can connect reads every profile)
+//! or on a Unix socket (mode 0660: its owner and group only; `curl
+//! --unix-socket PATH http://burstyd/metrics`).
+//!
 //! hyper's HTTP/1 server on the daemon's single-threaded runtime. Profiles
 //! are built by the session loop, which owns the trees: a request carries a
 //! oneshot sender through a channel and waits for the bytes.
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,6 +34,8 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::sync::{mpsc, oneshot};
+
+use crate::service::config::Listen;
 
 /// What a profile request asks the session for.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -75,9 +80,10 @@ struct State {
     output: Mutex<PathBuf>,
 }
 
-/// A running endpoint; dropping it stops accepting connections.
+/// A running endpoint; dropping it stops accepting connections (and
+/// removes its Unix socket).
 pub(crate) struct Server {
-    addr: SocketAddr,
+    listen: Listen,
     state: Arc<State>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -85,53 +91,101 @@ pub(crate) struct Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.task.abort();
+        if let Listen::Unix(p) = &self.listen {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
 
+/// The mode of the endpoint's Unix socket: its owner and group may
+/// connect (connecting needs write permission), nobody else.
+const SOCKET_MODE: u32 = 0o660;
+
+/// Serves one connection.
+fn serve<S>(st: Arc<State>, stream: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let svc = service_fn(move |req| handle(st.clone(), req));
+        if let Err(e) = http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), svc)
+            .await
+        {
+            tracing::debug!("http: connection: {e}");
+        }
+    });
+}
+
+/// An accept that failed: said, and a pause before the next.
+async fn accept_failed(e: std::io::Error) {
+    tracing::warn!("http: accept: {e}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
 impl Server {
-    /// Binds `addr` now (so that a port in use is an immediate error) and
-    /// serves on the current runtime.
+    /// Binds `listen` now (so that a port in use is an immediate error)
+    /// and serves on the current runtime. A Unix socket left by an
+    /// earlier run is replaced; the new one gets [`SOCKET_MODE`].
     pub(crate) fn start(
-        addr: SocketAddr,
+        listen: &Listen,
         requests: mpsc::Sender<ProfileRequest>,
         output: PathBuf,
     ) -> std::io::Result<Server> {
-        let std_listener = std::net::TcpListener::bind(addr)?;
-        std_listener.set_nonblocking(true)?;
-        let listener = tokio::net::TcpListener::from_std(std_listener)?;
-        let addr = listener.local_addr()?;
         let state = Arc::new(State {
             requests,
             output: Mutex::new(output),
         });
         let st = state.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let (stream, _) = match listener.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!("http: accept: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let st = st.clone();
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req| handle(st.clone(), req));
-                    if let Err(e) = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await
-                    {
-                        tracing::debug!("http: connection: {e}");
+        let (listen, task) = match listen {
+            Listen::Tcp(addr) => {
+                let std_listener = std::net::TcpListener::bind(addr)?;
+                std_listener.set_nonblocking(true)?;
+                let listener = tokio::net::TcpListener::from_std(std_listener)?;
+                let addr = listener.local_addr()?;
+                let task = tokio::spawn(async move {
+                    loop {
+                        match listener.accept().await {
+                            Ok((stream, _)) => serve(st.clone(), stream),
+                            Err(e) => accept_failed(e).await,
+                        }
                     }
                 });
+                (Listen::Tcp(addr), task)
             }
-        });
-        Ok(Server { addr, state, task })
+            Listen::Unix(path) => {
+                use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+                if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+                    std::fs::remove_file(path)?;
+                }
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir)?;
+                }
+                let std_listener = std::os::unix::net::UnixListener::bind(path)?;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))?;
+                std_listener.set_nonblocking(true)?;
+                let listener = tokio::net::UnixListener::from_std(std_listener)?;
+                let task = tokio::spawn(async move {
+                    loop {
+                        match listener.accept().await {
+                            Ok((stream, _)) => serve(st.clone(), stream),
+                            Err(e) => accept_failed(e).await,
+                        }
+                    }
+                });
+                (Listen::Unix(path.clone()), task)
+            }
+        };
+        Ok(Server {
+            listen,
+            state,
+            task,
+        })
     }
 
-    pub(crate) fn addr(&self) -> SocketAddr {
-        self.addr
+    /// Where it listens (a TCP port 0 resolved).
+    pub(crate) fn listen(&self) -> &Listen {
+        &self.listen
     }
 
     pub(crate) fn set_output(&self, dir: PathBuf) {
@@ -275,5 +329,46 @@ mod tests {
         assert!(window_seconds(Some("seconds=0")).is_err());
         assert!(window_seconds(Some("seconds=x")).is_err());
         assert!(window_seconds(Some("seconds=100000")).is_err());
+    }
+
+    /// On a Unix socket: the endpoint answers there, the socket is mode
+    /// 0660 (its owner and group may connect, nobody else), a socket an
+    /// earlier run left is replaced, and the server removes it when it
+    /// stops.
+    #[test]
+    fn a_unix_socket_serves_its_owner_and_group_only() {
+        use std::os::unix::fs::PermissionsExt;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = std::env::temp_dir().join(format!("burstyd-http-unix-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("run/http.sock");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (tx, _rx) = mpsc::channel(1);
+            let listen = Listen::Unix(path.clone());
+            // An earlier run's socket is in the way.
+            drop(std::os::unix::net::UnixListener::bind({
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                &path
+            }));
+            let server = Server::start(&listen, tx, dir.clone()).unwrap();
+            assert_eq!(server.listen(), &listen);
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o660, "{mode:o}");
+            let mut c = tokio::net::UnixStream::connect(&path).await.unwrap();
+            c.write_all(b"GET /healthz HTTP/1.1\r\nHost: burstyd\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut reply = String::new();
+            c.read_to_string(&mut reply).await.unwrap();
+            assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+            assert!(reply.ends_with("ok\n"), "{reply}");
+            drop(server);
+            assert!(!path.exists());
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

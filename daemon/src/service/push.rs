@@ -108,7 +108,7 @@ impl Spool {
         let data = job.encode();
         let path = self.dir.join(format!("{:012}.job", self.next));
         let tmp = self.dir.join(format!(".{:012}.tmp", self.next));
-        std::fs::write(&tmp, &data)?;
+        std::io::Write::write_all(&mut crate::sys::create_output_file(&tmp)?, &data)?;
         std::fs::rename(&tmp, &path)?;
         self.next += 1;
         self.bytes += data.len() as u64;

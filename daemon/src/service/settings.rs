@@ -3,14 +3,13 @@
 //! into bursts, push targets, sampling and output settings.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::bursts::estimate::Weighting;
 use crate::bursts::options::{BurstOptions, DEFAULT_BURST, Libraries};
 use crate::sampling::events::{DEFAULT_FREQ, Sampling};
-use crate::service::config::{FileConfig, HttpUrl, PushKind, Target, parse_listen};
+use crate::service::config::{FileConfig, HttpUrl, Listen, PushKind, Target, parse_listen};
 
 /// Output directory when neither the file nor `-o` names one.
 const DEFAULT_OUTPUT: &str = "burstyd-out";
@@ -136,7 +135,7 @@ pub(crate) struct Settings {
     pub(crate) interval: Option<Duration>,
     pub(crate) keep: Option<usize>,
     pub(crate) max_age: Option<Duration>,
-    pub(crate) http: Option<SocketAddr>,
+    pub(crate) http: Option<Listen>,
     pub(crate) push: Vec<PushTarget>,
     /// Selectors from the file (ignored when `--pid` or `run` is used).
     pub(crate) targets: Vec<Target>,
@@ -188,7 +187,7 @@ impl Settings {
         };
         let http = match &o.http {
             Some(s) => Some(parse_listen(s).map_err(|e| anyhow::anyhow!("--http: {e}"))?),
-            None => f.http.listen,
+            None => f.http.listen.clone(),
         };
         let push = f
             .push
@@ -315,7 +314,18 @@ pid = 1
         .unwrap();
         assert_eq!(c.output.interval, Some(Secs(Duration::from_secs(60))));
         assert_eq!(c.output.max_age, Some(Secs(Duration::from_secs(7 * 86400))));
-        assert_eq!(c.http.listen, Some("127.0.0.1:6060".parse().unwrap()));
+        assert_eq!(
+            c.http.listen,
+            Some(Listen::Tcp("127.0.0.1:6060".parse().unwrap()))
+        );
+        assert_eq!(
+            parse_listen("/run/burstyd/http.sock"),
+            Ok(Listen::Unix(PathBuf::from("/run/burstyd/http.sock")))
+        );
+        assert_eq!(
+            Listen::Unix(PathBuf::from("/run/b.sock")).to_string(),
+            "unix:/run/b.sock"
+        );
         assert_eq!(c.push[0].url.authority, "pyro:4040");
         assert_eq!(c.push[0].url.base, "");
         assert_eq!(
@@ -366,7 +376,7 @@ pid = 1
         assert_eq!(s.event, "cycles");
         assert_eq!(s.sampling, Sampling::Period(1000));
         assert_eq!(s.output, PathBuf::from("/tmp/x"));
-        assert_eq!(s.http, Some("127.0.0.1:6061".parse().unwrap()));
+        assert_eq!(s.http, Some(Listen::Tcp("127.0.0.1:6061".parse().unwrap())));
         assert!(s.targets.is_empty());
         assert_eq!(
             (s.bursts.enabled, s.bursts.burst, s.bursts.libraries),

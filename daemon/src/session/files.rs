@@ -1,4 +1,5 @@
-//! Interval profile files: their names (UTC timestamps) and retention.
+//! Output files: interval profiles' names (UTC timestamps) and
+//! retention, and the final outputs an earlier run left behind.
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -54,6 +55,52 @@ pub(super) fn prune_output(dir: &Path, keep: Option<usize>, max_age: Option<Dura
     }
 }
 
+/// Whether `name` is one of the files a session writes at its end:
+/// `context.pb.gz`, `paths.pb.gz`, `summary.json`, `bursts.jsonl`,
+/// `edges.fdata` and `edges-<pid or module>.fdata` (not an interval's).
+fn final_output(name: &str) -> bool {
+    matches!(
+        name,
+        "context.pb.gz" | "paths.pb.gz" | "summary.json" | "bursts.jsonl" | "edges.fdata"
+    ) || (name.starts_with("edges-") && name.ends_with(".fdata") && interval_time(name).is_none())
+}
+
+/// Removes the final outputs of an earlier run that this one, started at
+/// `start`, did not write again (last modified before it): without, a
+/// second run into the same directory leaves the first one's
+/// `edges-liblzma.so.5.4.1.fdata` beside its own files as if it were
+/// its. Only files named as burstyd names its final outputs are touched;
+/// interval files are left to retention. Returns the names removed,
+/// sorted.
+pub(super) fn remove_stale_outputs(dir: &Path, start: SystemTime) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed: Vec<String> = rd
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let name = e.file_name().into_string().ok()?;
+            let meta = e.metadata().ok()?;
+            let stale = final_output(&name) && meta.is_file() && meta.modified().ok()? < start;
+            if !stale {
+                return None;
+            }
+            match std::fs::remove_file(e.path()) {
+                Ok(()) => Some(name),
+                Err(err) => {
+                    tracing::warn!(
+                        "cannot remove {}, left by an earlier run: {err}",
+                        e.path().display()
+                    );
+                    None
+                }
+            }
+        })
+        .collect();
+    removed.sort();
+    removed
+}
+
 /// UTC, `YYYYmmddTHHMMSS.mmmZ` (milliseconds, so that a final partial
 /// interval never overwrites the one before it), without a date crate.
 pub(super) fn timestamp(t: SystemTime) -> String {
@@ -106,6 +153,58 @@ mod tests {
         ] {
             assert_eq!(super::interval_time(n), None, "{n}");
         }
+    }
+
+    /// Only the final outputs of an earlier run go: not this run's
+    /// (modified since it started), not interval files, not anything
+    /// else in the directory.
+    #[test]
+    fn stale_final_outputs_are_removed_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("burstyd-stale-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let old = [
+            "edges-liblzma.so.5.4.1.fdata",
+            "edges.fdata",
+            "edges-123.fdata",
+            "bursts.jsonl",
+            "paths.pb.gz",
+        ];
+        let others = [
+            "edges-libc.so.6-20261118T110640.042Z.fdata",
+            "context-20261118T110640.042Z.pb.gz",
+            "notes.txt",
+            "edges.fdata.bak",
+            "my-paths.pb.gz",
+        ];
+        for n in old.iter().chain(&others) {
+            std::fs::write(dir.join(n), "x").unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let start = std::time::SystemTime::now();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // This run's own.
+        std::fs::write(dir.join("context.pb.gz"), "x").unwrap();
+        std::fs::write(dir.join("paths.pb.gz"), "x").unwrap();
+        std::fs::write(dir.join("summary.json"), "x").unwrap();
+        let removed = super::remove_stale_outputs(&dir, start);
+        let mut want: Vec<&str> = old
+            .iter()
+            .copied()
+            .filter(|n| *n != "paths.pb.gz")
+            .collect();
+        want.sort();
+        assert_eq!(removed, want);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        let mut expect: Vec<&str> = others.to_vec();
+        expect.extend(["context.pb.gz", "paths.pb.gz", "summary.json"]);
+        expect.sort();
+        assert_eq!(left, expect);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -50,9 +50,11 @@ impl Meta {
     }
 }
 
-/// A timer ticking every `d`, first after `d`.
-pub(super) fn interval_timer(d: Duration) -> tokio::time::Interval {
-    let mut i = tokio::time::interval_at(tokio::time::Instant::now() + d, d);
+/// A timer ticking every `d`, first when an interval that began
+/// `elapsed` ago has lasted `d` (at once if it has).
+pub(super) fn interval_timer(d: Duration, elapsed: Duration) -> tokio::time::Interval {
+    let first = tokio::time::Instant::now() + d.saturating_sub(elapsed);
+    let mut i = tokio::time::interval_at(first, d);
     i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     i
 }

@@ -19,7 +19,7 @@
 //!
 //! - `pipeline.rs`: samples → trees (and HTTP profile windows);
 //! - `intervals.rs`: interval profiles, and pushing them;
-//! - `files.rs`: interval file names and retention;
+//! - `files.rs`: interval file names and retention; an earlier run's stale outputs;
 //! - `reload.rs`: SIGHUP and the rescans of configured targets;
 //! - `command.rs`: the signals, and `run`'s command they are passed on to;
 //! - `bursts.rs`: finished attaches, detach at the end, path profiles.
@@ -256,20 +256,23 @@ impl Session {
         let cpu_start = crate::sys::self_cpu_ns();
         let session_start = SystemTime::now();
         let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
-        let interval = opts.interval.map(interval_timer);
+        let interval = opts.interval.map(|d| interval_timer(d, Duration::ZERO));
         let meta = Meta::new(&opts, session_start);
 
         // Service parts: HTTP endpoint (bound before READY=1, so a port in
         // use fails the start), push tasks, the last interval profile.
         let (req_tx, req_rx) = mpsc::channel::<ProfileRequest>(16);
-        let http = match opts.service.settings.http {
-            Some(addr) => {
-                let s =
-                    crate::service::http::Server::start(addr, req_tx.clone(), opts.output.clone())
-                        .with_context(|| format!("serving HTTP on {addr}"))?;
+        let http = match &opts.service.settings.http {
+            Some(listen) => {
+                let s = crate::service::http::Server::start(
+                    listen,
+                    req_tx.clone(),
+                    opts.output.clone(),
+                )
+                .with_context(|| format!("serving HTTP on {listen}"))?;
                 tracing::info!(
-                    "HTTP endpoint on http://{}/ (/debug/pprof/profile, /metrics)",
-                    s.addr()
+                    "HTTP endpoint on {} (/debug/pprof/profile, /metrics)",
+                    s.listen()
                 );
                 Some(s)
             }
@@ -554,10 +557,14 @@ impl Session {
         // Whatever is still in the ring buffer belongs to this session.
         self.sampler.drain_now(|s| self.pipe.handle(s));
         let mut finished = self.stop_bursts().await;
+        // The end of the last partial interval: its path and edge profiles
+        // and its context profile carry the same time, so that retention
+        // counts them as one interval.
+        let now = SystemTime::now();
         if self.opts.interval.is_some() && !finished.is_empty() {
             // The last partial interval's paths, like its context profile.
             self.released.finished = finished;
-            self.write_interval_paths(self.out.interval_start, SystemTime::now());
+            self.write_interval_paths(self.out.interval_start, now);
             finished = std::mem::take(&mut self.released.finished);
         }
         let counters = self.sampler.counters();
@@ -579,7 +586,6 @@ impl Session {
             EndReason::TargetsExited => tracing::info!("target exited; writing the profile"),
             EndReason::Duration => {}
         }
-        let now = SystemTime::now();
         let last = std::mem::take(&mut pipe.cct);
         if opts.interval.is_some() && !last.is_empty() {
             let interval = write_interval(
@@ -660,6 +666,15 @@ impl Session {
             peak_rss_bytes: st.peak_rss_bytes,
         };
         summary::write(&opts, &traced, Some(&session));
+        let stale = files::remove_stale_outputs(&opts.output, out.session_start);
+        if !stale.is_empty() {
+            tracing::info!(
+                "removed {} an earlier run left in {} and this run did not write again: {}",
+                crate::words::count(stale.len() as u64, "file", "files"),
+                opts.output.display(),
+                stale.join(", ")
+            );
+        }
         if st.ring_full > 0 {
             tracing::warn!(
                 "{} samples were dropped because the ring buffer was full; lower --freq or raise the period",

@@ -150,7 +150,10 @@ impl Session {
                     Some(l) => format!("edges-{pid}-{l}.fdata"),
                 });
             }
-            for name in names {
+            // An edge profile without a branch is not written: an empty
+            // file would look like a profile (no record reached the
+            // module's clones).
+            for name in names.into_iter().filter(|_| !fdata.is_empty()) {
                 if let Err(e) = crate::export::write_atomic(&output, &name, fdata.text().as_bytes())
                 {
                     warn!("writing {}: {e}", output.join(name).display());

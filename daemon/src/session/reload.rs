@@ -10,12 +10,28 @@ use crate::service::targets::Scanner;
 use crate::stacks::table::ProcessTable;
 
 impl Session {
-    /// SIGHUP. The interval timer and the pending pushes start over,
-    /// whether the file was taken or not.
+    /// SIGHUP. The interval clock goes on: the same interval keeps its
+    /// timer, a new one ends the current interval that long after it
+    /// began (at once if that is past), so that reloads never delay an
+    /// interval profile. The pending pushes start over only when the
+    /// destinations (or the output directory, their spool) changed.
     pub(super) fn on_reload(&mut self) {
+        let interval = self.opts.interval;
+        let push = (
+            self.opts.service.settings.push.clone(),
+            self.opts.output.clone(),
+        );
         self.reload();
-        self.timers.interval = self.opts.interval.map(interval_timer);
-        self.out.push_pending = pusher_pending(&self.svc.pusher, std::time::SystemTime::now());
+        if self.opts.interval != interval {
+            let now = std::time::SystemTime::now();
+            let elapsed = now
+                .duration_since(self.out.interval_start)
+                .unwrap_or_default();
+            self.timers.interval = self.opts.interval.map(|d| interval_timer(d, elapsed));
+        }
+        if (&self.opts.service.settings.push, &self.opts.output) != (&push.0, &push.1) {
+            self.out.push_pending = pusher_pending(&self.svc.pusher, std::time::SystemTime::now());
+        }
         // Targets dropped (or bursts turned off) are detached now, new
         // ones attached.
         self.select_bursts();
@@ -131,24 +147,26 @@ impl Session {
         }
         opts.interval = new.interval;
         if new.http != old.http {
-            match new.http {
+            match &new.http {
                 None => {
                     *http = None;
                     tracing::info!("HTTP endpoint off");
                 }
-                Some(addr) => {
+                Some(listen) => {
+                    // The old server, dropped once the new one runs,
+                    // removes its Unix socket (another path than this).
                     match crate::service::http::Server::start(
-                        addr,
+                        listen,
                         req_tx.clone(),
                         opts.output.clone(),
                     ) {
                         Ok(s) => {
-                            tracing::info!("HTTP endpoint now on http://{}/", s.addr());
+                            tracing::info!("HTTP endpoint now on {}", s.listen());
                             *http = Some(s);
                         }
                         Err(e) => {
                             tracing::error!(
-                                "serving HTTP on {addr}: {e}; the endpoint stays as it was"
+                                "serving HTTP on {listen}: {e}; the endpoint stays as it was"
                             )
                         }
                     }

@@ -12,7 +12,10 @@
 //!    (`/usr/lib/debug/.build-id/..`) or `.gnu_debuglink`;
 //! 2. the ELF symbol tables `.symtab` and `.dynsym` (nearest preceding function
 //!    symbol whose size covers the address);
-//! 3. for `[vdso]` without a matching symbol, the name `[vdso]`.
+//! 3. where no symbol covers the address, the function the rewriter's
+//!    function discovery finds there (`.eh_frame` FDEs, PLT stubs), named
+//!    as the bursts' plans name it: [`function_name`] (`xz!sub_16880`);
+//! 4. for `[vdso]` without a matching symbol, the name `[vdso]`.
 //!
 //! Kernel addresses are resolved with `/proc/kallsyms` (read once; needs root
 //! or `kptr_restrict=0`), kernel-module symbols get the module as mapping.
@@ -210,6 +213,41 @@ pub(crate) fn demangle(raw: &str) -> String {
     addr2line::demangle_auto(Cow::Borrowed(raw), None).into_owned()
 }
 
+/// The name a function of module `module_path` carries in every output
+/// (`context.pb.gz`, `paths.pb.gz`, `hot-paths`), from its raw name as
+/// the rewriter's function discovery gives it: demangled, and a function
+/// no symbol names (`sub_<hex start>`, its start as `nm` prints
+/// addresses: the SVMA) prefixed with its module's file name and `!`, as
+/// in `liblzma.so.5.4.1!sub_15ae0`: `sub_15ae0` alone does not say where
+/// it is.
+pub(crate) fn function_name(module_path: &str, raw: &str) -> String {
+    let unnamed = raw
+        .strip_prefix("sub_")
+        .is_some_and(|hex| !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()));
+    if unnamed {
+        let file = module_path.rsplit('/').next().unwrap_or(module_path);
+        format!("{file}!{raw}")
+    } else {
+        demangle(raw)
+    }
+}
+
+/// The functions of `module` as the rewriter's function discovery finds
+/// them (start, size, raw name), sorted by start: for addresses no
+/// symbol covers.
+fn discovered_functions(module: &Module) -> Vec<(u64, u64, String)> {
+    let data = module.data();
+    let Ok(file) = object::File::parse(data) else {
+        return Vec::new();
+    };
+    let Ok(fns) = userspace_rewriter::analysis::functions::discover(&file, data) else {
+        return Vec::new();
+    };
+    let mut v: Vec<_> = fns.into_iter().map(|f| (f.start, f.size, f.name)).collect();
+    v.sort_unstable_by_key(|f| f.0);
+    v
+}
+
 /// The frames (innermost first) of static addresses `svmas` of the ELF
 /// file `module`, outside any process (`burstyd hot-streams`): its symbol
 /// table, its separate debug file's, its DWARF, opened here and dropped.
@@ -226,6 +264,9 @@ pub(crate) fn resolve_in_module(module: Arc<Module>, svmas: &[u64]) -> HashMap<u
 struct ModuleSymbols {
     module: Arc<Module>,
     symbols: Option<SymbolTable>,
+    /// [`discovered_functions`], found at the first address no symbol
+    /// covers.
+    discovered: Option<Vec<(u64, u64, String)>>,
     /// `None` = not tried yet; `Some(None)` = no DWARF available.
     dwarf: Option<Option<Dwarf>>,
     cache: HashMap<u64, Arc<[Frame]>>,
@@ -243,6 +284,7 @@ impl ModuleSymbols {
         ModuleSymbols {
             module,
             symbols: None,
+            discovered: None,
             dwarf: None,
             cache: HashMap::new(),
             answers: HashMap::new(),
@@ -332,8 +374,16 @@ impl ModuleSymbols {
         let table = self
             .symbols
             .get_or_insert_with(|| SymbolTable::build(module));
-        let raw = table.lookup(module, svma)?;
-        Some(demangle(&String::from_utf8_lossy(raw)))
+        if let Some(raw) = table.lookup(module, svma) {
+            return Some(demangle(&String::from_utf8_lossy(raw)));
+        }
+        // No symbol: the function discovery's, named as in the plans.
+        let found = self
+            .discovered
+            .get_or_insert_with(|| discovered_functions(module));
+        let i = found.partition_point(|f| f.0 <= svma);
+        let (start, size, raw) = found.get(i.checked_sub(1)?)?;
+        (svma - start < *size).then(|| function_name(module.path(), raw))
     }
 
     fn resolve(&mut self, svma: u64) -> Arc<[Frame]> {

@@ -332,6 +332,58 @@ fn symbolize_separate_debug_file_via_debuglink() {
     assert!(f.line.is_some());
 }
 
+/// A fully stripped program (no symbol, no DWARF): an address inside a
+/// function is named by the function its unwind info places there, as
+/// the bursts' plans name it and with its module (`spin!sub_1160`), the
+/// same name at its entry and further in; an address of no function is
+/// left to the caller.
+#[test]
+fn a_stripped_function_is_named_as_the_plans_name_it_with_its_module() {
+    let dir = scratch_dir("stripped-names");
+    let exe = build_spin_fixture(&dir);
+    let leaf = {
+        let bytes = std::fs::read(&exe).unwrap();
+        let obj = object::File::parse(&*bytes).unwrap();
+        let s = obj.symbols().find(|s| s.name() == Ok("leaf")).unwrap();
+        (s.address(), s.size())
+    };
+    let out = std::process::Command::new("strip")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = exe.to_str().unwrap();
+    let module =
+        Arc::new(Module::from_file(path, exe.clone(), std::fs::File::open(&exe).unwrap()).unwrap());
+    let obj = object::File::parse(module.data()).unwrap();
+    assert!(obj.symbols().next().is_none(), "not stripped");
+    // What the rewriter's plan calls it.
+    let planned = userspace_rewriter::analysis::functions::discover(&obj, module.data())
+        .unwrap()
+        .into_iter()
+        .find(|f| f.start == leaf.0)
+        .expect("an FDE places leaf")
+        .name;
+    assert_eq!(planned, format!("sub_{:x}", leaf.0));
+    let want = format!("spin!sub_{:x}", leaf.0);
+    assert_eq!(function_name(path, &planned), want);
+    let mut s = Symbolizer::new();
+    for svma in [leaf.0, leaf.0 + leaf.1 / 2] {
+        let frames = s.resolve_svma(&module, svma);
+        let names: Vec<&str> = frames.iter().map(|f| f.function.as_str()).collect();
+        assert_eq!(names, [want.as_str()], "at {svma:#x}");
+    }
+    assert!(s.resolve_svma(&module, 1).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+    // Names that are not the discovery's own are only demangled.
+    assert_eq!(function_name("/x/libfoo.so", "sub_total"), "sub_total");
+    assert_eq!(function_name("/x/libfoo.so", "_ZN1a1bEv"), "a::b()");
+}
+
 #[test]
 fn symbolizer_is_send() {
     fn is_send<T: Send>() {}
