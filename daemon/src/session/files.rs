@@ -57,12 +57,21 @@ pub(super) fn prune_output(dir: &Path, keep: Option<usize>, max_age: Option<Dura
 
 /// Whether `name` is one of the files a session writes at its end:
 /// `context.pb.gz`, `paths.pb.gz`, `summary.json`, `bursts.jsonl`,
-/// `edges.fdata` and `edges-<pid or module>.fdata` (not an interval's).
+/// `edges.fdata` and `edges-<pid or module>.fdata` (not an interval's),
+/// `hot-streams.json` and `hot-streams-<pid>.json`.
 fn final_output(name: &str) -> bool {
     matches!(
         name,
-        "context.pb.gz" | "paths.pb.gz" | "summary.json" | "bursts.jsonl" | "edges.fdata"
+        "context.pb.gz"
+            | "paths.pb.gz"
+            | "summary.json"
+            | "bursts.jsonl"
+            | "edges.fdata"
+            | "hot-streams.json"
     ) || (name.starts_with("edges-") && name.ends_with(".fdata") && interval_time(name).is_none())
+        || (name.starts_with("hot-streams-")
+            && name.ends_with(".json")
+            && interval_time(name).is_none())
 }
 
 /// Removes the final outputs of an earlier run that this one, started at
@@ -169,6 +178,8 @@ mod tests {
             "edges-123.fdata",
             "bursts.jsonl",
             "paths.pb.gz",
+            "hot-streams.json",
+            "hot-streams-77.json",
         ];
         let others = [
             "edges-libc.so.6-20261118T110640.042Z.fdata",
