@@ -48,7 +48,7 @@ command_for() {
     case "$1" in
         streams)
             [[ -x "$WORK/streams" ]] || gcc -O2 -g -o "$WORK/streams" "$FX/streams.c"
-            echo "$WORK/streams $((100000 * k))" ;;
+            echo "$WORK/streams $((30000 * k))" ;;
         lua) echo "$RP/lua $FX/gc_heavy.lua $((2 * k))" ;;
         xz)
             [[ -f "$WORK/xz.in.$k" ]] || for _ in $(seq "$k"); do head -c 1000000 /usr/bin/python3.11; done > "$WORK/xz.in.$k"

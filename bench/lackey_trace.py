@@ -46,6 +46,7 @@ def main():
     reading = None
     refs = skipped_stack = unmapped = 0
     last = None  # (path, static vaddr) of the current instruction
+    hit = None  # the module of the last instruction
     out = sys.stdout
     syms = re.compile(r"^--\d+-- Reading syms from (\S+)")
     svma = re.compile(r"^--\d+--\s+svma 0x([0-9a-f]+), avma 0x([0-9a-f]+)")
@@ -54,10 +55,15 @@ def main():
             c = line[0]
             if c == "I":
                 addr = int(line[3:line.index(",")], 16)
-                last = None
-                for lo, hi, bias, path in modules:
-                    if lo <= addr < hi:
-                        last = (path, addr - bias)
+                # Most instructions are in the module of the one before.
+                if hit is not None and hit[0] <= addr < hit[1]:
+                    last = (hit[3], addr - hit[2])
+                    continue
+                last = hit = None
+                for m in modules:
+                    if m[0] <= addr < m[1]:
+                        hit = m
+                        last = (m[3], addr - m[2])
                         break
                 continue
             if c == " " and line[1] in "LSM":
