@@ -24,16 +24,7 @@ fn a_lackey_trace_gives_the_known_streams() {
         Duration::from_secs(300),
     );
     assert!(run.status.success(), "{}", run.describe());
-    // "references hot H cold C noise N"
-    let counts: Vec<u64> = run
-        .stdout_str()
-        .lines()
-        .find_map(|l| l.strip_prefix("references "))
-        .unwrap()
-        .split_whitespace()
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    let (hot_refs, cold_refs) = (counts[0], counts[1]);
+    let (hot_refs, cold_refs, _) = constructed(&run.stdout_str());
     let trace = scratch.join("trace.txt");
     let conv = run_timeout(
         Command::new("python3")
