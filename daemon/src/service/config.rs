@@ -459,11 +459,27 @@ fn line_col(text: &str, at: usize) -> (usize, usize) {
     (line, col)
 }
 
+/// A deserializer's message in words: Rust's type names (`expected
+/// u64`) become what a value of that type is.
+fn in_words(message: &str) -> String {
+    let mut m = message.to_string();
+    for (ty, words) in [
+        ("u64", "a whole number"),
+        ("u32", "a whole number"),
+        ("usize", "a whole number"),
+        ("i64", "a whole number"),
+        ("f64", "a number"),
+    ] {
+        m = m.replace(&format!("expected {ty}"), &format!("expected {words}"));
+    }
+    m
+}
+
 /// Parses and checks configuration text (`path` is for messages).
 pub(crate) fn parse(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
     let cfg: FileConfig = toml::from_str(text).map_err(|e| {
         // toml's message carries its own location banner; keep the reason.
-        ConfigError::at(path, text, e.span(), e.message().trim().to_string())
+        ConfigError::at(path, text, e.span(), in_words(e.message().trim()))
     })?;
     if let (Some(p), Some(f)) = (&cfg.period, &cfg.freq) {
         let later = if p.span().start > f.span().start {
@@ -569,6 +585,14 @@ mod tests {
 
     fn p(text: &str) -> Result<FileConfig, ConfigError> {
         parse(Path::new("/etc/burstyd/burstyd.toml"), text)
+    }
+
+    /// A value of the wrong type is told in words, not Rust's type names.
+    #[test]
+    fn wrong_types_are_said_in_words() {
+        let e = p("[bursts]\nburst = \"x\"\n").unwrap_err();
+        assert!(e.reason.contains("expected a whole number"), "{e}");
+        assert!(!e.reason.contains("u64"), "{e}");
     }
 
     #[test]

@@ -98,7 +98,7 @@ impl Session {
                 .join(", ");
             info!(
                 %pid,
-                "bursts: {} taken, {} truncated, {} declined by the handler (busy {}, PC not rewritten {}, budget 0 {}, daemon behind {}), {} reaped; {} signals sent, {} overflows during a burst, signals not sent: {declined}; link-map changes {} signalled, {} not; functions rewritten {}, skipped {}; {} complete paths recorded (and {} partial ones left out), records lost: {}, bad records: {}",
+                "bursts: {} taken, {} truncated, {} declined by the handler (busy {}, PC not rewritten {}, --burst 0 {}, daemon behind {}), {} reaped; {} signals sent, {} overflows during a burst, signals not sent: {declined}; link-map changes {} signalled, {} not; functions rewritten {}, skipped {}; {} complete paths recorded (and {} partial ones left out), records lost: {}, bad records: {}",
                 stats.bursts,
                 stats.bursts_truncated,
                 stats.declined(),

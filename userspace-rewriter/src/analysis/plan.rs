@@ -54,7 +54,8 @@ impl Default for PlanOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
-    #[error("not an ELF file we can read: {0}")]
+    /// The reason is the source's (shown by `{:#}`, once).
+    #[error("not an ELF file we can read")]
     Object(#[from] object::Error),
     #[error("{0}")]
     Functions(#[from] crate::analysis::functions::FunctionsError),
@@ -555,5 +556,31 @@ fn analyze_function(
         back_edges,
         cfg: opts.keep_details.then(|| c.clone()),
         numbering: if opts.keep_details { numbering } else { None },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file that is not ELF says why once, however its error chain is
+    /// printed.
+    #[test]
+    fn not_elf_says_why_once() {
+        let e = analyze(b"#!/bin/sh\necho hi\n", &PlanOptions::default())
+            .err()
+            .unwrap();
+        // What anyhow's `{:#}` prints: each error of the chain once.
+        let mut chain = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            chain += &format!(": {s}");
+            source = s.source();
+        }
+        assert_eq!(chain.matches("magic").count(), 1, "{chain}");
+        assert!(
+            chain.starts_with("not an ELF file we can read: "),
+            "{chain}"
+        );
     }
 }
