@@ -2,8 +2,9 @@
 # Hot data streams from bursts in memory mode (--record refs) against
 # complete traces, on real programs (issue 33; Hirzel & Chilimbi's case
 # study). For each program and workload:
-#   - overhead: the traced run's wall time (memory mode, default burst
-#     and rate) as a ratio to untraced, medians of --runs alternating runs;
+#   - overhead: the program's own wall time (bench_tool rusage) traced by
+#     `burstyd --pid --record refs` (default burst and rate) as a ratio
+#     to untraced, medians of --runs alternating runs of a long workload;
 #   - overlap (equation 5, bench/stream_overlap.py) of the burst profile
 #     with (a) burstyd's own complete trace (--full-trace --record refs)
 #     and (b) an independent complete trace: valgrind lackey
@@ -32,7 +33,8 @@ die() { echo "hot_streams.sh: $*" >&2; exit 1; }
 [[ $(id -u) -eq 0 ]] || die "run as root (burstyd loads eBPF programs and uses ptrace)"
 command -v valgrind >/dev/null || die "valgrind not found (the independent trace): apt-get install -y valgrind"
 BIN="${BURSTYD_BIN:-$ROOT/target/release/burstyd}"
-[[ -x "$BIN" ]] || (cd "$ROOT" && cargo build --release -p burstyd >&2)
+TOOL="$ROOT/target/release/bench_tool"
+[[ -x "$BIN" && -x "$TOOL" ]] || (cd "$ROOT" && cargo build --release -p burstyd -p burstyd-tests --bin burstyd --bin bench_tool >&2)
 WORK="$(mktemp -d /tmp/burstyd-hot-streams.XXXXXX)"
 [[ "${KEEP:-}" == 1 ]] || trap 'rm -rf "$WORK"' EXIT
 FX="$ROOT/tests/fixtures"
@@ -73,11 +75,25 @@ metric() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(su
 # The daemon's CPU while sampling (percent of one core) and its peak RSS (MB).
 cpu_pct() { python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['session']; print(f\"{s['sampling_cpu_ms'] / 10 / max(s['sampling_seconds'], 1e-9):.2f}\")" "$1/summary.json"; }
 rss_mb() { python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['session']; print(f\"{s['peak_rss_bytes'] / 2**20:.0f}\")" "$1/summary.json"; }
-secs() { local t0; t0=$(date +%s.%N); "$@" >/dev/null 2>&1 || true; awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.4f", b - a }'; }
+kv() { tr ' ' '\n' <"$1" | awk -F= -v k="$2" '$1 == k { print $2 }'; }
+# The program's own wall time, untraced.
+untraced() { "$TOOL" rusage "$WORK/ru" -- "$@" >/dev/null 2>&1 || true; kv "$WORK/ru" wall_s; }
+# The program's own wall time with `burstyd --pid --record refs` attached
+# from its start to its end (out: $WORK/$prog-long).
+traced() {
+    "$TOOL" rusage "$WORK/ru" -- "$@" >/dev/null 2>&1 &
+    local ru=$! pid=
+    for _ in $(seq 2000); do pid=$(pgrep -P "$ru" || true); [[ -n "$pid" ]] && break; sleep 0.001; done
+    [[ -n "$pid" ]] || die "$prog did not start under bench_tool"
+    rm -rf "$WORK/$prog-long"
+    "$BIN" --pid "$pid" --record refs -o "$WORK/$prog-long" >/dev/null 2>"$WORK/$prog-long.log" || true
+    wait "$ru" || true
+    kv "$WORK/ru" wall_s
+}
 median() { tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
-echo "# refs, lost: the burst run's references and records lost; overhd: wall time traced/untraced (long"
-echo "# workload, median of $RUNS); ov-full, ov-lack: overlap of the burst profile with burstyd's full trace"
+echo "# refs, lost: the burst run's references and records lost; overhd: the program's wall time under"
+echo "# burstyd --pid --record refs / untraced (long workload, median of $RUNS); ov-full, ov-lack: overlap of the burst profile with burstyd's full trace"
 echo "# and lackey's; full-lk: full trace vs lackey; cpu%, rss-MB: the daemon (long run) beside path mode's RSS"
 printf '%-8s %8s %8s %7s %7s %7s %9s %6s %9s %9s\n' program refs lost overhd ov-full ov-lack full-lk cpu% rss-MB path-rss
 for prog in $PROGRAMS; do
@@ -89,8 +105,8 @@ for prog in $PROGRAMS; do
     # alternate.
     base=() traced=()
     for r in $(seq "$RUNS"); do
-        base+=("$(secs "${LCMD[@]}")")
-        traced+=("$(secs "$BIN" run --record refs -o "$WORK/$prog-long" -- "${LCMD[@]}")")
+        base+=("$(untraced "${LCMD[@]}")")
+        traced+=("$(traced "${LCMD[@]}")")
     done
     b=$(echo "${base[*]}" | median) t=$(echo "${traced[*]}" | median)
     out="$WORK/$prog-burst"
