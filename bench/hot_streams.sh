@@ -51,7 +51,7 @@ command_for() {
         streams)
             [[ -x "$WORK/streams" ]] || gcc -O2 -g -o "$WORK/streams" "$FX/streams.c"
             echo "$WORK/streams $((30000 * k))" ;;
-        lua) echo "$RP/lua $FX/gc_heavy.lua $((2 * k))" ;;
+        lua) echo "$RP/lua $FX/cpu_bound.lua $((10 * k))" ;;
         xz)
             [[ -f "$WORK/xz.in.$k" ]] || for _ in $(seq "$k"); do head -c 1000000 /usr/bin/python3.11; done > "$WORK/xz.in.$k"
             echo "/usr/bin/xz -6 -c -T1 $WORK/xz.in.$k" ;;
