@@ -151,7 +151,7 @@ fn bad_config_is_rejected_with_line_and_reason_and_the_old_one_stays() {
         .unwrap();
     assert!(
         line.contains(&format!(
-            "{}:3:7: invalid type: string \"one\", expected u32",
+            "{}:3:7: invalid type: string \"one\", expected a whole number",
             cfg.display()
         )),
         "the message names file:line:col and the reason: {line}"
