@@ -120,12 +120,7 @@ fn bursts_record_paths_and_keep_output_identical() {
     assert_eq!(r["total"].as_i64(), Some(executions), "{r}");
     assert_eq!(r["executions"].as_i64(), Some(executions), "{r}");
     assert_eq!(r["paths"].as_u64(), Some(counts.len() as u64), "{r}");
-    let top: Vec<&str> = r["top"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|p| p["name"].as_str())
-        .collect();
+    let top = top_names(&r);
     assert!(
         top.iter()
             .filter(|n| n.starts_with("classify path "))
@@ -1165,12 +1160,7 @@ fn a_stripped_executable_is_traced_in_bursts() {
     );
     assert!(report.status.success(), "{}", report.describe());
     let r: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
-    let top: Vec<&str> = r["top"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|p| p["name"].as_str())
-        .collect();
+    let top = top_names(&r);
     assert!(
         top.iter()
             .all(|n| !n.contains(": L0") && !n.contains("→L0")),
@@ -1569,4 +1559,14 @@ fn functions_with_too_many_paths_are_cut_into_regions() {
         branchy >= 150_000,
         "{branchy} branchy paths for 150000 calls: {line}"
     );
+}
+
+/// The names of a `hot-paths --json` report's top paths.
+fn top_names(r: &serde_json::Value) -> Vec<&str> {
+    r["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect()
 }

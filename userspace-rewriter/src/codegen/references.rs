@@ -52,8 +52,8 @@ fn access(ins: &Instruction) -> Option<(u32, u64)> {
     if matches!(ins.mnemonic(), Mnemonic::Lea | Mnemonic::Nop) {
         return None;
     }
-    let info = InstructionInfoFactory::new().info(ins).clone();
-    let kind = match info.op_access(op) {
+    let mut factory = InstructionInfoFactory::new();
+    let kind = match factory.info(ins).op_access(op) {
         OpAccess::Read | OpAccess::CondRead => REF_LOAD,
         OpAccess::Write | OpAccess::CondWrite => REF_STORE,
         OpAccess::ReadWrite | OpAccess::ReadCondWrite => REF_RMW,
