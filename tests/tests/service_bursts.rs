@@ -400,3 +400,121 @@ fn only_the_libraries_where_a_target_spends_time_are_cloned() {
         "no path of libc's qsort/strcmp/memcpy in paths.pb.gz: {paths:?}\n{log}"
     );
 }
+
+/// Memory mode in the service (`[bursts] record = ["refs"]`): the hot data
+/// streams of `streams`' references are served live
+/// (`/debug/pprof/streams?seconds=2`: the hot walk, 24 references long, is
+/// the hottest stream), written per interval (`hot-streams-<time>.json`,
+/// also served as the latest on `/debug/pprof/streams`) and pushed as
+/// their own application (`svc.streams`).
+#[test]
+fn the_service_serves_hot_data_streams_live() {
+    require_root();
+    let _serial = serial();
+    let scratch = Scratch::new("service-streams");
+    let exe = fixture("streams");
+    let out = scratch.join("out");
+    let cfg = scratch.join("burstyd.toml");
+    let port = free_port();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let push_port = listener.local_addr().unwrap().port();
+    let pushed = receiver::receiver(listener);
+    let text = config_pushing(&out, port, &exe, push_port)
+        .replace("[bursts]\n", "[bursts]\nrecord = [\"refs\"]\n");
+    write_config(&cfg, &text);
+    let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
+    let health = scratch.join("health.txt");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Command::new("curl")
+        .args(["-sf", "-o"])
+        .arg(&health)
+        .arg(format!("http://127.0.0.1:{port}/healthz"))
+        .status()
+        .map_or(true, |s| !s.success())
+    {
+        assert!(d.running(), "burstyd exited:\n{}", d.log());
+        assert!(
+            Instant::now() < deadline,
+            "no HTTP within 20 s:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let target = Background::spawn(Command::new(&exe).arg("1000000000"));
+    target.wait_exec(&exe);
+    wait_bursts(port, target.pid(), &scratch, &d);
+
+    // The streams of the next 2 seconds.
+    let window = scratch.join("window.json");
+    let url = format!("http://127.0.0.1:{port}/debug/pprof/streams");
+    assert_eq!(
+        curl(&format!("{url}?seconds=2"), &window),
+        200,
+        "{}",
+        d.log()
+    );
+    let top_is_the_hot_walk = |file: &Path| {
+        let text = std::fs::read_to_string(file).unwrap();
+        let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let top = &r["streams"][0];
+        let why = format!(
+            "{}: {} references, top {top}",
+            file.display(),
+            r["references"]
+        );
+        assert!(r["references"].as_u64().unwrap() > 1000, "{why}");
+        assert_eq!(top["length"], 24, "{why}");
+        let sites = top["signature"].as_array().unwrap();
+        assert!(sites.iter().all(|s| s["function"] == "walk_hot"), "{why}");
+    };
+    top_is_the_hot_walk(&window);
+
+    // Interval files, the latest served without ?seconds.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let intervals = loop {
+        let files: Vec<_> = std::fs::read_dir(&out)
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                let n = p.file_name().unwrap().to_str().unwrap();
+                n.starts_with("hot-streams-2") && n.ends_with("Z.json")
+            })
+            .collect();
+        if files.len() >= 2 {
+            break files;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no interval streams:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    top_is_the_hot_walk(&intervals[0]);
+    let latest = scratch.join("latest.json");
+    assert_eq!(curl(&url, &latest), 200);
+    top_is_the_hot_walk(&latest);
+    drop(target);
+    assert!(d.stop().success(), "{}", d.log());
+
+    // Pushed as their own application, a stream a sample.
+    let got = pushed.lock().unwrap().clone();
+    let streams: Vec<_> = got
+        .iter()
+        .filter(|r| r.query.get("name").map(String::as_str) == Some("svc.streams{}"))
+        .collect();
+    assert!(
+        !streams.is_empty(),
+        "{} pushes, none svc.streams",
+        got.len()
+    );
+    let parts = receiver::multipart(&streams[0].headers["content-type"], &streams[0].body);
+    let p = pprof::decode_profile(&parts["profile"].1).unwrap();
+    let refs = p.value_index("references").expect("references/count");
+    assert!(
+        p.samples
+            .iter()
+            .any(|s| s.has_function("walk_hot") && s.values[refs] > 0),
+        "no pushed stream in walk_hot"
+    );
+}

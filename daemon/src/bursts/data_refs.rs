@@ -13,6 +13,7 @@ use burstyd_common::burst::MAX_SLOTS;
 
 use super::decode::BurstEvent;
 use super::traced::Traced;
+use crate::streams::recent::{RECENT_MAX, RecentRefs};
 use crate::streams::references::{Instr, References};
 
 /// References held per process at most: beyond it, bursts' references
@@ -28,7 +29,10 @@ const CHUNK: usize = 1 << 16;
 
 /// The data references of one traced process.
 pub(crate) struct DataRefs {
+    /// The whole run's, up to its bound.
     pub(crate) refs: References,
+    /// The newest, for interval files and HTTP windows.
+    pub(crate) recent: RecentRefs,
     /// Per slot: the references of its running burst so far.
     pending: [Vec<(Instr, u64)>; MAX_SLOTS],
     /// References whose instruction lies in no traced function (none
@@ -50,6 +54,7 @@ impl DataRefs {
     pub(crate) fn new(max: u64) -> Self {
         DataRefs {
             refs: References::new(),
+            recent: RecentRefs::new(RECENT_MAX),
             pending: Default::default(),
             unplaced: 0,
             dropped: 0,
@@ -87,32 +92,42 @@ impl DataRefs {
     pub(crate) fn end_burst(&mut self, slot: usize) {
         self.push_pending(slot);
         if self.open == Some(slot) {
-            self.refs.end_sequence();
+            self.end_sequence();
             self.open = None;
         }
     }
 
-    /// Slot `slot`'s references so far into the grammar, in its open
-    /// sequence (another slot's open one ends first).
+    fn end_sequence(&mut self) {
+        self.refs.end_sequence();
+        self.recent.end_sequence();
+    }
+
+    /// Slot `slot`'s references so far into the grammar (unless it holds
+    /// its bound already) and the recent log, in its open sequence
+    /// (another slot's open one ends first).
     fn push_pending(&mut self, slot: usize) {
-        let Some(p) = self.pending.get_mut(slot) else {
+        let Some(mut p) = self.pending.get_mut(slot).map(std::mem::take) else {
             return;
         };
         if p.is_empty() {
             return;
         }
-        if self.refs.count + p.len() as u64 > self.max {
-            self.dropped += p.len() as u64;
-            p.clear();
-            return;
-        }
         if self.open.is_some_and(|o| o != slot) {
-            self.refs.end_sequence();
+            self.end_sequence();
         }
         self.open = Some(slot);
-        for (instr, addr) in p.drain(..) {
-            self.refs.push(instr, addr);
+        let keep = self.refs.count + p.len() as u64 <= self.max;
+        if !keep {
+            self.dropped += p.len() as u64;
         }
+        for (instr, addr) in p.drain(..) {
+            if keep {
+                self.refs.push(instr, addr);
+            }
+            self.recent.push(instr, addr);
+        }
+        // The buffer's capacity serves the slot's next chunk.
+        self.pending[slot] = p;
     }
 
     /// Every running burst is over (the detach).
@@ -162,9 +177,10 @@ mod tests {
         d.end_burst(1);
         d.end_burst(2);
         assert_eq!((d.refs.count, d.open, d.refs.sequences()), (30, None, 3));
-        // Beyond the bound: counted, not kept.
+        // Beyond the bound: counted, not kept; the recent log has them.
         push(&mut d, 3, 80, 300);
         d.end_burst(3);
         assert_eq!((d.refs.count, d.dropped), (30, 80));
+        assert_eq!(d.recent.position(), 110);
     }
 }

@@ -202,6 +202,11 @@ impl BurstTracer {
         &self.traced
     }
 
+    /// Memory mode: the data references recorded so far.
+    pub(crate) fn data_refs(&self) -> Option<&DataRefs> {
+        self.data_refs.as_ref()
+    }
+
     /// Its path counts.
     pub(crate) fn counts(&self) -> &PathCounts {
         &self.counts

@@ -1,8 +1,8 @@
 //! Profiles out: profile.proto and its interning builder ([`pprof`]),
 //! calling context trees → symbolized pprof ([`context`]), bursty
 //! tracing's path counts → `paths.pb.gz` ([`paths`]) and BOLT's
-//! `edges.fdata` ([`fdata`]), and the atomic file write every output goes
-//! through.
+//! `edges.fdata` ([`fdata`]), hot data streams for the push destinations
+//! ([`streams`]), and the atomic file write every output goes through.
 use std::path::{Path, PathBuf};
 
 pub(crate) mod context;
@@ -10,6 +10,7 @@ pub(crate) mod fdata;
 pub(crate) mod leaves;
 pub(crate) mod paths;
 pub(crate) mod pprof;
+pub(crate) mod streams;
 pub(crate) mod summary;
 
 /// Writes `bytes` to `dir/name` atomically (a hidden temp file in `dir`,

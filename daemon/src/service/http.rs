@@ -10,6 +10,11 @@
 //!   last interval's, or at the end the session's), 404 while there is
 //!   none; `?seconds=N`: the paths recorded from now for N seconds, like
 //!   `/debug/pprof/profile` (404 when no process is traced in bursts).
+//! - `GET /debug/pprof/streams`: the latest interval's hot data streams
+//!   (memory mode, `--record refs`; the JSON of `hot-streams.json`), or
+//!   the output's `hot-streams.json`; `?seconds=N`: the streams of the
+//!   references recorded from now for N seconds (404 when no process is
+//!   traced in memory mode).
 //! - `GET /metrics`: Prometheus text ([`crate::service::metrics`]).
 //! - `GET /healthz`: `ok`.
 //!
@@ -46,6 +51,9 @@ pub(crate) enum ProfileKind {
     Context,
     /// The paths bursts record from now for this long.
     Paths(Duration),
+    /// The hot data streams of the references bursts record from now for
+    /// this long (memory mode; JSON).
+    Streams(Duration),
 }
 
 /// The start of a reply that is a 404 (nothing to profile), not a failure.
@@ -72,6 +80,18 @@ pub(crate) fn set_paths_profile(gz: Vec<u8>) {
 /// The latest published path profile, if any.
 fn paths_profile() -> Option<Vec<u8>> {
     PATHS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+static STREAMS: Mutex<Option<Vec<u8>>> = Mutex::new(None);
+
+/// Publishes the latest interval's hot data streams (the JSON of
+/// `hot-streams.json`) for `/debug/pprof/streams`.
+pub(crate) fn set_streams_report(json: Vec<u8>) {
+    *STREAMS.lock().unwrap_or_else(|e| e.into_inner()) = Some(json);
+}
+
+fn streams_report() -> Option<Vec<u8>> {
+    STREAMS.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 struct State {
@@ -201,6 +221,13 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
         .expect("static response parts are valid")
 }
 
+fn json(body: Vec<u8>) -> Response<Full<Bytes>> {
+    Response::builder()
+        .header(CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("static response parts are valid")
+}
+
 fn pprof(body: Vec<u8>, name: &str) -> Response<Full<Bytes>> {
     Response::builder()
         .header(CONTENT_TYPE, "application/octet-stream")
@@ -247,6 +274,7 @@ async fn ask(st: &State, kind: ProfileKind) -> Response<Full<Bytes>> {
         );
     }
     match rx.await {
+        Ok(Ok(bytes)) if matches!(kind, ProfileKind::Streams(_)) => json(bytes),
         Ok(Ok(bytes)) => pprof(bytes, "profile.pb.gz"),
         Ok(Err(e)) => match e.strip_prefix(NOT_FOUND) {
             Some(e) => text(StatusCode::NOT_FOUND, format!("{e}\n")),
@@ -302,9 +330,32 @@ async fn handle(
                 ),
             }
         }
+        "/debug/pprof/streams" if req.uri().query().is_some_and(|q| q.contains("seconds=")) => {
+            match window_seconds(req.uri().query()) {
+                Ok(d) => ask(&st, ProfileKind::Streams(d)).await,
+                Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+            }
+        }
+        "/debug/pprof/streams" => {
+            let file = st
+                .output
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .join("hot-streams.json");
+            match streams_report().or_else(|| std::fs::read(&file).ok()) {
+                Some(b) => json(b),
+                None => text(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "no hot data streams yet: no interval of memory mode (--record refs) has ended (nor is there {})\n",
+                        file.display()
+                    ),
+                ),
+            }
+        }
         "/" | "/debug/pprof" | "/debug/pprof/" => text(
             StatusCode::OK,
-            "burstyd: /debug/pprof/profile?seconds=N /debug/pprof/context /debug/pprof/paths[?seconds=N] /metrics /healthz\n",
+            "burstyd: /debug/pprof/profile?seconds=N /debug/pprof/context /debug/pprof/paths[?seconds=N] /debug/pprof/streams[?seconds=N] /metrics /healthz\n",
         ),
         p => text(StatusCode::NOT_FOUND, format!("no such endpoint: {p}\n")),
     };

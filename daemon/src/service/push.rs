@@ -53,11 +53,32 @@ pub(crate) struct Job {
     /// beside the context profiles' `APP`.
     #[serde(default)]
     pub(crate) paths: bool,
+    /// Hot data streams (memory mode), pushed as `APP.streams`.
+    #[serde(default)]
+    pub(crate) streams: bool,
     #[serde(skip)]
     pub(crate) profile: Vec<u8>,
 }
 
+/// Which profile family a job is: its name and sample types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Family {
+    Contexts,
+    Paths,
+    Streams,
+}
+
 impl Job {
+    fn family(&self) -> Family {
+        if self.streams {
+            Family::Streams
+        } else if self.paths {
+            Family::Paths
+        } else {
+            Family::Contexts
+        }
+    }
+
     fn encode(&self) -> Vec<u8> {
         let mut v = serde_json::to_vec(self).expect("plain struct");
         v.push(b'\n');
@@ -342,13 +363,13 @@ fn query_escape(s: &str) -> String {
     o
 }
 
-/// The name a job's profiles go by: `APP`, or `APP.paths` for path
-/// profiles.
+/// The name a job's profiles go by: `APP`, `APP.paths` for path
+/// profiles, `APP.streams` for hot data streams.
 fn profile_name(t: &PushTarget, job: &Job) -> String {
-    if job.paths {
-        format!("{}.paths", t.app)
-    } else {
-        t.app.clone()
+    match job.family() {
+        Family::Contexts => t.app.clone(),
+        Family::Paths => format!("{}.paths", t.app),
+        Family::Streams => format!("{}.streams", t.app),
     }
 }
 
@@ -372,17 +393,21 @@ fn build_request(t: &PushTarget, job: &Job) -> (String, String, Vec<u8>) {
                 q += &format!("&sampleRate={}", job.rate_hz);
             }
             q += "&spyName=burstyd";
-            let config = if job.paths {
+            let config = match job.family() {
                 // Path executions, and the event attributed to paths.
-                serde_json::json!({
+                Family::Paths => serde_json::json!({
                     "executions": {"units": "objects", "aggregation": "sum", "display-name": "path_executions", "sampled": true},
                     job.event.clone(): {"units": "samples", "aggregation": "sum", "display-name": format!("path_{}", job.event.replace('-', "_")), "sampled": true},
-                })
-            } else {
-                serde_json::json!({
+                }),
+                // The references a stream accounts for, its occurrences.
+                Family::Streams => serde_json::json!({
+                    "references": {"units": "objects", "aggregation": "sum", "display-name": "stream_references", "sampled": true},
+                    "occurrences": {"units": "objects", "aggregation": "sum", "display-name": "stream_occurrences", "sampled": true},
+                }),
+                Family::Contexts => serde_json::json!({
                     "samples": {"units": "samples", "aggregation": "sum", "display-name": "cpu", "sampled": true},
                     job.event.clone(): {"units": "samples", "aggregation": "sum", "display-name": job.event.replace('-', "_"), "sampled": true},
-                })
+                }),
             };
             let config = serde_json::to_vec(&config).expect("json");
             let boundary = boundary_for(&[&job.profile, &config]);
@@ -564,6 +589,7 @@ mod tests {
             rate_hz: 199,
             event: "cpu-clock".into(),
             paths: false,
+            streams: false,
             profile: vec![0x1f, 0x8b, 1, 2, 3],
         }
     }
@@ -582,6 +608,23 @@ mod tests {
         )));
         assert!(text.ends_with(&format!("--{b}--\r\n")));
         assert!(text.contains("name=\"sample_type_config\""));
+    }
+
+    /// Hot data streams are a profile of their own, with their own
+    /// sample types.
+    #[test]
+    fn streams_go_by_their_own_name() {
+        let mut j = job();
+        j.streams = true;
+        let (path, _, body) = build_request(&target(PushKind::Pyroscope), &j);
+        assert!(path.contains("name=web.streams%7B"), "{path}");
+        assert!(String::from_utf8_lossy(&body).contains("stream_references"));
+        let (_, _, body) = build_request(&target(PushKind::Parca), &j);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v["series"][0]["labels"]["labels"][0]["value"],
+            "web.streams"
+        );
     }
 
     #[test]

@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 /// The UTC timestamp of an interval file's name: `context-<time>.pb.gz`,
-/// `paths-<time>.pb.gz` or `edges-<module>-<time>.fdata`.
+/// `paths-<time>.pb.gz`, `edges-<module>-<time>.fdata` or
+/// `hot-streams-<time>.json` (not `hot-streams-<pid>.json`: the time's
+/// form tells them apart).
 fn interval_time(name: &str) -> Option<&str> {
     let stem = name
         .strip_suffix(".pb.gz")
@@ -12,6 +14,10 @@ fn interval_time(name: &str) -> Option<&str> {
         .or_else(|| {
             name.strip_suffix(".fdata")
                 .filter(|s| s.starts_with("edges-"))
+        })
+        .or_else(|| {
+            name.strip_suffix(".json")
+                .filter(|s| s.starts_with("hot-streams-"))
         })?;
     let (_, time) = stem.rsplit_once('-')?;
     (time.len() == 20 && time.ends_with('Z') && time.as_bytes()[8] == b'T').then_some(time)
@@ -150,6 +156,7 @@ mod tests {
             format!("context-{t}.pb.gz"),
             format!("paths-{t}.pb.gz"),
             format!("edges-ld-linux-x86-64.so.2-{t}.fdata"),
+            format!("hot-streams-{t}.json"),
         ] {
             assert_eq!(super::interval_time(&n), Some(t), "{n}");
         }
@@ -159,6 +166,8 @@ mod tests {
             "edges.fdata",
             "edges-123.fdata",
             "edges-libc.so.6.fdata",
+            "hot-streams.json",
+            "hot-streams-4242.json",
         ] {
             assert_eq!(super::interval_time(n), None, "{n}");
         }

@@ -12,7 +12,7 @@ use crate::export::context::{ProfileMeta, build_profile};
 use crate::export::pprof::encode_gzip;
 use crate::sampling::events::Sampling;
 use crate::service::metrics::METRICS;
-use crate::service::push::{Job, Pusher};
+use crate::service::push::{Family, Job, Pusher};
 use crate::service::settings::PushTarget;
 use crate::stacks::cct::Cct;
 use crate::stacks::symbolize::Symbolizer;
@@ -166,6 +166,7 @@ pub(super) fn push_interval(
         rate_hz: m.freq,
         event: m.event.clone(),
         paths: false,
+        streams: false,
         profile,
     };
     let iv = profile_interval.unwrap_or_default();
@@ -205,6 +206,30 @@ pub(super) fn push_paths(
     end: SystemTime,
     meta: &Meta,
 ) {
+    push_own(pusher, bytes, start, end, meta, Family::Paths);
+}
+
+/// Hands an interval's hot data streams (pprof, see
+/// [`crate::export::streams`]) to every push destination, as `APP.streams`,
+/// each interval's as it comes (streams do not merge either).
+pub(super) fn push_streams(
+    pusher: &Pusher,
+    bytes: &[u8],
+    start: SystemTime,
+    end: SystemTime,
+    meta: &Meta,
+) {
+    push_own(pusher, bytes, start, end, meta, Family::Streams);
+}
+
+fn push_own(
+    pusher: &Pusher,
+    bytes: &[u8],
+    start: SystemTime,
+    end: SystemTime,
+    meta: &Meta,
+    family: Family,
+) {
     let unix = |t: SystemTime| {
         t.duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -218,7 +243,8 @@ pub(super) fn push_paths(
                 until: unix(end).max(unix(start) + 1),
                 rate_hz: meta.0.freq,
                 event: meta.0.event.clone(),
-                paths: true,
+                paths: family == Family::Paths,
+                streams: family == Family::Streams,
                 profile: bytes.to_vec(),
             },
         );

@@ -149,6 +149,10 @@ pub(crate) struct Session {
     released: Released,
     /// Open `/debug/pprof/paths?seconds=N` requests.
     path_windows: Vec<path_window::PathWindow>,
+    /// Open `/debug/pprof/streams?seconds=N` requests, and each memory-mode
+    /// process's recent-reference position at the last interval.
+    stream_windows: Vec<stream_profiles::StreamWindow>,
+    stream_marks: HashMap<Pid, u64>,
     timers: Timers,
     signals: Signals,
 }
@@ -359,6 +363,8 @@ impl Session {
                 attached: HashMap::new(),
             },
             path_windows: Vec::new(),
+            stream_windows: Vec::new(),
+            stream_marks: HashMap::new(),
             timers,
             signals,
         })
@@ -435,6 +441,7 @@ impl Session {
         self.pipe
             .finish_windows(false, &mut self.symbolizer, &self.out.meta);
         self.finish_path_windows();
+        self.finish_stream_windows();
     }
 
     /// `--interval`: write the interval's profile, hand it to the push
@@ -473,6 +480,7 @@ impl Session {
         merge(&mut out.total, cct);
         let start = std::mem::replace(&mut out.interval_start, now);
         self.write_interval_paths(start, now);
+        self.write_interval_streams(start, now);
         self.write_interval_summary();
         // What building the profiles parsed (DWARF lines, symbols) goes
         // back to the kernel, not kept by the allocator between intervals.
@@ -485,6 +493,7 @@ impl Session {
         self.sampler.drain_now(|s| self.pipe.handle(s));
         match req.kind {
             ProfileKind::Paths(d) => self.open_path_window(d, req.reply),
+            ProfileKind::Streams(d) => self.open_stream_window(d, req.reply),
             ProfileKind::Window(d) => self.pipe.windows.push(Window {
                 cct: Cct::new(),
                 start: SystemTime::now(),
@@ -565,6 +574,7 @@ impl Session {
             // The last partial interval's paths, like its context profile.
             self.released.finished = finished;
             self.write_interval_paths(self.out.interval_start, now);
+            self.write_interval_streams(self.out.interval_start, now);
             finished = std::mem::take(&mut self.released.finished);
         }
         let counters = self.sampler.counters();

@@ -6,8 +6,11 @@
 //! span; its rules are the candidate streams, their uses the number of
 //! non-overlapping occurrences, and [`hot`] picks the hot ones and merges
 //! them by access signature (the ordered list of their instructions).
-//! [`trace`] reads a plain-text trace (another tool's complete trace).
+//! [`trace`] reads a plain-text trace (another tool's complete trace);
+//! [`recent`] keeps a process's newest references for the service's
+//! windows.
 pub(crate) mod grammar;
 pub(crate) mod hot;
+pub(crate) mod recent;
 pub(crate) mod references;
 pub(crate) mod trace;
