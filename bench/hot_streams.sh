@@ -8,7 +8,8 @@
 #   - overlap (equation 5, bench/stream_overlap.py) of the burst profile
 #     with (a) burstyd's own complete trace (--full-trace --record refs)
 #     and (b) an independent complete trace: valgrind lackey
-#     --trace-mem=yes, streamed through bench/lackey_trace.py into
+#     --trace-mem=yes, streamed through `bench_tool lackey-trace` (the
+#     conversion of bench/lackey_trace.py, 17 times as fast) into
 #     `burstyd hot-streams --from-trace` (no log on disk);
 #   - the burst run's references, records lost, and the daemon's CPU and
 #     peak RSS beside a path-mode run of the same workload.
@@ -116,7 +117,7 @@ for prog in $PROGRAMS; do
     "$BIN" run --full-trace --record refs -o "$WORK/$prog-full" -- "${CMD[@]}" >/dev/null 2>"$WORK/$prog-full.log" \
         || die "full trace of $prog failed: $(tail -3 "$WORK/$prog-full.log")"
     valgrind --tool=lackey --trace-mem=yes -v -v -v --log-fd=3 "${CMD[@]}" 3> >(
-        python3 "$ROOT/bench/lackey_trace.py" /dev/stdin 2>"$WORK/$prog-lackey.log" \
+        "$TOOL" lackey-trace /dev/stdin 2>"$WORK/$prog-lackey.log" \
             | "$BIN" hot-streams --json --from-trace /dev/stdin > "$WORK/$prog-lackey.json"
     ) >/dev/null 2>&1 || die "lackey run of $prog failed"
     wait

@@ -31,6 +31,12 @@
 //!       runs CMD, waits for it with wait4(2) and writes its own rusage
 //!       (`wall_s= user_s= sys_s= maxrss_kb= status=`) to OUT_FILE; exits
 //!       with CMD's exit code. Measures CMD itself, not its children.
+//!   bench_tool lackey-trace [--stack] LACKEY_LOG
+//!       bench/lackey_trace.py's conversion (see there) at the speed of
+//!       lackey's output: valgrind lackey's `--trace-mem=yes -v -v -v`
+//!       log into the plain-text trace `burstyd hot-streams --from-trace`
+//!       reads, on standard output; a summary on standard error
+use std::io::{BufRead, Write};
 use std::time::Instant;
 
 fn main() {
@@ -193,6 +199,11 @@ fn main() {
                 println!("{:.4} {f}", n as f64 / total.max(1) as f64);
             }
         }
+        Some("lackey-trace") if args.len() >= 3 => {
+            let keep_stack = args[2..].iter().any(|a| a == "--stack");
+            let log = args[2..].iter().find(|a| !a.starts_with("--")).expect("LACKEY_LOG");
+            lackey_trace(log, keep_stack);
+        }
         Some("rusage") if args.len() >= 5 && args[3] == "--" => {
             let out = &args[2];
             let start = Instant::now();
@@ -240,4 +251,107 @@ fn main() {
             std::process::exit(2);
         }
     }
+}
+
+/// Where valgrind puts the main thread's stack: references at or above it
+/// are the stack's (left out unless `--stack`).
+const LACKEY_STACK: u64 = 0x1f_f000_0000;
+
+/// `lackey-trace`: see the module doc and bench/lackey_trace.py.
+fn lackey_trace(log: &str, keep_stack: bool) {
+    let file = std::fs::File::open(log).unwrap_or_else(|e| {
+        eprintln!("bench_tool: {log}: {e}");
+        std::process::exit(1)
+    });
+    let mut input = std::io::BufReader::with_capacity(1 << 20, file);
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+    // (avma lo, avma hi, bias, module index)
+    let mut modules: Vec<(u64, u64, u64, usize)> = Vec::new();
+    let mut paths: Vec<String> = Vec::new();
+    let mut reading: Option<String> = None;
+    let (mut refs, mut skipped_stack, mut unmapped) = (0u64, 0u64, 0u64);
+    let mut last: Option<(usize, u64)> = None;
+    let mut hit: Option<(u64, u64, u64, usize)> = None;
+    let hex = |s: &[u8]| -> Option<u64> {
+        let end = s.iter().position(|&c| c == b',').unwrap_or(s.len());
+        u64::from_str_radix(std::str::from_utf8(&s[..end]).ok()?, 16).ok()
+    };
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if input.read_until(b'\n', &mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        match line.first() {
+            Some(b'I') if line.len() > 3 => {
+                let Some(addr) = hex(&line[3..]) else { continue };
+                if let Some(m) = hit.filter(|m| m.0 <= addr && addr < m.1) {
+                    last = Some((m.3, addr - m.2));
+                    continue;
+                }
+                hit = modules.iter().copied().find(|m| m.0 <= addr && addr < m.1);
+                last = hit.map(|m| (m.3, addr - m.2));
+            }
+            Some(b' ') if line.len() > 3 && matches!(line[1], b'L' | b'S' | b'M') => {
+                let Some(addr) = hex(&line[3..]) else { continue };
+                if addr >= LACKEY_STACK && !keep_stack {
+                    skipped_stack += 1;
+                    continue;
+                }
+                let Some((m, vaddr)) = last else {
+                    unmapped += 1;
+                    continue;
+                };
+                writeln!(out, "{} {vaddr:x} {addr:x}", paths[m]).expect("writing the trace");
+                refs += 1;
+            }
+            Some(b'-') => {
+                let text = String::from_utf8_lossy(&line);
+                let rest = text.splitn(2, "-- ").nth(1).unwrap_or("").trim();
+                if let Some(p) = rest.strip_prefix("Reading syms from ") {
+                    reading = p.split_whitespace().next().map(str::to_owned);
+                } else if let (Some(path), Some(v)) = (&reading, rest.strip_prefix("svma 0x")) {
+                    let mut it = v.split(", avma 0x");
+                    let svma = it.next().and_then(|x| u64::from_str_radix(x.trim(), 16).ok());
+                    let avma = it.next().and_then(|x| u64::from_str_radix(x.trim(), 16).ok());
+                    if let (Some(s), Some(a)) = (svma, avma)
+                        && !path.starts_with("/usr/libexec/valgrind/")
+                    {
+                        let bias = a.wrapping_sub(s);
+                        paths.push(path.clone());
+                        for (lo, hi) in load_segments(path) {
+                            modules.push((lo.wrapping_add(bias), hi.wrapping_add(bias), bias, paths.len() - 1));
+                        }
+                    }
+                    reading = None;
+                }
+            }
+            _ => {}
+        }
+    }
+    out.flush().expect("writing the trace");
+    eprintln!(
+        "lackey-trace: {refs} references; {skipped_stack} into the stack left out; {unmapped} by instructions in no module"
+    );
+}
+
+/// The static address ranges of `path`'s loadable segments (`readelf -lW`).
+fn load_segments(path: &str) -> Vec<(u64, u64)> {
+    let out = std::process::Command::new("readelf")
+        .args(["-lW", path])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    out.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.first() != Some(&"LOAD") || f.len() < 6 {
+                return None;
+            }
+            let n = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+            let (v, m) = (n(f[2])?, n(f[5])?);
+            Some((v, v + m))
+        })
+        .collect()
 }
