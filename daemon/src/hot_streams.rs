@@ -23,8 +23,8 @@ pub(crate) struct HotStreamOptions {
 pub(crate) struct Report {
     /// References in the trace.
     pub(crate) references: u64,
-    /// Memory mode: references recorded but not analysed (the process's
-    /// bound on references held was reached).
+    /// Memory mode: references recorded but not analysed (bursts beyond
+    /// the analysis rate, or the process's bound on references held).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub(crate) dropped: u64,
     /// The share of them the hot streams account for.

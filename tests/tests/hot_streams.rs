@@ -175,9 +175,12 @@ fn bursts_in_memory_mode_find_the_known_streams() {
         let text = std::fs::read_to_string(out.join("hot-streams.json"))
             .unwrap_or_else(|e| panic!("{how}: hot-streams.json: {e}"));
         let r: serde_json::Value = serde_json::from_str(&text).unwrap();
-        // Every reference read went into the analysis.
-        assert_eq!(r["references"].as_u64(), Some(read), "{how}");
-        assert!(read > 10_000, "{how}: {read} references");
+        // Every reference read went into the analysis or was counted
+        // out of it (whole bursts beyond the analysis rate).
+        let analysed = r["references"].as_u64().unwrap();
+        let dropped = r["dropped"].as_u64().unwrap_or(0);
+        assert_eq!(analysed + dropped, read, "{how}");
+        assert!(analysed > 10_000, "{how}: {analysed} references");
         let streams = r["streams"].as_array().unwrap();
         let top = &streams[0];
         let sites: Vec<(&str, &str)> = top["signature"]

@@ -9,6 +9,17 @@
 //! it runs; its sequence stays open while no other slot's chunk comes in
 //! between (one that does closes it: a stream may be cut there, never
 //! joined across bursts).
+//!
+//! The analysis costs some 0.3 µs a reference (interning, Sequitur), and
+//! a process in memory mode may write 200,000 a second at the default
+//! burst and rate; to stay within its CPU budget the daemon analyses
+//! whole bursts at up to [`ANALYSED_PER_SECOND`] references a second (a
+//! token bucket, decided at each burst's START) and counts the others as
+//! skipped. A burst is taken or skipped whole, by time, not by content,
+//! so the streams' shares are those of all bursts in expectation. A full
+//! trace (`--full-trace`, ground truth) skips nothing.
+use std::time::Instant;
+
 use burstyd_common::burst::MAX_SLOTS;
 
 use super::decode::BurstEvent;
@@ -26,6 +37,12 @@ pub(crate) const MAX_REFERENCES_FULL: u64 = 1 << 24;
 /// A running burst's references held apart before a chunk of them goes
 /// into the grammar.
 const CHUNK: usize = 1 << 16;
+/// References analysed a second at most (about 1% of a core), over
+/// bursts: see the module doc.
+pub(crate) const ANALYSED_PER_SECOND: f64 = 30_000.0;
+/// The token bucket's depth: a second's worth, so a quiet spell does not
+/// let a flood of bursts through after it.
+const BUCKET: f64 = ANALYSED_PER_SECOND;
 
 /// The data references of one traced process.
 pub(crate) struct DataRefs {
@@ -42,17 +59,32 @@ pub(crate) struct DataRefs {
     pub(crate) dropped: u64,
     /// References read.
     pub(crate) seen: u64,
+    /// References of bursts skipped to stay within the analysis rate.
+    pub(crate) skipped: u64,
     /// The bound on references held.
     max: u64,
+    /// The analysis rate's token bucket (`None`: every burst is
+    /// analysed): references it may take now, and when it was refilled.
+    bucket: Option<(f64, Instant)>,
+    /// Per slot: whether its running burst is analysed.
+    taken: [bool; MAX_SLOTS],
+    /// Module ids by the module's first function id (its own in the
+    /// process), so that a reference does not hash its module's path.
+    module_ids: Vec<(u64, u32)>,
     /// The slot whose burst's sequence is open in the grammar (chunks
     /// pushed, no separator yet).
     open: Option<usize>,
 }
 
 impl DataRefs {
-    /// Holding at most `max` references.
-    pub(crate) fn new(max: u64) -> Self {
+    /// Holding at most `max` references; `rated`: at most
+    /// [`ANALYSED_PER_SECOND`] a second are analysed.
+    pub(crate) fn new(max: u64, rated: bool) -> Self {
         DataRefs {
+            skipped: 0,
+            bucket: rated.then(|| (BUCKET, Instant::now())),
+            taken: [true; MAX_SLOTS],
+            module_ids: Vec::new(),
             refs: References::new(),
             recent: RecentRefs::new(RECENT_MAX),
             pending: Default::default(),
@@ -69,11 +101,26 @@ impl DataRefs {
         match *ev {
             BurstEvent::Ref { pc, addr, .. } => {
                 self.seen += 1;
+                if !self.taken.get(slot).copied().unwrap_or(false) {
+                    self.skipped += 1;
+                    return;
+                }
+                if let Some((tokens, _)) = &mut self.bucket {
+                    *tokens -= 1.0;
+                }
                 let Some((m, _)) = traced.fid_at(pc).and_then(|f| traced.function(f)) else {
                     self.unplaced += 1;
                     return;
                 };
-                let module = self.refs.module(&m.path);
+                let key = u64::from(m.fid_base);
+                let module = match self.module_ids.iter().find(|(k, _)| *k == key) {
+                    Some(&(_, id)) => id,
+                    None => {
+                        let id = self.refs.module(&m.path);
+                        self.module_ids.push((key, id));
+                        id
+                    }
+                };
                 let vaddr = pc.wrapping_sub(m.bias);
                 if let Some(p) = self.pending.get_mut(slot) {
                     p.push((Instr { module, vaddr }, addr));
@@ -82,9 +129,28 @@ impl DataRefs {
                     }
                 }
             }
-            BurstEvent::Start { .. } | BurstEvent::End { .. } => self.end_burst(slot),
+            BurstEvent::Start { .. } => {
+                self.end_burst(slot);
+                let take = self.take_burst(Instant::now());
+                if let Some(t) = self.taken.get_mut(slot) {
+                    *t = take;
+                }
+            }
+            BurstEvent::End { .. } => self.end_burst(slot),
             _ => {}
         }
+    }
+
+    /// Whether a burst starting at `now` is analysed: the bucket, refilled
+    /// for the time since, holds a token (a burst may take it below 0).
+    fn take_burst(&mut self, now: Instant) -> bool {
+        let Some((tokens, last)) = &mut self.bucket else {
+            return true;
+        };
+        let dt = now.saturating_duration_since(*last).as_secs_f64();
+        *tokens = (*tokens + dt * ANALYSED_PER_SECOND).min(BUCKET);
+        *last = now;
+        *tokens > 0.0
     }
 
     /// Slot `slot`'s burst is over: the rest of its references go into
@@ -155,12 +221,33 @@ mod tests {
         }
     }
 
+    /// Bursts are analysed at the rate the bucket allows, whole: one that
+    /// comes when the bucket is empty is skipped, and a second later the
+    /// bucket has a second's worth again.
+    #[test]
+    fn bursts_are_taken_at_the_rate() {
+        let t0 = Instant::now();
+        let mut d = DataRefs::new(1 << 30, true);
+        d.bucket = Some((1.0, t0));
+        assert!(d.take_burst(t0));
+        // The burst took more than the bucket held.
+        d.bucket.as_mut().unwrap().0 -= 500.0;
+        assert!(!d.take_burst(t0 + std::time::Duration::from_millis(10)));
+        let later = t0 + std::time::Duration::from_secs(5);
+        assert!(d.take_burst(later));
+        assert_eq!(d.bucket.unwrap().0, BUCKET);
+        // Unrated: every burst.
+        let mut full = DataRefs::new(1 << 30, false);
+        full.bucket = None;
+        assert!(full.take_burst(t0));
+    }
+
     /// A burst's references are one sequence, however many chunks they
     /// come in; a chunk of another slot in between ends it; nothing is
     /// held beyond the bound.
     #[test]
     fn bursts_are_sequences_in_chunks() {
-        let mut d = DataRefs::new(100);
+        let mut d = DataRefs::new(100, false);
         push(&mut d, 0, 10, 0);
         d.push_pending(0);
         push(&mut d, 0, 10, 10);

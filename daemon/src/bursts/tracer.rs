@@ -123,11 +123,11 @@ impl BurstTracer {
             awaiting_libraries: matches!(pending, Some(attach::Then::Libraries(_))),
             attach_secs: began.elapsed().as_secs_f64(),
             data_refs: (opts.refs != userspace_rewriter::codegen::Refs::Off).then(|| {
-                DataRefs::new(if opts.full_trace {
-                    super::data_refs::MAX_REFERENCES_FULL
+                if opts.full_trace {
+                    DataRefs::new(super::data_refs::MAX_REFERENCES_FULL, false)
                 } else {
-                    super::data_refs::MAX_REFERENCES
-                })
+                    DataRefs::new(super::data_refs::MAX_REFERENCES, true)
+                }
             }),
             traced: Traced {
                 pid,
@@ -501,7 +501,7 @@ impl BurstTracer {
             references_dropped: self
                 .data_refs
                 .as_ref()
-                .map_or(0, |d| d.dropped + d.unplaced),
+                .map_or(0, |d| d.dropped + d.skipped + d.unplaced),
         }
     }
 

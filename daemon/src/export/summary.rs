@@ -157,7 +157,7 @@ pub(crate) fn traced_series(
         ),
         c(
             "burstyd_traced_references_dropped_total",
-            "Data references read but not analysed for hot data streams (the bound on references held), per process.",
+            "Data references read but not analysed for hot data streams (bursts beyond the analysis rate, the bound on references held), per process.",
             s.references_dropped,
         ),
         c(

@@ -45,7 +45,7 @@ impl Session {
         let _ = std::fs::create_dir_all(output);
         for &(pid, d) in &with {
             let mut report = crate::hot_streams::report(&d.refs, &HotOptions::default());
-            report.dropped = d.dropped;
+            report.dropped = d.dropped + d.skipped;
             let json = match serde_json::to_string_pretty(&report) {
                 Ok(j) => j + "\n",
                 Err(e) => {

@@ -201,7 +201,10 @@ fn main() {
         }
         Some("lackey-trace") if args.len() >= 3 => {
             let keep_stack = args[2..].iter().any(|a| a == "--stack");
-            let log = args[2..].iter().find(|a| !a.starts_with("--")).expect("LACKEY_LOG");
+            let log = args[2..]
+                .iter()
+                .find(|a| !a.starts_with("--"))
+                .expect("LACKEY_LOG");
             lackey_trace(log, keep_stack);
         }
         Some("rusage") if args.len() >= 5 && args[3] == "--" => {
@@ -285,7 +288,9 @@ fn lackey_trace(log: &str, keep_stack: bool) {
         }
         match line.first() {
             Some(b'I') if line.len() > 3 => {
-                let Some(addr) = hex(&line[3..]) else { continue };
+                let Some(addr) = hex(&line[3..]) else {
+                    continue;
+                };
                 if let Some(m) = hit.filter(|m| m.0 <= addr && addr < m.1) {
                     last = Some((m.3, addr - m.2));
                     continue;
@@ -294,7 +299,9 @@ fn lackey_trace(log: &str, keep_stack: bool) {
                 last = hit.map(|m| (m.3, addr - m.2));
             }
             Some(b' ') if line.len() > 3 && matches!(line[1], b'L' | b'S' | b'M') => {
-                let Some(addr) = hex(&line[3..]) else { continue };
+                let Some(addr) = hex(&line[3..]) else {
+                    continue;
+                };
                 if addr >= LACKEY_STACK && !keep_stack {
                     skipped_stack += 1;
                     continue;
@@ -313,15 +320,24 @@ fn lackey_trace(log: &str, keep_stack: bool) {
                     reading = p.split_whitespace().next().map(str::to_owned);
                 } else if let (Some(path), Some(v)) = (&reading, rest.strip_prefix("svma 0x")) {
                     let mut it = v.split(", avma 0x");
-                    let svma = it.next().and_then(|x| u64::from_str_radix(x.trim(), 16).ok());
-                    let avma = it.next().and_then(|x| u64::from_str_radix(x.trim(), 16).ok());
+                    let svma = it
+                        .next()
+                        .and_then(|x| u64::from_str_radix(x.trim(), 16).ok());
+                    let avma = it
+                        .next()
+                        .and_then(|x| u64::from_str_radix(x.trim(), 16).ok());
                     if let (Some(s), Some(a)) = (svma, avma)
                         && !path.starts_with("/usr/libexec/valgrind/")
                     {
                         let bias = a.wrapping_sub(s);
                         paths.push(path.clone());
                         for (lo, hi) in load_segments(path) {
-                            modules.push((lo.wrapping_add(bias), hi.wrapping_add(bias), bias, paths.len() - 1));
+                            modules.push((
+                                lo.wrapping_add(bias),
+                                hi.wrapping_add(bias),
+                                bias,
+                                paths.len() - 1,
+                            ));
                         }
                     }
                     reading = None;
