@@ -401,7 +401,7 @@ fn only_the_libraries_where_a_target_spends_time_are_cloned() {
     );
 }
 
-/// Memory mode in the service (`[bursts] record = ["refs"]`): the hot data
+/// Memory mode in the service (a target's `record = ["refs"]`): the hot data
 /// streams of `streams`' references are served live
 /// (`/debug/pprof/streams?seconds=2`: the hot walk, 24 references long, is
 /// the hottest stream), written per interval (`hot-streams-<time>.json`,
@@ -419,8 +419,11 @@ fn the_service_serves_hot_data_streams_live() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let push_port = listener.local_addr().unwrap().port();
     let pushed = receiver::receiver(listener);
+    // Memory mode asked for by the target itself.
+    let target_line = format!("exe = \"{}\"\n", exe.display());
     let text = config_pushing(&out, port, &exe, push_port)
-        .replace("[bursts]\n", "[bursts]\nrecord = [\"refs\"]\n");
+        .replace(&target_line, &format!("{target_line}record = [\"refs\"]\n"));
+    assert!(text.contains("record = [\"refs\"]"), "{text}");
     write_config(&cfg, &text);
     let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
     let health = scratch.join("health.txt");

@@ -28,7 +28,9 @@ pub(crate) struct BurstOptions {
 
 /// What bursts record besides paths, calls and returns (`--record`,
 /// `[bursts] record`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum Record {
     /// Every load, store and read-modify-write of heap and global data

@@ -221,13 +221,15 @@ impl Bursts {
     }
 
     /// Attaches to `pid` on the attach thread ([`Self::next_attach`]
-    /// reports it), with the options in force.
-    pub(crate) fn attach(&self, pid: Pid) {
+    /// reports it), with the options in force; `refs`: its own memory
+    /// mode (a service target's `record`), or `None` for the options'.
+    pub(crate) fn attach(&self, pid: Pid, refs: Option<userspace_rewriter::codegen::Refs>) {
         if let (Some(tx), Some(opts)) = (&self.jobs, &self.opts) {
-            let _ = tx.send(Job::Attach {
-                pid,
-                opts: opts.clone(),
-            });
+            let mut opts = opts.clone();
+            if let Some(r) = refs {
+                opts.refs = r;
+            }
+            let _ = tx.send(Job::Attach { pid, opts });
         }
     }
 

@@ -163,17 +163,23 @@ fn default_app() -> String {
     "burstyd".into()
 }
 
-/// A `[[target]]`: which processes to sample, and whether to trace them
-/// in bursts (`None`: as `[bursts] enabled` says).
+/// A `[[target]]`: which processes to sample, whether to trace them in
+/// bursts (`None`: as `[bursts] enabled` says), and what their bursts
+/// record besides paths (`None`: as `[bursts] record` says).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Target {
     pub(crate) spec: TargetSpec,
     pub(crate) bursts: Option<bool>,
+    pub(crate) record: Option<Vec<crate::bursts::options::Record>>,
 }
 
 impl From<TargetSpec> for Target {
     fn from(spec: TargetSpec) -> Target {
-        Target { spec, bursts: None }
+        Target {
+            spec,
+            bursts: None,
+            record: None,
+        }
     }
 }
 
@@ -208,6 +214,7 @@ impl<'de> Deserialize<'de> for Target {
             unit: Option<String>,
             cgroup: Option<String>,
             bursts: Option<bool>,
+            record: Option<Vec<crate::bursts::options::Record>>,
         }
         let r = Raw::deserialize(d)?;
         let mut v = Vec::new();
@@ -254,6 +261,7 @@ impl<'de> Deserialize<'de> for Target {
             1 => Ok(Target {
                 spec: v.pop().unwrap(),
                 bursts: r.bursts,
+                record: r.record,
             }),
             0 => Err(de::Error::custom(
                 "a [[target]] needs one of pid, exe, unit or cgroup",

@@ -65,6 +65,8 @@ pub(crate) struct BurstSettings {
     pub(crate) weights: Weighting,
     /// Memory mode.
     pub(crate) refs: userspace_rewriter::codegen::Refs,
+    /// `refs_stack`: what a target's own `record = ["refs"]` means.
+    pub(crate) refs_stack: bool,
 }
 
 impl BurstSettings {
@@ -260,6 +262,7 @@ impl Settings {
                     },
                     o.refs_stack || f.bursts.refs_stack.unwrap_or(false),
                 ),
+                refs_stack: o.refs_stack || f.bursts.refs_stack.unwrap_or(false),
             },
             source: file.and(source).map(Path::to_path_buf),
         })
@@ -304,6 +307,7 @@ record = ["refs"]
 [[target]]
 exe = "/usr/bin/foo"
 bursts = false
+record = ["refs"]
 [[target]]
 unit = "nginx"
 [[target]]
@@ -333,7 +337,8 @@ pid = 1
             [
                 Target {
                     spec: TargetSpec::Exe("/usr/bin/foo".into()),
-                    bursts: Some(false)
+                    bursts: Some(false),
+                    record: Some(vec![crate::bursts::options::Record::Refs]),
                 },
                 TargetSpec::Unit("nginx.service".into()).into(),
                 TargetSpec::Cgroup("/system.slice/x.service".into()).into(),
@@ -359,6 +364,7 @@ pid = 1
                 max_bursts: burstyd_common::burst::DEFAULT_MAX_BURSTS,
                 weights: Weighting::StaticCost,
                 refs: userspace_rewriter::codegen::Refs::Data,
+                refs_stack: false,
             }
         );
         let o = Overrides {
@@ -462,6 +468,7 @@ pid = 1
                 max_bursts: burstyd_common::burst::DEFAULT_MAX_BURSTS,
                 weights: Weighting::Uniform,
                 refs: userspace_rewriter::codegen::Refs::Off,
+                refs_stack: false,
             }
         );
     }

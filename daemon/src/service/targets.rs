@@ -16,6 +16,11 @@ pub(crate) struct Scanner {
     specs: Vec<TargetSpec>,
     /// Each spec's own `bursts` (parallel to `specs`).
     spec_bursts: Vec<Option<bool>>,
+    /// Each spec's own memory mode: whether its `record` asks for `refs`
+    /// (`None`: it says nothing; parallel to `specs`).
+    spec_memory: Vec<Option<bool>>,
+    /// The bursty pids whose targets set memory mode (on or off).
+    memory: std::collections::BTreeMap<Pid, bool>,
     /// `[bursts] enabled`: for a process no target says anything about.
     bursts_default: bool,
     /// The current pids to trace in bursts (a subset of `current`).
@@ -43,6 +48,14 @@ impl Scanner {
     /// Replaces the selectors (reload); the next scan adds and removes.
     pub(crate) fn set_targets(&mut self, targets: Vec<Target>, bursts_default: bool) {
         self.bursts_default = bursts_default;
+        self.spec_memory = targets
+            .iter()
+            .map(|t| {
+                t.record
+                    .as_ref()
+                    .map(|r| r.contains(&crate::bursts::options::Record::Refs))
+            })
+            .collect();
         let (specs, bursts) = targets.into_iter().map(|t| (t.spec, t.bursts)).unzip();
         self.spec_bursts = bursts;
         self.set_specs(specs);
@@ -75,21 +88,33 @@ impl Scanner {
         &self.bursty
     }
 
+    /// Whether `pid`'s targets put its bursts in memory mode (`record =
+    /// ["refs"]`: `Some(true)`; `record = []`: `Some(false)`), or `None`
+    /// when they say nothing (`[bursts] record` then). A target asking
+    /// for it wins over one that does not.
+    pub(crate) fn memory_mode(&self, pid: Pid) -> Option<bool> {
+        self.memory.get(&pid).copied()
+    }
+
     /// Walks /proc once and returns the pids that started or stopped
     /// matching.
     pub(crate) fn scan(&mut self) -> Change {
         let me = Pid(std::process::id());
         let mut now = BTreeSet::new();
         self.bursty.clear();
+        self.memory.clear();
         if !self.specs.is_empty() {
             for pid in list_pids() {
                 if pid == me {
                     continue;
                 }
-                if let Some(bursts) = self.matches(pid) {
+                if let Some((bursts, memory)) = self.matches(pid) {
                     now.insert(pid);
                     if bursts {
                         self.bursty.insert(pid);
+                        if let Some(m) = memory {
+                            self.memory.insert(pid, m);
+                        }
                     }
                 }
             }
@@ -102,12 +127,14 @@ impl Scanner {
         change
     }
 
-    /// Whether `pid` matches, and if so whether to trace it in bursts.
-    fn matches(&self, pid: Pid) -> Option<bool> {
+    /// Whether `pid` matches, and if so whether to trace it in bursts and
+    /// in memory mode (see [`Self::memory_mode`]).
+    fn matches(&self, pid: Pid) -> Option<(bool, Option<bool>)> {
         let mut cgroups: Option<Vec<String>> = None;
         let mut exe: Option<Option<PathBuf>> = None;
         let (mut hit_any, mut bursts_on) = (false, false);
-        for (spec, bursts) in self.specs.iter().zip(&self.spec_bursts) {
+        let mut memory: Option<bool> = None;
+        for (i, (spec, bursts)) in self.specs.iter().zip(&self.spec_bursts).enumerate() {
             let hit = match spec {
                 TargetSpec::Pid(p) => *p == pid,
                 TargetSpec::Exe(_) => {
@@ -131,14 +158,17 @@ impl Scanner {
             };
             if hit {
                 match bursts {
-                    Some(false) => return Some(false),
+                    Some(false) => return Some((false, None)),
                     Some(true) => bursts_on = true,
                     None => bursts_on |= self.bursts_default,
+                }
+                if let Some(&Some(m)) = self.spec_memory.get(i) {
+                    memory = Some(memory.unwrap_or(false) | m);
                 }
                 hit_any = true;
             }
         }
-        hit_any.then_some(bursts_on)
+        hit_any.then_some((bursts_on, memory))
     }
 }
 
@@ -228,6 +258,7 @@ pub(crate) fn warn_unmatchable(specs: &[TargetSpec]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bursts::options::Record;
 
     #[test]
     fn cgroup_parsing_and_matching() {
@@ -278,6 +309,7 @@ mod tests {
         let on = |b: Option<bool>| Target {
             spec: TargetSpec::Pid(pid),
             bursts: b,
+            record: None,
         };
         for (targets, default, want) in [
             (vec![on(None)], true, true),
@@ -288,6 +320,26 @@ mod tests {
             let mut b = Scanner::new(targets.clone(), default);
             b.scan();
             assert_eq!(b.bursty().contains(&pid), want, "{targets:?} {default}");
+        }
+        // Memory mode: a target's own `record`, refs winning over none.
+        let rec = |r: Option<Vec<Record>>| Target {
+            spec: TargetSpec::Pid(pid),
+            bursts: Some(true),
+            record: r,
+        };
+        for (targets, want) in [
+            (vec![rec(None)], None),
+            (vec![rec(Some(vec![Record::Refs]))], Some(true)),
+            (vec![rec(Some(vec![]))], Some(false)),
+            (
+                vec![rec(Some(vec![])), rec(Some(vec![Record::Refs]))],
+                Some(true),
+            ),
+            (vec![rec(None), rec(Some(vec![]))], Some(false)),
+        ] {
+            let mut b = Scanner::new(targets.clone(), false);
+            b.scan();
+            assert_eq!(b.memory_mode(pid), want, "{targets:?}");
         }
         assert_eq!(s.scan(), Change::default());
         child.kill().unwrap();

@@ -275,10 +275,25 @@ impl Session {
         for pid in plan.release {
             self.release_bursts(pid);
         }
+        let stack = self.opts.service.settings.bursts.refs_stack;
         for pid in plan.attach {
+            // A target's own `record`: memory mode on or off for it.
+            let refs = self
+                .svc
+                .scanner
+                .as_ref()
+                .and_then(|s| s.memory_mode(pid))
+                .map(|on| {
+                    let record: &[crate::bursts::options::Record] = if on {
+                        &[crate::bursts::options::Record::Refs]
+                    } else {
+                        &[]
+                    };
+                    crate::bursts::options::refs_mode(record, stack)
+                });
             info!(%pid, "tracing {} in bursts: attaching", exe_name(pid));
             self.pipe.leaf_weights.insert(pid, HashMap::new());
-            self.bursts.attach(pid);
+            self.bursts.attach(pid, refs);
         }
     }
 
