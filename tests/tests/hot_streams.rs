@@ -229,3 +229,51 @@ fn bursts_in_memory_mode_find_the_known_streams() {
         assert_eq!(back, r, "{how}");
     }
 }
+
+/// Memory mode on programs nobody here wrote: xz compressing 2 MB and
+/// sqlite3 building, grouping and joining a table, with bursts at 999 Hz,
+/// write what they write untraced, and their bursts recorded references.
+#[test]
+fn memory_mode_leaves_real_programs_unchanged() {
+    require_root();
+    let _serial = serial();
+    let scratch = Scratch::new("hot-streams-real");
+    let input = scratch.join("input");
+    let python = std::fs::read(installed("/usr/bin/python3.11", "python3.11")).unwrap();
+    std::fs::write(&input, &python[..python.len().min(2 << 20)]).unwrap();
+    let sql = scratch.join("q.sql");
+    std::fs::write(
+        &sql,
+        "create table t(k integer primary key, v text, n integer);\n\
+         with recursive c(i) as (select 1 union all select i + 1 from c where i < 30000)\n\
+         insert into t select i, printf('%08x', i * 2654435761 % 4294967296), (i * 7919) % 1000 from c;\n\
+         select n, count(*), sum(k), max(v) from t group by n order by 2 desc, 1 limit 5;\n\
+         select count(*) from t a join t b on a.n = b.n where a.k < 200;\n",
+    )
+    .unwrap();
+    let xz = installed("/usr/bin/xz", "xz-utils");
+    let sqlite = installed("/usr/bin/sqlite3", "sqlite3");
+    let (input_s, sql_s) = (input.to_str().unwrap(), sql.to_str().unwrap());
+    let progs: [&[&str]; 2] = [
+        &[xz, "-6", "-c", "-T1", input_s],
+        &[sqlite, ":memory:", "-init", sql_s, ".quit"],
+    ];
+    for prog in progs {
+        let untraced = run_untraced(prog, Duration::from_secs(120));
+        let sub = Scratch::new("hot-streams-real-run");
+        let run = burstyd_run(
+            &sub,
+            &["--record", "refs", "--freq", "999"],
+            prog,
+            Duration::from_secs(300),
+        );
+        run.assert_ok();
+        assert!(
+            run.finished.stdout == untraced.stdout,
+            "{}: the traced output differs",
+            prog[0]
+        );
+        let refs = read_summary(&run.out_dir).traced().references();
+        assert!(refs > 1000, "{}: {refs} references", prog[0]);
+    }
+}
