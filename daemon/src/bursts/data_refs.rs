@@ -36,7 +36,7 @@ pub(crate) const MAX_REFERENCES: u64 = 1 << 21;
 pub(crate) const MAX_REFERENCES_FULL: u64 = 1 << 24;
 /// A running burst's references held apart before a chunk of them goes
 /// into the grammar.
-const CHUNK: usize = 1 << 16;
+const CHUNK: usize = 1 << 13;
 /// References analysed a second at most (about 1% of a core), over
 /// bursts: see the module doc.
 pub(crate) const ANALYSED_PER_SECOND: f64 = 30_000.0;

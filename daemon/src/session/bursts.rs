@@ -124,8 +124,11 @@ impl Session {
         if let Some(r) = request {
             self.bursts.request(r);
         }
-        if self.timers.bursts.is_none() {
-            self.timers.bursts = Some(ticker(self.bursts.drain_interval()));
+        // The first tracer starts the drain timer; one in memory mode may
+        // want it faster.
+        let every = self.bursts.drain_interval();
+        if self.timers.bursts.as_ref().is_none_or(|t| t.period() > every) {
+            self.timers.bursts = Some(ticker(every));
         }
         // A command held at its entry point may go now.
         let _ = armed.send(());
