@@ -2,9 +2,10 @@
 # Hot data streams from bursts in memory mode (--record refs) against
 # complete traces, on real programs (issue 33; Hirzel & Chilimbi's case
 # study). For each program and workload:
-#   - overhead: the program's own wall time (bench_tool rusage) traced by
-#     `burstyd --pid --record refs` (default burst and rate) as a ratio
-#     to untraced, medians of --runs alternating runs of a long workload;
+#   - overhead: the program's own wall and CPU time (bench_tool rusage)
+#     traced by `burstyd --pid --record refs` (default burst and rate) as
+#     ratios to untraced, medians of --runs alternating runs of a long
+#     workload (the last traced run's streams are the burst profile);
 #   - overlap (equation 5, bench/stream_overlap.py) of the burst profile
 #     with (a) burstyd's own complete trace (--full-trace --record refs)
 #     and (b) an independent complete trace: valgrind lackey
@@ -41,33 +42,46 @@ WORK="$(mktemp -d /tmp/burstyd-hot-streams.XXXXXX)"
 FX="$ROOT/tests/fixtures"
 RP="$ROOT/target/realprogs/bin"
 
-# The workload at scale 1 runs 0.05-0.5 s natively (lackey's complete
-# trace of it is 10^7-10^8 references): the profiles compared. The
-# overhead is measured at scale $LONG, long enough (seconds) that the
-# attach does not dominate it.
-LONG=20
+# Each workload repeats the same work (rounds of a Lua script, copies of
+# one input, rows of one kind), so the shares of its streams do not
+# depend on its scale. At scale 1 it makes 2-13 million references
+# (lackey's complete trace of it takes a minute or two): the complete
+# traces, burstyd's own (--full-trace) and lackey's, are of scale 1.
+# The burst profile is of the long workload (scale long_scale, seconds
+# natively), traced by `burstyd --pid --record refs` at the default burst
+# and rate from its start to its end: the same run gives the overhead and
+# the daemon's CPU, with enough bursts to compare.
+long_scale() {
+    case "$1" in
+        streams) echo 20 ;;
+        lua) echo 40 ;;
+        xz) echo 40 ;;
+        sqlite3) echo 40 ;;
+        troff) echo 200 ;;
+    esac
+}
 command_for() {
     local k="$2"
     case "$1" in
         streams)
             [[ -x "$WORK/streams" ]] || gcc -O2 -g -o "$WORK/streams" "$FX/streams.c"
             echo "$WORK/streams $((30000 * k))" ;;
-        lua) echo "$RP/lua $FX/cpu_bound.lua $((10 * k))" ;;
+        lua) echo "$RP/lua $FX/cpu_bound.lua $k" ;;
         xz)
-            [[ -f "$WORK/xz.in.$k" ]] || for _ in $(seq "$k"); do head -c 1000000 /usr/bin/python3.11; done > "$WORK/xz.in.$k"
-            echo "/usr/bin/xz -6 -c -T1 $WORK/xz.in.$k" ;;
+            [[ -f "$WORK/xz.in.$k" ]] || for _ in $(seq "$k"); do head -c 100000 /usr/bin/python3.11; done > "$WORK/xz.in.$k"
+            echo "/usr/bin/xz -3 -c -T1 $WORK/xz.in.$k" ;;
         sqlite3)
             {
                 echo "create table t(k integer primary key, v text, n integer);"
                 echo "create index tn on t(n);"
-                echo "with recursive c(i) as (select 1 union all select i + 1 from c where i < $((20000 * k)))"
+                echo "with recursive c(i) as (select 1 union all select i + 1 from c where i < $((2000 * k)))"
                 echo "  insert into t select i, hex(randomblob(16)), (i * 7919) % 1000 from c;"
                 echo "select n, count(*), max(v) from t group by n order by 2 desc limit 3;"
                 echo "select count(*) from t a join t b on a.n = b.n where a.k < 300;"
             } > "$WORK/q.$k.sql"
             echo "/usr/bin/sqlite3 :memory: -init $WORK/q.$k.sql .quit" ;;
         troff)
-            for i in $(seq $((300 * k))); do echo ".PP"; echo "Paragraph $i: the quick brown fox jumps over the lazy dog, \\fBbold\\fP and \\fIitalic\\fP text, hyphenation of extraordinarily long words."; done > "$WORK/doc.$k.ms"
+            for i in $(seq $((30 * k))); do echo ".PP"; echo "Paragraph $i: the quick brown fox jumps over the lazy dog, \\fBbold\\fP and \\fIitalic\\fP text, hyphenation of extraordinarily long words."; done > "$WORK/doc.$k.ms"
             echo "/usr/bin/troff -Tutf8 -ms $WORK/doc.$k.ms" ;;
         *) die "unknown program $1" ;;
     esac
@@ -78,7 +92,9 @@ cpu_pct() { python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['session
 rss_mb() { python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['session']; print(f\"{s['peak_rss_bytes'] / 2**20:.0f}\")" "$1/summary.json"; }
 kv() { tr ' ' '\n' <"$1" | awk -F= -v k="$2" '$1 == k { print $2 }'; }
 # The program's own wall time, untraced.
-untraced() { "$TOOL" rusage "$WORK/ru" -- "$@" >/dev/null 2>&1 || true; kv "$WORK/ru" wall_s; }
+untraced() { "$TOOL" rusage "$WORK/ru" -- "$@" >/dev/null 2>&1 || true; echo "$(kv "$WORK/ru" wall_s) $(cpu_s)"; }
+# The program's CPU time (user + system) from the last rusage.
+cpu_s() { awk -v u="$(kv "$WORK/ru" user_s)" -v s="$(kv "$WORK/ru" sys_s)" 'BEGIN { print u + s }'; }
 # The program's own wall time with `burstyd --pid --record refs` attached
 # from its start to its end (out: $WORK/$prog-long).
 traced() {
@@ -89,30 +105,29 @@ traced() {
     rm -rf "$WORK/$prog-long"
     "$BIN" --pid "$pid" --record refs -o "$WORK/$prog-long" >/dev/null 2>"$WORK/$prog-long.log" || true
     wait "$ru" || true
-    kv "$WORK/ru" wall_s
+    echo "$(kv "$WORK/ru" wall_s) $(cpu_s)"
 }
 median() { tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
-echo "# refs, lost: the burst run's references and records lost; overhd: the program's wall time under"
-echo "# burstyd --pid --record refs / untraced (long workload, median of $RUNS); ov-full, ov-lack: overlap of the burst profile with burstyd's full trace"
-echo "# and lackey's; full-lk: full trace vs lackey; cpu%, rss-MB: the daemon (long run) beside path mode's RSS"
-printf '%-8s %8s %8s %7s %7s %7s %9s %6s %9s %9s\n' program refs lost overhd ov-full ov-lack full-lk cpu% rss-MB path-rss
+echo "# refs, lost: references and records lost in the long traced run (the burst profile); wall, cpu: the program's wall and CPU time"
+echo "# under burstyd --pid --record refs / untraced (long workload, medians of $RUNS alternating runs); ov-full, ov-lack: overlap (eq. 5)"
+echo "# of the burst profile with burstyd's full trace and lackey's (scale 1); full-lk: full trace vs lackey; cpu%, rss-MB: the daemon in"
+echo "# the long traced run, beside path mode's RSS"
+printf '%-8s %9s %6s %6s %6s %7s %7s %7s %6s %6s %8s\n' program refs lost wall cpu ov-full ov-lack full-lk cpu% rss-MB path-rss
 for prog in $PROGRAMS; do
     if [[ "$prog" == lua && ! -x "$RP/lua" ]]; then echo "lua: not built (bash scripts/realprogs.sh)" >&2; continue; fi
     read -r -a CMD <<< "$(command_for "$prog" 1)"
-    read -r -a LCMD <<< "$(command_for "$prog" "$LONG")"
+    read -r -a LCMD <<< "$(command_for "$prog" "$(long_scale "$prog")")"
     [[ -x "${CMD[0]}" ]] || { echo "$prog: ${CMD[0]} not installed" >&2; continue; }
     # Overhead: untraced and memory-mode runs of the long workload
-    # alternate.
-    base=() traced=()
+    # alternate; the last traced run's profile is the burst profile.
+    bw=() bc=() tw=() tc=()
     for r in $(seq "$RUNS"); do
-        base+=("$(untraced "${LCMD[@]}")")
-        traced+=("$(traced "${LCMD[@]}")")
+        read -r w c <<< "$(untraced "${LCMD[@]}")"; bw+=("$w"); bc+=("$c")
+        read -r w c <<< "$(traced "${LCMD[@]}")"; tw+=("$w"); tc+=("$c")
     done
-    b=$(echo "${base[*]}" | median) t=$(echo "${traced[*]}" | median)
-    out="$WORK/$prog-burst"
-    "$BIN" run --record refs -o "$out" -- "${CMD[@]}" >/dev/null 2>&1 || true
-    [[ -f "$out/hot-streams.json" ]] || die "$prog: no hot-streams.json from the burst run"
+    out="$WORK/$prog-long"
+    [[ -f "$out/hot-streams.json" ]] || die "$prog: no hot-streams.json from the traced run ($(tail -2 "$out.log"))"
     "$BIN" run -o "$WORK/$prog-path" -- "${LCMD[@]}" >/dev/null 2>&1 || true
     "$BIN" run --full-trace --record refs -o "$WORK/$prog-full" -- "${CMD[@]}" >/dev/null 2>"$WORK/$prog-full.log" \
         || die "full trace of $prog failed: $(tail -3 "$WORK/$prog-full.log")"
@@ -124,11 +139,12 @@ for prog in $PROGRAMS; do
     # The process substitution may still be writing.
     for _ in $(seq 600); do [[ -s "$WORK/$prog-lackey.json" ]] && break; sleep 1; done
     ov() { python3 "$ROOT/bench/stream_overlap.py" "$1" "$2"; }
-    printf '%-8s %8s %8s %7s %7s %7s %9s %6s %9s %9s\n' "$prog" \
+    ratio() { awk -v t="$(echo "$1" | median)" -v b="$(echo "$2" | median)" 'BEGIN { printf "%.3f", t / b }'; }
+    printf '%-8s %9s %6s %6s %6s %7s %7s %7s %6s %6s %8s\n' "$prog" \
         "$(metric "$out" burstyd_traced_references_total)" "$(metric "$out" burstyd_traced_records_lost_total)" \
-        "$(awk -v t="$t" -v b="$b" 'BEGIN { printf "%.3f", t / b }')" \
+        "$(ratio "${tw[*]}" "${bw[*]}")" "$(ratio "${tc[*]}" "${bc[*]}")" \
         "$(ov "$out/hot-streams.json" "$WORK/$prog-full/hot-streams.json")" \
         "$(ov "$out/hot-streams.json" "$WORK/$prog-lackey.json")" \
         "$(ov "$WORK/$prog-full/hot-streams.json" "$WORK/$prog-lackey.json")" \
-        "$(cpu_pct "$WORK/$prog-long")" "$(rss_mb "$WORK/$prog-long")" "$(rss_mb "$WORK/$prog-path")"
+        "$(cpu_pct "$out")" "$(rss_mb "$out")" "$(rss_mb "$WORK/$prog-path")"
 done
