@@ -127,7 +127,12 @@ impl Session {
         // The first tracer starts the drain timer; one in memory mode may
         // want it faster.
         let every = self.bursts.drain_interval();
-        if self.timers.bursts.as_ref().is_none_or(|t| t.period() > every) {
+        if self
+            .timers
+            .bursts
+            .as_ref()
+            .is_none_or(|t| t.period() > every)
+        {
             self.timers.bursts = Some(ticker(every));
         }
         // A command held at its entry point may go now.

@@ -56,6 +56,7 @@ mod reload;
 mod report;
 mod scan;
 mod stream_profiles;
+mod stream_window;
 mod summary;
 
 pub(crate) use command::Command;
@@ -151,7 +152,7 @@ pub(crate) struct Session {
     path_windows: Vec<path_window::PathWindow>,
     /// Open `/debug/pprof/streams?seconds=N` requests, and each memory-mode
     /// process's recent-reference position at the last interval.
-    stream_windows: Vec<stream_profiles::StreamWindow>,
+    stream_windows: Vec<stream_window::StreamWindow>,
     stream_marks: HashMap<Pid, u64>,
     timers: Timers,
     signals: Signals,

@@ -15,20 +15,13 @@ use std::time::SystemTime;
 use tracing::{info, warn};
 
 use super::Session;
+use super::stream_window::StreamWindow;
 use crate::bursts::data_refs::DataRefs;
 use crate::bursts::tracer::Finished;
 use crate::hot_streams::Report;
 use crate::streams::hot::HotOptions;
 use crate::streams::references::References;
 use burstyd_common::addr::Pid;
-
-/// A `/debug/pprof/streams?seconds=N` request while it collects: each
-/// memory-mode process's recent-reference position when it opened.
-pub(super) struct StreamWindow {
-    end: tokio::time::Instant,
-    from: HashMap<Pid, u64>,
-    reply: tokio::sync::oneshot::Sender<Result<Vec<u8>, String>>,
-}
 
 impl Session {
     /// Writes each finished process's hot data streams (nothing when no

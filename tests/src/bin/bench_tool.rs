@@ -315,7 +315,7 @@ fn lackey_trace(log: &str, keep_stack: bool) {
             }
             Some(b'-') => {
                 let text = String::from_utf8_lossy(&line);
-                let rest = text.splitn(2, "-- ").nth(1).unwrap_or("").trim();
+                let rest = text.split_once("-- ").map_or("", |(_, r)| r).trim();
                 if let Some(p) = rest.strip_prefix("Reading syms from ") {
                     reading = p.split_whitespace().next().map(str::to_owned);
                 } else if let (Some(path), Some(v)) = (&reading, rest.strip_prefix("svma 0x")) {
