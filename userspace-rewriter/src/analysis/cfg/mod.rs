@@ -80,6 +80,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::analysis::disasm::Insn;
 use crate::analysis::functions::{Function, FunctionKind, FunctionsError};
+use crate::progress::Stage;
 
 use build::build_cfg;
 pub use context::CfgContext;
@@ -170,11 +171,14 @@ pub fn analyse(file: &object::File, data: &[u8]) -> Result<Analysis, FunctionsEr
             pads[lo..hi.max(lo)].iter().copied().collect()
         })
         .collect();
+    let n = functions.len();
     let mut cfgs: Vec<Result<Cfg, SkipReason>> = functions
         .iter()
         .zip(&insns)
         .zip(&mut roots)
-        .map(|((f, i), r)| {
+        .enumerate()
+        .map(|(k, ((f, i), r))| {
+            crate::progress::report(Stage::Cfgs, k, n);
             if r.is_empty() {
                 return build_cfg(f, i, &ctx, &none);
             }
@@ -184,6 +188,7 @@ pub fn analyse(file: &object::File, data: &[u8]) -> Result<Analysis, FunctionsEr
             })
         })
         .collect();
+    crate::progress::report(Stage::Cfgs, n, n);
     let families = connect_parts(&functions, &insns, &ctx, &mut cfgs, roots);
     let noreturn = ctx.noreturn_functions().collect();
     Ok(Analysis {
