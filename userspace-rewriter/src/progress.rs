@@ -1,5 +1,5 @@
-//! How far the long per-function work on a big file is (its CFGs, its
-//! path numberings, its clones), for a caller that tells a person: a hook
+//! How far the long per-function work on a big file is (its
+//! instructions, CFGs, path numberings, clones and their unwind info), for a caller that tells a person: a hook
 //! the calling thread sets ([`with_hook`]), told `(stage, done, total)`
 //! as each function of a stage is done. Thread-local: the threads that
 //! prepare several modules at once each report their own; without a hook
@@ -11,12 +11,16 @@ use std::cell::RefCell;
 /// A stage of the per-function work, in the order they run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
+    /// Instructions decoded ([`crate::analysis::cfg::analyse`]).
+    Instructions,
     /// Control-flow graphs ([`crate::analysis::cfg::analyse`]).
     Cfgs,
     /// Loops, path numberings and checks ([`crate::analysis::plan`]).
     Paths,
     /// The clones' code ([`crate::codegen::generate_excluding`]).
     Clones,
+    /// The clones' unwind info ([`crate::codegen::unwind_info::eh_frame`]).
+    UnwindInfo,
 }
 
 impl Stage {
@@ -24,17 +28,25 @@ impl Stage {
     /// passes it on as text).
     pub fn name(self) -> &'static str {
         match self {
+            Stage::Instructions => "insns",
             Stage::Cfgs => "cfgs",
             Stage::Paths => "paths",
             Stage::Clones => "clones",
+            Stage::UnwindInfo => "unwind",
         }
     }
 
     /// The stage named `s` ([`Self::name`]).
     pub fn from_name(s: &str) -> Option<Stage> {
-        [Stage::Cfgs, Stage::Paths, Stage::Clones]
-            .into_iter()
-            .find(|st| st.name() == s)
+        [
+            Stage::Instructions,
+            Stage::Cfgs,
+            Stage::Paths,
+            Stage::Clones,
+            Stage::UnwindInfo,
+        ]
+        .into_iter()
+        .find(|st| st.name() == s)
     }
 }
 
@@ -96,7 +108,13 @@ mod tests {
             *seen.lock().unwrap(),
             vec![(Stage::Cfgs, 1, 2), (Stage::Clones, 2, 2)]
         );
-        for st in [Stage::Cfgs, Stage::Paths, Stage::Clones] {
+        for st in [
+            Stage::Instructions,
+            Stage::Cfgs,
+            Stage::Paths,
+            Stage::Clones,
+            Stage::UnwindInfo,
+        ] {
             assert_eq!(Stage::from_name(st.name()), Some(st));
         }
     }

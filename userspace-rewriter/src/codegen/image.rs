@@ -329,6 +329,7 @@ pub fn generate_excluding(
             }
         }
     }
+    crate::progress::report(Stage::Clones, chosen.len(), chosen.len());
     for (i, label) in stubs {
         if em.out.len() >= BATCH_INSTRUCTIONS {
             batches.flush(&mut em, &mut table_idx, &mut returns_idx)?;

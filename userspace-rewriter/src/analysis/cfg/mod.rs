@@ -153,7 +153,15 @@ impl Analysis {
 pub fn analyse(file: &object::File, data: &[u8]) -> Result<Analysis, FunctionsError> {
     let functions = crate::analysis::functions::discover(file, data)?;
     let mut ctx = CfgContext::new(file, &functions);
-    let insns: Vec<Vec<Insn>> = functions.iter().map(|f| ctx.decode(f)).collect();
+    let n = functions.len();
+    let insns: Vec<Vec<Insn>> = functions
+        .iter()
+        .enumerate()
+        .map(|(k, f)| {
+            crate::progress::report(Stage::Instructions, k, n);
+            ctx.decode(f)
+        })
+        .collect();
     ctx.infer_noreturn(&functions, &insns);
     let none = BTreeSet::new();
     // Landing pads are entered from outside (by the unwinder): roots of
@@ -171,7 +179,6 @@ pub fn analyse(file: &object::File, data: &[u8]) -> Result<Analysis, FunctionsEr
             pads[lo..hi.max(lo)].iter().copied().collect()
         })
         .collect();
-    let n = functions.len();
     let mut cfgs: Vec<Result<Cfg, SkipReason>> = functions
         .iter()
         .zip(&insns)
