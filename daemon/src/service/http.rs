@@ -10,6 +10,8 @@
 //!   last interval's, or at the end the session's), 404 while there is
 //!   none; `?seconds=N`: the paths recorded from now for N seconds, like
 //!   `/debug/pprof/profile` (404 when no process is traced in bursts).
+//!   Both answer 503 with `Retry-After` while the first process is being
+//!   attached (what and how far: [`crate::bursts::progress`]).
 //! - `GET /debug/pprof/streams`: the latest interval's hot data streams
 //!   (memory mode, `--record refs`; the JSON of `hot-streams.json`), or
 //!   the output's `hot-streams.json`; `?seconds=N`: the streams of the
