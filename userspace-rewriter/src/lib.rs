@@ -36,9 +36,13 @@
 //! process: stop every thread ([`inject::Tracee`]), run syscalls and calls
 //! in it, read/write its memory, find room near its binary and a free
 //! signal (`/proc`), and let it go exactly as it was.
+//!
+//! **[`progress`]** — how far the per-function work on a big file is, for
+//! a caller that tells a person.
 pub mod analysis;
 pub mod codegen;
 pub mod inject;
+pub mod progress;
 
 /// The page size on x86-64 Linux: the kernel maps ELF segments, and
 /// `mmap` hands out regions, in pages of this size.

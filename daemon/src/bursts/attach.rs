@@ -37,6 +37,7 @@ use super::modules::{self};
 use super::options::{BurstOptions, Libraries};
 use super::plans::{analyse, cached_note};
 use super::prepare::{Analysed, Extension, Generated, generate_at, remember};
+use super::progress::{self, Phase, Step};
 use super::ring::SharedRegion;
 use super::rooms::{Rooms, generate, library_rooms, place, place_checks};
 use super::tables::Merged;
@@ -247,7 +248,17 @@ pub(crate) fn attach(
     // The executable's id: the hash of its bytes.
     let id = mapped[0].hash;
     let names: Vec<(bool, String)> = mapped.iter().map(|m| (m.is_exe, m.path.clone())).collect();
-    for ((is_exe, path), result) in names.into_iter().zip(super::parallel::map(mapped, analyse)) {
+    let work = progress::begin(
+        pid,
+        exe_path,
+        Step::Attach,
+        mapped.iter().map(|m| (m.path.clone(), m.len)),
+    );
+    let analysed_all = super::parallel::map(mapped, |m| {
+        let path = m.path.clone();
+        progress::in_module(&path, || analyse(m))
+    });
+    for ((is_exe, path), result) in names.into_iter().zip(analysed_all) {
         match result {
             Ok(mut a) => {
                 if !a.take_fids(&mut fid_base) {
@@ -294,6 +305,7 @@ pub(crate) fn attach(
                     "pid {pid} is already traced in bursts by another burstyd (pid {other}); one tracer per process"
                 );
             }
+            work.phase(Phase::Generating);
             let attached = rearm(pid, exe, analysed, m.start, SharedRegion::new(shm), opts)?;
             let entries = {
                 let cb = attached.attachment.region.control();
@@ -369,15 +381,20 @@ pub(crate) fn attach(
         .iter()
         .map(|(a, _, _)| (a.module.is_exe, a.module.path.clone()))
         .collect();
+    work.phase(Phase::Generating);
     let generated = super::parallel::map(placed, |(a, code, len)| {
-        generate_at(a, control, code, Some(len))
+        let path = a.module.path.clone();
+        progress::in_module(&path, || generate_at(a, control, code, Some(len)))
     });
     for ((is_exe, path), result) in names.into_iter().zip(generated) {
         let result = match result {
-            Ok(Err(a)) => generate(pid, *a, control, None, &mut reserved),
+            Ok(Err(a)) => {
+                progress::in_module(&path, || generate(pid, *a, control, None, &mut reserved))
+            }
             Ok(Ok(g)) => Ok(g),
             Err(e) => Err(e),
         };
+        progress::done(&path);
         match result {
             Ok(g) => gens.push(g),
             Err(e) if is_exe => return Err(e),
@@ -388,6 +405,7 @@ pub(crate) fn attach(
     let tables_len = tables.len_bytes().next_multiple_of(PAGE_SIZE);
 
     let generation_ms = t0.elapsed().as_secs_f64() * 1e3 - analysis_ms;
+    work.phase(Phase::Injecting);
     let mut t = if held {
         Tracee::adopt(pid).context("taking over the held command")?
     } else {

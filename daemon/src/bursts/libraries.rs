@@ -17,6 +17,7 @@ use super::tables::{FileTables, Merged};
 
 use super::plans::{analyse, from_cache_note};
 use super::prepare::{Extension, Generated, remember};
+use super::progress::{self, Phase, Step};
 use super::rooms::{CODE_FLAGS, RX, Rooms, TABLE_FLAGS, generate, place_checks, write_unused};
 
 /// What the second step of an attach ([`add_libraries`]) needs from the
@@ -65,6 +66,12 @@ pub(crate) fn add_libraries(
     if all.is_empty() {
         return Ok(None);
     }
+    let work = progress::begin(
+        pid,
+        &pending.exe_path,
+        Step::Libraries,
+        all.iter().map(|m| (m.path.clone(), m.len)),
+    );
     let mut fid_base = pending.next_fid;
     let mut gens = Vec::new();
     let mut from_cache = 0;
@@ -73,7 +80,8 @@ pub(crate) fn add_libraries(
             return Ok(None);
         }
         let path = module.path.clone();
-        let a = match analyse(module) {
+        let _done = Done(&path);
+        let a = match progress::in_module(&path, || analyse(module)) {
             Ok(mut a) => {
                 if !a.take_fids(&mut fid_base) {
                     warn!(%pid, "{path} is not cloned: too many functions to number");
@@ -100,7 +108,9 @@ pub(crate) fn add_libraries(
             };
             let mut a = a;
             a.fid_base = e.fid_base as u32;
-            match generate(pid, a, pending.control, Some(e.code), &mut Vec::new()) {
+            match progress::in_module(&path, || {
+                generate(pid, a, pending.control, Some(e.code), &mut Vec::new())
+            }) {
                 Ok(g) => gens.push(g),
                 Err(e) => warn!(%pid, "{path} is not re-armed: {e:#}"),
             }
@@ -114,7 +124,9 @@ pub(crate) fn add_libraries(
         else {
             continue; // mapped after the first step
         };
-        match generate(pid, a, pending.control, Some(at), &mut Vec::new()) {
+        match progress::in_module(&path, || {
+            generate(pid, a, pending.control, Some(at), &mut Vec::new())
+        }) {
             Ok(g) if g.code_len <= len => gens.push(g),
             Ok(g) => {
                 warn!(%pid, "{path} is not cloned: its clones need {} bytes, {len} were set aside", g.code_len)
@@ -126,6 +138,7 @@ pub(crate) fn add_libraries(
         return Ok(None);
     }
     let prepared_ms = t0.elapsed().as_secs_f64() * 1e3;
+    work.phase(Phase::Injecting);
     let mut activate = None;
     if pending.rearm.is_none() {
         let current = FileTables::in_process(pid, pending.tables)?;
@@ -206,17 +219,25 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
     let mut gens = Vec::new();
     let mut reserved = Vec::new();
     let mut from_cache = 0;
-    for mut module in modules::mapped_libraries(pid, &maps, &req.exe_path) {
+    let loaded: Vec<Module> = modules::mapped_libraries(pid, &maps, &req.exe_path)
+        .into_iter()
+        .filter(|m| {
+            req.libraries
+                .iter()
+                .any(|l| l.path == m.path && l.lo == m.range.0 && l.ino == m.ino)
+        })
+        .collect();
+    let work = progress::begin(
+        pid,
+        &req.exe_path,
+        Step::Loaded,
+        loaded.iter().map(|m| (m.path.clone(), m.len)),
+    );
+    for mut module in loaded {
         module.refs = req.refs;
-        if !req
-            .libraries
-            .iter()
-            .any(|l| l.path == module.path && l.lo == module.range.0 && l.ino == module.ino)
-        {
-            continue;
-        }
         let path = module.path.clone();
-        let mut a = match analyse(module) {
+        let _done = Done(&path);
+        let mut a = match progress::in_module(&path, || analyse(module)) {
             Ok(a) => a,
             Err(e) => {
                 warn!(%pid, "{path} (loaded since the attach) is not cloned: {e:#}");
@@ -228,7 +249,7 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
             continue;
         }
         from_cache += usize::from(a.cached_before());
-        match generate(pid, a, req.control, None, &mut reserved) {
+        match progress::in_module(&path, || generate(pid, a, req.control, None, &mut reserved)) {
             Ok(g) => gens.push(g),
             Err(e) => warn!(%pid, "{path} (loaded since the attach) is not cloned: {e:#}"),
         }
@@ -244,6 +265,7 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
     );
     let tables_len = tables.len_bytes().next_multiple_of(PAGE_SIZE);
     let prepared_ms = t0.elapsed().as_secs_f64() * 1e3;
+    work.phase(Phase::Injecting);
     // The stop only maps (a ptrace stop can cut a system call under way
     // short: as short as it can be); the bytes go in after it.
     let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
@@ -274,4 +296,14 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
         from_cache_note(from_cache),
     );
     Ok(Some(ext))
+}
+
+/// Marks a module done for [`progress`] when dropped (however its
+/// preparation ended: the work goes on to the next).
+struct Done<'a>(&'a str);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        progress::done(self.0);
+    }
 }

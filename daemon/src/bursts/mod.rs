@@ -5,6 +5,7 @@
 //! The stages, lowest first (each file imports only those above it in
 //! this list, `scripts/import_cycles.py` checks it):
 //! - [`options`], [`stats`]: how bursts run, what they add up to;
+//!   [`progress`]: how far the attach thread's work is;
 //! - [`modules`]: the modules a process maps (file, bias, range, hash);
 //! - [`facts`]: what the exporters know of a module with clones;
 //! - [`cache`]: the plan cache (plans and clones, by file content);
@@ -58,6 +59,7 @@ pub(crate) mod options;
 mod parallel;
 pub(crate) mod plans;
 pub(crate) mod prepare;
+pub(crate) mod progress;
 pub(crate) mod ring;
 pub(crate) mod rooms;
 pub(crate) mod selection;

@@ -32,6 +32,8 @@ pub(super) fn analyse(module: Module) -> anyhow::Result<Analysed> {
             }
         }
         if let Some(((plan, entry), worker)) = found {
+            // Moving cached clones is quick: as good as ready.
+            super::progress::done(&module.path);
             return Ok(Analysed {
                 module,
                 plan,

@@ -88,6 +88,9 @@ pub(crate) struct Bursts {
     /// the attach thread (dropped when the session ends: the thread
     /// returns).
     pub(super) jobs: Option<std::sync::mpsc::Sender<Job>>,
+    /// The processes sent to the attach thread whose attach has not
+    /// finished yet (queued, or under way).
+    pub(super) waiting: std::collections::BTreeSet<Pid>,
 }
 
 impl Bursts {
@@ -119,6 +122,7 @@ impl Bursts {
             attaching: None,
             cancel: Arc::new(AtomicBool::new(false)),
             jobs: None,
+            waiting: Default::default(),
         };
         let Some(opts) = opts else {
             return bursts;
@@ -214,7 +218,10 @@ impl Bursts {
                 }
             });
         match spawned {
-            Ok(_) => bursts.attaching = Some(rx),
+            Ok(_) => {
+                bursts.attaching = Some(rx);
+                bursts.waiting.extend(pids);
+            }
             Err(e) => warn!("bursty tracing disabled: cannot start the attach thread: {e}"),
         }
         bursts
@@ -223,13 +230,39 @@ impl Bursts {
     /// Attaches to `pid` on the attach thread ([`Self::next_attach`]
     /// reports it), with the options in force; `refs`: its own memory
     /// mode (a service target's `record`), or `None` for the options'.
-    pub(crate) fn attach(&self, pid: Pid, refs: Option<userspace_rewriter::codegen::Refs>) {
+    pub(crate) fn attach(&mut self, pid: Pid, refs: Option<userspace_rewriter::codegen::Refs>) {
         if let (Some(tx), Some(opts)) = (&self.jobs, &self.opts) {
             let mut opts = opts.clone();
             if let Some(r) = refs {
                 opts.refs = r;
             }
-            let _ = tx.send(Job::Attach { pid, opts });
+            if tx.send(Job::Attach { pid, opts }).is_ok() {
+                self.waiting.insert(pid);
+            }
+        }
+    }
+
+    /// The processes whose attach is queued or under way (not traced
+    /// yet).
+    pub(crate) fn waiting(&self) -> &std::collections::BTreeSet<Pid> {
+        &self.waiting
+    }
+
+    /// What is being attached, for a person, while nothing is traced
+    /// yet: the attach under way and how far it is, or the processes
+    /// waiting for one; `None` when none is waiting.
+    pub(crate) fn attaching_now(&self) -> Option<String> {
+        if self.waiting.is_empty() {
+            return None;
+        }
+        match super::progress::now() {
+            Some(s) if s.step == super::progress::Step::Attach && self.waiting.contains(&s.pid) => {
+                Some(s.describe())
+            }
+            _ => {
+                let pids: Vec<String> = self.waiting.iter().map(|p| p.to_string()).collect();
+                Some(format!("waiting to attach to pid {}", pids.join(", ")))
+            }
         }
     }
 
@@ -260,8 +293,15 @@ impl Bursts {
     /// Cancel safe.
     pub(crate) async fn next_attach(&mut self) -> Option<Attach> {
         let a = self.attaching.as_mut()?.recv().await;
-        if a.is_none() {
-            self.attaching = None;
+        match &a {
+            None => {
+                self.attaching = None;
+                self.waiting.clear();
+            }
+            Some(Attach::Tracer { pid, .. }) => {
+                self.waiting.remove(pid);
+            }
+            Some(_) => {}
         }
         a
     }

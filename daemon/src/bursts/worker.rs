@@ -14,6 +14,10 @@
 //! the daemon: the module is then analysed in the daemon (said once) or,
 //! if that fails too, left uncloned.
 //!
+//! The worker prints how far it is (`progress STAGE DONE TOTAL`, a few
+//! lines a second) before its report; the daemon passes them on to
+//! [`super::progress`].
+//!
 //! Without a plan cache (`--no-cache`, an untrusted directory) there is no
 //! entry to hand over: the daemon analyses in its own process.
 use std::os::fd::AsFd as _;
@@ -24,6 +28,7 @@ use anyhow::{Context as _, bail};
 use super::cache;
 use super::modules::Module;
 use super::prepare::WorkerReport;
+use userspace_rewriter::progress::Stage;
 
 /// The worker's command line, from the daemon (`burstyd prepare-module`,
 /// hidden).
@@ -83,14 +88,75 @@ pub(crate) fn prepare(module: &Module, key: &str) -> anyhow::Result<WorkerReport
         .stderr(Stdio::piped())
         .spawn()
         .context("starting the worker process")?;
-    let (status, out, err) =
-        crate::sys::collect_child(&mut child, Vec::new()).context("waiting for the worker")?;
-    let out = String::from_utf8_lossy(&out);
+    let (status, out, err) = wait_reporting(&mut child).context("waiting for the worker")?;
     if !status.success() {
         let last = err.lines().last().unwrap_or("").trim();
         bail!("the worker process failed ({status}): {last}");
     }
     serde_json::from_str(out.trim()).with_context(|| format!("the worker's report {out:?}"))
+}
+
+/// A worker's progress line on its standard output: `progress STAGE DONE
+/// TOTAL` (functions of a stage done; see `userspace_rewriter::progress`).
+const PROGRESS: &str = "progress ";
+
+fn parse_progress(line: &str) -> Option<(Stage, usize, usize)> {
+    let mut w = line.strip_prefix(PROGRESS)?.split(' ');
+    let stage = Stage::from_name(w.next()?)?;
+    Some((stage, w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+}
+
+/// Waits for the worker, passing its progress lines on to
+/// [`super::progress::report`] (this thread's module) as they come.
+/// Returns its exit status, its other standard output (the report) and
+/// its standard error.
+fn wait_reporting(
+    child: &mut std::process::Child,
+) -> std::io::Result<(std::process::ExitStatus, String, String)> {
+    use std::io::{BufRead as _, Read as _};
+    let mut stderr = child.stderr.take();
+    let stdout = child.stdout.take();
+    let (out, err) = std::thread::scope(|s| {
+        let err = s.spawn(move || {
+            let mut e = String::new();
+            if let Some(x) = stderr.as_mut() {
+                let _ = x.read_to_string(&mut e);
+            }
+            e
+        });
+        let mut out = String::new();
+        if let Some(x) = stdout {
+            for line in std::io::BufReader::new(x).lines() {
+                let Ok(line) = line else { break };
+                match parse_progress(&line) {
+                    Some((stage, n, total)) => super::progress::report(stage, n, total),
+                    None => {
+                        out.push_str(&line);
+                        out.push('\n');
+                    }
+                }
+            }
+        }
+        (out, err.join().unwrap_or_default())
+    });
+    Ok((child.wait()?, out, err))
+}
+
+/// In the worker: the rewriter's progress as lines on standard output, a
+/// stage's first and last and at most four a second between.
+fn print_progress() -> impl FnMut(Stage, usize, usize) + 'static {
+    let mut last: Option<(Stage, std::time::Instant)> = None;
+    move |stage, n, total| {
+        let now = std::time::Instant::now();
+        let due = match last {
+            Some((st, t)) => st != stage || n >= total || now.duration_since(t).as_millis() >= 250,
+            None => true,
+        };
+        if due {
+            last = Some((stage, now));
+            println!("{PROGRESS}{} {n} {total}", stage.name());
+        }
+    }
 }
 
 /// The worker: analyses and generates the module whose file is its
@@ -123,7 +189,10 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
     let id = module.hash;
     cache::init(Some(args.cache_dir.clone()), args.cache_max_mb);
     let t0 = std::time::Instant::now();
-    let (analysis_ms, generation_ms) = super::prepare::prepare_entry(module, id, &args.key)?;
+    let (analysis_ms, generation_ms) =
+        userspace_rewriter::progress::with_hook(print_progress(), || {
+            super::prepare::prepare_entry(module, id, &args.key)
+        })?;
     let report = WorkerReport {
         analysis_ms,
         generation_ms,
@@ -136,4 +205,19 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
     );
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_lines_are_told_from_the_report() {
+        assert_eq!(
+            parse_progress("progress clones 12 345"),
+            Some((Stage::Clones, 12, 345))
+        );
+        assert_eq!(parse_progress("progress soup 1 2"), None);
+        assert_eq!(parse_progress(r#"{"analysis_ms":1}"#), None);
+    }
 }

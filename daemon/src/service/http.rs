@@ -10,6 +10,8 @@
 //!   last interval's, or at the end the session's), 404 while there is
 //!   none; `?seconds=N`: the paths recorded from now for N seconds, like
 //!   `/debug/pprof/profile` (404 when no process is traced in bursts).
+//!   Both answer 503 with `Retry-After` while the first process is being
+//!   attached (what and how far: [`crate::bursts::progress`]).
 //! - `GET /debug/pprof/streams`: the latest interval's hot data streams
 //!   (memory mode, `--record refs`; the JSON of `hot-streams.json`), or
 //!   the output's `hot-streams.json`; `?seconds=N`: the streams of the
@@ -58,6 +60,22 @@ pub(crate) enum ProfileKind {
 
 /// The start of a reply that is a 404 (nothing to profile), not a failure.
 pub(crate) const NOT_FOUND: &str = "not found: ";
+/// The prefix of an error that will pass (an attach under way): 503 with
+/// `Retry-After`.
+pub(crate) const UNAVAILABLE: &str = "unavailable: ";
+
+/// Seconds a client is asked to wait when a profile is not ready yet.
+const RETRY_AFTER_SECS: u64 = 5;
+
+/// 503, try again in a few seconds: `why` (a line for a person).
+fn retry_later(why: &str) -> Response<Full<Bytes>> {
+    let mut r = text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"));
+    r.headers_mut().insert(
+        hyper::header::RETRY_AFTER,
+        hyper::header::HeaderValue::from(RETRY_AFTER_SECS),
+    );
+    r
+}
 
 /// A request to the session loop; it answers with gzip'd pprof.
 #[derive(Debug)]
@@ -276,9 +294,10 @@ async fn ask(st: &State, kind: ProfileKind) -> Response<Full<Bytes>> {
     match rx.await {
         Ok(Ok(bytes)) if matches!(kind, ProfileKind::Streams(_)) => json(bytes),
         Ok(Ok(bytes)) => pprof(bytes, "profile.pb.gz"),
-        Ok(Err(e)) => match e.strip_prefix(NOT_FOUND) {
-            Some(e) => text(StatusCode::NOT_FOUND, format!("{e}\n")),
-            None => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+        Ok(Err(e)) => match (e.strip_prefix(NOT_FOUND), e.strip_prefix(UNAVAILABLE)) {
+            (Some(e), _) => text(StatusCode::NOT_FOUND, format!("{e}\n")),
+            (_, Some(e)) => retry_later(e),
+            _ => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
         },
         Err(_) => text(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -319,8 +338,14 @@ async fn handle(
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .join("paths.pb.gz");
+            let attaching = crate::service::metrics::METRICS.attaching.get() > 0;
             match paths_profile().or_else(|| std::fs::read(&file).ok()) {
                 Some(b) => pprof(b, "paths.pb.gz"),
+                None if attaching => retry_later(&format!(
+                    "no path profile yet: {}",
+                    crate::bursts::progress::now()
+                        .map_or("an attach is queued".into(), |s| s.describe())
+                )),
                 None => text(
                     StatusCode::NOT_FOUND,
                     format!(

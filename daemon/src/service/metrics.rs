@@ -84,6 +84,9 @@ pub(crate) struct Metrics {
     pub(crate) config_reload_failures: Counter,
     /// Gauge: executables whose attach failed, backing off.
     pub(crate) burst_backoff: Counter,
+    /// Gauge: processes whose attach is queued or under way (set by the
+    /// session; how far it is: [`crate::bursts::progress`]).
+    pub(crate) attaching: Counter,
     /// The per-process series of the processes traced in bursts now
     /// (rendered text, refreshed by the session every second).
     pub(crate) traced: std::sync::Mutex<String>,
@@ -128,6 +131,7 @@ impl Metrics {
             config_reloads: Counter::new(),
             config_reload_failures: Counter::new(),
             burst_backoff: Counter::new(),
+            attaching: Counter::new(),
             traced: std::sync::Mutex::new(String::new()),
         }
     }
@@ -349,6 +353,18 @@ impl Metrics {
                 GAUGE,
                 "Executables whose attach for bursts failed, waiting to be tried again.",
                 &self.burst_backoff,
+            ),
+            c(
+                "burstyd_attaching",
+                GAUGE,
+                "Processes selected for bursty tracing whose attach is queued or under way (not traced in bursts yet).",
+                &self.attaching,
+            ),
+            Series::new(
+                "burstyd_attach_progress_ratio",
+                GAUGE,
+                "How far the attach thread's work under way is, 0 to 1: an attach, or the cloning of a traced process's shared libraries (0 when it is idle; the log says which every few seconds).",
+                Value::Real(crate::bursts::progress::now().map_or(0.0, |s| s.ratio), 3),
             ),
             Series::new(
                 "burstyd_dwarf_worker_peak_rss_bytes",

@@ -64,6 +64,7 @@ impl Session {
     /// unwinder see through its clones, count the events it samples per
     /// PC, drain its ring from now on.
     pub(super) fn on_attached(&mut self, a: Attach) {
+        METRICS.attaching.set(self.bursts.waiting().len() as u64);
         let (pid, tracer, armed) = match a {
             Attach::Tracer { pid, tracer, armed } => (pid, tracer, armed),
             Attach::Libraries { pid, libraries } => return self.on_libraries(pid, libraries, true),

@@ -540,6 +540,8 @@ impl Session {
         if self.bursts.active() || self.selection.is_some() {
             self.publish_traced_metrics();
         }
+        METRICS.attaching.set(self.bursts.waiting().len() as u64);
+        crate::bursts::progress::log_if_due();
     }
 
     /// Every 250 ms with `--pid`: marks exited targets; true once all have

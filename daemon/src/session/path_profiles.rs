@@ -322,17 +322,25 @@ impl Session {
     }
 
     /// `/debug/pprof/paths?seconds=N`: from now, the paths of every process
-    /// traced in bursts (404 when none is).
+    /// traced in bursts (503 while the first is being attached, 404 when
+    /// none is).
     pub(super) fn open_path_window(
         &mut self,
         d: std::time::Duration,
         reply: tokio::sync::oneshot::Sender<Result<Vec<u8>, String>>,
     ) {
         if !self.bursts.active() {
-            let _ = reply.send(Err(format!(
-                "{}no process is traced in bursts now",
-                crate::service::http::NOT_FOUND
-            )));
+            let _ = reply.send(Err(match self.bursts.attaching_now() {
+                // Soon: worth asking again.
+                Some(what) => format!(
+                    "{}{what}; no process is traced in bursts yet",
+                    crate::service::http::UNAVAILABLE
+                ),
+                None => format!(
+                    "{}no process is traced in bursts now",
+                    crate::service::http::NOT_FOUND
+                ),
+            }));
             return;
         }
         self.on_burst_tick();

@@ -28,6 +28,7 @@ use crate::analysis::disasm::{Flow, Insn};
 use crate::analysis::functions::{Function, FunctionKind, FunctionSources};
 use crate::analysis::graph::Loops;
 use crate::analysis::paths::{self, PathNumbering, PathsError};
+use crate::progress::Stage;
 
 /// Default `k` for k-boring loops: the paper's experiments skip 4-boring
 /// loops (§4.2).
@@ -406,6 +407,7 @@ pub fn analyze_with_insns(
     let mut summary = Summary::default();
     let mut plans = Vec::with_capacity(n);
     for (i, f) in functions.iter().enumerate() {
+        crate::progress::report(Stage::Paths, i, n);
         for s in source_names(f.sources) {
             *summary.found_in.entry(s.to_string()).or_insert(0) += 1;
         }
@@ -452,6 +454,7 @@ pub fn analyze_with_insns(
             status,
         });
     }
+    crate::progress::report(Stage::Paths, n, n);
     summary.checks_all = summary.entry_checks_all + summary.back_edge_checks_all;
     summary.checks_reduced = summary.entry_checks_reduced + summary.back_edge_checks_reduced;
 

@@ -26,6 +26,7 @@ use super::transfers;
 use crate::analysis::cfg::{self, Cfg};
 use crate::analysis::disasm::Insn;
 use crate::analysis::plan::{FunctionStatus, Plan};
+use crate::progress::Stage;
 
 /// One cloned function.
 #[derive(Clone, Debug, Serialize)]
@@ -234,7 +235,8 @@ pub fn generate_excluding(
     // fid, orig, label, paths, PLT stub length taken over (0: a function)
     let mut funcs: Vec<(u32, u64, u64, bool, u32)> = Vec::new();
     let mut removed: Vec<(u64, u64)> = Vec::new();
-    for &i in &chosen {
+    for (k, &i) in chosen.iter().enumerate() {
+        crate::progress::report(Stage::Clones, k, chosen.len());
         if em.out.len() >= BATCH_INSTRUCTIONS {
             batches.flush(&mut em, &mut table_idx, &mut returns_idx)?;
         }
@@ -327,6 +329,7 @@ pub fn generate_excluding(
             }
         }
     }
+    crate::progress::report(Stage::Clones, chosen.len(), chosen.len());
     for (i, label) in stubs {
         if em.out.len() >= BATCH_INSTRUCTIONS {
             batches.flush(&mut em, &mut table_idx, &mut returns_idx)?;

@@ -53,6 +53,7 @@ use gimli::{CfaRule, Encoding, Format, LittleEndian, Register, RegisterRule, X86
 
 use super::stack_heights::{self, Height, State};
 use crate::codegen::CloneImage;
+use crate::progress::Stage;
 
 /// Row rules we can restate: CFA = register + offset, or a position
 /// independent expression; registers undefined, same value, saved at
@@ -356,6 +357,7 @@ pub fn eh_frame(data: &[u8], image: &CloneImage, bias: u64) -> Result<CloneUnwin
         ..Default::default()
     };
     for (k, &(cstart, orig, plt_stub)) in clones.iter().enumerate() {
+        crate::progress::report(Stage::UnwindInfo, k, clones.len());
         let cend = clones.get(k + 1).map(|c| c.0).unwrap_or(image.code_range.1);
         if plt_stub {
             // A PLT stub's trampoline: the return address is on top where
@@ -420,6 +422,7 @@ pub fn eh_frame(data: &[u8], image: &CloneImage, bias: u64) -> Result<CloneUnwin
         frames.add_fde(cie_id, fde);
         out.fdes += 1;
     }
+    crate::progress::report(Stage::UnwindInfo, clones.len(), clones.len());
     let mut eh_out = EhFrame(EndianVec::new(LittleEndian));
     frames
         .write_eh_frame(&mut eh_out)

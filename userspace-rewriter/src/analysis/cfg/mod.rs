@@ -80,6 +80,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::analysis::disasm::Insn;
 use crate::analysis::functions::{Function, FunctionKind, FunctionsError};
+use crate::progress::Stage;
 
 use build::build_cfg;
 pub use context::CfgContext;
@@ -152,7 +153,15 @@ impl Analysis {
 pub fn analyse(file: &object::File, data: &[u8]) -> Result<Analysis, FunctionsError> {
     let functions = crate::analysis::functions::discover(file, data)?;
     let mut ctx = CfgContext::new(file, &functions);
-    let insns: Vec<Vec<Insn>> = functions.iter().map(|f| ctx.decode(f)).collect();
+    let n = functions.len();
+    let insns: Vec<Vec<Insn>> = functions
+        .iter()
+        .enumerate()
+        .map(|(k, f)| {
+            crate::progress::report(Stage::Instructions, k, n);
+            ctx.decode(f)
+        })
+        .collect();
     ctx.infer_noreturn(&functions, &insns);
     let none = BTreeSet::new();
     // Landing pads are entered from outside (by the unwinder): roots of
@@ -174,7 +183,9 @@ pub fn analyse(file: &object::File, data: &[u8]) -> Result<Analysis, FunctionsEr
         .iter()
         .zip(&insns)
         .zip(&mut roots)
-        .map(|((f, i), r)| {
+        .enumerate()
+        .map(|(k, ((f, i), r))| {
+            crate::progress::report(Stage::Cfgs, k, n);
             if r.is_empty() {
                 return build_cfg(f, i, &ctx, &none);
             }
@@ -184,6 +195,7 @@ pub fn analyse(file: &object::File, data: &[u8]) -> Result<Analysis, FunctionsEr
             })
         })
         .collect();
+    crate::progress::report(Stage::Cfgs, n, n);
     let families = connect_parts(&functions, &insns, &ctx, &mut cfgs, roots);
     let noreturn = ctx.noreturn_functions().collect();
     Ok(Analysis {
