@@ -367,8 +367,14 @@ async fn handle(
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .join("hot-streams.json");
+            let attaching = crate::service::metrics::METRICS.attaching.get() > 0;
             match streams_report().or_else(|| std::fs::read(&file).ok()) {
                 Some(b) => json(b),
+                None if attaching => retry_later(&format!(
+                    "no hot data streams yet: {}",
+                    crate::bursts::progress::now()
+                        .map_or("an attach is queued".into(), |s| s.describe())
+                )),
                 None => text(
                     StatusCode::NOT_FOUND,
                     format!(

@@ -159,7 +159,8 @@ impl Session {
     }
 
     /// `/debug/pprof/streams?seconds=N`: from now, the hot streams of
-    /// every process traced in memory mode (404 when none is).
+    /// every process traced in memory mode (503 while a first process is
+    /// being attached, 404 when none is traced).
     pub(super) fn open_stream_window(
         &mut self,
         d: std::time::Duration,
@@ -170,10 +171,17 @@ impl Session {
         }
         let from = self.stream_positions();
         if from.is_empty() {
-            let _ = reply.send(Err(format!(
-                "{}no process is traced in memory mode now (trace with --record refs, or [bursts] record = [\"refs\"])",
-                crate::service::http::NOT_FOUND
-            )));
+            let _ = reply.send(Err(match self.bursts.attaching_now() {
+                // Soon, if it is in memory mode: worth asking again.
+                Some(what) => format!(
+                    "{}{what}; no process is traced in memory mode yet",
+                    crate::service::http::UNAVAILABLE
+                ),
+                None => format!(
+                    "{}no process is traced in memory mode now (trace with --record refs, or [bursts] record = [\"refs\"])",
+                    crate::service::http::NOT_FOUND
+                ),
+            }));
             return;
         }
         self.stream_windows.push(StreamWindow {
