@@ -110,6 +110,7 @@ fn a_cold_attach_shows_as_attaching_in_metrics_and_http() {
     let mut attaching_seen = 0;
     let mut ratios = Vec::new();
     let mut unavailable = Vec::new();
+    let mut streams_unavailable = 0;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let (_, _, m) = get(&format!("{base}/metrics"), &scratch.path);
@@ -131,6 +132,18 @@ fn a_cold_attach_shows_as_attaching_in_metrics_and_http() {
                 assert!(body.contains(&format!("pid {pid}")), "{body}");
                 unavailable.push(body);
             }
+            // The streams window too (what it would trace is not known
+            // before the attach ends).
+            let (status, head, body) = get(
+                &format!("{base}/debug/pprof/streams?seconds=0.1"),
+                &scratch.path,
+            );
+            if status == 503 {
+                assert!(head.contains("retry-after: "), "{head}");
+                streams_unavailable += 1;
+            } else {
+                assert!([200, 404].contains(&status), "{status} {body}");
+            }
         }
         assert!(
             Instant::now() < deadline,
@@ -151,6 +164,11 @@ fn a_cold_attach_shows_as_attaching_in_metrics_and_http() {
         d.log()
     );
 
+    assert!(
+        streams_unavailable > 0,
+        "the streams window never answered 503 while attaching"
+    );
+
     // Traced: the gauge goes back to 0 (set each second), the window has
     // paths.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -167,6 +185,12 @@ fn a_cold_attach_shows_as_attaching_in_metrics_and_http() {
         &scratch.path,
     );
     assert_eq!(status, 200, "{}", d.log());
+    // Traced, but not in memory mode: no streams.
+    let (status, _, body) = get(
+        &format!("{base}/debug/pprof/streams?seconds=0.5"),
+        &scratch.path,
+    );
+    assert_eq!(status, 404, "{body}");
 
     drop(target);
     assert!(d.stop().success(), "{}", d.log());
