@@ -56,12 +56,12 @@ RP="$ROOT/target/realprogs/bin"
 # the daemon's CPU, with enough bursts to compare.
 long_scale() {
     case "$1" in
-        streams) echo 20 ;;
+        streams) echo 40 ;;
         lua) echo 40 ;;
-        gawk) echo 40 ;;
+        gawk) echo 500 ;;
         xz) echo 40 ;;
-        sqlite3) echo 40 ;;
-        troff) echo 200 ;;
+        sqlite3) echo 800 ;;
+        troff) echo 500 ;;
     esac
 }
 command_for() {
@@ -75,7 +75,7 @@ command_for() {
             [[ -f "$WORK/words.$k.txt" ]] || "$TOOL" gen-text $((100000 * k)) 1 "$WORK/words.$k.txt"
             echo "$RP/gawk -f $ROOT/bench/words.awk $WORK/words.$k.txt" ;;
         xz)
-            [[ -f "$WORK/xz.in.$k" ]] || for _ in $(seq "$k"); do head -c 100000 /usr/bin/python3.11; done > "$WORK/xz.in.$k"
+            [[ -f "$WORK/xz.in.$k" ]] || "$TOOL" gen-text $((100000 * k)) 2 "$WORK/xz.in.$k"
             echo "/usr/bin/xz -3 -c -T1 $WORK/xz.in.$k" ;;
         sqlite3)
             {
@@ -88,8 +88,12 @@ command_for() {
             } > "$WORK/q.$k.sql"
             echo "/usr/bin/sqlite3 :memory: -init $WORK/q.$k.sql .quit" ;;
         troff)
-            for i in $(seq $((30 * k))); do echo ".PP"; echo "Paragraph $i: the quick brown fox jumps over the lazy dog, \\fBbold\\fP and \\fIitalic\\fP text, hyphenation of extraordinarily long words."; done > "$WORK/doc.$k.ms"
-            echo "/usr/bin/troff -Tutf8 -ms $WORK/doc.$k.ms" ;;
+            # A manual page (groff-base has the man macros only).
+            [[ -f "$WORK/doc.$k.man" ]] || {
+                printf '.TH BENCH 1\n.SH NAME\nbench \\- words\n.SH DESCRIPTION\n'
+                for i in $(seq $((300 * k))); do echo ".PP"; echo "Paragraph $i: the quick brown fox jumps over the lazy dog, \\fBbold\\fP and \\fIitalic\\fP text, hyphenation of extraordinarily long words."; done
+            } > "$WORK/doc.$k.man"
+            echo "/usr/bin/troff -Tutf8 -man $WORK/doc.$k.man" ;;
         *) die "unknown program $1" ;;
     esac
 }
