@@ -9,8 +9,9 @@
 #   - overlap (equation 5, bench/stream_overlap.py) of the burst profile
 #     with (a) burstyd's own complete trace (--full-trace --record refs)
 #     and (b) an independent complete trace: valgrind lackey
-#     --trace-mem=yes, streamed through `bench_tool lackey-trace` (the
-#     conversion of bench/lackey_trace.py, 17 times as fast) into
+#     --trace-mem=yes, streamed through `bench_tool lackey-trace
+#     --from-entry` (the conversion of bench/lackey_trace.py, 17 times
+#     as fast; from the executable's entry, as `burstyd run` traces) into
 #     `burstyd hot-streams --from-trace` (no log on disk);
 #   - the burst run's references, records lost, and the daemon's CPU and
 #     peak RSS beside a path-mode run of the same workload.
@@ -143,7 +144,7 @@ for prog in $PROGRAMS; do
     "$BIN" run --full-trace --record refs -o "$WORK/$prog-full" -- "${CMD[@]}" >/dev/null 2>"$WORK/$prog-full.log" \
         || die "full trace of $prog failed: $(tail -3 "$WORK/$prog-full.log")"
     valgrind --tool=lackey --trace-mem=yes -v -v -v --log-fd=3 "${CMD[@]}" 3> >(
-        "$TOOL" lackey-trace /dev/stdin 2>"$WORK/$prog-lackey.log" \
+        "$TOOL" lackey-trace --from-entry /dev/stdin 2>"$WORK/$prog-lackey.log" \
             | "$BIN" hot-streams --json --from-trace /dev/stdin > "$WORK/$prog-lackey.json"
     ) >/dev/null 2>&1 || die "lackey run of $prog failed"
     wait

@@ -64,7 +64,7 @@ macro_rules! control_block {
 
 /// `BurstControl::magic`: the version of the layout. It changes whenever
 /// [`CONTROL_FIELDS`] does; the `layout` test below fails until it has.
-pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstydb");
+pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstydc");
 /// Burst slots per process: bursts that may run at once, at most (the
 /// daemon sets [`BurstControl::max_bursts`] at or below it).
 pub const MAX_SLOTS: usize = 8;
@@ -297,7 +297,15 @@ control_block! {
         /// The modules (executable, libraries) with clones, in `fid`
         /// order: a later attach re-arms them without mapping anything.
         pub n_modules: u64,
-        pub _pad2: [u64; 5],
+        /// Memory mode: one burst in `refs_every` records data references
+        /// (`REC_REF`; 0 or 1: every burst); the others are path-mode
+        /// bursts. Set by the daemon, which adjusts it so that the
+        /// references recorded stay near what it analyses.
+        pub refs_every: u64,
+        /// The handler's countdown to the next burst that records
+        /// references (threads race on it: the spacing is approximate).
+        pub refs_countdown: u64,
+        pub _pad2: [u64; 3],
         /// Records written to each slot's sub-ring (in words; producer
         /// indexes).
         pub heads: [u64; MAX_SLOTS],
@@ -488,7 +496,11 @@ control_block! {
         /// `rt_sigreturn` left out), which the daemon weights its counts
         /// by.
         pub burst_start: u64,
-        pub _pad: [u64; 2],
+        /// Memory mode: whether this burst records data references (the
+        /// handler sets it at the START, see
+        /// [`BurstControl::refs_every`]; `rt_ref` writes nothing while 0).
+        pub refs: u64,
+        pub _pad: [u64; 1],
     }
 }
 const _: () = assert!(core::mem::size_of::<BurstRegs>() <= TLS_REGS_ROOM);
@@ -569,7 +581,7 @@ mod layout {
     /// `BurstControl` or `BurstLocal` changed, give `CONTROL_MAGIC` a new value (a target
     /// still holding a region of the old layout must be recognised as
     /// foreign) and copy the new field list and magic here.
-    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstydb");
+    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstydc");
     const PINNED_FIELDS: &[(&str, usize, usize)] = &[
         ("magic", 0, 8),
         ("armed", 8, 4),
@@ -608,7 +620,9 @@ mod layout {
         ("tracer", 320, 8),
         ("made_for", 328, 8),
         ("n_modules", 336, 8),
-        ("_pad2", 344, 40),
+        ("refs_every", 344, 8),
+        ("refs_countdown", 352, 8),
+        ("_pad2", 360, 24),
         ("heads", 384, 64),
         ("slot_tids", 448, 64),
         ("modules", 512, 3584),
@@ -630,7 +644,8 @@ mod layout {
         ("depth", 24, 8),
         ("path_start", 32, 8),
         ("burst_start", 40, 8),
-        ("_pad", 48, 16),
+        ("refs", 48, 8),
+        ("_pad", 56, 8),
     ];
 
     #[test]

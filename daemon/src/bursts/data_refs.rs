@@ -18,6 +18,14 @@
 //! skipped. A burst is taken or skipped whole, by time, not by content,
 //! so the streams' shares are those of all bursts in expectation. A full
 //! trace (`--full-trace`, ground truth) skips nothing.
+//!
+//! Recording the references costs the target too (a runtime call each),
+//! and the daemon reads every record, so memory mode does not record
+//! what it would skip: the handler makes one burst in `refs_every`
+//! record references (the others are path-mode bursts), and the daemon
+//! sets `refs_every` once a second ([`DataRefs::refs_every`]) so that
+//! the references recorded come near [`ANALYSED_PER_SECOND`]. The bucket
+//! stays as the bound while the rate adapts.
 use std::time::Instant;
 
 use burstyd_common::burst::MAX_SLOTS;
@@ -43,6 +51,8 @@ pub(crate) const ANALYSED_PER_SECOND: f64 = 30_000.0;
 /// The token bucket's depth: a second's worth, so a quiet spell does not
 /// let a flood of bursts through after it.
 const BUCKET: f64 = ANALYSED_PER_SECOND;
+/// The fewest bursts that record references: one in this many.
+const MAX_REFS_EVERY: u64 = 1 << 12;
 
 /// The data references of one traced process.
 pub(crate) struct DataRefs {
@@ -68,6 +78,10 @@ pub(crate) struct DataRefs {
     bucket: Option<(f64, Instant)>,
     /// Per slot: whether its running burst is analysed.
     taken: [bool; MAX_SLOTS],
+    /// The target's `refs_every` now, and the references read since it
+    /// was last set, and when.
+    every: u64,
+    window: (u64, Instant),
     /// Module ids by the module's first function id (its own in the
     /// process), so that a reference does not hash its module's path.
     module_ids: Vec<(u64, u32)>,
@@ -85,6 +99,8 @@ impl DataRefs {
             bucket: rated.then(|| (BUCKET, Instant::now())),
             taken: [true; MAX_SLOTS],
             module_ids: Vec::new(),
+            every: 1,
+            window: (0, Instant::now()),
             refs: References::new(),
             recent: RecentRefs::new(RECENT_MAX),
             pending: Default::default(),
@@ -139,6 +155,33 @@ impl DataRefs {
             BurstEvent::End { .. } => self.end_burst(slot),
             _ => {}
         }
+    }
+
+    /// Once a second (`None` otherwise, and for a full trace): the
+    /// `refs_every` that brings the references recorded near the
+    /// analysis rate, from the rate read with the current one. It moves
+    /// only when the rate is off by half or more, and at most 8-fold.
+    pub(crate) fn refs_every(&mut self, now: Instant) -> Option<u64> {
+        self.bucket?;
+        let secs = now.saturating_duration_since(self.window.1).as_secs_f64();
+        if secs < 1.0 {
+            return None;
+        }
+        let rate = (self.seen - self.window.0) as f64 / secs;
+        self.window = (self.seen, now);
+        let want = self.every as f64 * rate / ANALYSED_PER_SECOND;
+        let ratio = rate / ANALYSED_PER_SECOND;
+        if (0.5..=1.5).contains(&ratio) {
+            return None;
+        }
+        let every = (want.ceil() as u64).clamp(
+            (self.every / 8).max(1),
+            (self.every * 8).min(MAX_REFS_EVERY),
+        );
+        (every != self.every).then(|| {
+            self.every = every;
+            every
+        })
     }
 
     /// Whether a burst starting at `now` is analysed: the bucket, refilled
@@ -240,6 +283,29 @@ mod tests {
         let mut full = DataRefs::new(1 << 30, false);
         full.bucket = None;
         assert!(full.take_burst(t0));
+    }
+
+    /// `refs_every` follows the rate: 8 times too many references a
+    /// second make it 8 times larger, a rate within half of the target
+    /// leaves it, too few bring it down; never below 1.
+    #[test]
+    fn refs_every_follows_the_rate() {
+        let t0 = Instant::now();
+        let sec = |n: u64| t0 + std::time::Duration::from_secs(n);
+        let mut d = DataRefs::new(1 << 30, true);
+        d.window = (0, t0);
+        assert_eq!(d.refs_every(t0), None, "not a second yet");
+        d.seen = 8 * ANALYSED_PER_SECOND as u64;
+        assert_eq!(d.refs_every(sec(1)), Some(8));
+        d.seen += ANALYSED_PER_SECOND as u64;
+        assert_eq!(d.refs_every(sec(2)), None, "on target");
+        d.seen += ANALYSED_PER_SECOND as u64 / 4;
+        assert_eq!(d.refs_every(sec(3)), Some(2));
+        assert_eq!(d.refs_every(sec(4)), Some(1), "none at all");
+        assert_eq!(d.refs_every(sec(5)), None, "never below 1");
+        let mut full = DataRefs::new(1 << 30, false);
+        full.seen = 1 << 30;
+        assert_eq!(full.refs_every(sec(9)), None, "a full trace records all");
     }
 
     /// A burst's references are one sequence, however many chunks they

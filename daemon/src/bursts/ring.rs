@@ -51,6 +51,13 @@ impl SharedRegion {
         unsafe { &*(self.map.as_ptr().add(field_off) as *const AtomicU64) }
     }
 
+    /// Memory mode: from the next burst on, one in `n` records data
+    /// references (see `BurstControl::refs_every`).
+    pub(crate) fn set_refs_every(&self, n: u64) {
+        self.word(offset_of!(BurstControl, refs_every))
+            .store(n, Ordering::Relaxed);
+    }
+
     /// The u32 `active` field.
     fn active_word(&self) -> &AtomicU32 {
         // SAFETY: the 4-aligned u32 `active` field inside the mapping.

@@ -463,6 +463,14 @@ impl BurstTracer {
             *head = h;
         }
         self.records += n;
+        if let Some(every) = self
+            .data_refs
+            .as_mut()
+            .and_then(|d| d.refs_every(std::time::Instant::now()))
+        {
+            tracing::debug!(pid = %pid, "memory mode: one burst in {every} records references");
+            self.attachment.region().set_refs_every(every);
+        }
         for slot in self.attachment.reap_stuck_bursts(&heads, activity) {
             self.reaped += 1;
             self.counts.burst_reaped(slot);

@@ -31,11 +31,14 @@
 //!       runs CMD, waits for it with wait4(2) and writes its own rusage
 //!       (`wall_s= user_s= sys_s= maxrss_kb= status=`) to OUT_FILE; exits
 //!       with CMD's exit code. Measures CMD itself, not its children.
-//!   bench_tool lackey-trace [--stack] LACKEY_LOG
+//!   bench_tool lackey-trace [--stack] [--from-entry] LACKEY_LOG
 //!       bench/lackey_trace.py's conversion (see there) at the speed of
 //!       lackey's output: valgrind lackey's `--trace-mem=yes -v -v -v`
 //!       log into the plain-text trace `burstyd hot-streams --from-trace`
-//!       reads, on standard output; a summary on standard error
+//!       reads, on standard output; a summary on standard error.
+//!       `--from-entry`: from the executable's first instruction on (the
+//!       dynamic loader's start-up left out, as `burstyd run` traces
+//!       from the entry point)
 use std::io::{BufRead, Write};
 use std::time::Instant;
 
@@ -201,11 +204,12 @@ fn main() {
         }
         Some("lackey-trace") if args.len() >= 3 => {
             let keep_stack = args[2..].iter().any(|a| a == "--stack");
+            let from_entry = args[2..].iter().any(|a| a == "--from-entry");
             let log = args[2..]
                 .iter()
                 .find(|a| !a.starts_with("--"))
                 .expect("LACKEY_LOG");
-            lackey_trace(log, keep_stack);
+            lackey_trace(log, keep_stack, from_entry);
         }
         Some("rusage") if args.len() >= 5 && args[3] == "--" => {
             let out = &args[2];
@@ -261,7 +265,10 @@ fn main() {
 const LACKEY_STACK: u64 = 0x1f_f000_0000;
 
 /// `lackey-trace`: see the module doc and bench/lackey_trace.py.
-fn lackey_trace(log: &str, keep_stack: bool) {
+fn lackey_trace(log: &str, keep_stack: bool, from_entry: bool) {
+    // The executable is the first module valgrind reads.
+    let mut started = !from_entry;
+    let mut before_entry = 0u64;
     let file = std::fs::File::open(log).unwrap_or_else(|e| {
         eprintln!("bench_tool: {log}: {e}");
         std::process::exit(1)
@@ -297,11 +304,16 @@ fn lackey_trace(log: &str, keep_stack: bool) {
                 }
                 hit = modules.iter().copied().find(|m| m.0 <= addr && addr < m.1);
                 last = hit.map(|m| (m.3, addr - m.2));
+                started |= hit.is_some_and(|m| m.3 == 0);
             }
             Some(b' ') if line.len() > 3 && matches!(line[1], b'L' | b'S' | b'M') => {
                 let Some(addr) = hex(&line[3..]) else {
                     continue;
                 };
+                if !started {
+                    before_entry += 1;
+                    continue;
+                }
                 if addr >= LACKEY_STACK && !keep_stack {
                     skipped_stack += 1;
                     continue;
@@ -348,7 +360,7 @@ fn lackey_trace(log: &str, keep_stack: bool) {
     }
     out.flush().expect("writing the trace");
     eprintln!(
-        "lackey-trace: {refs} references; {skipped_stack} into the stack left out; {unmapped} by instructions in no module"
+        "lackey-trace: {refs} references; {skipped_stack} into the stack left out; {unmapped} by instructions in no module; {before_entry} before the entry point left out"
     );
 }
 

@@ -142,9 +142,10 @@ impl FnGen<'_> {
         ));
         self.stats.refs += 1;
         // `rt_ref` leaves out what is the thread's stack by its address;
-        // with the stack's references wanted, `rt_emit` records them all.
+        // with the stack's references wanted, `rt_ref_all` records them
+        // all. Both write nothing in a burst that records no references.
         let routine = match self.refs {
-            Refs::All => self.rt.emit,
+            Refs::All => self.rt.reference_all,
             _ => self.rt.reference,
         };
         Ok(call_routine(self.em, routine, Arg::Preset, None, |em| {

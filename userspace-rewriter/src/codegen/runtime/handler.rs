@@ -193,6 +193,24 @@ pub(super) fn handler(
     a.mov(rax, PATH_INVALID)?;
     a.rip_mr(Code::Mov_rm64_r64, local!(control, path), rax)?;
     a.rip_mi(Code::Mov_rm64_imm32, local!(control, depth), 0)?;
+    // Memory mode: one burst in refs_every records references (the
+    // countdown is not locked: threads racing on it only move the
+    // spacing).
+    let mut refs_on = a.create_label();
+    let mut refs_off = a.create_label();
+    a.rip_rm(Code::Mov_r64_rm64, rax, field!(control, refs_every))?;
+    a.cmp(rax, 1)?;
+    a.jbe(refs_on)?;
+    a.rip_m(Code::Dec_rm64, field!(control, refs_countdown))?;
+    a.jg(refs_off)?;
+    a.rip_mr(Code::Mov_rm64_r64, field!(control, refs_countdown), rax)?;
+    a.set_label(&mut refs_on)?;
+    a.rip_mi(Code::Mov_rm64_imm32, local!(control, refs), 1)?;
+    let mut refs_set = a.create_label();
+    a.jmp(refs_set)?;
+    a.set_label(&mut refs_off)?;
+    a.rip_mi(Code::Mov_rm64_imm32, local!(control, refs), 0)?;
+    a.set_label(&mut refs_set)?;
     a.lock().rip_m(Code::Inc_rm64, field!(control, bursts))?;
     // concurrent_max := max(concurrent_max, active) (no lock: a
     // statistic; a race may lose a maximum, never invent one).

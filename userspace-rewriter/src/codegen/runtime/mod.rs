@@ -168,8 +168,10 @@ pub struct Runtime {
     /// memory mode (`REC_REF` records). `rt_lookup` is called by the other
     /// routines, not by the clones; the unit tests call it directly.
     pub emit: u64,
-    /// `rt_ref`: memory mode's references, the thread's stack left out.
+    /// `rt_ref`: memory mode's references, the thread's stack left out;
+    /// `rt_ref_all`: with the stack's (`--refs-stack`).
     pub reference: u64,
+    pub reference_all: u64,
     #[cfg_attr(not(test), allow(dead_code))]
     pub lookup: u64,
     pub lookup_fn: u64,
@@ -230,6 +232,7 @@ impl From<IcedError> for RuntimeError {
 struct Entries {
     emit: CodeLabel,
     reference: CodeLabel,
+    reference_all: CodeLabel,
     lookup: CodeLabel,
     lookup_fn: CodeLabel,
     lookup_ret: CodeLabel,
@@ -256,6 +259,7 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
     let mut e = Entries {
         emit: a.create_label(),
         reference: a.create_label(),
+        reference_all: a.create_label(),
         lookup: a.create_label(),
         lookup_fn: a.create_label(),
         lookup_ret: a.create_label(),
@@ -269,7 +273,13 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
         restorer: a.create_label(),
     };
     ring::emit(&mut a, control, &mut e.emit)?;
-    refs::reference(&mut a, &mut e.reference, e.emit)?;
+    refs::reference(
+        &mut a,
+        control,
+        &mut e.reference,
+        &mut e.reference_all,
+        e.emit,
+    )?;
     use burstyd_common::burst::TablesHeader;
     use core::mem::offset_of;
     let tables = field!(control, tables);
@@ -316,6 +326,7 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
     Ok(Runtime {
         emit: r.label_ip(&e.emit)?,
         reference: r.label_ip(&e.reference)?,
+        reference_all: r.label_ip(&e.reference_all)?,
         lookup: r.label_ip(&e.lookup)?,
         lookup_fn: r.label_ip(&e.lookup_fn)?,
         lookup_ret: r.label_ip(&e.lookup_ret)?,

@@ -196,7 +196,9 @@ impl Harness {
                 // A burst whose clock started as the harness was made
                 // (the tests of the clock set 0: not started).
                 burst_start: tsc(),
-                _pad: [0; 2],
+                // A burst that records references (memory mode).
+                refs: 1,
+                _pad: [0; 1],
             }
         };
         let mut l = h.loc_mut();
@@ -249,6 +251,7 @@ impl Harness {
             depth: r.depth,
             path_start: r.path_start,
             burst_start: r.burst_start,
+            refs: r.refs,
         }
     }
 
@@ -451,6 +454,7 @@ pub(super) struct Loc {
     pub depth: u64,
     pub path_start: u64,
     pub burst_start: u64,
+    pub refs: u64,
 }
 
 /// See [`Harness::loc_mut`].
@@ -489,7 +493,8 @@ impl Drop for LocMut {
                 depth: v.depth,
                 path_start: v.path_start,
                 burst_start: v.burst_start,
-                _pad: [0; 2],
+                refs: v.refs,
+                _pad: [0; 1],
             };
         }
     }

@@ -512,3 +512,29 @@ fn measure_starts_the_first_path() {
     handle(&mut h, None);
     assert_eq!((h.ctl().bursts, h.loc().path_start), (0, 0x1234));
 }
+
+/// Memory mode: one burst in `refs_every` records references (its
+/// `refs` register set at the start); 0 or 1: every burst.
+#[test]
+fn one_burst_in_refs_every_records_references() {
+    for (every, want) in [
+        (0, [1, 1, 1, 1, 1, 1, 1]),
+        (1, [1, 1, 1, 1, 1, 1, 1]),
+        (3, [1, 0, 0, 1, 0, 0, 1]),
+    ] {
+        let mut h = armed();
+        h.ctl_mut().refs_every = every;
+        let mut got = Vec::new();
+        for _ in 0..want.len() {
+            // The thread's earlier burst, if any, is replaced.
+            h.loc_mut().refs = 7;
+            h.set_uc_word(RIP, PC);
+            handle(&mut h, None);
+            assert_eq!(h.uc_word(RIP), CLONE, "a burst started");
+            got.push(h.loc().refs);
+            let head = h.ctl().heads[0];
+            h.ctl_mut().tails[0] = head;
+        }
+        assert_eq!(got, want, "refs_every {every}");
+    }
+}
