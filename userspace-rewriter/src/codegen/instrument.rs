@@ -21,8 +21,15 @@ impl FnGen<'_> {
         n.back_edge(b, idx).is_some() || n.increment(b, idx).is_some_and(|v| v != 0)
     }
 
-    /// A truncated edge: a back edge, or a retreating edge of an
-    /// irreducible region. Every one has a check in the clones.
+    /// A truncated edge: a back edge, a retreating edge of an irreducible
+    /// region, or an edge the numbering cut to keep a function's paths
+    /// under `MAX_PATHS` (`number_paths_cutting`: no cycle needs it, but
+    /// a path ends there). Every one has a check in the clones, so every
+    /// path record at a truncated edge is a check: a burst of `--burst`
+    /// checks holds at most that many of them (bzip2's `sendMTFValues`,
+    /// cut after each of its 50 inlined `bsW`, recorded ~40 paths per
+    /// check), and the daemon, which counts a burst's checks by its
+    /// ENTER and PATH records (`bursts/counts.rs`), counts right.
     ///
     /// The paper's reductions (no checks on back edges of k-boring loops,
     /// entry checks only on the set C) lower the cost of its *checking
@@ -32,12 +39,16 @@ impl FnGen<'_> {
     /// gets one and a burst is bounded by `--burst` checks even inside a
     /// long loop without calls.
     fn is_checked_back_edge(&self, b: usize, idx: usize) -> bool {
-        // Both sorted.
+        // The loops' lists are sorted. The numbering's truncated edges are
+        // theirs (out of reachable blocks) and the cut ones.
         self.loops
             .retreating_non_back
             .binary_search(&(b, idx))
             .is_ok()
             || self.loops.back_edges.binary_search(&(b, idx)).is_ok()
+            || self
+                .numbering
+                .is_some_and(|n| n.back_edge(b, idx).is_some())
     }
 
     /// The code on edge `(b, idx)`: an increment (then the caller jumps to
@@ -285,5 +296,203 @@ pub(super) fn add_path(em: &mut Emitter, l: &Layout, v: u64) -> Result<(), IcedE
         em.mov_imm(Register::RAX, v)?;
         em.mr(Code::Add_rm64_r64, local!(l, path), Register::RAX)?;
         em.pop(Register::RAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use burstyd_common::burst::{BurstRegs, TLS_REGS};
+    use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind, Register};
+
+    use super::super::{Layout, generate, runtime};
+    use crate::analysis::plan::{FunctionStatus, PlanOptions, analyze_with_insns};
+
+    /// bzip2's `sendMTFValues` in small: an outer loop around 64 inlined
+    /// copies of a bit writer, each with a small flushing loop. Over 2^62
+    /// paths, so the numbering cuts edges (path ends in no loop).
+    const SEND: &str = r#"
+typedef struct { unsigned char *out; int n; unsigned live, buf; } S;
+static inline __attribute__((always_inline)) void w(S *s, int n, unsigned v) {
+    while (s->live >= 8) {
+        s->out[s->n++] = (unsigned char)(s->buf >> 24);
+        s->buf <<= 8;
+        s->live -= 8;
+    }
+    s->buf |= v << (32 - s->live - n);
+    s->live += n;
+}
+#define W(k) w(s, len[sel[i + (k)]], code[sel[i + (k)]]);
+#define W4(k) W(k) W(k + 1) W(k + 2) W(k + 3)
+#define W16(k) W4(k) W4(k + 4) W4(k + 8) W4(k + 12)
+__attribute__((noinline)) void send(S *s, const unsigned char *sel,
+                                    const int *len, const unsigned *code, int n) {
+    for (int i = 0; i < n; i += 64) {
+        W16(0) W16(16) W16(32) W16(48)
+    }
+}
+int main(int argc, char **argv) {
+    static unsigned char out[1 << 16], sel[1 << 12];
+    static int len[256];
+    static unsigned code[256];
+    for (int i = 0; i < 256; i++) { len[i] = 1 + (i * argc) % 17; code[i] = i; }
+    for (int i = 0; i < (1 << 12); i++) sel[i] = (unsigned char)(i * 7 + argc);
+    S s = { out, 0, 0, 0 };
+    send(&s, sel, len, code, (1 << 12) - 64);
+    return s.n > 0 && argv[0][0] == 0;
+}
+"#;
+
+    /// `SEND` built with gcc -O2 (`None` without gcc).
+    fn send_fixture() -> Option<Vec<u8>> {
+        let dir = std::env::temp_dir().join(format!(
+            "instrument-fixture-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (src, out) = (dir.join("send.c"), dir.join("send"));
+        std::fs::write(&src, SEND).unwrap();
+        let status = std::process::Command::new("gcc")
+            .args(["-O2", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status();
+        let data = match status {
+            Ok(s) if s.success() => Some(std::fs::read(&out).unwrap()),
+            Ok(s) => panic!("gcc failed: {s}"),
+            Err(_) => None,
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        data
+    }
+
+    /// Whether `i` is a check's budget decrement.
+    fn is_budget_decrement(i: &Instruction) -> bool {
+        let budget = u64::from(TLS_REGS) + core::mem::offset_of!(BurstRegs, budget) as u64;
+        i.code() == Code::Sub_rm64_imm8
+            && i.op0_kind() == OpKind::Memory
+            && i.memory_segment() == Register::FS
+            && i.memory_displacement64() == budget
+            && i.immediate8() == 1
+    }
+
+    /// Clones every function of `data` and follows every path record at a
+    /// truncated edge (a call of `rt_back_at` or `rt_back`) to the cloned
+    /// code it goes on to: each must pass a budget check on the way.
+    /// Returns (path ends seen, cut edges in the plan).
+    fn path_ends_checked(data: &[u8]) -> (usize, usize) {
+        let (report, analysis) = analyze_with_insns(data, &PlanOptions::default()).unwrap();
+        let plan = &report.plan;
+        let cut: usize = plan
+            .functions
+            .iter()
+            .filter_map(|f| match &f.status {
+                FunctionStatus::Analyzed(fa) => Some(fa.cut_edges),
+                _ => None,
+            })
+            .sum();
+        let bias = if plan.pie { 0x5555_5555_4000 } else { 0 };
+        let layout = Layout {
+            bias,
+            control: bias + 0x4000_0000,
+            code: bias + 0x4001_0000,
+            fid_base: 0,
+        };
+        let img = generate(plan, &analysis, &layout).unwrap();
+        let rt = runtime::assemble(layout.control, layout.code).unwrap();
+        let (lo, hi) = img.code_range;
+        let decode = |ip: u64| {
+            let off = (ip - layout.code) as usize;
+            Decoder::with_ip(64, &img.bytes[off..], ip, DecoderOptions::NONE).decode()
+        };
+        // The clones of original instructions; every stub is reached
+        // from them by direct jumps.
+        let cloned: HashSet<u64> = img.table().iter().map(|&(_, c)| c).collect();
+        let mut work: Vec<u64> = cloned.iter().copied().collect();
+        let mut seen = HashSet::new();
+        let mut ends = Vec::new();
+        while let Some(mut ip) = work.pop() {
+            while (lo..hi).contains(&ip) && seen.insert(ip) {
+                let i = decode(ip);
+                assert_ne!(i.code(), Code::INVALID, "{ip:#x}");
+                match i.flow_control() {
+                    FlowControl::Call => {
+                        let t = i.near_branch_target();
+                        if t == rt.back_at || t == rt.back {
+                            ends.push(i.next_ip());
+                        }
+                    }
+                    FlowControl::ConditionalBranch => work.push(i.near_branch_target()),
+                    FlowControl::UnconditionalBranch => {
+                        work.push(i.near_branch_target());
+                        break;
+                    }
+                    FlowControl::IndirectBranch | FlowControl::Return => break,
+                    _ => {}
+                }
+                ip = i.next_ip();
+            }
+        }
+        let mut unchecked = Vec::new();
+        for &end in &ends {
+            let mut ip = end;
+            let checked = loop {
+                if cloned.contains(&ip) || !(lo..hi).contains(&ip) {
+                    break false;
+                }
+                let i = decode(ip);
+                if is_budget_decrement(&i) {
+                    break true;
+                }
+                ip = match i.flow_control() {
+                    FlowControl::UnconditionalBranch => i.near_branch_target(),
+                    FlowControl::Next | FlowControl::ConditionalBranch | FlowControl::Call => {
+                        i.next_ip()
+                    }
+                    _ => break false,
+                };
+            };
+            if !checked {
+                unchecked.push(end);
+            }
+        }
+        assert!(
+            unchecked.is_empty(),
+            "{} of {} path ends at truncated edges pass no budget check, e.g. after {:#x?}",
+            unchecked.len(),
+            ends.len(),
+            &unchecked[..unchecked.len().min(5)]
+        );
+        (ends.len(), cut)
+    }
+
+    /// Every path that ends at a truncated edge ends with a budget check,
+    /// the edges the numbering cut too (bzip2's `sendMTFValues` recorded
+    /// ~40 paths per check without): a burst of B checks holds at most B
+    /// such records.
+    #[test]
+    fn every_truncated_edge_is_checked() {
+        let Some(data) = send_fixture() else {
+            eprintln!("gcc not available, skipping");
+            return;
+        };
+        let (ends, cut) = path_ends_checked(&data);
+        assert!(cut > 0, "the fixture has no cut edges");
+        assert!(ends > cut, "{ends} path ends, {cut} cut edges");
+        // Real ones where they are: bzip2 of scripts/realprogs.sh (its
+        // BZ2_compressBlock has 150 cut edges), the system's libbz2.
+        let realprogs = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/realprogs/bin/bzip2");
+        for lib in [
+            realprogs,
+            "/lib/x86_64-linux-gnu/libbz2.so.1.0",
+            "/usr/lib64/libbz2.so.1",
+        ] {
+            if let Ok(data) = std::fs::read(lib) {
+                let (ends, cut) = path_ends_checked(&data);
+                eprintln!("{lib}: {ends} path ends, {cut} cut edges");
+            }
+        }
     }
 }

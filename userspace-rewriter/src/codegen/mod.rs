@@ -12,10 +12,12 @@
 //!   register restarted after a back edge (PEP §3.1-3.3);
 //! - **calls and returns**: an `ENTER` record and a shadow-stack push at
 //!   every clone entry, the caller's path register restored at the return;
-//! - **checks** (the burst budget) at entries of the set C, at back edges
-//!   of loops that are not k-boring, and at every return site. A check
-//!   that fails jumps to the *same* instruction in the original code: the
-//!   burst ends there and the thread runs on at full speed.
+//! - **checks** (the burst budget) at every clone entry, on every
+//!   truncated edge (back edges, retreating edges of irreducible regions,
+//!   edges cut to bound the paths: each path record there is a check) and
+//!   at every return site. A check that fails jumps to the *same*
+//!   instruction in the original code: the burst ends there and the thread
+//!   runs on at full speed.
 //!
 //! Direct calls and jumps between cloned functions stay in the clones;
 //! calls to anything else (PLT, libraries, indirect) go to the original and

@@ -90,9 +90,11 @@
 //! restart`), so no new kind of instrumentation is needed, the numbering
 //! and regeneration are unchanged, and every cloned function has path
 //! numbers. A path of such a function may then also end at a cut edge
-//! (recorded like a back edge); which blocks are cut is deterministic
-//! (the first overflowing block in the fixed reverse topological order,
-//! repeatedly).
+//! (recorded like a back edge, and given a burst check like one by the
+//! clones: no cycle needs it, but every path record is then a check, so a
+//! burst's records stay bounded by its budget); which blocks are cut is
+//! deterministic (the first overflowing block in the fixed reverse
+//! topological order, repeatedly).
 //!
 //! # Regeneration (BL96; PEP §3.3)
 //!
