@@ -19,6 +19,22 @@ use crate::service::metrics::METRICS;
 use burstyd_common::addr::Pid;
 
 impl Session {
+    /// A window's answer when no process is traced `how` (`in bursts`,
+    /// `in memory mode`): 503 while one is being attached (soon: worth
+    /// asking again), else 404 with `hint`.
+    pub(super) fn nothing_traced(&self, how: &str, hint: &str) -> String {
+        match self.bursts.attaching_now() {
+            Some(what) => format!(
+                "{}{what}; no process is traced {how} yet",
+                crate::service::http::UNAVAILABLE
+            ),
+            None => format!(
+                "{}no process is traced {how} now{hint}",
+                crate::service::http::NOT_FOUND
+            ),
+        }
+    }
+
     /// `paths.pb.gz`, `edges.fdata` (and `edges-<pid>.fdata` with several
     /// processes) and each process's summary line; returns each one's
     /// summary for `summary.json`.
@@ -330,17 +346,7 @@ impl Session {
         reply: tokio::sync::oneshot::Sender<Result<Vec<u8>, String>>,
     ) {
         if !self.bursts.active() {
-            let _ = reply.send(Err(match self.bursts.attaching_now() {
-                // Soon: worth asking again.
-                Some(what) => format!(
-                    "{}{what}; no process is traced in bursts yet",
-                    crate::service::http::UNAVAILABLE
-                ),
-                None => format!(
-                    "{}no process is traced in bursts now",
-                    crate::service::http::NOT_FOUND
-                ),
-            }));
+            let _ = reply.send(Err(self.nothing_traced("in bursts", "")));
             return;
         }
         self.on_burst_tick();

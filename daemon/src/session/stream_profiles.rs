@@ -171,17 +171,10 @@ impl Session {
         }
         let from = self.stream_positions();
         if from.is_empty() {
-            let _ = reply.send(Err(match self.bursts.attaching_now() {
-                // Soon, if it is in memory mode: worth asking again.
-                Some(what) => format!(
-                    "{}{what}; no process is traced in memory mode yet",
-                    crate::service::http::UNAVAILABLE
-                ),
-                None => format!(
-                    "{}no process is traced in memory mode now (trace with --record refs, or [bursts] record = [\"refs\"])",
-                    crate::service::http::NOT_FOUND
-                ),
-            }));
+            let _ = reply.send(Err(self.nothing_traced(
+                "in memory mode",
+                " (trace with --record refs, or [bursts] record = [\"refs\"])",
+            )));
             return;
         }
         self.stream_windows.push(StreamWindow {
