@@ -43,6 +43,11 @@ TOOL="$ROOT/target/release/bench_tool"
 [[ -x "$BIN" && -x "$TOOL" ]] || (cd "$ROOT" && cargo build --release -p burstyd -p burstyd-tests --bin burstyd --bin bench_tool >&2)
 WORK="$(mktemp -d /tmp/burstyd-hot-streams.XXXXXX)"
 [[ "${KEEP:-}" == 1 ]] || trap 'rm -rf "$WORK"' EXIT
+# Every run binds its symbols at start: a burst pauses at the first call
+# through each lazily bound PLT slot (ARCHITECTURE, known limits), which
+# cuts a full trace short wherever a program calls a library function
+# for the first time; the complete traces are compared with no such gap.
+export LD_BIND_NOW=1
 FX="$ROOT/tests/fixtures"
 RP="$ROOT/target/realprogs/bin"
 
