@@ -73,20 +73,27 @@ fn moved_equals_generated(m: &Module, from: Layout, to: Layout) {
         .0
         .relocate_lazily(&to, lazily.1.len() as u64)
         .unwrap();
-    let mut pieces = Vec::new();
-    let mut start = 0;
+    let a = whole.relocate(&to).unwrap();
+    // Several odd piece sizes, so that some piece end falls inside a field
+    // whatever the code's layout.
     let mut cut = 0;
-    while start < mv.len() {
-        let end = mv.piece_end(start, start + 509);
-        cut += usize::from(end != (start + 509).min(mv.len()));
-        let mut piece = lazily.1[start as usize..end as usize].to_vec();
-        mv.patch(&mut piece, start).unwrap();
-        pieces.extend_from_slice(&piece);
-        start = end;
+    for size in [509, 251, 127, 61] {
+        let mut pieces = Vec::new();
+        let mut start = 0;
+        while start < mv.len() {
+            let end = mv.piece_end(start, start + size);
+            cut += usize::from(end != (start + size).min(mv.len()));
+            let mut piece = lazily.1[start as usize..end as usize].to_vec();
+            mv.patch(&mut piece, start).unwrap();
+            pieces.extend_from_slice(&piece);
+            start = end;
+        }
+        assert!(
+            pieces == a.bytes,
+            "the bytes moved in pieces of {size} differ"
+        );
     }
     assert!(cut > 0, "no piece end moved: the test cuts no field");
-    let a = whole.relocate(&to).unwrap();
-    assert!(pieces == a.bytes, "the bytes moved in pieces differ");
     unwind_info::relocate_eh_frame(&mut eh, code_delta).unwrap();
     assert_eq!(a.bytes.len(), b.bytes.len());
     if let Some(i) = (0..a.bytes.len()).find(|&i| a.bytes[i] != b.bytes[i]) {
