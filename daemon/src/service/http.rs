@@ -306,6 +306,37 @@ async fn ask(st: &State, kind: ProfileKind) -> Response<Full<Bytes>> {
     }
 }
 
+/// The latest published profile (`published`), else the output's file
+/// `name`, as `answer` serves it; without either, 503 while a process is being attached (it will
+/// come), else 404 saying there is no `what` and why (`never`).
+fn latest(
+    st: &State,
+    name: &str,
+    published: Option<Vec<u8>>,
+    what: &str,
+    never: &str,
+    answer: impl FnOnce(Vec<u8>) -> Response<Full<Bytes>>,
+) -> Response<Full<Bytes>> {
+    let file = st
+        .output
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .join(name);
+    if let Some(b) = published.or_else(|| std::fs::read(&file).ok()) {
+        return answer(b);
+    }
+    if crate::service::metrics::METRICS.attaching.get() > 0 {
+        return retry_later(&format!(
+            "no {what} yet: {}",
+            crate::bursts::progress::now().map_or("an attach is queued".into(), |s| s.describe())
+        ));
+    }
+    text(
+        StatusCode::NOT_FOUND,
+        format!("no {what} yet: {never} (nor is there {})\n", file.display()),
+    )
+}
+
 async fn handle(
     st: Arc<State>,
     req: Request<Incoming>,
@@ -332,58 +363,28 @@ async fn handle(
                 Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
             }
         }
-        "/debug/pprof/paths" => {
-            let file = st
-                .output
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .join("paths.pb.gz");
-            let attaching = crate::service::metrics::METRICS.attaching.get() > 0;
-            match paths_profile().or_else(|| std::fs::read(&file).ok()) {
-                Some(b) => pprof(b, "paths.pb.gz"),
-                None if attaching => retry_later(&format!(
-                    "no path profile yet: {}",
-                    crate::bursts::progress::now()
-                        .map_or("an attach is queued".into(), |s| s.describe())
-                )),
-                None => text(
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "no path profile yet: bursty tracing has not produced one (nor is there {})\n",
-                        file.display()
-                    ),
-                ),
-            }
-        }
+        "/debug/pprof/paths" => latest(
+            &st,
+            "paths.pb.gz",
+            paths_profile(),
+            "path profile",
+            "bursty tracing has not produced one",
+            |b| pprof(b, "paths.pb.gz"),
+        ),
         "/debug/pprof/streams" if req.uri().query().is_some_and(|q| q.contains("seconds=")) => {
             match window_seconds(req.uri().query()) {
                 Ok(d) => ask(&st, ProfileKind::Streams(d)).await,
                 Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
             }
         }
-        "/debug/pprof/streams" => {
-            let file = st
-                .output
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .join("hot-streams.json");
-            let attaching = crate::service::metrics::METRICS.attaching.get() > 0;
-            match streams_report().or_else(|| std::fs::read(&file).ok()) {
-                Some(b) => json(b),
-                None if attaching => retry_later(&format!(
-                    "no hot data streams yet: {}",
-                    crate::bursts::progress::now()
-                        .map_or("an attach is queued".into(), |s| s.describe())
-                )),
-                None => text(
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "no hot data streams yet: no interval of memory mode (--record refs) has ended (nor is there {})\n",
-                        file.display()
-                    ),
-                ),
-            }
-        }
+        "/debug/pprof/streams" => latest(
+            &st,
+            "hot-streams.json",
+            streams_report(),
+            "hot data streams",
+            "no interval of memory mode (--record refs) has ended",
+            json,
+        ),
         "/" | "/debug/pprof" | "/debug/pprof/" => text(
             StatusCode::OK,
             "burstyd: /debug/pprof/profile?seconds=N /debug/pprof/context /debug/pprof/paths[?seconds=N] /debug/pprof/streams[?seconds=N] /metrics /healthz\n",
