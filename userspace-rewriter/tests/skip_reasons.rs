@@ -51,6 +51,18 @@ fn hand_written_functions_get_their_skip_reason() {
         reason("unbounded_table"),
         SkipReason::UnresolvedIndirectJump { .. }
     ));
+    // A guard on a copy of the index: accepted only where the copy
+    // provably holds the index on every path to the guard.
+    let (_, c) = get("copy_guarded_table");
+    let c = c
+        .as_ref()
+        .unwrap_or_else(|e| panic!("{e}\n{}", listing("copy_guarded_table")));
+    assert_eq!(c.jump_tables.len(), 1);
+    assert_eq!(c.jump_tables[0].targets.len(), 2);
+    assert!(matches!(
+        reason("stale_copy_table"),
+        SkipReason::UnresolvedIndirectJump { .. }
+    ));
     assert!(matches!(
         reason("falls_off"),
         SkipReason::FallsOffEnd { .. }

@@ -276,6 +276,17 @@ impl Walker<'_, '_> {
                 (OpKind::Register, Idx::Reg(n)) if gpr_index(ins.op0_register()) == Some(n) => {
                     ins.op0_register().size()
                 }
+                // The guard compares a copy of the index (sqlite's
+                // parser: `mov rax, r12; ..; cmp eax, 0x155; ja ..;
+                // movsxd rax, [rdx + r12*4]`): the two must hold the same
+                // value where the guard compares.
+                (OpKind::Register, Idx::Reg(n))
+                    if gpr_index(ins.op0_register()).is_some_and(|r| {
+                        r != n && self.same_value(r, n, p, budget, &mut BTreeSet::new())
+                    }) =>
+                {
+                    ins.op0_register().size()
+                }
                 (OpKind::Memory, Idx::Mem(..)) if mem_operand(&ins).same_place(idx) => {
                     ins.memory_size().size()
                 }
@@ -409,6 +420,53 @@ impl Walker<'_, '_> {
             }
         }
         self.guard_from(p, idx, bound, budget, on_path)
+    }
+
+    /// Whether GPRs `a` and `b` hold the same value just before
+    /// instruction `i`: on every known path to it, the last write of either
+    /// is a register copy of one into the other (`mov a, b` or `mov b, a`,
+    /// both 64-bit or both 32-bit).
+    fn same_value(
+        &mut self,
+        a: usize,
+        b: usize,
+        i: usize,
+        budget: &mut usize,
+        on_path: &mut BTreeSet<usize>,
+    ) -> bool {
+        let preds = self.all_preds(i);
+        if preds.is_empty() || !on_path.insert(i) {
+            return false; // entry reached, or a loop
+        }
+        let mut all = true;
+        for p in preds {
+            let Some(left) = budget.checked_sub(1) else {
+                all = false;
+                break;
+            };
+            *budget = left;
+            let written = self.gprs_written(p);
+            let proven = if written & ((1 << a) | (1 << b)) == 0 {
+                self.same_value(a, b, p, budget, on_path)
+            } else {
+                let ins = self.insns[p].instr;
+                ins.mnemonic() == Mnemonic::Mov
+                    && ins.op0_kind() == OpKind::Register
+                    && ins.op1_kind() == OpKind::Register
+                    && ins.op0_register().size() == ins.op1_register().size()
+                    && ins.op0_register().size() >= 4
+                    && {
+                        let (d, s) = (gpr_index(ins.op0_register()), gpr_index(ins.op1_register()));
+                        (d, s) == (Some(a), Some(b)) || (d, s) == (Some(b), Some(a))
+                    }
+            };
+            if !proven {
+                all = false;
+                break;
+            }
+        }
+        on_path.remove(&i);
+        all
     }
 
     /// All known predecessors of instruction `i`.
