@@ -202,7 +202,11 @@ fn human_summary(path: &Path, plan: &Plan, ms: u64) -> String {
         s.functions_total,
         s.found_in
             .iter()
-            .map(|(k, v)| format!("{v} in .{k}"))
+            .map(|(k, v)| match k.as_str() {
+                "call_target" => format!("{v} as call targets"),
+                "dynamic" => format!("{v} in .dynamic and the init/fini arrays"),
+                _ => format!("{v} in .{k}"),
+            })
             .collect::<Vec<_>>()
             .join(", "),
         s.plt_stubs

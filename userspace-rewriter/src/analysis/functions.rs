@@ -59,12 +59,24 @@ impl FunctionSources {
     pub const EH_FRAME: FunctionSources = FunctionSources(4);
     /// A stub of a PLT section.
     pub const PLT: FunctionSources = FunctionSources(8);
+    /// `DT_INIT`/`DT_FINI` of the dynamic section (`_init`, `_fini`) or an
+    /// entry of `.init_array`/`.fini_array`/`.preinit_array`: often no
+    /// FDE, no symbol in a stripped file, and called by the loader and
+    /// `__libc_start_main` before `main`.
+    pub const DYNAMIC: FunctionSources = FunctionSources(16);
+    /// The target of a direct call or tail jump in another function that
+    /// lies in no function any table names (`register_tm_clones`,
+    /// reached from `frame_dummy`; see `cfg::analyse`).
+    pub const CALL_TARGET: FunctionSources = FunctionSources(32);
 
-    const NAMES: [(FunctionSources, &'static str); 4] = [
+    /// Each source and its name (in plans and `analyze`).
+    pub const NAMES: [(FunctionSources, &'static str); 6] = [
         (Self::SYMTAB, "symtab"),
         (Self::DYNSYM, "dynsym"),
         (Self::EH_FRAME, "eh_frame"),
         (Self::PLT, "plt"),
+        (Self::DYNAMIC, "dynamic"),
+        (Self::CALL_TARGET, "call_target"),
     ];
 
     /// Whether every source of `other` is in `self`.
@@ -192,6 +204,37 @@ struct Candidate {
 /// Returns them sorted by start address, one per address; see the module
 /// docs for sources and naming. Malformed `.eh_frame` data ends FDE discovery
 /// at the first bad entry (what came before is kept) rather than failing.
+/// `DT_INIT` and `DT_FINI` of the `.dynamic` section (named `_init`,
+/// `_fini`), and the entries of `.preinit_array`, `.init_array` and
+/// `.fini_array` (unnamed: `frame_dummy` and the like, which a stripped
+/// file names nowhere). An array entry a linker left 0 for its dynamic
+/// relocation to fill is no address in code, and is dropped by the caller.
+fn init_fini(file: &object::File) -> Vec<(u64, Option<&'static str>)> {
+    let words = |name: &str| -> Vec<u64> {
+        file.section_by_name(name)
+            .and_then(|s| s.data().ok())
+            .map(|d| {
+                d.chunks_exact(8)
+                    .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let dynamic = words(".dynamic");
+    let mut out: Vec<(u64, Option<&'static str>)> = dynamic
+        .chunks_exact(2)
+        .filter_map(|e| match u32::try_from(e[0]) {
+            Ok(object::elf::DT_INIT) => Some((e[1], Some("_init"))),
+            Ok(object::elf::DT_FINI) => Some((e[1], Some("_fini"))),
+            _ => None,
+        })
+        .collect();
+    for array in [".preinit_array", ".init_array", ".fini_array"] {
+        out.extend(words(array).into_iter().map(|a| (a, None)));
+    }
+    out
+}
+
 pub fn discover(file: &object::File, data: &[u8]) -> Result<Vec<Function>, FunctionsError> {
     if !crate::analysis::elf::is_elf_x86_64(data) {
         return Err(FunctionsError::NotX86_64);
@@ -287,6 +330,20 @@ pub fn discover(file: &object::File, data: &[u8]) -> Result<Vec<Function>, Funct
         c.plt_size = size;
         if let Some(name) = name {
             c.names.insert(0, (0, name));
+        }
+    }
+
+    // 4. DT_INIT, DT_FINI and the init and fini arrays.
+    for (start, name) in init_fini(file) {
+        if in_exec(start).is_none() {
+            continue;
+        }
+        let c = cands.entry(start).or_default();
+        c.sources |= FunctionSources::DYNAMIC;
+        if let Some(name) = name
+            && c.names.is_empty()
+        {
+            c.names.push((0, name.to_string()));
         }
     }
 

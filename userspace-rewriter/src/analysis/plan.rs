@@ -245,16 +245,11 @@ pub struct AnalysisReport {
 }
 
 fn source_names(s: FunctionSources) -> Vec<&'static str> {
-    [
-        (FunctionSources::SYMTAB, "symtab"),
-        (FunctionSources::DYNSYM, "dynsym"),
-        (FunctionSources::EH_FRAME, "eh_frame"),
-        (FunctionSources::PLT, "plt"),
-    ]
-    .into_iter()
-    .filter(|(bit, _)| s.contains(*bit))
-    .map(|(_, n)| n)
-    .collect()
+    FunctionSources::NAMES
+        .into_iter()
+        .filter(|(bit, _)| s.contains(*bit))
+        .map(|(_, n)| n)
+        .collect()
 }
 
 /// [`source_names`] read back (a cached plan).
@@ -265,8 +260,9 @@ fn source_names_back<'de, D: serde::Deserializer<'de>>(
     names
         .iter()
         .map(|n| {
-            ["symtab", "dynsym", "eh_frame", "plt"]
+            FunctionSources::NAMES
                 .into_iter()
+                .map(|(_, k)| k)
                 .find(|k| k == n)
                 .ok_or_else(|| serde::de::Error::custom(format!("unknown function source {n}")))
         })

@@ -50,6 +50,8 @@ pub struct CfgContext<'data> {
     /// whose address was taken, and a taken label address is one of these
     /// (or a RIP-relative `lea` in the function itself).
     pub(super) code_pointers: BTreeSet<u64>,
+    /// `[start, end)` of each executable section.
+    exec: Vec<(u64, u64)>,
 }
 
 impl<'data> CfgContext<'data> {
@@ -68,6 +70,14 @@ impl<'data> CfgContext<'data> {
             })
             .collect();
         sections.sort_by_key(|s| s.addr);
+        let exec = file
+            .sections()
+            .filter(|s| {
+                matches!(s.flags(), object::SectionFlags::Elf { sh_flags }
+                    if sh_flags & u64::from(object::elf::SHF_EXECINSTR) != 0)
+            })
+            .map(|s| (s.address(), s.address().saturating_add(s.size())))
+            .collect();
         let mut ranges: Vec<(u64, u64, usize, bool)> = functions
             .iter()
             .enumerate()
@@ -105,7 +115,21 @@ impl<'data> CfgContext<'data> {
             names,
             noreturn,
             code_pointers,
+            exec,
         }
+    }
+
+    /// Whether `addr` is in an executable section.
+    pub(super) fn is_code(&self, addr: u64) -> bool {
+        self.code_end(addr).is_some()
+    }
+
+    /// The end of the executable section holding `addr`.
+    pub(super) fn code_end(&self, addr: u64) -> Option<u64> {
+        self.exec
+            .iter()
+            .find(|&&(s, e)| s <= addr && addr < e)
+            .map(|&(_, e)| e)
     }
 
     /// The stored code pointers in `[start, end)`.

@@ -79,7 +79,7 @@ mod types;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::analysis::disasm::Insn;
-use crate::analysis::functions::{Function, FunctionKind, FunctionsError};
+use crate::analysis::functions::{Function, FunctionKind, FunctionSources, FunctionsError};
 use crate::progress::Stage;
 
 use build::build_cfg;
@@ -151,10 +151,10 @@ impl Analysis {
 /// Discover, decode and build the CFG of every function of the ELF file
 /// `data`, with noreturn inference.
 pub fn analyse(file: &object::File, data: &[u8]) -> Result<Analysis, FunctionsError> {
-    let functions = crate::analysis::functions::discover(file, data)?;
+    let mut functions = crate::analysis::functions::discover(file, data)?;
     let mut ctx = CfgContext::new(file, &functions);
     let n = functions.len();
-    let insns: Vec<Vec<Insn>> = functions
+    let mut insns: Vec<Vec<Insn>> = functions
         .iter()
         .enumerate()
         .map(|(k, f)| {
@@ -196,6 +196,24 @@ pub fn analyse(file: &object::File, data: &[u8]) -> Result<Analysis, FunctionsEr
         })
         .collect();
     crate::progress::report(Stage::Cfgs, n, n);
+    // Code the tables do not name but the analysed code calls or
+    // tail-jumps to: a function of its own, appended (the others keep
+    // their indices and CFGs: a transfer there was a call or tail call
+    // already). One round: what those call in turn stays unnamed.
+    let extra = unnamed_targets(&functions, &cfgs, &ctx);
+    if !extra.is_empty() {
+        let noreturn = std::mem::take(&mut ctx.noreturn);
+        functions.extend(extra);
+        ctx = CfgContext::new(file, &functions);
+        ctx.noreturn = noreturn;
+        let none = BTreeSet::new();
+        for f in &functions[n..] {
+            let i = ctx.decode(f);
+            cfgs.push(build_cfg(f, &i, &ctx, &none));
+            insns.push(i);
+            roots.push(BTreeSet::new());
+        }
+    }
     let families = connect_parts(&functions, &insns, &ctx, &mut cfgs, roots);
     let noreturn = ctx.noreturn_functions().collect();
     Ok(Analysis {
@@ -205,6 +223,51 @@ pub fn analyse(file: &object::File, data: &[u8]) -> Result<Analysis, FunctionsEr
         noreturn,
         families,
     })
+}
+
+/// Direct call and tail-call targets of the analysed functions that lie
+/// in an executable section but in no known function, as functions
+/// ([`FunctionSources::CALL_TARGET`], `sub_<hex>`, up to the next known
+/// start or the end of the section).
+fn unnamed_targets(
+    functions: &[Function],
+    cfgs: &[Result<Cfg, SkipReason>],
+    ctx: &CfgContext,
+) -> Vec<Function> {
+    let mut targets = BTreeSet::new();
+    for c in cfgs.iter().flatten() {
+        let calls = c.calls.iter().filter_map(|s| s.target);
+        let tails = c.exits.iter().filter_map(|e| match e.kind {
+            ExitKind::TailCall { target } => Some(target),
+            _ => None,
+        });
+        for t in calls.chain(tails) {
+            if !ctx.is_function_start(t) && ctx.containing(t).is_none() && ctx.is_code(t) {
+                targets.insert(t);
+            }
+        }
+    }
+    let starts: BTreeSet<u64> = functions
+        .iter()
+        .map(|f| f.start)
+        .chain(targets.iter().copied())
+        .collect();
+    targets
+        .into_iter()
+        .filter_map(|t| {
+            let next = starts.range(t + 1..).next().copied().unwrap_or(u64::MAX);
+            let size = next.min(ctx.code_end(t)?).saturating_sub(t);
+            (size > 0).then(|| Function {
+                name: format!("sub_{t:x}"),
+                aliases: Vec::new(),
+                start: t,
+                size,
+                sources: FunctionSources::CALL_TARGET,
+                kind: FunctionKind::Normal,
+                has_lsda: false,
+            })
+        })
+        .collect()
 }
 
 /// The parts of one function in the compiler's sense (a function and its

@@ -39,6 +39,14 @@ impl Walker<'_, '_> {
         if unnamed && containing.is_some() {
             return Ok(ExitKind::ColdJump { target: t });
         }
+        // Into code no known function contains (crtstuff's `frame_dummy`,
+        // an `.init_array` entry, tail-jumps to `register_tm_clones`, which
+        // has neither symbol nor FDE once stripped): a tail call of an
+        // unknown function. The clone jumps to the original there, which
+        // is what the original does, whatever that code is.
+        if containing.is_none() && self.ctx.is_code(t) {
+            return Ok(ExitKind::TailCall { target: t });
+        }
         Err(SkipReason::JumpOutsideFunction {
             from: self.insns[from].addr,
             target: t,
@@ -125,11 +133,20 @@ impl Walker<'_, '_> {
             None => true,
             Some(d) => {
                 let def = self.insns[d].instr;
-                let table_like = matches!(
-                    def.mnemonic(),
-                    Mnemonic::Add | Mnemonic::Movsxd | Mnemonic::Lea
-                ) || (def.op1_kind() == OpKind::Memory
-                    && def.memory_index() != Register::None);
+                // A PIC table's `add rX, rBase` (register to register),
+                // its `movsxd`, a `lea`, or a load with an index. An `add`
+                // of a loaded word without an index is a pointer plus an
+                // offset (ld.so's `call_destructors`: `mov rax, [rbp]
+                // (l_addr); add rax, [rdx + 8] (DT_FINI); ..; jmp rax`).
+                let table_like = match def.mnemonic() {
+                    Mnemonic::Add => {
+                        def.op1_kind() == OpKind::Register
+                            || (def.op1_kind() == OpKind::Memory
+                                && def.memory_index() != Register::None)
+                    }
+                    Mnemonic::Movsxd | Mnemonic::Lea => true,
+                    _ => def.op1_kind() == OpKind::Memory && def.memory_index() != Register::None,
+                };
                 !table_like
             }
         }
