@@ -3,35 +3,25 @@
 use iced_x86::Code;
 use iced_x86::IcedError;
 use iced_x86::code_asm::{
-    CodeAssembler, CodeLabel, eax, ecx, edx, qword_ptr, r8, rax, rcx, rdi, rdx, rsi,
+    CodeAssembler, CodeLabel, eax, ecx, edx, qword_ptr, r8, rax, rcx, rdi, rdx, rsi, rsp,
 };
 
 use burstyd_common::burst::TABLES_GEN_SHIFT;
 
 use super::asm::RipRel;
 
-/// What a lookup returns when the original is not in the table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Miss {
-    /// 0 (`rt_lookup`: the instruction was not rewritten).
-    Zero,
-    /// The original, unchanged (`rt_lookup_fn`: call the original).
-    Keep,
-}
-
 /// A binary search over the sorted `(original, clone)` table whose address
 /// and length (in pairs) are the words at `addr_off`/`len_off` of the
 /// [`TablesHeader`](burstyd_common::burst::TablesHeader) the control-block
 /// word at `tables_field` points to (its low 48 bits; the generation above
 /// them is dropped; read once: a header swapped in meanwhile is used by
-/// the next lookup): `rax` = original → `rax` = clone, or what `miss` says
-/// (also without a header). Clobbers rcx, rdx.
+/// the next lookup): `rax` = original → `rax` = clone, or 0 when it is not
+/// in the table (also without a header). Clobbers rcx, rdx.
 pub(super) fn lookup(
     a: &mut CodeAssembler,
     entry: &mut CodeLabel,
     tables_field: u64,
     (addr_off, len_off): (usize, usize),
-    miss: Miss,
 ) -> Result<(), IcedError> {
     let mut lp = a.create_label();
     let mut right = a.create_label();
@@ -72,14 +62,53 @@ pub(super) fn lookup(
     a.mov(rax, qword_ptr(rsi + rdi + 8))?;
     a.jmp(out)?;
     a.set_label(&mut none)?;
-    match miss {
-        Miss::Keep => a.mov(rax, r8)?,
-        Miss::Zero => a.xor(eax, eax)?,
-    }
+    a.xor(eax, eax)?;
     a.set_label(&mut out)?;
     a.pop(r8)?;
     a.pop(rdi)?;
     a.pop(rsi)?;
+    a.ret()?;
+    Ok(())
+}
+
+/// `rt_lookup_fn(rax = original target of a call or jump) -> rax`: the
+/// clone of the function starting there (`function_entry`, the
+/// function-entry table); else, for a target inside a clone (an entry
+/// point in the middle of a function: glibc's `__memmove_avx_unaligned_erms`
+/// inside the FDE range of its `__mempcpy` sibling, which the IFUNC
+/// resolver hands out), the clone of that instruction (`instruction`, the
+/// table the signal handler starts bursts with), entered as a burst
+/// starts: the path so far is not this function's, so the burst's thread
+/// gets `path = PATH_INVALID` (its callee's path is partial, and its own
+/// is once the callee returns: its shadow entry never matches); else the
+/// original, unchanged. Clobbers rcx, rdx.
+pub(super) fn lookup_fn(
+    a: &mut CodeAssembler,
+    control: u64,
+    entry: &mut CodeLabel,
+    function_entry: CodeLabel,
+    instruction: CodeLabel,
+) -> Result<(), IcedError> {
+    use super::asm::{local, owner_gate};
+    let mut hit = a.create_label();
+    let mut keep = a.create_label();
+    a.set_label(entry)?;
+    a.push(rax)?; // the original
+    a.call(function_entry)?;
+    a.test(rax, rax)?;
+    a.jne(hit)?;
+    a.mov(rax, qword_ptr(rsp))?;
+    a.call(instruction)?;
+    a.test(rax, rax)?;
+    a.je(keep)?;
+    owner_gate(a, control, rcx, hit)?;
+    a.mov(rcx, burstyd_common::burst::PATH_INVALID)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, path), rcx)?;
+    a.jmp(hit)?;
+    a.set_label(&mut keep)?;
+    a.mov(rax, qword_ptr(rsp))?;
+    a.set_label(&mut hit)?;
+    a.lea(rsp, qword_ptr(rsp + 8))?;
     a.ret()?;
     Ok(())
 }
@@ -187,8 +216,31 @@ mod tests {
                 assert_eq!(lookup_fn(&mut h, k), k);
             }
         }
-        h.set_fn_table(&[]);
+    }
+
+    /// A target that starts no function but is a rewritten instruction
+    /// (an entry point inside a function) enters that instruction's clone,
+    /// the path so far made invalid for the burst's thread; anything else
+    /// keeps the original; a function entry wins over an instruction.
+    #[test]
+    fn function_lookup_enters_a_rewritten_instruction() {
+        use burstyd_common::burst::PATH_INVALID;
+        let mut h = Harness::new();
+        h.set_fn_table(&[(0x40_1000, CLONE_LO + 0x900)]);
         h.set_table(&table(4));
-        assert_eq!(lookup_fn(&mut h, 0x40_1010), 0x40_1010);
+        h.loc_mut().path = 5;
+        assert_eq!(lookup_fn(&mut h, 0x40_1000), CLONE_LO + 0x900);
+        assert_eq!(h.loc().path, 5);
+        assert_eq!(lookup_fn(&mut h, 0x40_1010), CLONE_LO + 0x100 + 7);
+        assert_eq!(h.loc().path, PATH_INVALID);
+        h.loc_mut().path = 5;
+        for k in misses(4) {
+            assert_eq!(lookup_fn(&mut h, k), k);
+        }
+        assert_eq!(h.loc().path, 5);
+        // Not the burst's thread: the clone, its registers untouched.
+        h.loc_mut().owner = 0;
+        assert_eq!(lookup_fn(&mut h, 0x40_1020), CLONE_LO + 0x200 + 7);
+        assert_eq!(h.loc().path, 5);
     }
 }

@@ -42,9 +42,10 @@
 //!   (`lookup.rs`): binary search over every rewritten instruction (the
 //!   sorted `insns` table of the `TablesHeader` at `tables`). Clobbers rcx, rdx.
 //! - `rt_lookup_fn(rax)` (`lookup.rs`): the same over function entries
-//!   (`functions`, original start → clone entry),
-//!   returning rax unchanged when not found (an indirect call to code that
-//!   was not cloned). Clobbers rcx, rdx.
+//!   (`functions`, original start → clone entry), then over instructions
+//!   (an entry point inside a function: entered with the burst's path made
+//!   invalid), returning rax unchanged when neither has it (an indirect
+//!   call to code that was not cloned). Clobbers rcx, rdx.
 //! - `rt_end(eax = reason)` (`end.rs`): END record, the burst is over
 //!   (`owner` = 0, `ended` + 1, `active` = 0). Clobbers rax, rcx, rdx.
 //! - `rt_enter(eax = fid | flags)` (`enter.rs`): push (rsp, caller's path) on
@@ -291,18 +292,18 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
             offset_of!(TablesHeader, insns),
             offset_of!(TablesHeader, insns_len),
         ),
-        lookup::Miss::Zero,
     )?;
+    let mut function_entry = a.create_label();
     lookup::lookup(
         &mut a,
-        &mut e.lookup_fn,
+        &mut function_entry,
         tables,
         (
             offset_of!(TablesHeader, functions),
             offset_of!(TablesHeader, functions_len),
         ),
-        lookup::Miss::Keep,
     )?;
+    lookup::lookup_fn(&mut a, control, &mut e.lookup_fn, function_entry, e.lookup)?;
     lookup::lookup(
         &mut a,
         &mut e.lookup_ret,
@@ -311,7 +312,6 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
             offset_of!(TablesHeader, returns),
             offset_of!(TablesHeader, returns_len),
         ),
-        lookup::Miss::Zero,
     )?;
     end::end(&mut a, control, &mut e.end, e.emit)?;
     enter::enter(&mut a, control, &mut e.enter, e.emit)?;
