@@ -10,8 +10,7 @@
 #     with (a) burstyd's own complete trace (--full-trace --record refs)
 #     and (b) an independent complete trace: valgrind lackey
 #     --trace-mem=yes, streamed through `bench_tool lackey-trace
-#     --from-entry` (the conversion of bench/lackey_trace.py, 17 times
-#     as fast; from the executable's entry, as `burstyd run` traces) into
+#     --from-entry` (from the executable's entry, as `burstyd run` traces) into
 #     `burstyd hot-streams --from-trace` (no log on disk);
 #   - the burst run's references, records lost, and the daemon's CPU and
 #     peak RSS beside a path-mode run of the same workload.
@@ -48,6 +47,10 @@ WORK="$(mktemp -d /tmp/burstyd-hot-streams.XXXXXX)"
 # cuts a full trace short wherever a program calls a library function
 # for the first time; the complete traces are compared with no such gap.
 export LD_BIND_NOW=1
+# glibc picks its string functions by the CPU (IFUNCs): AVX-512 versions
+# here, AVX2 ones under valgrind, whose CPU has no AVX-512. Every run
+# uses the AVX2 ones, so that the complete traces run the same code.
+export GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX512F,-AVX512VL,-AVX512BW,-AVX512DQ,-AVX512CD
 FX="$ROOT/tests/fixtures"
 RP="$ROOT/target/realprogs/bin"
 

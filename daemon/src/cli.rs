@@ -170,8 +170,9 @@ pub(crate) enum Command {
         profile: Option<PathBuf>,
         /// A complete trace from another tool, one reference a line:
         /// `<module path> <static vaddr hex> <data address hex>`, an empty
-        /// line between independent sequences (`bench/lackey_trace.py`
-        /// makes one from valgrind lackey's `--trace-mem=yes`).
+        /// line between independent sequences (`bench_tool lackey-trace`
+        /// makes one from valgrind lackey's `--trace-mem=yes`; `run
+        /// --save-bursts` in memory mode writes burstyd's own).
         #[arg(long, value_name = "FILE", conflicts_with = "profile")]
         from_trace: Option<PathBuf>,
         /// The shortest stream reported, in references.

@@ -602,7 +602,15 @@ pub(crate) fn attach(
     );
     remember(&mut gens);
     let then = match still_held {
-        Some(t) => Some(Then::Release(t)),
+        Some(held) => Some(Then::Release {
+            held,
+            // A full trace starts at the entry point: the burst signal,
+            // pending when the command is let go, is the first thing it
+            // takes (the handler starts the burst there if `_start` has
+            // a clone; else the first overflow starts it, as in a
+            // sampled run).
+            start_burst: opts.full_trace.then_some(signal),
+        }),
         None => (opts.libraries == Libraries::All).then(|| {
             Then::Libraries(Pending {
                 control,
@@ -636,8 +644,12 @@ pub(crate) enum Then {
     /// The second step: the libraries ([`add_libraries`]).
     Libraries(Pending),
     /// Let the held command go (every module is cloned): detach this
-    /// stop once the session has armed bursts for it.
-    Release(Tracee),
+    /// stop once the session has armed bursts for it, after sending it
+    /// `start_burst` (the burst signal) if set.
+    Release {
+        held: Tracee,
+        start_burst: Option<i32>,
+    },
 }
 
 /// Re-arms the clones an earlier attach injected for this very

@@ -26,6 +26,7 @@
 //! sets `refs_every` once a second ([`DataRefs::refs_every`]) so that
 //! the references recorded come near [`ANALYSED_PER_SECOND`]. The bucket
 //! stays as the bound while the rate adapts.
+use std::io::Write as _;
 use std::time::Instant;
 
 use burstyd_common::burst::MAX_SLOTS;
@@ -88,6 +89,19 @@ pub(crate) struct DataRefs {
     /// The slot whose burst's sequence is open in the grammar (chunks
     /// pushed, no separator yet).
     open: Option<usize>,
+    /// `--save-bursts`: every reference analysed, named, in the plain-text
+    /// trace `hot-streams --from-trace` reads.
+    save: Option<SavedRefs>,
+}
+
+/// The references written out (`references-<pid>.txt`): one a line,
+/// `<module path> <static vaddr hex> <data address hex>`, an empty line
+/// after each sequence (a burst, or a piece of one that another burst's
+/// references cut).
+struct SavedRefs {
+    out: std::io::BufWriter<std::fs::File>,
+    /// Module paths by module id.
+    paths: Vec<(u32, String)>,
 }
 
 impl DataRefs {
@@ -109,6 +123,20 @@ impl DataRefs {
             seen: 0,
             max,
             open: None,
+            save: None,
+        }
+    }
+
+    /// Also write every reference analysed to `path` (see [`SavedRefs`]).
+    pub(crate) fn save_to(&mut self, path: &std::path::Path) {
+        match crate::sys::create_output_file(path) {
+            Ok(f) => {
+                self.save = Some(SavedRefs {
+                    out: std::io::BufWriter::new(f),
+                    paths: Vec::new(),
+                })
+            }
+            Err(e) => tracing::warn!("cannot write {}: {e}", path.display()),
         }
     }
 
@@ -134,6 +162,9 @@ impl DataRefs {
                     None => {
                         let id = self.refs.module(&m.path);
                         self.module_ids.push((key, id));
+                        if let Some(save) = &mut self.save {
+                            save.paths.push((id, m.path.clone()));
+                        }
                         id
                     }
                 };
@@ -209,6 +240,9 @@ impl DataRefs {
     fn end_sequence(&mut self) {
         self.refs.end_sequence();
         self.recent.end_sequence();
+        if let Some(save) = &mut self.save {
+            let _ = writeln!(save.out);
+        }
     }
 
     /// Slot `slot`'s references so far into the grammar (unless it holds
@@ -229,6 +263,16 @@ impl DataRefs {
         if !keep {
             self.dropped += p.len() as u64;
         }
+        if let Some(save) = &mut self.save {
+            for (instr, addr) in &p {
+                let path = save
+                    .paths
+                    .iter()
+                    .find(|(id, _)| *id == instr.module)
+                    .map_or("?", |(_, p)| p.as_str());
+                let _ = writeln!(save.out, "{path} {:x} {addr:x}", instr.vaddr);
+            }
+        }
         for (instr, addr) in p.drain(..) {
             if keep {
                 self.refs.push(instr, addr);
@@ -243,6 +287,9 @@ impl DataRefs {
     pub(crate) fn finish(&mut self) {
         for slot in 0..MAX_SLOTS {
             self.end_burst(slot);
+        }
+        if let Some(save) = &mut self.save {
+            let _ = save.out.flush();
         }
     }
 }

@@ -123,11 +123,15 @@ impl BurstTracer {
             awaiting_libraries: matches!(pending, Some(attach::Then::Libraries(_))),
             attach_secs: began.elapsed().as_secs_f64(),
             data_refs: (opts.refs != userspace_rewriter::codegen::Refs::Off).then(|| {
-                if opts.full_trace {
+                let mut d = if opts.full_trace {
                     DataRefs::new(super::data_refs::MAX_REFERENCES_FULL, false)
                 } else {
                     DataRefs::new(super::data_refs::MAX_REFERENCES, true)
+                };
+                if let Some(p) = &opts.save_bursts {
+                    d.save_to(&p.with_file_name(format!("references-{pid}.txt")));
                 }
+                d
             }),
             traced: Traced {
                 pid,

@@ -447,9 +447,18 @@ pub(super) fn attach_one(
     let mut libraries = None;
     match then {
         Some(attach::Then::Libraries(p)) => libraries = Some(p),
-        Some(attach::Then::Release(held)) => {
+        Some(attach::Then::Release { held, start_burst }) => {
             // Bursts armed (or the session gone): it runs.
-            let _ = armed_rx.recv_timeout(std::time::Duration::from_secs(5));
+            let armed = armed_rx.recv_timeout(std::time::Duration::from_secs(5));
+            if let (Ok(_), Some(signal)) = (armed, start_burst) {
+                // Pending while it is stopped: taken at its first
+                // instruction once it runs, untraced.
+                // SAFETY: tgkill has no memory arguments.
+                let r = unsafe { libc::syscall(libc::SYS_tgkill, pid.0, pid.0, signal) };
+                if r != 0 {
+                    warn!(%pid, "starting the full trace at the entry point: {}", std::io::Error::last_os_error());
+                }
+            }
             if let Err(e) = held.detach() {
                 warn!(%pid, "releasing the held command: {e}");
             }

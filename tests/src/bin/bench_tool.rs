@@ -32,10 +32,20 @@
 //!       (`wall_s= user_s= sys_s= maxrss_kb= status=`) to OUT_FILE; exits
 //!       with CMD's exit code. Measures CMD itself, not its children.
 //!   bench_tool lackey-trace [--stack] [--from-entry] LACKEY_LOG
-//!       bench/lackey_trace.py's conversion (see there) at the speed of
-//!       lackey's output: valgrind lackey's `--trace-mem=yes -v -v -v`
-//!       log into the plain-text trace `burstyd hot-streams --from-trace`
-//!       reads, on standard output; a summary on standard error.
+//!       valgrind lackey's `--trace-mem=yes -v -v -v` log into the
+//!       plain-text trace `burstyd hot-streams --from-trace` reads, on
+//!       standard output; a summary on standard error. Each data
+//!       reference (lackey's " L", " S" and " M" lines) is attributed to
+//!       the instruction before it ("I" lines), mapped to its module by
+//!       the module's loadable segments (`readelf -lW`; the three -v make
+//!       valgrind print each module's static and load addresses, from
+//!       which its bias comes). References into the main thread's stack
+//!       (valgrind's at 0x1ff0000000 and above) are left out, as bursts
+//!       leave out the thread's own stack (`--stack` keeps them);
+//!       instructions in no module (valgrind's trampolines) are counted
+//!       and left out; so are the references of an "I" line that repeats
+//!       the one before (the second and later iterations of a `rep`
+//!       string operation: burstyd records the first).
 //!       `--from-entry`: from the executable's first instruction on (the
 //!       dynamic loader's start-up left out, as `burstyd run` traces
 //!       from the entry point)
@@ -264,7 +274,7 @@ fn main() {
 /// are the stack's (left out unless `--stack`).
 const LACKEY_STACK: u64 = 0x1f_f000_0000;
 
-/// `lackey-trace`: see the module doc and bench/lackey_trace.py.
+/// `lackey-trace`: see the module doc.
 fn lackey_trace(log: &str, keep_stack: bool, from_entry: bool) {
     // The executable is the first module valgrind reads.
     let mut started = !from_entry;
@@ -282,6 +292,9 @@ fn lackey_trace(log: &str, keep_stack: bool, from_entry: bool) {
     let mut reading: Option<String> = None;
     let (mut refs, mut skipped_stack, mut unmapped) = (0u64, 0u64, 0u64);
     let mut last: Option<(usize, u64)> = None;
+    // The previous `I` line's address, and whether this one repeats it
+    // (another iteration of a `rep` string operation).
+    let (mut prev_i, mut repeat, mut repeated) = (None::<u64>, false, 0u64);
     let mut hit: Option<(u64, u64, u64, usize)> = None;
     let hex = |s: &[u8]| -> Option<u64> {
         let end = s.iter().position(|&c| c == b',').unwrap_or(s.len());
@@ -298,6 +311,15 @@ fn lackey_trace(log: &str, keep_stack: bool, from_entry: bool) {
                 let Some(addr) = hex(&line[3..]) else {
                     continue;
                 };
+                // Valgrind runs a `rep` string operation one iteration at
+                // a time, each with its own `I` line: the first iteration's
+                // references stand for the instruction (as burstyd records
+                // it), the repeats' are left out.
+                repeat = prev_i == Some(addr);
+                prev_i = Some(addr);
+                if repeat {
+                    continue;
+                }
                 if let Some(m) = hit.filter(|m| m.0 <= addr && addr < m.1) {
                     last = Some((m.3, addr - m.2));
                     continue;
@@ -310,6 +332,10 @@ fn lackey_trace(log: &str, keep_stack: bool, from_entry: bool) {
                 let Some(addr) = hex(&line[3..]) else {
                     continue;
                 };
+                if repeat {
+                    repeated += 1;
+                    continue;
+                }
                 if !started {
                     before_entry += 1;
                     continue;
@@ -360,7 +386,7 @@ fn lackey_trace(log: &str, keep_stack: bool, from_entry: bool) {
     }
     out.flush().expect("writing the trace");
     eprintln!(
-        "lackey-trace: {refs} references; {skipped_stack} into the stack left out; {unmapped} by instructions in no module; {before_entry} before the entry point left out"
+        "lackey-trace: {refs} references; {skipped_stack} into the stack left out; {unmapped} by instructions in no module; {before_entry} before the entry point left out; {repeated} of repeated string-operation iterations left out"
     );
 }
 

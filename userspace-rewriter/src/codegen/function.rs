@@ -27,6 +27,16 @@ impl From<IcedError> for Skip {
     }
 }
 
+/// A PLT stub's GOT jump (SVMAs).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PltSlot {
+    /// The GOT slot its `jmp [rip + slot]` goes through.
+    pub(super) slot: u64,
+    /// That `jmp`'s own address (what memory mode names the slot's load
+    /// by: the instruction the original runs).
+    pub(super) jump: u64,
+}
+
 pub(super) struct FnGen<'a> {
     pub(super) em: &'a mut Emitter,
     pub(super) rt: &'a Runtime,
@@ -44,7 +54,7 @@ pub(super) struct FnGen<'a> {
     /// clones: block start (SVMA) → (label, path register there).
     pub(super) part_entries: &'a HashMap<u64, (u64, u64)>,
     /// PLT stub (SVMA) → the GOT slot (SVMA) it jumps through.
-    pub(super) plt_slots: &'a HashMap<u64, u64>,
+    pub(super) plt_slots: &'a HashMap<u64, PltSlot>,
     pub(super) table: &'a mut Vec<(u64, usize, u64)>,
     /// `(original return address, instruction index of the clone's return
     /// site)` of every call that returns.

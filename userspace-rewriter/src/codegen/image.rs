@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::batches::{BATCH_INSTRUCTIONS, Batches};
 use super::emitter::Emitter;
-use super::function::{FnGen, Skip};
+use super::function::{FnGen, PltSlot, Skip};
 use super::instrument::{Arg, call_routine};
 use super::layout::{GenError, GenStats, Layout, Refs};
 use super::operand::LOW_STATE_LIMIT;
@@ -622,10 +622,10 @@ fn part_entries(plan: &Plan, chosen: &[usize], em: &mut Emitter) -> HashMap<u64,
     out
 }
 
-/// PLT stub start → the GOT slot its `jmp [rip + slot]` goes through
-/// (SVMAs): a call to the stub in a clone loads the slot and goes to the
-/// clone of what it holds, in this module or another.
-fn plt_slots(plan: &Plan, analysis: &cfg::Analysis) -> HashMap<u64, u64> {
+/// PLT stub start → its [`PltSlot`]: a call to the stub in a clone loads
+/// the slot and goes to the clone of what it holds, in this module or
+/// another.
+fn plt_slots(plan: &Plan, analysis: &cfg::Analysis) -> HashMap<u64, PltSlot> {
     let mut out = HashMap::new();
     for (i, f) in plan.functions.iter().enumerate() {
         if !matches!(f.status, FunctionStatus::Plt) {
@@ -634,7 +634,13 @@ fn plt_slots(plan: &Plan, analysis: &cfg::Analysis) -> HashMap<u64, u64> {
         if let Some(insns) = analysis.insns.get(i)
             && let Some(j) = transfers::plt_jump(insns)
         {
-            out.insert(f.start, insns[j].instr.memory_displacement64());
+            out.insert(
+                f.start,
+                PltSlot {
+                    slot: insns[j].instr.memory_displacement64(),
+                    jump: insns[j].addr,
+                },
+            );
         }
     }
     out

@@ -21,7 +21,7 @@ use iced_x86::{
 };
 
 use super::emitter::rip;
-use super::function::{FnGen, OutOfLine, Skip};
+use super::function::{FnGen, OutOfLine, PltSlot, Skip};
 use super::instrument::{Arg, call_routine};
 use super::layout::Refs;
 use crate::analysis::disasm::Insn;
@@ -92,15 +92,17 @@ impl FnGen<'_> {
         let ins = self.reloc(k);
         let Some((_, kind)) = access(&ins) else {
             if string_operation(&ins) {
-                self.stats.refs_unsupported += 1;
+                return self.string_references(k, &ins);
             }
             return Ok(());
         };
         let base = ins.memory_base();
-        if matches!(ins.memory_segment(), Register::FS | Register::GS)
-            || ins.is_vsib()
-            || base == Register::ESP
-        {
+        // fs-relative: thread-local data (the stack protector's canary,
+        // `errno`, the thread's own TCB fields); its address is the
+        // thread pointer, `fs:[0]` by the x86-64 TLS ABI, plus the
+        // operand. gs is not used by user space on x86-64 Linux.
+        let fs = ins.memory_segment() == Register::FS;
+        if ins.memory_segment() == Register::GS || ins.is_vsib() || base == Register::ESP {
             self.stats.refs_unsupported += 1;
             return Ok(());
         }
@@ -122,15 +124,101 @@ impl FnGen<'_> {
                 ins.memory_index_scale(),
                 displ,
                 // The original's size (a displ8 widens itself when the
-                // frame's adjustment does not fit it).
-                if displ == 0 {
+                // frame's adjustment does not fit it); an absolute operand
+                // (`fs:[0x28]`) is a disp32.
+                if base == Register::None && ins.memory_index() == Register::None {
+                    4
+                } else if displ == 0 {
                     0
                 } else {
                     ins.memory_displ_size().max(1)
                 },
             )
         };
-        let pc = self.avma(self.insns[k].addr);
+        self.emit_reference(self.insns[k].addr, kind, operand, fs)
+    }
+
+    /// A string operation's references: one per memory operand, at the
+    /// address its first iteration touches (`[rsi]` read, then `[rdi]`
+    /// read or written), none when a `rep` runs no iteration (`rcx` 0).
+    /// Complete traces list every iteration; the bench's lackey
+    /// conversion keeps the first of each execution the same way.
+    fn string_references(&mut self, k: usize, ins: &Instruction) -> Result<(), Skip> {
+        use Mnemonic::*;
+        let (rsi, rdi) = match ins.mnemonic() {
+            Movsb | Movsw | Movsd | Movsq => (Some(REF_LOAD), Some(REF_STORE)),
+            Stosb | Stosw | Stosd | Stosq => (None, Some(REF_STORE)),
+            Lodsb | Lodsw | Lodsd | Lodsq => (Some(REF_LOAD), None),
+            Scasb | Scasw | Scasd | Scasq => (None, Some(REF_LOAD)),
+            Cmpsb | Cmpsw | Cmpsd | Cmpsq => (Some(REF_LOAD), Some(REF_LOAD)),
+            _ => {
+                self.stats.refs_unsupported += 1;
+                return Ok(());
+            }
+        };
+        // 64-bit addressing only (an `addr32` prefix uses esi/edi/ecx).
+        if ins.memory_size().size() == 0
+            || (0..ins.op_count()).any(|i| {
+                matches!(
+                    ins.op_kind(i),
+                    OpKind::MemorySegESI | OpKind::MemorySegEDI | OpKind::MemoryESEDI
+                )
+            })
+        {
+            self.stats.refs_unsupported += 1;
+            return Ok(());
+        }
+        let rep = ins.has_rep_prefix() || ins.has_repe_prefix() || ins.has_repne_prefix();
+        let (skip, done) = (self.em.label(), self.em.label());
+        if rep {
+            // `jrcxz` reaches only a byte away: over a near jump.
+            let run = self.em.label();
+            self.em.jcc(Code::Jrcxz_rel8_64, skip)?;
+            self.em.jmp(run)?;
+            self.em.bind(skip);
+            self.em.jmp(done)?;
+            self.em.bind(run);
+        }
+        let addr = self.insns[k].addr;
+        for (reg, kind) in [(Register::RSI, rsi), (Register::RDI, rdi)] {
+            if let Some(kind) = kind {
+                self.emit_reference(addr, kind, MemoryOperand::with_base(reg), false)?;
+            }
+        }
+        if rep {
+            self.em.bind(done);
+        }
+        Ok(())
+    }
+
+    /// In memory mode, the load of a PLT stub's GOT slot that a call
+    /// through the stub makes in the original (`jmp [rip + slot]` at
+    /// `plt.jump`): the clone reads the slot itself, so the reference is
+    /// recorded here, named by the stub's jump.
+    pub(super) fn plt_reference(&mut self, plt: PltSlot) -> Result<(), Skip> {
+        if self.refs == Refs::Off {
+            return Ok(());
+        }
+        let slot = self.avma(plt.slot);
+        self.emit_reference(
+            plt.jump,
+            REF_LOAD,
+            MemoryOperand::with_base_displ(Register::RIP, slot as i64),
+            false,
+        )
+    }
+
+    /// The snippet recording a reference of `kind` by the original
+    /// instruction at SVMA `addr` to `operand` (as computed inside the
+    /// standard frame), plus the thread pointer with `fs`.
+    fn emit_reference(
+        &mut self,
+        addr: u64,
+        kind: u64,
+        operand: MemoryOperand,
+        fs: bool,
+    ) -> Result<(), Skip> {
+        let pc = self.avma(addr);
         if pc >> REF_KIND_SHIFT != 0 {
             self.stats.refs_unsupported += 1;
             return Ok(());
@@ -150,6 +238,21 @@ impl FnGen<'_> {
         };
         Ok(call_routine(self.em, routine, Arg::Preset, None, |em| {
             em.e(Instruction::with2(Code::Lea_r64_m, Register::RDX, operand))?;
+            if fs {
+                em.e(Instruction::with2(
+                    Code::Add_r64_rm64,
+                    Register::RDX,
+                    MemoryOperand::new(
+                        Register::None,
+                        Register::None,
+                        1,
+                        0,
+                        4,
+                        false,
+                        Register::FS,
+                    ),
+                ))?;
+            }
             em.e(Instruction::with2(
                 Code::Mov_r64_rm64,
                 Register::RAX,

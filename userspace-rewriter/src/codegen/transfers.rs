@@ -205,7 +205,9 @@ impl FnGen<'_> {
             Flow::Call(t)
                 if !self.entry_label.contains_key(&t) && self.plt_slots.contains_key(&t) =>
             {
-                let slot = self.avma(self.plt_slots[&t]);
+                let plt = self.plt_slots[&t];
+                self.plt_reference(plt)?;
+                let slot = self.avma(plt.slot);
                 self.transfer_through(load_slot(slot)?, Some(ret), self.rt.lookup_fn)?;
             }
             Flow::Call(t) => {
@@ -246,6 +248,8 @@ impl FnGen<'_> {
     /// a [`ExitKind::ContextJump`] (`[rsp - 8]` is then the target frame's
     /// red zone, as dead at its landing pad as at any call site there).
     fn indirect_transfer(&mut self, k: usize, ret: Option<u64>, routine: u64) -> Result<(), Skip> {
+        // Memory mode: the load of a target from memory is a reference.
+        self.reference(k)?;
         let ins = self.reloc(k);
         let operand = match ins.op0_kind() {
             OpKind::Register => {
@@ -426,7 +430,9 @@ impl FnGen<'_> {
                 if !self.entry_label.contains_key(&target)
                     && self.plt_slots.contains_key(&target) =>
             {
-                let slot = self.avma(self.plt_slots[&target]);
+                let plt = self.plt_slots[&target];
+                self.plt_reference(plt)?;
+                let slot = self.avma(plt.slot);
                 self.transfer_through(load_slot(slot)?, None, self.rt.lookup_fn)?;
             }
             ExitKind::TailCall { target } => {
