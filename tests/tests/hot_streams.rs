@@ -326,7 +326,14 @@ fn a_full_trace_records_what_lackey_sees() {
     let run = run_timeout(
         Command::new(burstyd_bin())
             .envs(env)
-            .args(["run", "--full-trace", "--record", "refs", "--save-bursts", "-o"])
+            .args([
+                "run",
+                "--full-trace",
+                "--record",
+                "refs",
+                "--save-bursts",
+                "-o",
+            ])
             .arg(&out)
             .args(["--", exe_s, rounds]),
         Duration::from_secs(300),
@@ -363,7 +370,11 @@ fn a_full_trace_records_what_lackey_sees() {
             .collect::<Vec<_>>()
     };
     let (a, b) = (in_exe(&ours), in_exe(&theirs));
-    assert!(b.len() >= 20, "lackey saw {} instructions of the fixture", b.len());
+    assert!(
+        b.len() >= 20,
+        "lackey saw {} instructions of the fixture",
+        b.len()
+    );
     let show = |v: &[(u64, u64)]| {
         v.iter()
             .map(|(pc, n)| format!("{pc:#x}:{n}"))
@@ -373,5 +384,8 @@ fn a_full_trace_records_what_lackey_sees() {
     assert_eq!(a, b, "\nburstyd {}\nlackey  {}", show(&a), show(&b));
     let total = |c: &std::collections::BTreeMap<(String, u64), u64>| c.values().sum::<u64>();
     let (x, y) = (total(&ours) as f64, total(&theirs) as f64);
-    assert!((x / y - 1.0).abs() < 0.01, "references: burstyd {x}, lackey {y}");
+    assert!(
+        (x / y - 1.0).abs() < 0.01,
+        "references: burstyd {x}, lackey {y}"
+    );
 }

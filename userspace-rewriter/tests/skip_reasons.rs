@@ -59,6 +59,11 @@ fn hand_written_functions_get_their_skip_reason() {
         .unwrap_or_else(|e| panic!("{e}\n{}", listing("copy_guarded_table")));
     assert_eq!(c.jump_tables.len(), 1);
     assert_eq!(c.jump_tables[0].targets.len(), 2);
+    let (_, c) = get("loop_copy_guarded_table");
+    let c = c
+        .as_ref()
+        .unwrap_or_else(|e| panic!("{e}\n{}", listing("loop_copy_guarded_table")));
+    assert_eq!(c.jump_tables[0].targets.len(), 2);
     assert!(matches!(
         reason("stale_copy_table"),
         SkipReason::UnresolvedIndirectJump { .. }

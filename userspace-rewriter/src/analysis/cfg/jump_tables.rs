@@ -425,7 +425,10 @@ impl Walker<'_, '_> {
     /// Whether GPRs `a` and `b` hold the same value just before
     /// instruction `i`: on every known path to it, the last write of either
     /// is a register copy of one into the other (`mov a, b` or `mov b, a`,
-    /// both 64-bit or both 32-bit).
+    /// both 64-bit or both 32-bit). A path around a loop that writes
+    /// neither adds nothing (glibc's `_nl_intern_locale_data`: `mov edi,
+    /// ebp` before the loop, `cmp ebp, 12; ja; movsxd rcx, [rsi + rdi*4]`
+    /// in it).
     fn same_value(
         &mut self,
         a: usize,
@@ -434,10 +437,15 @@ impl Walker<'_, '_> {
         budget: &mut usize,
         on_path: &mut BTreeSet<usize>,
     ) -> bool {
-        let preds = self.all_preds(i);
-        if preds.is_empty() || !on_path.insert(i) {
-            return false; // entry reached, or a loop
+        if on_path.contains(&i) {
+            // Around a loop that writes neither: the loop's entries decide.
+            return true;
         }
+        let preds = self.all_preds(i);
+        if preds.is_empty() {
+            return false; // the entry reached with no copy
+        }
+        on_path.insert(i);
         let mut all = true;
         for p in preds {
             let Some(left) = budget.checked_sub(1) else {
