@@ -176,6 +176,9 @@ pub struct Runtime {
     #[cfg_attr(not(test), allow(dead_code))]
     pub lookup: u64,
     pub lookup_fn: u64,
+    /// The function-entry table's search that `rt_lookup_fn` calls first
+    /// (0 on a miss).
+    pub lookup_function_entry: u64,
     #[cfg_attr(not(test), allow(dead_code))]
     pub lookup_ret: u64,
     pub enter: u64,
@@ -194,12 +197,14 @@ impl Runtime {
     /// The routines the clones and the other routines call, each entered
     /// by a `call` with the return address on top (not the signal
     /// handler and its restorer, which the kernel enters).
-    pub(crate) fn routines(&self) -> [u64; 11] {
+    pub(crate) fn routines(&self) -> [u64; 13] {
         [
             self.emit,
             self.reference,
+            self.reference_all,
             self.lookup,
             self.lookup_fn,
+            self.lookup_function_entry,
             self.lookup_ret,
             self.enter,
             self.exit,
@@ -329,6 +334,7 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
         reference_all: r.label_ip(&e.reference_all)?,
         lookup: r.label_ip(&e.lookup)?,
         lookup_fn: r.label_ip(&e.lookup_fn)?,
+        lookup_function_entry: r.label_ip(&function_entry)?,
         lookup_ret: r.label_ip(&e.lookup_ret)?,
         enter: r.label_ip(&e.enter)?,
         exit: r.label_ip(&e.exit)?,
@@ -409,6 +415,40 @@ mod tests {
         );
         let starts: Vec<u64> = decode(&rt, at).iter().map(|i| i.ip()).collect();
         assert!(entries.iter().all(|e| starts.contains(e)));
+    }
+
+    /// Every instruction before the signal handler is reached from the
+    /// routines' entries at a known stack height, so that it gets an
+    /// unwind row (`unwind_info::runtime_fdes`): a routine only another
+    /// routine calls (the function-entry search inside `rt_lookup_fn`)
+    /// must be an entry too, or a sample in it stops unwinding there.
+    #[test]
+    fn every_routine_instruction_has_a_stack_height() {
+        use crate::codegen::stack_heights::{Height, State, analyse};
+        let at = CONTROL + 0x1_0000;
+        let rt = assemble(CONTROL, at).unwrap();
+        let entry = Height {
+            anchor: at,
+            delta: 0,
+        };
+        let roots: Vec<(u64, Height)> = rt.routines().iter().map(|&r| (r, entry)).collect();
+        let heights = analyse(&rt.bytes, at..at + rt.bytes.len() as u64, &roots);
+        let known: std::collections::BTreeSet<u64> = heights
+            .iter()
+            .filter(|h| matches!(h.2, State::Known(_)))
+            .map(|h| h.0)
+            .collect();
+        let missing: Vec<u64> = decode(&rt, at)
+            .iter()
+            .map(|i| i.ip())
+            .filter(|&ip| ip < rt.handler && !known.contains(&ip))
+            .collect();
+        // Padding between routines (int3) is reached by nothing.
+        let missing: Vec<u64> = missing
+            .into_iter()
+            .filter(|&ip| rt.bytes[(ip - at) as usize] != 0xcc)
+            .collect();
+        assert!(missing.is_empty(), "no stack height at {missing:x?}");
     }
 
     /// What no single-threaded behaviour test sees: every RIP-relative
