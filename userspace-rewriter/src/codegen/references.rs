@@ -169,23 +169,26 @@ impl FnGen<'_> {
             return Ok(());
         }
         let rep = ins.has_rep_prefix() || ins.has_repe_prefix() || ins.has_repne_prefix();
-        let (skip, done) = (self.em.label(), self.em.label());
-        if rep {
-            // `jrcxz` reaches only a byte away: over a near jump.
-            let run = self.em.label();
+        // With `rep`: past the references when `rcx` is 0 (`jrcxz`
+        // reaches only a byte away: over a near jump).
+        let done = if rep {
+            let (skip, run, done) = (self.em.label(), self.em.label(), self.em.label());
             self.em.jcc(Code::Jrcxz_rel8_64, skip)?;
             self.em.jmp(run)?;
             self.em.bind(skip);
             self.em.jmp(done)?;
             self.em.bind(run);
-        }
+            Some(done)
+        } else {
+            None
+        };
         let addr = self.insns[k].addr;
         for (reg, kind) in [(Register::RSI, rsi), (Register::RDI, rdi)] {
             if let Some(kind) = kind {
                 self.emit_reference(addr, kind, MemoryOperand::with_base(reg), false)?;
             }
         }
-        if rep {
+        if let Some(done) = done {
             self.em.bind(done);
         }
         Ok(())
