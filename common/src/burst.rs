@@ -305,7 +305,18 @@ control_block! {
         /// The handler's countdown to the next burst that records
         /// references (threads race on it: the spacing is approximate).
         pub refs_countdown: u64,
-        pub _pad2: [u64; 3],
+        /// Memory mode: the references a burst that records them records
+        /// at most (its `refs` register starts here; after the last one
+        /// the next check ends the burst). Longer, rarer bursts make the
+        /// hot data streams of a sampled trace those of the whole one
+        /// (Hirzel & Chilimbi, figure 7): see the daemon's
+        /// `DEFAULT_REFS_BURST`. 0: such bursts record none.
+        pub refs_burst: u64,
+        /// Memory mode: the checks of a burst that records references
+        /// (its `budget`; the references bound it first where there are
+        /// any).
+        pub refs_burst_len: u64,
+        pub _pad2: [u64; 1],
         /// Records written to each slot's sub-ring (in words; producer
         /// indexes).
         pub heads: [u64; MAX_SLOTS],
@@ -496,9 +507,11 @@ control_block! {
         /// `rt_sigreturn` left out), which the daemon weights its counts
         /// by.
         pub burst_start: u64,
-        /// Memory mode: whether this burst records data references (the
-        /// handler sets it at the START, see
-        /// [`BurstControl::refs_every`]; `rt_ref` writes nothing while 0).
+        /// Memory mode: the data references this burst still records
+        /// (the handler sets it at the START, to
+        /// [`BurstControl::refs_burst`] in one burst of
+        /// [`BurstControl::refs_every`], else 0; `rt_ref` writes nothing
+        /// while 0, and once it reaches 0 the next check ends the burst).
         pub refs: u64,
         pub _pad: [u64; 1],
     }
@@ -622,7 +635,9 @@ mod layout {
         ("n_modules", 336, 8),
         ("refs_every", 344, 8),
         ("refs_countdown", 352, 8),
-        ("_pad2", 360, 24),
+        ("refs_burst", 360, 8),
+        ("refs_burst_len", 368, 8),
+        ("_pad2", 376, 8),
         ("heads", 384, 64),
         ("slot_tids", 448, 64),
         ("modules", 512, 3584),

@@ -315,6 +315,15 @@ pub(crate) struct ProfileArgs {
     #[arg(long, requires = "record")]
     pub(crate) refs_stack: bool,
 
+    /// With --record refs, the data references one burst records (beats
+    /// the file's [bursts] refs_burst) [default: 32768]. Bursts that
+    /// record references are this long (and at most 100 times --burst
+    /// checks) and as rare as the daemon's analysis rate needs: long
+    /// bursts find the streams of the whole trace, many short ones find
+    /// their fragments.
+    #[arg(long, value_name = "N", requires = "record", value_parser = clap::value_parser!(u64).range(1..=(1 << 16)))]
+    pub(crate) refs_burst: Option<u64>,
+
     /// Sample only: no rewriting, no bursts (--pid, run, or the
     /// configuration's targets).
     #[arg(long, conflicts_with_all = ["full_trace", "save_bursts"])]

@@ -273,6 +273,7 @@ fn overrides(cli: &Cli, args: &ProfileArgs, matches: &ArgMatches) -> Overrides {
         weights: args.weights,
         record: args.record.clone(),
         refs_stack: args.refs_stack,
+        refs_burst: args.refs_burst,
     }
 }
 

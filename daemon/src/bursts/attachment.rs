@@ -360,6 +360,23 @@ pub(super) fn set_run_options(region: &mut SharedRegion, opts: &BurstOptions) {
         // 0: the handler returns to the original code at once.
         opts.burst_len
     };
+    // Memory mode: bursts that record references are long (see
+    // `DEFAULT_REFS_BURST`); a full trace records every one.
+    (cb.refs_burst, cb.refs_burst_len) = match opts.refs {
+        userspace_rewriter::codegen::Refs::Off => (0, 0),
+        _ if opts.full_trace => (u64::MAX, u64::MAX),
+        _ if opts.burst_len == 0 => (0, 0),
+        _ => (
+            opts.refs_burst,
+            opts.burst_len
+                .saturating_mul(super::options::REFS_BURST_CHECKS),
+        ),
+    };
+    cb.refs_every = if opts.full_trace {
+        1
+    } else {
+        super::data_refs::FIRST_REFS_EVERY
+    };
     cb.wait_when_full = u64::from(opts.full_trace);
     cb.max_bursts = opts.max_bursts.clamp(1, MAX_SLOTS as u64);
     cb.measure = if opts.measure {

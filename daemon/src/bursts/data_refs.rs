@@ -54,6 +54,9 @@ pub(crate) const ANALYSED_PER_SECOND: f64 = 30_000.0;
 const BUCKET: f64 = ANALYSED_PER_SECOND;
 /// The fewest bursts that record references: one in this many.
 const MAX_REFS_EVERY: u64 = 1 << 12;
+/// `refs_every` at attach, before any rate is known (the first burst
+/// records references all the same).
+pub(crate) const FIRST_REFS_EVERY: u64 = 8;
 
 /// The data references of one traced process.
 pub(crate) struct DataRefs {
@@ -113,7 +116,7 @@ impl DataRefs {
             bucket: rated.then(|| (BUCKET, Instant::now())),
             taken: [true; MAX_SLOTS],
             module_ids: Vec::new(),
-            every: 1,
+            every: if rated { FIRST_REFS_EVERY } else { 1 },
             window: (0, Instant::now()),
             refs: References::new(),
             recent: RecentRefs::new(RECENT_MAX),
@@ -188,27 +191,28 @@ impl DataRefs {
         }
     }
 
-    /// Once a second (`None` otherwise, and for a full trace): the
+    /// Once a second, or after a tenth of one when the references come
+    /// 4 times too fast (`None` otherwise, and for a full trace): the
     /// `refs_every` that brings the references recorded near the
     /// analysis rate, from the rate read with the current one. It moves
-    /// only when the rate is off by half or more, and at most 8-fold.
+    /// only when the rate is off by half or more; up at once (a burst
+    /// records [`DEFAULT_REFS_BURST`](super::options::DEFAULT_REFS_BURST)
+    /// references: the first ones, one in every burst, come far too
+    /// fast), down at most 8-fold.
     pub(crate) fn refs_every(&mut self, now: Instant) -> Option<u64> {
         self.bucket?;
         let secs = now.saturating_duration_since(self.window.1).as_secs_f64();
-        if secs < 1.0 {
+        let rate = (self.seen - self.window.0) as f64 / secs.max(1e-9);
+        let ratio = rate / ANALYSED_PER_SECOND;
+        if secs < 1.0 && !(secs >= 0.1 && ratio >= 4.0) {
             return None;
         }
-        let rate = (self.seen - self.window.0) as f64 / secs;
         self.window = (self.seen, now);
-        let want = self.every as f64 * rate / ANALYSED_PER_SECOND;
-        let ratio = rate / ANALYSED_PER_SECOND;
+        let want = self.every as f64 * ratio;
         if (0.5..=1.5).contains(&ratio) {
             return None;
         }
-        let every = (want.ceil() as u64).clamp(
-            (self.every / 8).max(1),
-            (self.every * 8).min(MAX_REFS_EVERY),
-        );
+        let every = (want.ceil() as u64).clamp((self.every / 8).max(1), MAX_REFS_EVERY);
         (every != self.every).then(|| {
             self.every = every;
             every
@@ -334,12 +338,17 @@ mod tests {
 
     /// `refs_every` follows the rate: 8 times too many references a
     /// second make it 8 times larger, a rate within half of the target
-    /// leaves it, too few bring it down; never below 1.
+    /// leaves it, too few bring it down (8-fold at most); never below 1.
+    /// Far too many are seen after a tenth of a second, and it goes up
+    /// all the way at once.
     #[test]
     fn refs_every_follows_the_rate() {
         let t0 = Instant::now();
         let sec = |n: u64| t0 + std::time::Duration::from_secs(n);
+        let ms = |n: u64| t0 + std::time::Duration::from_millis(n);
         let mut d = DataRefs::new(1 << 30, true);
+        assert_eq!(d.every, FIRST_REFS_EVERY);
+        d.every = 1;
         d.window = (0, t0);
         assert_eq!(d.refs_every(t0), None, "not a second yet");
         d.seen = 8 * ANALYSED_PER_SECOND as u64;
@@ -350,6 +359,17 @@ mod tests {
         assert_eq!(d.refs_every(sec(3)), Some(2));
         assert_eq!(d.refs_every(sec(4)), Some(1), "none at all");
         assert_eq!(d.refs_every(sec(5)), None, "never below 1");
+        let mut d = DataRefs::new(1 << 30, true);
+        assert_eq!(d.every, FIRST_REFS_EVERY);
+        d.every = 1;
+        d.window = (0, t0);
+        d.seen = 2 * ANALYSED_PER_SECOND as u64;
+        assert_eq!(d.refs_every(ms(50)), None, "too soon");
+        assert_eq!(d.refs_every(ms(200)), Some(10), "10 times too fast");
+        d.seen += 10 * ANALYSED_PER_SECOND as u64;
+        assert_eq!(d.refs_every(ms(1200)), Some(100));
+        d.seen += 10;
+        assert_eq!(d.refs_every(sec(3)), Some(12), "down 8-fold");
         let mut full = DataRefs::new(1 << 30, false);
         full.seen = 1 << 30;
         assert_eq!(full.refs_every(sec(9)), None, "a full trace records all");

@@ -69,6 +69,9 @@ pub(crate) struct BurstsConfig {
     /// With `record = ["refs"]`, the stack's references too
     /// (`--refs-stack`).
     pub(crate) refs_stack: Option<bool>,
+    /// With `record = ["refs"]`, the references one burst records (1 to
+    /// 65536, `--refs-burst`).
+    pub(crate) refs_burst: Option<Spanned<u64>>,
 }
 
 /// `libraries = true | false | "hot" | "all" | "none"`.
@@ -554,6 +557,16 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<FileConfig, ConfigError> 
             ),
         ));
     }
+    if let Some(m) = &cfg.bursts.refs_burst
+        && !(1..=1 << 16).contains(m.get_ref())
+    {
+        return Err(ConfigError::at(
+            path,
+            text,
+            Some(m.span()),
+            "refs_burst must be 1 to 65536 (the data references one burst records)".into(),
+        ));
+    }
     if let Some(e) = &cfg.event
         && let Err(err) = crate::sampling::events::parse_event(e)
     {
@@ -643,6 +656,8 @@ mod tests {
         );
         let e = p("[bursts]\nmax_bursts = 9\n").unwrap_err();
         assert!(e.place == ":2:14" && e.reason.contains("1 to 8"), "{e}");
+        let e = p("[bursts]\nrefs_burst = 0\n").unwrap_err();
+        assert!(e.place == ":2:14" && e.reason.contains("1 to 65536"), "{e}");
         let e = p("[bursts]\nmax_traced = 0\n").unwrap_err();
         assert!(e.place == ":2:14" && e.reason.contains("at least 1"), "{e}");
         let e = p("[[target]]\nexe = \"/a\"\nbursts = \"yes\"\n").unwrap_err();

@@ -42,6 +42,8 @@ pub(crate) struct Overrides {
     /// `--record`, `--refs-stack`.
     pub(crate) record: Vec<crate::bursts::options::Record>,
     pub(crate) refs_stack: bool,
+    /// `--refs-burst`.
+    pub(crate) refs_burst: Option<u64>,
 }
 
 /// How many processes the service traces in bursts at once by default.
@@ -67,6 +69,8 @@ pub(crate) struct BurstSettings {
     pub(crate) refs: userspace_rewriter::codegen::Refs,
     /// `refs_stack`: what a target's own `record = ["refs"]` means.
     pub(crate) refs_stack: bool,
+    /// References per burst that records them.
+    pub(crate) refs_burst: u64,
 }
 
 impl BurstSettings {
@@ -86,6 +90,7 @@ impl BurstSettings {
             save_bursts,
             weights: self.weights,
             refs: self.refs,
+            refs_burst: self.refs_burst,
         }
     }
 }
@@ -263,6 +268,10 @@ impl Settings {
                     o.refs_stack || f.bursts.refs_stack.unwrap_or(false),
                 ),
                 refs_stack: o.refs_stack || f.bursts.refs_stack.unwrap_or(false),
+                refs_burst: o
+                    .refs_burst
+                    .or(f.bursts.refs_burst.as_ref().map(|m| *m.get_ref()))
+                    .unwrap_or(crate::bursts::options::DEFAULT_REFS_BURST),
             },
             source: file.and(source).map(Path::to_path_buf),
         })
@@ -365,6 +374,7 @@ pid = 1
                 weights: Weighting::StaticCost,
                 refs: userspace_rewriter::codegen::Refs::Data,
                 refs_stack: false,
+                refs_burst: crate::bursts::options::DEFAULT_REFS_BURST,
             }
         );
         let o = Overrides {
@@ -469,6 +479,7 @@ pid = 1
                 weights: Weighting::Uniform,
                 refs: userspace_rewriter::codegen::Refs::Off,
                 refs_stack: false,
+                refs_burst: crate::bursts::options::DEFAULT_REFS_BURST,
             }
         );
     }

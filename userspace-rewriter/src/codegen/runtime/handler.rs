@@ -204,9 +204,17 @@ pub(super) fn handler(
     a.rip_m(Code::Dec_rm64, field!(control, refs_countdown))?;
     a.jg(refs_off)?;
     a.rip_mr(Code::Mov_rm64_r64, field!(control, refs_countdown), rax)?;
-    a.set_label(&mut refs_on)?;
-    a.rip_mi(Code::Mov_rm64_imm32, local!(control, refs), 1)?;
+    // A burst that records references is longer (its own bounds, in
+    // references and checks); without memory mode (`refs_burst` 0)
+    // nothing changes.
     let mut refs_set = a.create_label();
+    a.set_label(&mut refs_on)?;
+    a.rip_rm(Code::Mov_r64_rm64, rax, field!(control, refs_burst))?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, refs), rax)?;
+    a.test(rax, rax)?;
+    a.je(refs_set)?;
+    a.rip_rm(Code::Mov_r64_rm64, rax, field!(control, refs_burst_len))?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, budget), rax)?;
     a.jmp(refs_set)?;
     a.set_label(&mut refs_off)?;
     a.rip_mi(Code::Mov_rm64_imm32, local!(control, refs), 0)?;

@@ -16,7 +16,8 @@ const RED_ZONE: i64 = 128;
 
 /// `rt_ref(rax = w0, rdx = address)`, from the standard frame: nothing
 /// in a burst that records no references (its `refs` register 0, see
-/// `BurstControl::refs_every`); nothing for an address from the
+/// `BurstControl::refs_every`), which counts down the references it
+/// records (at 0 the burst ends at its next check); nothing for an address from the
 /// program's red zone up to [`STACK_SPAN`] above its `rsp` (the thread's
 /// own stack); any other is `rt_emit`'s record (a tail call). This
 /// catches the stack references that the rewriter cannot tell by their
@@ -30,10 +31,11 @@ pub(super) fn reference(
     emit: CodeLabel,
 ) -> Result<(), IcedError> {
     let mut none = a.create_label();
+    let mut count = a.create_label();
     a.set_label(all)?;
     a.rip_mi(Code::Cmp_rm64_imm8, local!(control, refs), 0)?;
     a.je(none)?;
-    a.jmp(emit)?;
+    a.jmp(count)?;
     a.set_label(entry)?;
     a.rip_mi(Code::Cmp_rm64_imm8, local!(control, refs), 0)?;
     a.je(none)?;
@@ -43,6 +45,14 @@ pub(super) fn reference(
     a.sub(rcx, (FRAME - RED_ZONE) as i32)?;
     a.cmp(rcx, (STACK_SPAN as i64 + RED_ZONE) as i32)?;
     a.jb(none)?;
+    // One reference fewer to record; after the last, the next check ends
+    // the burst (its budget drops to 1, as at a full ring).
+    a.set_label(&mut count)?;
+    a.rip_m(Code::Dec_rm64, local!(control, refs))?;
+    a.jne(emit)?;
+    a.rip_mi(Code::Cmp_rm64_imm8, local!(control, budget), 1)?;
+    a.jbe(emit)?;
+    a.rip_mi(Code::Mov_rm64_imm32, local!(control, budget), 1)?;
     a.jmp(emit)?;
     a.set_label(&mut none)?;
     a.ret()
@@ -90,11 +100,48 @@ mod tests {
             [] as [u64; 0]
         );
         assert_eq!(reference_in(&mut h, 0x5555_0000_1000, true), [] as [u64; 0]);
-        h.loc_mut().refs = 1;
+        h.loc_mut().refs = 1 << 40;
         assert_eq!(
             reference_in(&mut h, rsp + 8, true),
             [0x7000_0000_0040_1000, rsp + 8]
         );
+    }
+
+    /// A burst records `refs_burst` references: each counts down its
+    /// `refs` register; the last one still goes out and drops the budget
+    /// to 1 (the next check ends the burst), a budget already at 1 or 0
+    /// stays; past it nothing is written. The stack's references, left
+    /// out, do not count.
+    #[test]
+    fn the_last_reference_ends_the_burst_at_its_next_check() {
+        let mut h = Harness::new();
+        let rsp = h.prog_rsp();
+        h.loc_mut().refs = 2;
+        let a = 0x5555_0000_1000;
+        assert_eq!(reference(&mut h, rsp + 8), [] as [u64; 0]);
+        assert_eq!(reference(&mut h, a), [0x7000_0000_0040_1000, a]);
+        assert_eq!((h.loc().refs, h.loc().budget), (1, 10));
+        assert_eq!(reference(&mut h, a + 8), [0x7000_0000_0040_1000, a + 8]);
+        assert_eq!((h.loc().refs, h.loc().budget), (0, 1));
+        assert_eq!(reference(&mut h, a), [] as [u64; 0]);
+        assert_eq!(reference_in(&mut h, a, true), [] as [u64; 0]);
+        assert_eq!(h.ctl().truncated, 0, "not a truncation");
+        // rt_ref_all counts too; a budget at or below 1 is kept.
+        for budget in [0, 1] {
+            h.loc_mut().refs = 1;
+            let mut l = h.loc_mut();
+            l.budget = budget;
+            drop(l);
+            let head = h.ctl().heads[0];
+            let before = super::super::testing::Regs {
+                rax: 0x7000_0000_0040_1000,
+                rdx: rsp + 8,
+                ..super::super::testing::Regs::sentinel()
+            };
+            h.call(h.rt.reference_all, before);
+            assert_eq!(h.ctl().heads[0], head + 2);
+            assert_eq!((h.loc().refs, h.loc().budget), (0, budget));
+        }
     }
 
     /// The thread's own stack (its red zone, up to 8 MiB above rsp) is
@@ -103,7 +150,7 @@ mod tests {
     #[test]
     fn leaves_out_the_threads_own_stack() {
         let mut h = Harness::new();
-        h.loc_mut().refs = 1;
+        h.loc_mut().refs = 1 << 40;
         let rsp = h.prog_rsp();
         for a in [rsp, rsp - 128, rsp + 8, rsp + STACK_SPAN - 1] {
             assert_eq!(

@@ -196,8 +196,9 @@ impl Harness {
                 // A burst whose clock started as the harness was made
                 // (the tests of the clock set 0: not started).
                 burst_start: tsc(),
-                // A burst that records references (memory mode).
-                refs: 1,
+                // A burst that records references (memory mode), with
+                // many left to record.
+                refs: 1 << 40,
                 _pad: [0; 1],
             }
         };

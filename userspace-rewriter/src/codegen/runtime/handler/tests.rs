@@ -514,7 +514,9 @@ fn measure_starts_the_first_path() {
 }
 
 /// Memory mode: one burst in `refs_every` records references (its
-/// `refs` register set at the start); 0 or 1: every burst.
+/// `refs` register set at the start to `refs_burst`, its budget to
+/// `refs_burst_len`); 0 or 1: every burst. The others record none and
+/// have the usual budget.
 #[test]
 fn one_burst_in_refs_every_records_references() {
     for (every, want) in [
@@ -524,6 +526,8 @@ fn one_burst_in_refs_every_records_references() {
     ] {
         let mut h = armed();
         h.ctl_mut().refs_every = every;
+        h.ctl_mut().refs_burst = 900;
+        h.ctl_mut().refs_burst_len = 77;
         let mut got = Vec::new();
         for _ in 0..want.len() {
             // The thread's earlier burst, if any, is replaced.
@@ -531,7 +535,13 @@ fn one_burst_in_refs_every_records_references() {
             h.set_uc_word(RIP, PC);
             handle(&mut h, None);
             assert_eq!(h.uc_word(RIP), CLONE, "a burst started");
-            got.push(h.loc().refs);
+            let (refs, budget) = (h.loc().refs, h.loc().budget);
+            assert_eq!(
+                (refs, budget),
+                if refs == 0 { (0, 50) } else { (900, 77) },
+                "refs_every {every}"
+            );
+            got.push(u64::from(refs != 0));
             let head = h.ctl().heads[0];
             h.ctl_mut().tails[0] = head;
         }
