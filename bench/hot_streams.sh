@@ -54,25 +54,33 @@ export GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX512F,-AVX512VL,-AVX512BW,-AVX512DQ,-A
 FX="$ROOT/tests/fixtures"
 RP="$ROOT/target/realprogs/bin"
 
-# Each workload repeats the same work (rounds of a Lua script, copies of
-# one input, rows of one kind), so the shares of its streams do not
-# depend on its scale. At scale 1 it makes 2-13 million references
-# (lackey's complete trace of it takes a minute or two): the complete
-# traces, burstyd's own (--full-trace) and lackey's, are of scale 1.
-# The burst profile is of the long workload (scale long_scale, seconds
-# natively), traced by `burstyd --pid --record refs` at the default burst
-# and rate from its start to its end: the same run gives the overhead and
-# the daemon's CPU, with enough bursts to compare.
+# Each workload is one unit of work (2-13 million references: lackey's
+# complete trace of it takes a minute or two), and the long workload is
+# the same unit repeated in one process: the same input file given k
+# times (xz, gawk, troff), the same script run k times on a fresh table
+# (sqlite3), k times the rounds (streams.c). The complete traces,
+# burstyd's own (--full-trace) and lackey's, are of one unit; the burst
+# profile is of the long workload (seconds natively), traced by `burstyd
+# --pid --record refs` at the default burst and rate from its start to
+# its end: the same run gives the overhead and the daemon's CPU, with
+# enough bursts to compare, over the same work as the complete traces (a
+# bigger input would make other streams: a deeper B-tree, a bigger
+# dictionary).
+# The long workloads run some 40 s natively: the daemon analyses up to
+# 30,000 references a second, in bursts of 32,768, so a run gives it some
+# 40 bursts to find the streams in.
 long_scale() {
     case "$1" in
-        streams) echo 40 ;;
-        lua) echo 40 ;;
-        gawk) echo 500 ;;
-        xz) echo 40 ;;
-        sqlite3) echo 800 ;;
-        troff) echo 500 ;;
+        streams) echo 1600 ;;
+        lua) echo 600 ;;
+        gawk) echo 3000 ;;
+        xz) echo 2400 ;;
+        sqlite3) echo 6000 ;;
+        troff) echo 4000 ;;
     esac
 }
+# `repeat K WORD`: WORD, K times.
+repeat() { local i; for ((i = 0; i < $1; i++)); do printf '%s ' "$2"; done; }
 command_for() {
     local k="$2"
     case "$1" in
@@ -81,36 +89,57 @@ command_for() {
             echo "$WORK/streams $((30000 * k))" ;;
         lua) echo "$RP/lua $FX/cpu_bound.lua $k" ;;
         gawk)
-            [[ -f "$WORK/words.$k.txt" ]] || "$TOOL" gen-text $((100000 * k)) 1 "$WORK/words.$k.txt"
-            echo "$RP/gawk -f $ROOT/bench/words.awk $WORK/words.$k.txt" ;;
+            [[ -f "$WORK/words.txt" ]] || "$TOOL" gen-text 100000 1 "$WORK/words.txt"
+            echo "$RP/gawk -f $ROOT/bench/words.awk $(repeat "$k" "$WORK/words.txt")" ;;
         xz)
-            [[ -f "$WORK/xz.in.$k" ]] || "$TOOL" gen-text $((100000 * k)) 2 "$WORK/xz.in.$k"
-            echo "/usr/bin/xz -3 -c -T1 $WORK/xz.in.$k" ;;
+            [[ -f "$WORK/xz.in" ]] || "$TOOL" gen-text 100000 2 "$WORK/xz.in"
+            echo "/usr/bin/xz -3 -c -T1 $(repeat "$k" "$WORK/xz.in")" ;;
         sqlite3)
-            {
+            [[ -f "$WORK/q.sql" ]] || {
                 echo "create table t(k integer primary key, v text, n integer);"
                 echo "create index tn on t(n);"
-                echo "with recursive c(i) as (select 1 union all select i + 1 from c where i < $((2000 * k)))"
+                echo "with recursive c(i) as (select 1 union all select i + 1 from c where i < 2000)"
                 # Values by construction (not randomblob): two runs make the
                 # same B-tree, so their references match.
                 echo "  insert into t select i, printf('%08x%08x', i * 2654435761 % 4294967296, i * 40503 % 65536), (i * 7919) % 1000 from c;"
                 echo "select n, count(*), max(v) from t group by n order by 2 desc limit 3;"
                 echo "select count(*) from t a join t b on a.n = b.n where a.k < 300;"
-            } > "$WORK/q.$k.sql"
+                echo "drop table t;"
+            } > "$WORK/q.sql"
+            [[ -f "$WORK/q.$k.sql" ]] || for ((i = 0; i < k; i++)); do cat "$WORK/q.sql"; done > "$WORK/q.$k.sql"
             echo "/usr/bin/sqlite3 :memory: -init $WORK/q.$k.sql .quit" ;;
         troff)
             # A manual page (groff-base has the man macros only).
-            [[ -f "$WORK/doc.$k.man" ]] || {
+            [[ -f "$WORK/doc.man" ]] || {
                 printf '.TH BENCH 1\n.SH NAME\nbench \\- words\n.SH DESCRIPTION\n'
-                for i in $(seq $((300 * k))); do echo ".PP"; echo "Paragraph $i: the quick brown fox jumps over the lazy dog, \\fBbold\\fP and \\fIitalic\\fP text, hyphenation of extraordinarily long words."; done
-            } > "$WORK/doc.$k.man"
-            echo "/usr/bin/troff -Tutf8 -man $WORK/doc.$k.man" ;;
+                for i in $(seq 300); do echo ".PP"; echo "Paragraph $i: the quick brown fox jumps over the lazy dog, \\fBbold\\fP and \\fIitalic\\fP text, hyphenation of extraordinarily long words."; done
+            } > "$WORK/doc.man"
+            echo "/usr/bin/troff -Tutf8 -man $(repeat "$k" "$WORK/doc.man")" ;;
         *) die "unknown program $1" ;;
     esac
 }
 metric() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sum(p['metrics'].get(sys.argv[2],0) for p in d['processes']))" "$1/summary.json" "$2"; }
 # The daemon's CPU while sampling (percent of one core) and its peak RSS (MB).
 cpu_pct() { python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['session']; print(f\"{s['sampling_cpu_ms'] / 10 / max(s['sampling_seconds'], 1e-9):.2f}\")" "$1/summary.json"; }
+# The daemon's steady CPU (percent of one core): from its /proc samples
+# (`time ticks target-alive`, every half second), the slope from 5 s on
+# (the attach and the library step done) while the target ran.
+steady_pct() {
+    python3 - "$1" <<'PY'
+import os, sys
+rows = [l.split() for l in open(sys.argv[1]) if len(l.split()) == 3]
+rows = [(float(t), int(c), a == "1") for t, c, a in rows]
+if not rows:
+    print("-"); sys.exit()
+t0 = rows[0][0]
+live = [r for r in rows if r[2] and r[0] >= t0 + 5]
+if len(live) < 2:
+    print("-"); sys.exit()
+hz = os.sysconf("SC_CLK_TCK")
+(ta, ca, _), (tb, cb, _) = live[0], live[-1]
+print(f"{(cb - ca) / hz / (tb - ta) * 100:.2f}")
+PY
+}
 rss_mb() { python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['session']; print(f\"{s['peak_rss_bytes'] / 2**20:.0f}\")" "$1/summary.json"; }
 kv() { tr ' ' '\n' <"$1" | awk -F= -v k="$2" '$1 == k { print $2 }'; }
 # The program's own wall time, untraced.
@@ -125,7 +154,14 @@ traced() {
     for _ in $(seq 2000); do pid=$(pgrep -P "$ru" || true); [[ -n "$pid" ]] && break; sleep 0.001; done
     [[ -n "$pid" ]] || die "$prog did not start under bench_tool"
     rm -rf "$WORK/$prog-long"
-    "$BIN" --pid "$pid" --record refs -o "$WORK/$prog-long" >/dev/null 2>"$WORK/$prog-long.log" || true
+    "$BIN" --pid "$pid" --record refs -o "$WORK/$prog-long" >/dev/null 2>"$WORK/$prog-long.log" &
+    local d=$!
+    : > "$WORK/$prog-long.cpu"
+    while kill -0 "$d" 2>/dev/null; do
+        echo "$(date +%s.%N) $(awk '{ print $14 + $15 }' "/proc/$d/stat" 2>/dev/null) $([[ -d /proc/$pid ]] && echo 1 || echo 0)" >> "$WORK/$prog-long.cpu"
+        sleep 0.5
+    done
+    wait "$d" || true
     wait "$ru" || true
     echo "$(kv "$WORK/ru" wall_s) $(cpu_s)"
 }
@@ -134,8 +170,8 @@ median() { tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1
 echo "# refs, lost: references and records lost in the long traced run (the burst profile); wall, cpu: the program's wall and CPU time"
 echo "# under burstyd --pid --record refs / untraced (long workload, medians of $RUNS alternating runs); ov-full, ov-lack: overlap (eq. 5)"
 echo "# of the burst profile with burstyd's full trace and lackey's (scale 1); full-lk: full trace vs lackey; cpu%, rss-MB: the daemon in"
-echo "# the long traced run, beside path mode's RSS"
-printf '%-8s %9s %6s %6s %6s %7s %7s %7s %6s %6s %8s\n' program refs lost wall cpu ov-full ov-lack full-lk cpu% rss-MB path-rss
+echo "# the long traced run (steady: from 5 s on, while the target ran), beside path mode's RSS"
+printf '%-8s %9s %6s %6s %6s %7s %7s %7s %6s %6s %6s %8s\n' program refs lost wall cpu ov-full ov-lack full-lk cpu% steady rss-MB path-rss
 for prog in $PROGRAMS; do
     if [[ "$prog" =~ ^(lua|gawk)$ && ! -x "$RP/$prog" ]]; then echo "$prog: not built (bash scripts/realprogs.sh)" >&2; continue; fi
     read -r -a CMD <<< "$(command_for "$prog" 1)"
@@ -162,11 +198,11 @@ for prog in $PROGRAMS; do
     for _ in $(seq 600); do [[ -s "$WORK/$prog-lackey.json" ]] && break; sleep 1; done
     ov() { python3 "$ROOT/bench/stream_overlap.py" "$1" "$2"; }
     ratio() { awk -v t="$(echo "$1" | median)" -v b="$(echo "$2" | median)" 'BEGIN { printf "%.3f", t / b }'; }
-    printf '%-8s %9s %6s %6s %6s %7s %7s %7s %6s %6s %8s\n' "$prog" \
+    printf '%-8s %9s %6s %6s %6s %7s %7s %7s %6s %6s %6s %8s\n' "$prog" \
         "$(metric "$out" burstyd_traced_references_total)" "$(metric "$out" burstyd_traced_records_lost_total)" \
         "$(ratio "${tw[*]}" "${bw[*]}")" "$(ratio "${tc[*]}" "${bc[*]}")" \
         "$(ov "$out/hot-streams.json" "$WORK/$prog-full/hot-streams.json")" \
         "$(ov "$out/hot-streams.json" "$WORK/$prog-lackey.json")" \
         "$(ov "$WORK/$prog-full/hot-streams.json" "$WORK/$prog-lackey.json")" \
-        "$(cpu_pct "$out")" "$(rss_mb "$out")" "$(rss_mb "$WORK/$prog-path")"
+        "$(cpu_pct "$out")" "$(steady_pct "$out.cpu")" "$(rss_mb "$out")" "$(rss_mb "$WORK/$prog-path")"
 done
