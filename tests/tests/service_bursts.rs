@@ -403,7 +403,7 @@ fn only_the_libraries_where_a_target_spends_time_are_cloned() {
 
 /// Memory mode in the service (a target's `record = ["refs"]`): the hot data
 /// streams of `streams`' references are served live
-/// (`/debug/pprof/streams?seconds=2`: the hot walk, 24 references long, is
+/// (`/debug/pprof/streams?seconds=4`: the hot walk, 24 references long, is
 /// the hottest stream), written per interval (`hot-streams-<time>.json`,
 /// also served as the latest on `/debug/pprof/streams`) and pushed as
 /// their own application (`svc.streams`).
@@ -447,11 +447,12 @@ fn the_service_serves_hot_data_streams_live() {
     target.wait_exec(&exe);
     wait_bursts(port, target.pid(), &scratch, &d);
 
-    // The streams of the next 2 seconds.
+    // The streams of the next 4 seconds (a burst that records references
+    // is a long one, taken about once a second at the analysis rate).
     let window = scratch.join("window.json");
     let url = format!("http://127.0.0.1:{port}/debug/pprof/streams");
     assert_eq!(
-        curl(&format!("{url}?seconds=2"), &window),
+        curl(&format!("{url}?seconds=4"), &window),
         200,
         "{}",
         d.log()

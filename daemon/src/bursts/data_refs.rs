@@ -195,10 +195,11 @@ impl DataRefs {
     /// 4 times too fast (`None` otherwise, and for a full trace): the
     /// `refs_every` that brings the references recorded near the
     /// analysis rate, from the rate read with the current one. It moves
-    /// only when the rate is off by half or more; up at once (a burst
-    /// records [`DEFAULT_REFS_BURST`](super::options::DEFAULT_REFS_BURST)
-    /// references: the first ones, one in every burst, come far too
-    /// fast), down at most 8-fold.
+    /// only when the rate is off by half or more, and at most 8-fold (a
+    /// burst records [`DEFAULT_REFS_BURST`](super::options::DEFAULT_REFS_BURST)
+    /// references, so a tenth of a second holds few of them: a larger
+    /// step overshoots, and a live window of a few seconds then holds
+    /// none).
     pub(crate) fn refs_every(&mut self, now: Instant) -> Option<u64> {
         self.bucket?;
         let secs = now.saturating_duration_since(self.window.1).as_secs_f64();
@@ -212,7 +213,10 @@ impl DataRefs {
         if (0.5..=1.5).contains(&ratio) {
             return None;
         }
-        let every = (want.ceil() as u64).clamp((self.every / 8).max(1), MAX_REFS_EVERY);
+        let every = (want.ceil() as u64).clamp(
+            (self.every / 8).max(1),
+            (self.every * 8).min(MAX_REFS_EVERY),
+        );
         (every != self.every).then(|| {
             self.every = every;
             every
@@ -339,8 +343,8 @@ mod tests {
     /// `refs_every` follows the rate: 8 times too many references a
     /// second make it 8 times larger, a rate within half of the target
     /// leaves it, too few bring it down (8-fold at most); never below 1.
-    /// Far too many are seen after a tenth of a second, and it goes up
-    /// all the way at once.
+    /// Far too many are seen after a tenth of a second; up 8-fold at
+    /// most.
     #[test]
     fn refs_every_follows_the_rate() {
         let t0 = Instant::now();
@@ -365,11 +369,11 @@ mod tests {
         d.window = (0, t0);
         d.seen = 2 * ANALYSED_PER_SECOND as u64;
         assert_eq!(d.refs_every(ms(50)), None, "too soon");
-        assert_eq!(d.refs_every(ms(200)), Some(10), "10 times too fast");
+        assert_eq!(d.refs_every(ms(200)), Some(8), "10 times too fast");
         d.seen += 10 * ANALYSED_PER_SECOND as u64;
-        assert_eq!(d.refs_every(ms(1200)), Some(100));
+        assert_eq!(d.refs_every(ms(1200)), Some(64), "up 8-fold at most");
         d.seen += 10;
-        assert_eq!(d.refs_every(sec(3)), Some(12), "down 8-fold");
+        assert_eq!(d.refs_every(sec(3)), Some(8), "down 8-fold");
         let mut full = DataRefs::new(1 << 30, false);
         full.seen = 1 << 30;
         assert_eq!(full.refs_every(sec(9)), None, "a full trace records all");
