@@ -16,7 +16,9 @@
 //!
 //! Nodes are capped ([`MAX_NODES`]): a context that would need more counts
 //! in its deepest existing prefix, and the overflow is counted.
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 
 /// Nodes of one process's tree at most (about 40 bytes each, with the
 /// index).
@@ -49,10 +51,10 @@ pub(crate) enum FrameKey {
 /// counting a path allocates nothing.
 pub(crate) struct Contexts {
     nodes: Vec<(u32, Frame)>,
-    index: HashMap<(u32, Frame), u32>,
+    index: FxHashMap<(u32, Frame), u32>,
     /// The addresses of foreign frames.
     foreign: Vec<u64>,
-    foreign_index: HashMap<u64, u32>,
+    foreign_index: FxHashMap<u64, u32>,
     /// Contexts cut short because the tree was full.
     pub(crate) overflow: u64,
 }
@@ -61,9 +63,9 @@ impl Default for Contexts {
     fn default() -> Self {
         Contexts {
             nodes: vec![(UNKNOWN, u32::MAX), (UNKNOWN, u32::MAX)],
-            index: HashMap::new(),
+            index: FxHashMap::default(),
             foreign: Vec::new(),
-            foreign_index: HashMap::new(),
+            foreign_index: FxHashMap::default(),
             overflow: 0,
         }
     }

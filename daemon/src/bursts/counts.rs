@@ -38,11 +38,13 @@ pub(crate) struct Tally {
 
 /// A counted entry: (thread id, context node, fid, path).
 pub(crate) type Key = (u32, u32, u32, u64);
+/// Tallies by key (the Fx hash: a burst's records look one up each).
+pub(crate) type Tallies = rustc_hash::FxHashMap<Key, Tally>;
 
 /// Path counts the exporters read: all of a process's, or one
 /// interval's, on its calling context tree.
 pub(crate) struct PathView<'a> {
-    entries: std::borrow::Cow<'a, HashMap<Key, Tally>>,
+    entries: std::borrow::Cow<'a, Tallies>,
     contexts: &'a Contexts,
     names: &'a HashMap<u32, String>,
     estimates: &'a Estimates,
@@ -75,10 +77,7 @@ impl PathView<'_> {
 
 /// `now - before`, entry by entry (what was counted between two
 /// [`PathCounts::snapshot`]s); entries that did not move are left out.
-pub(crate) fn delta(
-    now: &HashMap<Key, Tally>,
-    before: &HashMap<Key, Tally>,
-) -> HashMap<Key, Tally> {
+pub(crate) fn delta(now: &Tallies, before: &Tallies) -> Tallies {
     now.iter()
         .filter_map(|(k, t)| {
             let b = before.get(k).copied().unwrap_or_default();
@@ -192,9 +191,9 @@ pub(crate) struct PathCounts {
     family: Vec<u32>,
     /// (thread id, context node, fid, path) → what was counted since
     /// the last [`Self::take_interval`].
-    counts: HashMap<Key, Tally>,
+    counts: Tallies,
     /// What earlier intervals counted.
-    total: HashMap<Key, Tally>,
+    total: Tallies,
     /// The calling context tree the counts hang on.
     contexts: Contexts,
     /// Each burst slot's running burst (the records of one slot come in
@@ -229,7 +228,7 @@ pub(crate) struct PathCounts {
     /// Each path's cost in the original code (quarter cycles;
     /// [`super::traced::Traced::path_cost`]), learnt as paths are first
     /// seen; `None`: not known.
-    costs: HashMap<(u32, u64), Option<u64>>,
+    costs: rustc_hash::FxHashMap<(u32, u64), Option<u64>>,
 }
 
 impl PathCounts {
@@ -577,7 +576,7 @@ impl PathCounts {
     }
 
     /// `entries` (an interval's, a window's) on this process's contexts.
-    pub(crate) fn view(&self, entries: HashMap<Key, Tally>) -> PathView<'_> {
+    pub(crate) fn view(&self, entries: Tallies) -> PathView<'_> {
         PathView {
             entries: std::borrow::Cow::Owned(entries),
             contexts: &self.contexts,
@@ -588,7 +587,7 @@ impl PathCounts {
     }
 
     /// What was counted since the last call, which the totals now hold.
-    pub(crate) fn take_interval(&mut self) -> HashMap<Key, Tally> {
+    pub(crate) fn take_interval(&mut self) -> Tallies {
         let iv = std::mem::take(&mut self.counts);
         for (k, t) in &iv {
             add_tally(self.total.entry(*k).or_default(), t);
@@ -597,7 +596,7 @@ impl PathCounts {
     }
 
     /// Everything counted so far, as a copy (for [`delta`]).
-    pub(crate) fn snapshot(&self) -> HashMap<Key, Tally> {
+    pub(crate) fn snapshot(&self) -> Tallies {
         let mut all = self.total.clone();
         for (k, t) in &self.counts {
             add_tally(all.entry(*k).or_default(), t);
@@ -987,7 +986,7 @@ mod tests {
         c.add(&path(0, PathEnd::BackEdge, 1));
         c.add(&end(EndReason::Budget, 10));
         let second = c.take_interval();
-        let sum = |m: &HashMap<Key, Tally>| {
+        let sum = |m: &Tallies| {
             m.values()
                 .fold((0, 0.0), |a, t| (a.0 + t.executions, a.1 + t.estimate))
         };
@@ -1015,7 +1014,7 @@ mod tests {
     #[test]
     fn intervals_add_up_to_the_total() {
         let mut c = PathCounts::new(vec![Some(4)]);
-        let execs = |m: &HashMap<Key, Tally>, p: u64| {
+        let execs = |m: &Tallies, p: u64| {
             m.iter()
                 .filter(|(k, _)| k.3 == p)
                 .map(|(_, t)| t.executions)

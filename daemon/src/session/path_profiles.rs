@@ -384,7 +384,7 @@ impl Session {
             .partition(|w| w.end <= now);
         self.path_windows = open;
         for w in done {
-            let none = HashMap::new();
+            let none = crate::bursts::counts::Tallies::default();
             let mut leaves = Vec::new();
             let mut views = Vec::new();
             for src in self.sources() {
