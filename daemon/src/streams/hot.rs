@@ -3,22 +3,21 @@
 //! expansion; its frequency is its number of non-overlapping occurrences
 //! in the trace (the rule's uses, as the start rule derives them), its
 //! heat `length × frequency`. Streams of `min_len..=max_len` references
-//! are candidates; the heat threshold is the highest at which the hot
-//! streams together account for `coverage` of the references (or every
-//! candidate, when they never do). A rule too long to be a stream may
-//! still hold one: a run of references written out in its right-hand
-//! side occurs as often as the rule, and is a candidate too (Sequitur
-//! joins a walk that is always followed by another walk to it, and the
-//! first walk is never a rule of its own). A hot stream's occurrences inside a
-//! hotter, longer one are that one's, not its own (Chilimbi's "cold
-//! uses"): nothing is counted twice. The hot streams' frequencies are
-//! then counted in the references themselves ([`occurrences`]): the
-//! grammar's cuts depend on the order things came in, the trace's
-//! repetitions do not. Streams with the same access signature (the
-//! ordered list of their instructions) are one stream.
+//! that occur at least twice are candidates; the heat threshold is the
+//! highest at which the hot streams together account for `coverage` of
+//! the references (or every candidate, when they never do). A rule too
+//! long to be a stream may still hold one: a run of references written
+//! out in its right-hand side occurs as often as the rule, and is a
+//! candidate too. A hot stream's occurrences inside a hotter, longer one
+//! are that one's, not its own (Chilimbi's "cold uses"): nothing is
+//! counted twice. The grammar is locally consistent ([`super::grammar`]):
+//! a repeated stretch of references is the same rule wherever it occurs,
+//! so a stream's frequency does not depend on where bursts began.
+//! Streams with the same access signature (the ordered list of their
+//! instructions) are one stream.
 use rustc_hash::FxHashMap;
 
-use super::grammar::{RULE_BIT, expand};
+use super::grammar::{RULE_BIT, expand, rules as grammar};
 use super::references::References;
 
 /// What counts as a hot stream.
@@ -61,7 +60,8 @@ impl Stream {
 
 /// The hot streams of `refs`, hottest first.
 pub(crate) fn hot_streams(refs: &References, opts: &HotOptions) -> Vec<Stream> {
-    let rules: FxHashMap<u32, Vec<u32>> = refs.grammar.rules().into_iter().collect();
+    let rules: FxHashMap<u32, Vec<u32>> =
+        grammar(&refs.seq, &refs.term_names()).into_iter().collect();
     let order = topological(&rules);
     // Expanded length of every rule, children first.
     let mut length: FxHashMap<u32, u64> = FxHashMap::default();
@@ -117,7 +117,8 @@ pub(crate) fn hot_streams(refs: &References, opts: &HotOptions) -> Vec<Stream> {
     // start, length)`), with their non-overlapping occurrences, and the
     // references they cover.
     let select = |h: u64| {
-        let hot = |r: u32, cold: u64| candidate(r) && length[&r] * cold >= h;
+        // A stream repeats: once is no stream, however long.
+        let hot = |r: u32, cold: u64| candidate(r) && cold >= 2 && length[&r] * cold >= h;
         let cold = cold_uses(&rules, &order, hot);
         let mut chosen: Vec<((u32, usize, u64), u64)> = order
             .iter()
@@ -126,7 +127,7 @@ pub(crate) fn hot_streams(refs: &References, opts: &HotOptions) -> Vec<Stream> {
             .collect();
         chosen.extend(
             runs.iter()
-                .filter(|&&(r, _, l)| l * cold[&r] >= h)
+                .filter(|&&(r, _, l)| cold[&r] >= 2 && l * cold[&r] >= h)
                 .map(|&run| (run, cold[&run.0])),
         );
         let covered: u64 = chosen.iter().map(|((_, _, l), c)| l * c).sum();
@@ -162,10 +163,7 @@ pub(crate) fn hot_streams(refs: &References, opts: &HotOptions) -> Vec<Stream> {
         })
         .collect();
     hot.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    let mut sequence = Vec::with_capacity(refs.count as usize);
-    expand(&rules, 0, &mut sequence);
-    let terms: Vec<&[u32]> = hot.iter().map(|h| h.0.as_slice()).collect();
-    let frequencies = occurrences(&sequence, &terms);
+    let frequencies: Vec<u64> = hot.iter().map(|h| h.1 / h.0.len() as u64).collect();
     // One stream per signature.
     let mut by_sig: FxHashMap<Vec<u32>, Stream> = FxHashMap::default();
     for ((terms, _), frequency) in hot.into_iter().zip(frequencies) {
@@ -194,51 +192,6 @@ pub(crate) fn hot_streams(refs: &References, opts: &HotOptions) -> Vec<Stream> {
             .then_with(|| a.signature.cmp(&b.signature))
     });
     out
-}
-
-/// How often each of `streams` (hottest first) occurs in `sequence`,
-/// the references as they came: its non-overlapping occurrences, left to
-/// right, that no hotter stream's counted occurrence overlaps. The
-/// grammar picks the hot streams, but which rule a repetition of one
-/// falls to depends on what came before it (a burst that starts inside
-/// it, a variant seen first); counted in the references themselves, a
-/// stream's frequency is that of the trace, whatever the grammar's cuts,
-/// and a reference still counts in one stream at most.
-fn occurrences(sequence: &[u32], streams: &[&[u32]]) -> Vec<u64> {
-    // Where each stream's first symbol occurs.
-    let mut at: FxHashMap<u32, Vec<u32>> = streams
-        .iter()
-        .filter_map(|s| s.first())
-        .map(|&f| (f, Vec::new()))
-        .collect();
-    for (i, s) in sequence.iter().enumerate() {
-        if let Some(v) = at.get_mut(s) {
-            v.push(i as u32);
-        }
-    }
-    let mut covered = vec![false; sequence.len()];
-    streams
-        .iter()
-        .map(|s| {
-            let Some(first) = s.first() else { return 0 };
-            let mut n = 0;
-            let mut next = 0;
-            for &p in &at[first] {
-                let (p, end) = (p as usize, p as usize + s.len());
-                if p < next
-                    || end > sequence.len()
-                    || &sequence[p..end] != *s
-                    || covered[p..end].iter().any(|&c| c)
-                {
-                    continue;
-                }
-                covered[p..end].fill(true);
-                n += 1;
-                next = end;
-            }
-            n
-        })
-        .collect()
 }
 
 /// Rules in topological order, the start rule first (every rule before
@@ -450,36 +403,26 @@ mod tests {
         );
     }
 
-    /// Occurrences are counted left to right, never overlapping their
-    /// own or a hotter stream's.
-    #[test]
-    fn occurrences_in_the_references_themselves() {
-        let seq = [1, 2, 3, 1, 2, 3, 1, 2, 3, 9, 1, 2, 3, 1, 2];
-        assert_eq!(occurrences(&seq, &[&[1, 2, 3], &[2, 3, 1]]), [4, 0]);
-        assert_eq!(occurrences(&seq, &[&[2, 3, 1], &[1, 2, 3]]), [3, 0]);
-        assert_eq!(occurrences(&[1, 1, 1, 1, 1], &[&[1, 1]]), [2]);
-        assert_eq!(occurrences(&seq, &[&[7, 8], &[]]), [0, 0]);
-    }
-
     /// Bursts start anywhere inside a hot loop of 24 references (24
-    /// instructions, as a round of a long code path): 300 of them, each
-    /// from a random place through 8 more rounds. The grammar cuts the
-    /// loop at many places (where the bursts it saw first began), and
-    /// which rule a round falls to depends on what came before it; the
-    /// hottest stream's frequency is still its number of non-overlapping
-    /// occurrences in the references (counted here by a plain scan), and
-    /// the loop's streams hold nearly all of them.
+    /// instructions, as a round of a long code path): 100 of them, each
+    /// from a random place through 200 more rounds. The grammar's cuts are
+    /// local, so every burst's rounds are parsed alike but for a few at
+    /// its ends, whatever came before: the hottest stream is one round,
+    /// and its frequency is nearly its number of non-overlapping
+    /// occurrences in the references (counted here by a plain scan).
+    /// (Sequitur's rules depended on where the bursts it saw first
+    /// began: 158 of 2,415 rounds.)
     #[test]
     fn a_loop_cut_by_burst_starts_keeps_its_occurrences() {
         let mut refs = References::new();
         let mut all: Vec<Option<(u64, u64)>> = Vec::new();
         let mut x = 7u64;
-        for _ in 0..300 {
+        for _ in 0..100 {
             x = x
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let start = (x >> 33) % 24;
-            for k in start..start + 24 * 9 {
+            for k in start..start + 24 * 200 {
                 let r = (0x10 + k % 24 * 4, 0x5000 + k % 24 * 64);
                 refs.push(instr(r.0), r.1);
                 all.push(Some(r));
@@ -489,6 +432,7 @@ mod tests {
         }
         let streams = hot_streams(&refs, &HotOptions::default());
         let top = &streams[0];
+        assert_eq!(top.length(), 24, "{streams:?}");
         let want: Vec<Option<(u64, u64)>> = top
             .signature
             .iter()
@@ -504,10 +448,14 @@ mod tests {
                 i += 1;
             }
         }
-        assert_eq!(top.frequency, n, "{streams:?}");
+        assert!(
+            top.frequency as f64 >= 0.95 * n as f64 && top.frequency <= n,
+            "{} of {n}: {streams:?}",
+            top.frequency
+        );
         let heat: u64 = streams.iter().map(|s| s.heat).sum();
         assert!(
-            heat as f64 >= 0.85 * refs.count as f64,
+            heat as f64 >= 0.9 * refs.count as f64,
             "{heat} of {}: {streams:?}",
             refs.count
         );

@@ -1,11 +1,12 @@
-//! Data references, interned and fed to a Sequitur grammar: each distinct
-//! (instruction, address) pair becomes a terminal, each distinct
-//! instruction (module, static address) an id; the end of an independent
-//! sequence (a burst; a thread of a complete trace) is a terminal of its
-//! own that occurs once, so no rule, and no stream, spans it.
+//! Data references, interned into a sequence for the grammar
+//! ([`super::grammar`]): each distinct (instruction, address) pair becomes
+//! a terminal, each distinct instruction (module, static address) an id;
+//! the end of an independent sequence (a burst; a thread of a complete
+//! trace) is a terminal of its own that occurs once, so no rule, and no
+//! stream, spans it.
 use rustc_hash::FxHashMap;
 
-use super::grammar::{Grammar, RULE_BIT};
+use super::grammar::{RULE_BIT, mix_all};
 
 /// An instruction that references data: its module (index into
 /// [`References::modules`]) and static virtual address.
@@ -15,10 +16,11 @@ pub(crate) struct Instr {
     pub(crate) vaddr: u64,
 }
 
-/// The references of a process (or a trace), as a grammar.
+/// The references of a process (or a trace), in order.
 #[derive(Default)]
 pub(crate) struct References {
-    pub(crate) grammar: Grammar,
+    /// Terminals, and separators (ids count down from below `RULE_BIT`).
+    pub(crate) seq: Vec<u32>,
     /// Module paths, by index.
     pub(crate) modules: Vec<String>,
     module_ids: FxHashMap<String, u32>,
@@ -79,7 +81,7 @@ impl References {
                 t
             }
         };
-        self.grammar.push(t);
+        self.seq.push(t);
         self.count += 1;
         self.at_start = false;
     }
@@ -92,7 +94,7 @@ impl References {
         self.separators += 1;
         let s = RULE_BIT - self.separators;
         assert!((s as usize) > self.terms.len(), "too many sequences");
-        self.grammar.push(s);
+        self.seq.push(s);
         self.at_start = true;
     }
 
@@ -100,6 +102,35 @@ impl References {
     #[cfg(test)]
     pub(crate) fn sequences(&self) -> u32 {
         self.separators
+    }
+
+    /// Each terminal's name for the grammar: a hash of its instruction's
+    /// module file name and static address (the same in any trace of the
+    /// same code; the data address is not in it, as it differs between
+    /// runs and tools).
+    pub(crate) fn term_names(&self) -> Vec<u64> {
+        let modules: Vec<u64> = self
+            .modules
+            .iter()
+            .map(|p| {
+                let file = std::path::Path::new(p)
+                    .file_name()
+                    .map_or(p.as_bytes(), |f| f.as_encoded_bytes());
+                mix_all(file.iter().map(|&b| u64::from(b)))
+            })
+            .collect();
+        let instrs: Vec<u64> = self
+            .instrs
+            .iter()
+            .map(|i| {
+                let m = modules.get(i.module as usize).copied().unwrap_or(0);
+                mix_all([m, i.vaddr].into_iter())
+            })
+            .collect();
+        self.terms
+            .iter()
+            .map(|&(i, _)| instrs[i as usize])
+            .collect()
     }
 
     /// Whether terminal `t` is a reference (not a separator).

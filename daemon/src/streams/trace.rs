@@ -70,7 +70,7 @@ mod tests {
         );
         assert_eq!(refs.terms[2], (2, 0x30));
         // Two sequences: two separators after the references.
-        assert_eq!(refs.grammar.len(), 5);
+        assert_eq!(refs.seq.len(), 5);
     }
 
     #[test]
