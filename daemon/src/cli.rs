@@ -157,7 +157,7 @@ pub(crate) enum Command {
     },
     /// The hot data streams of a data reference trace (Chilimbi's: the
     /// repeated reference sequences that account for most of it, found
-    /// with a Sequitur grammar; Hirzel & Chilimbi's case study for bursty
+    /// with a locally consistent grammar; Hirzel & Chilimbi's case study for bursty
     /// tracing): each stream's access signature (its instructions, with
     /// functions and lines), its share of all references, how often it
     /// occurs, and what its addresses do.

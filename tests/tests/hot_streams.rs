@@ -82,8 +82,8 @@ fn a_lackey_trace_gives_the_known_streams() {
     };
     // Every reference of every walk is in a hot stream, and the hot walk
     // is one stream, as often as it was walked. (The cold walk, always
-    // followed by a hot one, may share a stream with it: Sequitur's rules
-    // cut where repetition does.)
+    // followed by a hot one, may share a stream with it: the grammar's
+    // rules cut where the references around say.)
     let (hot, hot_top) = of("walk_hot");
     assert_eq!(hot, hot_refs, "hot walk:\n  {}", describe());
     assert_eq!(hot_top, rounds * 4, "hot walk:\n  {}", describe());

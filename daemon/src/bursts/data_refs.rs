@@ -10,7 +10,7 @@
 //! between (one that does closes it: a stream may be cut there, never
 //! joined across bursts).
 //!
-//! The analysis costs some 0.3 µs a reference (interning, Sequitur), and
+//! The analysis costs some 0.3 µs a reference (interning, the grammar), and
 //! a process in memory mode may write 200,000 a second at the default
 //! burst and rate; to stay within its CPU budget the daemon analyses
 //! whole bursts at up to [`ANALYSED_PER_SECOND`] references a second (a
@@ -37,8 +37,8 @@ use crate::streams::recent::{RECENT_MAX, RecentRefs};
 use crate::streams::references::{Instr, References};
 
 /// References held per process at most: beyond it, bursts' references
-/// are counted but not kept (Sequitur's grammar costs some 50 bytes a
-/// reference; 2^21 keep the daemon's share of it near 100 MB).
+/// are counted but not kept (a reference costs 4 bytes in the sequence,
+/// some 30 more while the grammar is built, and its term if new).
 pub(crate) const MAX_REFERENCES: u64 = 1 << 21;
 /// The same for a full trace (`--full-trace`: ground truth, on a short
 /// run).

@@ -83,10 +83,11 @@ pub(crate) const BUSY_DRAIN_RECORDS: u64 = 4096;
 pub(crate) const BUSY_DRAIN_AGAIN: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Memory mode: the references one burst records by default. Hot data
-/// streams are rule expansions of a Sequitur grammar, and a grammar of
-/// many short bursts cuts the same stream at many places (each burst
-/// starts inside one): the shares of its streams are not those of the
-/// whole trace. Samples of sqlite3's complete trace (2.2 million
+/// streams are rule expansions of a grammar, and Sequitur's grammar of
+/// many short bursts cut the same stream at many places (each burst
+/// starts inside one): the shares of its streams were not those of the
+/// whole trace (the grammar is locally consistent now, and the ends of
+/// bursts still cut streams). Samples of sqlite3's complete trace (2.2 million
 /// references, 2026-11-29) overlapped it (equation 5) 0.26 in 800
 /// bursts of 2,000 references, 0.43 in 160 of 10,000, 0.64 in 32 of
 /// 50,000; xz's 0.66, 0.67, 0.77. The same references a second (the

@@ -77,35 +77,12 @@ pub(crate) fn hot_streams(refs: &References, opts: &HotOptions) -> Vec<Stream> {
     }
     let in_range = |l: u64| (opts.min_len..=opts.max_len).contains(&l);
     let candidate = |r: u32| r != 0 && in_range(length[&r]);
-    // A rule too long to be a stream may hold a stream of its own: a run
-    // of references written out in it (no sub-rule), as often as the rule
-    // occurs. (A list walked each time before another walk is one such:
-    // Sequitur makes the two walks one rule, the first one's references
-    // its own terminals.)
-    let mut runs: Vec<(u32, usize, u64)> = Vec::new();
-    for &r in &order {
-        if length[&r] <= opts.max_len {
-            continue;
-        }
-        let rhs = &rules[&r];
-        let mut i = 0;
-        while i < rhs.len() {
-            let j = (i..rhs.len())
-                .find(|&j| rhs[j] & RULE_BIT != 0 || !refs.is_reference(rhs[j]))
-                .unwrap_or(rhs.len());
-            if in_range((j - i) as u64) {
-                runs.push((r, i, (j - i) as u64));
-            }
-            i = j + 1;
-        }
-    }
     // Upper bounds of the heats: the thresholds worth trying.
     let uses = cold_uses(&rules, &order, |_, _| false);
     let mut thresholds: Vec<u64> = order
         .iter()
         .filter(|&&r| candidate(r))
         .map(|&r| length[&r] * uses[&r])
-        .chain(runs.iter().map(|&(r, _, l)| l * uses[&r]))
         .filter(|&h| h > 0)
         .collect();
     thresholds.sort_unstable();
@@ -113,24 +90,18 @@ pub(crate) fn hot_streams(refs: &References, opts: &HotOptions) -> Vec<Stream> {
     if thresholds.is_empty() {
         return Vec::new();
     }
-    // The streams hot at threshold `h` (a rule, or a run of one: `(rule,
-    // start, length)`), with their non-overlapping occurrences, and the
-    // references they cover.
+    // The streams hot at threshold `h`, with their non-overlapping
+    // occurrences, and the references they cover.
     let select = |h: u64| {
         // A stream repeats: once is no stream, however long.
         let hot = |r: u32, cold: u64| candidate(r) && cold >= 2 && length[&r] * cold >= h;
         let cold = cold_uses(&rules, &order, hot);
-        let mut chosen: Vec<((u32, usize, u64), u64)> = order
+        let chosen: Vec<(u32, u64)> = order
             .iter()
             .filter(|&&r| hot(r, cold[&r]))
-            .map(|&r| ((r, 0, length[&r]), cold[&r]))
+            .map(|&r| (r, cold[&r]))
             .collect();
-        chosen.extend(
-            runs.iter()
-                .filter(|&&(r, _, l)| cold[&r] >= 2 && l * cold[&r] >= h)
-                .map(|&run| (run, cold[&run.0])),
-        );
-        let covered: u64 = chosen.iter().map(|((_, _, l), c)| l * c).sum();
+        let covered: u64 = chosen.iter().map(|&(r, c)| length[&r] * c).sum();
         (chosen, covered)
     };
     let want = (opts.coverage * refs.count as f64).ceil() as u64;
@@ -149,24 +120,18 @@ pub(crate) fn hot_streams(refs: &References, opts: &HotOptions) -> Vec<Stream> {
         }
     }
     let (chosen, _) = select(thresholds[lo]);
-    // The hot streams' references, hottest first (by the grammar).
-    let mut hot: Vec<(Vec<u32>, u64)> = chosen
+    // The hot streams' references, and their frequencies.
+    let hot: Vec<(Vec<u32>, u64)> = chosen
         .into_iter()
-        .map(|((r, start, len), cold)| {
+        .map(|(r, cold)| {
             let mut terms = Vec::new();
-            if candidate(r) {
-                expand(&rules, r, &mut terms);
-            } else {
-                terms.extend_from_slice(&rules[&r][start..start + len as usize]);
-            }
-            (terms, len * cold)
+            expand(&rules, r, &mut terms);
+            (terms, cold)
         })
         .collect();
-    hot.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    let frequencies: Vec<u64> = hot.iter().map(|h| h.1 / h.0.len() as u64).collect();
     // One stream per signature.
     let mut by_sig: FxHashMap<Vec<u32>, Stream> = FxHashMap::default();
-    for ((terms, _), frequency) in hot.into_iter().zip(frequencies) {
+    for (terms, frequency) in hot {
         if frequency == 0 {
             continue;
         }
@@ -358,8 +323,8 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         // The hot walk: its 960 references as streams of its instructions
-        // (Sequitur may cut the cycle at another node: one signature of
-        // 24, or a few whose lengths add up), all of them covered.
+        // (one signature of 24, or a few whose lengths add up), all of
+        // them covered.
         let hot = find(0x1000);
         let hot_heat: u64 = hot.iter().map(|h| h.1).sum();
         assert!(
@@ -410,8 +375,8 @@ mod tests {
     /// its ends, whatever came before: the hottest stream is one round,
     /// and its frequency is nearly its number of non-overlapping
     /// occurrences in the references (counted here by a plain scan).
-    /// (Sequitur's rules depended on where the bursts it saw first
-    /// began: 158 of 2,415 rounds.)
+    /// (Sequitur's rules, before, depended on where the bursts it saw
+    /// first began: 158 of 2,415 rounds.)
     #[test]
     fn a_loop_cut_by_burst_starts_keeps_its_occurrences() {
         let mut refs = References::new();
@@ -498,9 +463,9 @@ mod tests {
     }
 
     /// A list walked 25 times, each time just before a hot walk (walked
-    /// 800 times), with noise before it: Sequitur makes the two walks one
-    /// rule of 48 references, too long; the first walk is a run of that
-    /// rule's references, found as a stream as often as it occurs.
+    /// 800 times), with noise before it: the first walk is a stream of its
+    /// own, found as often as it occurs, not lost inside a rule of both
+    /// walks too long to be a stream.
     #[test]
     fn a_walk_always_followed_by_another_is_a_stream() {
         let mut refs = References::new();

@@ -2,8 +2,8 @@
 //! the repeated subsequences of a data reference trace that account for
 //! most of it. A reference is an (instruction, address) pair; the trace of
 //! each independent sequence (a burst, or a complete trace's thread) goes
-//! into one Sequitur grammar ([`grammar`]) with a separator no stream can
-//! span; its rules are the candidate streams, their uses the number of
+//! into one locally consistent grammar ([`grammar`]) with a separator no
+//! stream can span; its rules are the candidate streams, their uses the number of
 //! non-overlapping occurrences, and [`hot`] picks the hot ones and merges
 //! them by access signature (the ordered list of their instructions).
 //! [`trace`] reads a plain-text trace (another tool's complete trace);
