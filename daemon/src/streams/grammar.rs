@@ -54,11 +54,12 @@ const MAX_LEVELS: usize = 40;
 /// [`block_starts`]).
 const MAX_PERIOD: usize = 4;
 
-/// The grammar of `seq`: the rules and their right-hand sides, the start
-/// rule first. `names[t]`: terminal `t`'s name (see the module's
+/// The grammar of `seq`: each rule's right-hand side, by rule id, the
+/// start rule (0) first; a rule's sub-rules have lower ids than it (the
+/// start rule's aside). `names[t]`: terminal `t`'s name (see the module's
 /// documentation); symbols of `seq` at or above `names.len()` are
 /// separators.
-pub(crate) fn rules(seq: &[u32], names: &[u64]) -> Vec<(u32, Vec<u32>)> {
+pub(crate) fn rules(seq: &[u32], names: &[u64]) -> Vec<Vec<u32>> {
     let mut rules = Rules::default();
     rules.rhs.push(Vec::new());
     let mut top = Vec::with_capacity(seq.len() / 4);
@@ -78,12 +79,7 @@ pub(crate) fn rules(seq: &[u32], names: &[u64]) -> Vec<(u32, Vec<u32>)> {
         start = end + 1;
     }
     rules.rhs[0] = top;
-    rules
-        .rhs
-        .into_iter()
-        .enumerate()
-        .map(|(r, rhs)| (r as u32, rhs))
-        .collect()
+    rules.rhs
 }
 
 #[derive(Default)]
@@ -267,8 +263,8 @@ pub(crate) fn mix_all(words: impl Iterator<Item = u64>) -> u64 {
 
 /// Appends the terminals rule `r` derives (from [`rules`], by rule) to
 /// `out`.
-pub(crate) fn expand(rules: &FxHashMap<u32, Vec<u32>>, r: u32, out: &mut Vec<u32>) {
-    for &s in &rules[&r] {
+pub(crate) fn expand(rules: &[Vec<u32>], r: u32, out: &mut Vec<u32>) {
+    for &s in &rules[r as usize] {
         if s & RULE_BIT != 0 {
             expand(rules, s & !RULE_BIT, out);
         } else {
@@ -289,9 +285,8 @@ mod tests {
         let seq: Vec<u32> = (0..200).collect();
         let names = vec![7u64; 200];
         let r = rules(&seq, &names);
-        let by: FxHashMap<u32, Vec<u32>> = r.iter().cloned().collect();
         let mut uses: FxHashMap<u32, u32> = FxHashMap::default();
-        for (_, rhs) in &r {
+        for rhs in &r {
             for &s in rhs {
                 if s & RULE_BIT != 0 {
                     *uses.entry(s & !RULE_BIT).or_default() += 1;
@@ -299,7 +294,7 @@ mod tests {
             }
         }
         let mut out = Vec::new();
-        expand(&by, 0, &mut out);
+        expand(&r, 0, &mut out);
         assert_eq!(out, seq);
         assert!(uses.values().all(|&u| u == 1), "{r:?}");
     }

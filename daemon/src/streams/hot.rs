@@ -60,29 +60,31 @@ impl Stream {
 
 /// The hot streams of `refs`, hottest first.
 pub(crate) fn hot_streams(refs: &References, opts: &HotOptions) -> Vec<Stream> {
-    let rules: FxHashMap<u32, Vec<u32>> =
-        grammar(&refs.seq, &refs.term_names()).into_iter().collect();
-    let order = topological(&rules);
-    // Expanded length of every rule, children first.
-    let mut length: FxHashMap<u32, u64> = FxHashMap::default();
+    let rules = grammar(&refs.seq, &refs.term_names());
+    // Every rule before its sub-rules: the start rule, then the others
+    // from the last made (sub-rules are made first).
+    let order: Vec<u32> = std::iter::once(0)
+        .chain((1..rules.len() as u32).rev())
+        .collect();
+    // Expanded length of every rule, sub-rules first.
+    let mut length = vec![0u64; rules.len()];
     for &r in order.iter().rev() {
-        let l = rules[&r]
+        length[r as usize] = rules[r as usize]
             .iter()
             .map(|&s| match s & RULE_BIT {
                 0 => u64::from(refs.is_reference(s)),
-                _ => length[&(s & !RULE_BIT)],
+                _ => length[(s & !RULE_BIT) as usize],
             })
             .sum();
-        length.insert(r, l);
     }
     let in_range = |l: u64| (opts.min_len..=opts.max_len).contains(&l);
-    let candidate = |r: u32| r != 0 && in_range(length[&r]);
+    let candidate = |r: u32| r != 0 && in_range(length[r as usize]);
     // Upper bounds of the heats: the thresholds worth trying.
     let uses = cold_uses(&rules, &order, |_, _| false);
     let mut thresholds: Vec<u64> = order
         .iter()
         .filter(|&&r| candidate(r))
-        .map(|&r| length[&r] * uses[&r])
+        .map(|&r| length[r as usize] * uses[r as usize])
         .filter(|&h| h > 0)
         .collect();
     thresholds.sort_unstable();
@@ -94,14 +96,14 @@ pub(crate) fn hot_streams(refs: &References, opts: &HotOptions) -> Vec<Stream> {
     // occurrences, and the references they cover.
     let select = |h: u64| {
         // A stream repeats: once is no stream, however long.
-        let hot = |r: u32, cold: u64| candidate(r) && cold >= 2 && length[&r] * cold >= h;
+        let hot = |r: u32, cold: u64| candidate(r) && cold >= 2 && length[r as usize] * cold >= h;
         let cold = cold_uses(&rules, &order, hot);
         let chosen: Vec<(u32, u64)> = order
             .iter()
-            .filter(|&&r| hot(r, cold[&r]))
-            .map(|&r| (r, cold[&r]))
+            .filter(|&&r| hot(r, cold[r as usize]))
+            .map(|&r| (r, cold[r as usize]))
             .collect();
-        let covered: u64 = chosen.iter().map(|&(r, c)| length[&r] * c).sum();
+        let covered: u64 = chosen.iter().map(|&(r, c)| length[r as usize] * c).sum();
         (chosen, covered)
     };
     let want = (opts.coverage * refs.count as f64).ceil() as u64;
@@ -159,52 +161,20 @@ pub(crate) fn hot_streams(refs: &References, opts: &HotOptions) -> Vec<Stream> {
     out
 }
 
-/// Rules in topological order, the start rule first (every rule before
-/// the rules it uses).
-fn topological(rules: &FxHashMap<u32, Vec<u32>>) -> Vec<u32> {
-    let mut post = Vec::with_capacity(rules.len());
-    let mut seen: FxHashMap<u32, bool> = FxHashMap::default();
-    // Iterative DFS: (rule, next position in its right-hand side).
-    let mut stack = vec![(0u32, 0usize)];
-    seen.insert(0, true);
-    while let Some(&mut (r, ref mut i)) = stack.last_mut() {
-        let rhs = &rules[&r];
-        if let Some(&s) = rhs.get(*i) {
-            *i += 1;
-            if s & RULE_BIT != 0 {
-                let c = s & !RULE_BIT;
-                if seen.insert(c, true).is_none() {
-                    stack.push((c, 0));
-                }
-            }
-        } else {
-            post.push(r);
-            stack.pop();
-        }
-    }
-    post.reverse();
-    post
-}
-
 /// How often each rule occurs in the derivation of the start rule outside
 /// the occurrences of rules `hot(rule, its uses)` says are hot (those
 /// take their sub-rules' occurrences): with `hot` never true, every use.
-fn cold_uses(
-    rules: &FxHashMap<u32, Vec<u32>>,
-    order: &[u32],
-    hot: impl Fn(u32, u64) -> bool,
-) -> FxHashMap<u32, u64> {
-    let mut cold: FxHashMap<u32, u64> = FxHashMap::default();
-    cold.insert(0, 1);
+fn cold_uses(rules: &[Vec<u32>], order: &[u32], hot: impl Fn(u32, u64) -> bool) -> Vec<u64> {
+    let mut cold = vec![0u64; rules.len()];
+    cold[0] = 1;
     for &r in order {
-        let c = cold.get(&r).copied().unwrap_or(0);
-        cold.entry(r).or_insert(0);
+        let c = cold[r as usize];
         if c == 0 || hot(r, c) {
             continue;
         }
-        for &s in &rules[&r] {
+        for &s in &rules[r as usize] {
             if s & RULE_BIT != 0 {
-                *cold.entry(s & !RULE_BIT).or_insert(0) += c;
+                cold[(s & !RULE_BIT) as usize] += c;
             }
         }
     }
