@@ -372,7 +372,10 @@ pub(super) fn set_run_options(region: &mut SharedRegion, opts: &BurstOptions) {
                 .saturating_mul(super::options::REFS_BURST_CHECKS),
         ),
     };
-    cb.refs_every = if opts.full_trace {
+    // (With memory mode off no burst records references: 1 leaves the
+    // handler's countdown alone.)
+    let refs_off = matches!(opts.refs, userspace_rewriter::codegen::Refs::Off);
+    cb.refs_every = if opts.full_trace || refs_off {
         1
     } else {
         super::data_refs::FIRST_REFS_EVERY
