@@ -57,7 +57,15 @@ pub(crate) struct Contexts {
     foreign_index: FxHashMap<u64, u32>,
     /// Contexts cut short because the tree was full.
     pub(crate) overflow: u64,
+    /// The index's answers lately, direct-mapped by `(parent, frame)`
+    /// (nodes are never taken out, so an answer stays true): a burst
+    /// enters the same few functions from the same few contexts over and
+    /// over, and the index is too big to stay in the processor's caches.
+    recent: Box<[(u32, Frame, u32)]>,
 }
+
+/// Entries of [`Contexts::recent`] (a power of two).
+const RECENT: usize = 1 << 12;
 
 impl Default for Contexts {
     fn default() -> Self {
@@ -67,6 +75,7 @@ impl Default for Contexts {
             foreign: Vec::new(),
             foreign_index: FxHashMap::default(),
             overflow: 0,
+            recent: vec![(u32::MAX, 0, 0); RECENT].into_boxed_slice(),
         }
     }
 }
@@ -75,17 +84,25 @@ impl Contexts {
     /// The node for `frame` called from context `parent` (`parent` itself
     /// when the tree is full).
     pub(crate) fn child(&mut self, parent: u32, frame: Frame) -> u32 {
-        let next = self.nodes.len() as u32;
-        if let Some(&n) = self.index.get(&(parent, frame)) {
-            return n;
+        let h = ((u64::from(parent) << 32 | u64::from(frame)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            >> (64 - RECENT.trailing_zeros())) as usize;
+        let r = self.recent[h];
+        if r.0 == parent && r.1 == frame {
+            return r.2;
         }
-        if self.nodes.len() >= MAX_NODES {
+        let next = self.nodes.len() as u32;
+        let n = if let Some(&n) = self.index.get(&(parent, frame)) {
+            n
+        } else if self.nodes.len() >= MAX_NODES {
             self.overflow += 1;
             return parent;
-        }
-        self.index.insert((parent, frame), next);
-        self.nodes.push((parent, frame));
-        next
+        } else {
+            self.index.insert((parent, frame), next);
+            self.nodes.push((parent, frame));
+            next
+        };
+        self.recent[h] = (parent, frame, n);
+        n
     }
 
     /// The frame for `key`.
