@@ -38,6 +38,9 @@ pub(crate) struct Traced {
     /// Every function of every module by address: `(AVMA start, end,
     /// fid)`, sorted ([`Self::reindex`]).
     pub(super) index: Vec<(u64, u64, u32)>,
+    /// How often the index was rebuilt (what was learnt of it is stale
+    /// once it moves).
+    pub(super) generation: u64,
 }
 
 /// One module with clones.
@@ -106,6 +109,7 @@ impl Traced {
             })
             .collect();
         self.index.sort_unstable();
+        self.generation += 1;
     }
 
     /// The function of a traced module that holds `avma`.
@@ -113,6 +117,15 @@ impl Traced {
         let i = self.index.partition_point(|e| e.0 <= avma).checked_sub(1)?;
         let (_, end, fid) = self.index[i];
         (avma < end).then_some(fid)
+    }
+
+    /// [`Self::fid_at`], with the addresses around `avma` that have the
+    /// same answer: `(fid, lo, hi)`, every address of `lo..hi` in `fid`.
+    pub(crate) fn fid_span_at(&self, avma: u64) -> Option<(u32, u64, u64)> {
+        let i = self.index.partition_point(|e| e.0 <= avma).checked_sub(1)?;
+        let (lo, end, fid) = self.index[i];
+        let hi = self.index.get(i + 1).map_or(end, |e| end.min(e.0));
+        (avma < end).then_some((fid, lo, hi))
     }
 
     /// A burst's stack sample as context frames, outermost first, down to

@@ -139,6 +139,7 @@ impl BurstTracer {
                 modules,
                 code,
                 index: Vec::new(),
+                generation: 0,
             },
         };
         tracer.traced.reindex();
