@@ -81,19 +81,25 @@ fn a_lackey_trace_gives_the_known_streams() {
             .join("\n  ")
     };
     // Every reference of every walk is in a hot stream, and the hot walk
-    // is one stream, as often as it was walked. (The cold walk, always
-    // followed by a hot one, may share a stream with it: the grammar's
-    // rules cut where the references around say.)
+    // is one stream, as often as it was walked but for the walks right
+    // after a cold one (one in 8 rounds): the grammar's cuts depend on
+    // the references around, and the cold walk, always followed by a hot
+    // one, may share a stream with it.
     let (hot, hot_top) = of("walk_hot");
+    let cold_walks = rounds.div_ceil(8);
     assert_eq!(hot, hot_refs, "hot walk:\n  {}", describe());
-    assert_eq!(hot_top, rounds * 4, "hot walk:\n  {}", describe());
+    assert!(
+        (rounds * 4 - cold_walks..=rounds * 4).contains(&hot_top),
+        "hot walk {hot_top} times:\n  {}",
+        describe()
+    );
     let (cold, _) = of("walk_cold");
     assert_eq!(cold, cold_refs, "cold walk:\n  {}", describe());
     // The hottest stream is the hot walk; noise never repeats.
     assert_eq!(streams[0]["signature"][0]["function"], "walk_hot");
     assert_eq!(streams[0]["length"], 24);
     let share = streams[0]["heat"].as_f64().unwrap();
-    assert_eq!((share * total as f64).round() as u64, hot_refs);
+    assert_eq!((share * total as f64).round() as u64, hot_top * 24);
     assert_eq!(streams[0]["pattern"], "irregular");
     assert!(
         streams.iter().all(|s| s["signature"]
