@@ -80,21 +80,32 @@ fn a_lackey_trace_gives_the_known_streams() {
             .collect::<Vec<_>>()
             .join("\n  ")
     };
-    // Every reference of every walk is in a hot stream, and the hot walk
+    // Every reference of every walk (but the first, see below) is in a
+    // hot stream, and the hot walk
     // is one stream, as often as it was walked but for the walks right
     // after a cold one (one in 8 rounds): the grammar's cuts depend on
     // the references around, and the cold walk, always followed by a hot
     // one, may share a stream with it.
+    // (The very first walk follows the start-up's references and may be
+    // cut apart from the rest: a variant seen once is no stream.)
     let (hot, hot_top) = of("walk_hot");
     let cold_walks = rounds.div_ceil(8);
-    assert_eq!(hot, hot_refs, "hot walk:\n  {}", describe());
+    assert!(
+        (hot_refs - 24..=hot_refs).contains(&hot),
+        "hot walk {hot} of {hot_refs}:\n  {}",
+        describe()
+    );
     assert!(
         (rounds * 4 - cold_walks..=rounds * 4).contains(&hot_top),
         "hot walk {hot_top} times:\n  {}",
         describe()
     );
     let (cold, _) = of("walk_cold");
-    assert_eq!(cold, cold_refs, "cold walk:\n  {}", describe());
+    assert!(
+        (cold_refs - 24..=cold_refs).contains(&cold),
+        "cold walk {cold} of {cold_refs}:\n  {}",
+        describe()
+    );
     // The hottest stream is the hot walk; noise never repeats.
     assert_eq!(streams[0]["signature"][0]["function"], "walk_hot");
     assert_eq!(streams[0]["length"], 24);
