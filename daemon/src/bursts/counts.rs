@@ -159,76 +159,6 @@ impl BurstState {
     }
 }
 
-/// Entries of [`Cached`] (a power of two).
-const CACHED: usize = 1 << 12;
-/// A key no entry has (no function has this fid): an empty cache entry.
-const NO_KEY: Key = (0, 0, u32::MAX, u64::MAX);
-
-/// The tallies of the (context, function, path) entries counted lately,
-/// direct-mapped by key: a burst counts the same few paths over and over,
-/// and the counts are too many to stay in the processor's caches. The
-/// tally of a key here is the true one (the map's is stale until the
-/// entry is written back: when another key takes its place, or when the
-/// interval's counts are taken; readers see the cached tallies).
-/// Every entry is in the map: an entry is created there, as without the
-/// cache, and then cached, so the map's size, and what a full map drops,
-/// do not change.
-struct Cached(Box<[(Key, Tally)]>);
-
-impl Default for Cached {
-    fn default() -> Self {
-        Cached(vec![(NO_KEY, Tally::default()); CACHED].into_boxed_slice())
-    }
-}
-
-impl Cached {
-    fn slot(k: &Key) -> usize {
-        let x = (u64::from(k.1) | u64::from(k.2) << 32)
-            ^ k.3.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            ^ u64::from(k.0).rotate_left(23);
-        (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - CACHED.trailing_zeros())) as usize
-    }
-
-    /// The cached tally of `k`, if cached.
-    fn get(&self, k: &Key) -> Option<&Tally> {
-        let e = &self.0[Self::slot(k)];
-        (e.0 == *k).then_some(&e.1)
-    }
-
-    /// The same, to change.
-    fn get_mut(&mut self, k: &Key) -> Option<&mut Tally> {
-        let e = &mut self.0[Self::slot(k)];
-        (e.0 == *k).then_some(&mut e.1)
-    }
-
-    /// Caches `k`'s tally `t` (taken from `counts`, which holds `k`),
-    /// writing back the entry it replaces.
-    fn put(&mut self, counts: &mut Tallies, k: Key, t: Tally) {
-        let e = &mut self.0[Self::slot(&k)];
-        if e.0 != NO_KEY {
-            write_back(counts, e);
-        }
-        *e = (k, t);
-    }
-
-    /// Writes every entry back to `counts` and empties the cache.
-    fn flush(&mut self, counts: &mut Tallies) {
-        for e in self.0.iter_mut() {
-            if e.0 != NO_KEY {
-                write_back(counts, e);
-                e.0 = NO_KEY;
-            }
-        }
-    }
-}
-
-fn write_back(counts: &mut Tallies, e: &(Key, Tally)) {
-    match counts.get_mut(&e.0) {
-        Some(t) => *t = e.1,
-        None => debug_assert!(false, "a cached entry is counted"),
-    }
-}
-
 /// How many of a burst's first complete paths may stand for its start
 /// segment ([`PathCounts::start_cost`]).
 const START_PATHS: usize = 8;
@@ -260,11 +190,8 @@ pub(crate) struct PathCounts {
     /// compiler's sense share one); `u32::MAX` where no module has it.
     family: Vec<u32>,
     /// (thread id, context node, fid, path) → what was counted since
-    /// the last [`Self::take_interval`]. An entry in [`Self::cached`]
-    /// is there, but its tally is the cache's.
+    /// the last [`Self::take_interval`].
     counts: Tallies,
-    /// A write-back cache of `counts`' entries (see [`Cached`]).
-    cached: Cached,
     /// What earlier intervals counted.
     total: Tallies,
     /// The calling context tree the counts hang on.
@@ -454,41 +381,34 @@ impl PathCounts {
                         self.rooted_paths += 1;
                     }
                     let key = (b.tid, ctx, fid, path);
-                    let slot = Cached::slot(&key);
-                    let counted = if self.cached.0[slot].0 == key {
-                        self.cached.0[slot].1.executions += 1;
-                        true
-                    } else {
-                        let full = self.counts.len() + self.total.len() >= MAX_ENTRIES;
-                        let t = match self.counts.get_mut(&key) {
-                            Some(t) => {
-                                t.executions += 1;
-                                Some(*t)
-                            }
-                            None if full && !self.total.contains_key(&key) => {
-                                self.dropped += 1;
-                                None
-                            }
-                            None => {
-                                let t = Tally {
+                    let full = self.counts.len() + self.total.len() >= MAX_ENTRIES;
+                    let counted = match self.counts.get_mut(&key) {
+                        Some(t) => {
+                            t.executions += 1;
+                            true
+                        }
+                        None if full && !self.total.contains_key(&key) => {
+                            self.dropped += 1;
+                            false
+                        }
+                        None => {
+                            self.counts.insert(
+                                key,
+                                Tally {
                                     executions: 1,
                                     ..Tally::default()
-                                };
-                                self.counts.insert(key, t);
-                                Some(t)
-                            }
-                        };
-                        if let Some(t) = t {
-                            self.cached.put(&mut self.counts, key, t);
+                                },
+                            );
+                            true
                         }
-                        t.is_some()
                     };
                     if counted {
-                        if self.exact {
-                            self.cached.0[slot].1.estimate += 1.0;
-                        }
                         self.bursts[cur].last = Some(key);
-                        if !self.exact {
+                        if self.exact {
+                            if let Some(t) = self.counts.get_mut(&key) {
+                                t.estimate += 1.0;
+                            }
+                        } else {
                             let pending = &mut self.bursts[cur].pending;
                             match pending.last_mut() {
                                 Some((k, s, n)) if *k == key && *s == span => *n += 1,
@@ -513,11 +433,7 @@ impl PathCounts {
                 }
             }
             BurstEvent::Cost { ticks } => {
-                let cached = &mut self.cached;
-                let counts = &mut self.counts;
-                if let Some(t) =
-                    last.and_then(|k| cached.get_mut(&k).or_else(|| counts.get_mut(&k)))
-                {
+                if let Some(t) = last.and_then(|k| self.counts.get_mut(&k)) {
                     t.cost += ticks;
                     t.measured += 1;
                     self.min_cost = Some(self.min_cost.map_or(ticks, |m| m.min(ticks)));
@@ -576,10 +492,7 @@ impl PathCounts {
             // Still in this interval's counts, or already in the totals
             // (an interval ended during the burst): the weight goes to
             // this interval either way.
-            match self.cached.get_mut(k) {
-                Some(t) => t.estimate += w * o,
-                None => self.counts.entry(*k).or_default().estimate += w * o,
-            }
+            self.counts.entry(*k).or_default().estimate += w * o;
         }
         // The buffer is kept for the slot's next burst.
         pending.clear();
@@ -619,12 +532,6 @@ impl PathCounts {
         for slot in 0..MAX_SLOTS {
             self.finish(slot, None);
         }
-        self.flush();
-    }
-
-    /// The cached tallies go back into the counts.
-    fn flush(&mut self) {
-        self.cached.flush(&mut self.counts);
     }
 
     /// Whether path `(fid, path)`'s cost is still to be learnt.
@@ -681,7 +588,6 @@ impl PathCounts {
 
     /// What was counted since the last call, which the totals now hold.
     pub(crate) fn take_interval(&mut self) -> Tallies {
-        self.flush();
         let iv = std::mem::take(&mut self.counts);
         for (k, t) in &iv {
             add_tally(self.total.entry(*k).or_default(), t);
@@ -693,7 +599,6 @@ impl PathCounts {
     pub(crate) fn snapshot(&self) -> Tallies {
         let mut all = self.total.clone();
         for (k, t) in &self.counts {
-            let t = self.cached.get(k).unwrap_or(t);
             add_tally(all.entry(*k).or_default(), t);
         }
         all
@@ -1131,37 +1036,6 @@ mod tests {
         let all = c.all();
         let total: u64 = all.iter().map(|(_, t)| t.executions).sum();
         assert_eq!(total, 4);
-    }
-
-    /// More entries than the cache holds, counted in turns across
-    /// intervals, with costs: every tally comes out as without a cache.
-    #[test]
-    fn counts_outgrow_the_cache() {
-        let n = 3 * CACHED as u64;
-        let mut c = PathCounts::new(vec![Some(n)]);
-        let mut intervals = Vec::new();
-        for round in 0..3 {
-            for p in 0..n {
-                c.add(&path(0, PathEnd::BackEdge, (p * 7919 + round) % n));
-                c.add(&BurstEvent::Cost { ticks: 10 });
-            }
-            intervals.push(c.take_interval());
-            c.add(&path(0, PathEnd::BackEdge, round));
-        }
-        for (r, iv) in intervals.iter().enumerate() {
-            assert_eq!(iv.len() as u64, n);
-            for (k, t) in iv {
-                // The path counted after the interval before.
-                let extra = u64::from(r > 0 && k.3 == r as u64 - 1);
-                assert_eq!((t.executions, t.cost, t.measured), (1 + extra, 10, 1));
-            }
-        }
-        let all = c.all();
-        assert_eq!(all.iter().count() as u64, n);
-        for (k, t) in all.iter() {
-            let extra = u64::from(k.3 < 3);
-            assert_eq!((t.executions, t.measured), (3 + extra, 3), "{k:?}");
-        }
     }
 
     #[test]
