@@ -25,8 +25,9 @@
 //! file name and static address for a reference (data addresses differ
 //! from run to run, and between our trace and another tool's), the
 //! hash of its children's names for a block. A stretch of equal names
-//! (a loop on one instruction) is cut into pairs from its start (a
-//! triple last when it is odd). Elsewhere adjacent names differ, and
+//! (a loop on one instruction) is cut into pairs (a triple last when it
+//! is odd); a run of a period of two to four names, into whole periods
+//! starting at the period's least name. Elsewhere adjacent names differ, and
 //! deterministic coin tossing (Cole & Vishkin) turns them into labels
 //! below 6, then 3, that still differ from their neighbours: a label is
 //! twice the lowest bit at which a name differs from its left
