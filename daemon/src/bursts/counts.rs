@@ -103,6 +103,43 @@ fn add_tally(into: &mut Tally, t: &Tally) {
     into.measured += t.measured;
 }
 
+/// Where the last path counted went, for the COST record after it.
+#[derive(Clone, Copy, Debug)]
+enum Last {
+    /// Into the tallies at once (a full trace).
+    Counted(Key),
+    /// Into the running burst's `pending`, at this index.
+    Pending(usize),
+}
+
+/// A run of executions of one path in a running burst.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    key: Key,
+    /// The path's span (see [`span_weight`]; `None`: not known).
+    span: Option<u32>,
+    /// Executions in the run.
+    n: u32,
+    /// Of which not in the tallies yet (an interval's end or a view
+    /// takes them before the burst ends: [`PathCounts::flush_running`]),
+    /// with their measured cost, and how many had one.
+    uncounted: u32,
+    cost: u64,
+    measured: u32,
+}
+
+impl Pending {
+    /// What the run adds to the tallies before its burst's weight.
+    fn uncounted(&self) -> Tally {
+        Tally {
+            executions: u64::from(self.uncounted),
+            estimate: 0.0,
+            cost: self.cost,
+            measured: u64::from(self.measured),
+        }
+    }
+}
+
 /// One burst slot's running burst, as its records tell it.
 #[derive(Clone, Debug, Default)]
 struct BurstState {
@@ -119,12 +156,13 @@ struct BurstState {
     /// the thread's root, else [`UNKNOWN`].
     bottom: u32,
     /// The last path counted, for the COST record that may follow it.
-    last: Option<(u32, u32, u32, u64)>,
+    last: Option<Last>,
     /// The complete paths the running burst counted, in order, with
     /// their spans (see [`span_weight`]; `None`: not known), runs of the
-    /// same (a loop going round) as one entry with their number: weighted
-    /// when it ends.
-    pending: Vec<(Key, Option<u32>, u32)>,
+    /// same (a loop going round) as one entry with their number: counted
+    /// and weighted when it ends, one look-up in the tallies per distinct
+    /// key of the burst (not per record).
+    pending: Vec<Pending>,
     /// Checks the burst passed so far: its ENTER and PATH records (every
     /// check is an entry, a back edge or the return site after a callee's
     /// path; a tail call's is the callee's entry).
@@ -229,6 +267,15 @@ pub(crate) struct PathCounts {
     /// [`super::traced::Traced::path_cost`]), learnt as paths are first
     /// seen; `None`: not known.
     costs: rustc_hash::FxHashMap<(u32, u64), Option<u64>>,
+    /// The checks of a burst whose paths are counted (`None`: all): a
+    /// memory-mode burst that records references runs many times a
+    /// path-mode burst's checks ([`super::options::REFS_BURST_CHECKS`]),
+    /// and its paths past the path-mode length are left out, so that it
+    /// counts as a path-mode burst does, at a path-mode burst's cost to
+    /// the daemon ([`Self::count_checks`]).
+    path_checks: Option<u32>,
+    /// [`Self::finish`]'s buffer, kept between bursts.
+    occurrences: Vec<((u32, u64), f64)>,
 }
 
 impl PathCounts {
@@ -330,9 +377,16 @@ impl PathCounts {
                 let b = &mut self.bursts[cur];
                 b.starts.push(Some(b.checks));
                 b.checks += 1;
+                let past = self.past_counted(cur);
+                let b = &mut self.bursts[cur];
                 if b.stack.len() - b.base < MAX_CONTEXT_DEPTH {
-                    let parent = b.stack.last().map_or(b.bottom, |e| e.1);
-                    let node = self.contexts.child(parent, fid);
+                    // (No context is needed where no path counts.)
+                    let node = if past {
+                        UNKNOWN
+                    } else {
+                        let parent = b.stack.last().map_or(b.bottom, |e| e.1);
+                        self.contexts.child(parent, fid)
+                    };
                     b.stack.push((fid, node));
                 }
             }
@@ -363,6 +417,8 @@ impl PathCounts {
                 }
                 if partial {
                     self.partial_paths += 1;
+                } else if self.past_counted(cur) {
+                    // Left out (see `path_checks`).
                 } else if self.valid_path(fid, path) {
                     self.paths += 1;
                     let b = &self.bursts[cur];
@@ -381,40 +437,34 @@ impl PathCounts {
                         self.rooted_paths += 1;
                     }
                     let key = (b.tid, ctx, fid, path);
-                    let full = self.counts.len() + self.total.len() >= MAX_ENTRIES;
-                    let counted = match self.counts.get_mut(&key) {
-                        Some(t) => {
-                            t.executions += 1;
-                            true
-                        }
-                        None if full && !self.total.contains_key(&key) => {
-                            self.dropped += 1;
-                            false
-                        }
-                        None => {
-                            self.counts.insert(
+                    // (Look-ups only once the bound is reached.)
+                    let full = self.counts.len() + self.total.len() >= MAX_ENTRIES
+                        && !self.counts.contains_key(&key)
+                        && !self.total.contains_key(&key);
+                    if full {
+                        self.dropped += 1;
+                    } else if self.exact {
+                        let t = self.counts.entry(key).or_default();
+                        t.executions += 1;
+                        t.estimate += 1.0;
+                        self.bursts[cur].last = Some(Last::Counted(key));
+                    } else {
+                        let b = &mut self.bursts[cur];
+                        match b.pending.last_mut() {
+                            Some(p) if p.key == key && p.span == span => {
+                                p.n += 1;
+                                p.uncounted += 1;
+                            }
+                            _ => b.pending.push(Pending {
                                 key,
-                                Tally {
-                                    executions: 1,
-                                    ..Tally::default()
-                                },
-                            );
-                            true
+                                span,
+                                n: 1,
+                                uncounted: 1,
+                                cost: 0,
+                                measured: 0,
+                            }),
                         }
-                    };
-                    if counted {
-                        self.bursts[cur].last = Some(key);
-                        if self.exact {
-                            if let Some(t) = self.counts.get_mut(&key) {
-                                t.estimate += 1.0;
-                            }
-                        } else {
-                            let pending = &mut self.bursts[cur].pending;
-                            match pending.last_mut() {
-                                Some((k, s, n)) if *k == key && *s == span => *n += 1,
-                                _ => pending.push((key, span, 1)),
-                            }
-                        }
+                        b.last = Some(Last::Pending(b.pending.len() - 1));
                     }
                 } else {
                     self.bad_records += 1;
@@ -433,9 +483,18 @@ impl PathCounts {
                 }
             }
             BurstEvent::Cost { ticks } => {
-                if let Some(t) = last.and_then(|k| self.counts.get_mut(&k)) {
-                    t.cost += ticks;
-                    t.measured += 1;
+                let counted = match last {
+                    Some(Last::Counted(k)) => self.counts.get_mut(&k).map(|t| {
+                        t.cost += ticks;
+                        t.measured += 1;
+                    }),
+                    Some(Last::Pending(i)) => self.bursts[cur].pending.get_mut(i).map(|p| {
+                        p.cost += ticks;
+                        p.measured += 1;
+                    }),
+                    None => None,
+                };
+                if counted.is_some() {
                     self.min_cost = Some(self.min_cost.map_or(ticks, |m| m.min(ticks)));
                 }
             }
@@ -474,12 +533,19 @@ impl PathCounts {
             self.bursts[slot].pending = pending;
             return;
         }
-        let checks = self.bursts[slot].checks;
-        let occurrences: Vec<((u32, u64), f64)> = pending
-            .iter()
-            .map(|(k, span, n)| ((k.2, k.3), f64::from(*n) * span_weight(*span, checks)))
-            .collect();
-        let paths: u64 = pending.iter().map(|p| u64::from(p.2)).sum();
+        // (Its length as far as paths counted.)
+        let checks = self.bursts[slot]
+            .checks
+            .min(self.path_checks.unwrap_or(u32::MAX));
+        let mut occurrences = std::mem::take(&mut self.occurrences);
+        occurrences.clear();
+        occurrences.extend(pending.iter().map(|p| {
+            (
+                (p.key.2, p.key.3),
+                f64::from(p.n) * span_weight(p.span, checks),
+            )
+        }));
+        let paths: u64 = pending.iter().map(|p| u64::from(p.n)).sum();
         // The original time per check where the burst started (see
         // `start_cost`), for the static weights.
         let cost = if self.estimates.uses_costs() {
@@ -488,13 +554,16 @@ impl PathCounts {
             None
         };
         let w = self.estimates.finish(&occurrences, paths, ticks, cost);
-        for ((k, _, _), (_, o)) in pending.iter().zip(&occurrences) {
-            // Still in this interval's counts, or already in the totals
-            // (an interval ended during the burst): the weight goes to
-            // this interval either way.
-            self.counts.entry(*k).or_default().estimate += w * o;
+        // One look-up per run (a loop going round is one).
+        for (p, (_, o)) in pending.iter().zip(&occurrences) {
+            let t = Tally {
+                estimate: w * o,
+                ..p.uncounted()
+            };
+            add_tally(self.counts.entry(p.key).or_default(), &t);
         }
-        // The buffer is kept for the slot's next burst.
+        // The buffers are kept for the next burst.
+        self.occurrences = occurrences;
         pending.clear();
         self.bursts[slot].pending = pending;
     }
@@ -509,20 +578,16 @@ impl PathCounts {
     /// the burst's first [`START_PATHS`] stands for it (in a loop, the next
     /// round of the same); failing that, the mean cost per path of the whole
     /// burst. `None` while a needed path's cost is not known.
-    fn start_cost(&self, pending: &[(Key, Option<u32>, u32)]) -> Option<u64> {
+    fn start_cost(&self, pending: &[Pending]) -> Option<u64> {
         let cost = |k: &Key| self.costs.get(&(k.2, k.3)).copied().flatten();
-        if let Some((k, _, _)) = pending
-            .iter()
-            .take(START_PATHS)
-            .find(|(_, span, _)| *span == Some(1))
-        {
-            return cost(k);
+        if let Some(p) = pending.iter().take(START_PATHS).find(|p| p.span == Some(1)) {
+            return cost(&p.key);
         }
         let mut sum = 0;
         let mut paths = 0;
-        for (k, _, n) in pending {
-            sum += cost(k)? * u64::from(*n);
-            paths += u64::from(*n);
+        for p in pending {
+            sum += cost(&p.key)? * u64::from(p.n);
+            paths += u64::from(p.n);
         }
         (paths > 0).then(|| sum.div_ceil(paths))
     }
@@ -544,6 +609,20 @@ impl PathCounts {
         self.costs.insert((fid, path), cost);
     }
 
+    /// Paths are counted in a burst's first `checks` checks only (see
+    /// `path_checks`).
+    pub(crate) fn count_checks(&mut self, checks: u64) {
+        self.path_checks = Some(u32::try_from(checks).unwrap_or(u32::MAX));
+    }
+
+    /// Whether slot `cur`'s burst is past the checks whose paths count.
+    fn past_counted(&self, cur: usize) -> bool {
+        !self.exact
+            && self
+                .path_checks
+                .is_some_and(|c| self.bursts[cur].checks > c)
+    }
+
     /// Every burst records every execution (a full trace): counts are
     /// exact as they come, not weighted per burst.
     pub(crate) fn set_exact(&mut self) {
@@ -561,7 +640,8 @@ impl PathCounts {
     /// `((thread id, context, fid, path), tally)` in no particular order.
     /// Everything counted so far: the totals and this interval's.
     pub(crate) fn all(&self) -> PathView<'_> {
-        let entries = if self.counts.is_empty() {
+        let running = self.bursts.iter().any(|b| !b.pending.is_empty());
+        let entries = if self.counts.is_empty() && !running {
             std::borrow::Cow::Borrowed(&self.total)
         } else {
             std::borrow::Cow::Owned(self.snapshot())
@@ -588,6 +668,7 @@ impl PathCounts {
 
     /// What was counted since the last call, which the totals now hold.
     pub(crate) fn take_interval(&mut self) -> Tallies {
+        self.flush_running();
         let iv = std::mem::take(&mut self.counts);
         for (k, t) in &iv {
             add_tally(self.total.entry(*k).or_default(), t);
@@ -601,7 +682,27 @@ impl PathCounts {
         for (k, t) in &self.counts {
             add_tally(all.entry(*k).or_default(), t);
         }
+        for p in self.bursts.iter().flat_map(|b| &b.pending) {
+            if p.uncounted > 0 || p.measured > 0 {
+                add_tally(all.entry(p.key).or_default(), &p.uncounted());
+            }
+        }
         all
+    }
+
+    /// The running bursts' executions so far go into this interval's
+    /// tallies (their weights come when they end).
+    fn flush_running(&mut self) {
+        for b in &mut self.bursts {
+            for p in &mut b.pending {
+                if p.uncounted > 0 || p.measured > 0 {
+                    add_tally(self.counts.entry(p.key).or_default(), &p.uncounted());
+                    p.uncounted = 0;
+                    p.cost = 0;
+                    p.measured = 0;
+                }
+            }
+        }
     }
 
     /// The calling contexts the counts refer to.
@@ -993,6 +1094,38 @@ mod tests {
         // The second path spans one check of the burst's two: 2.
         assert_eq!((sum(&first), sum(&second)), ((1, 0.0), (1, 3.0)));
         assert_eq!(estimated(&c), [(1, 2, 3.0)]);
+    }
+
+    /// With paths counted in a burst's first 4 checks, a long burst (a
+    /// memory-mode one) counts those of its first 4 checks, as a
+    /// path-mode burst of 4 would, weighted as one: the 4th check's path
+    /// counts, the 5th's and later do not, nor in a context; a burst of
+    /// exactly 4 checks counts all its paths.
+    #[test]
+    fn a_long_burst_counts_the_paths_of_a_path_mode_burst() {
+        let mut c = PathCounts::new(vec![Some(4), Some(2)]);
+        c.count_checks(4);
+        let nodes = c.contexts().len();
+        c.add(&start(1));
+        for p in [0, 1, 2, 3] {
+            c.add(&path(0, PathEnd::BackEdge, p));
+        }
+        c.add(&BurstEvent::Enter { fid: 1 });
+        c.add(&path(1, PathEnd::Return, 1));
+        c.add(&path(0, PathEnd::BackEdge, 3));
+        c.add(&end(EndReason::Budget, 100));
+        // Spans unknown for the first, one check for the others: 4/3.
+        let w = 4.0 / 3.0;
+        assert_eq!(
+            estimated(&c),
+            [(0, 1, 1.0), (1, 1, w), (2, 1, w), (3, 1, w)]
+        );
+        assert_eq!(c.paths, 4);
+        assert_eq!(
+            c.contexts().len(),
+            nodes,
+            "no context entered past the checks"
+        );
     }
 
     /// A full trace counts every execution as it comes (its one burst

@@ -54,6 +54,10 @@ pub(crate) const ANALYSED_PER_SECOND: f64 = 30_000.0;
 const BUCKET: f64 = ANALYSED_PER_SECOND;
 /// The fewest bursts that record references: one in this many.
 const MAX_REFS_EVERY: u64 = 1 << 12;
+/// The newest burst's weight in the moving mean of the references a
+/// burst records (a mean over all since the attach stayed low for
+/// minutes after the short bursts of a program's start).
+const MEAN_WEIGHT: f64 = 0.25;
 /// `refs_every` at attach, before any rate is known (the first burst
 /// records references all the same).
 pub(crate) const FIRST_REFS_EVERY: u64 = 8;
@@ -82,10 +86,18 @@ pub(crate) struct DataRefs {
     bucket: Option<(f64, Instant)>,
     /// Per slot: whether its running burst is analysed.
     taken: [bool; MAX_SLOTS],
-    /// The target's `refs_every` now, and the references read since it
-    /// was last set, and when.
+    /// The target's `refs_every` now; the bursts started, and the count
+    /// when the rate was last looked at, and when; whether it has been
+    /// set once.
     every: u64,
+    starts: u64,
     window: (u64, Instant),
+    set_once: bool,
+    /// The references a burst that records them records: a moving
+    /// mean over such bursts (a weight of [`MEAN_WEIGHT`] for the newest;
+    /// it sets `refs_every`); per slot, its running burst's so far.
+    mean_refs: Option<f64>,
+    burst_refs: [u64; MAX_SLOTS],
     /// Module ids by the module's first function id (its own in the
     /// process), so that a reference does not hash its module's path.
     module_ids: Vec<(u64, u32)>,
@@ -123,7 +135,11 @@ impl DataRefs {
             module_ids: Vec::new(),
             last: None,
             every: if rated { FIRST_REFS_EVERY } else { 1 },
+            starts: 0,
             window: (0, Instant::now()),
+            set_once: false,
+            mean_refs: None,
+            burst_refs: [0; MAX_SLOTS],
             refs: References::new(),
             recent: RecentRefs::new(RECENT_MAX),
             pending: Default::default(),
@@ -154,6 +170,9 @@ impl DataRefs {
         match *ev {
             BurstEvent::Ref { pc, addr, .. } => {
                 self.seen += 1;
+                if let Some(n) = self.burst_refs.get_mut(slot) {
+                    *n += 1;
+                }
                 if !self.taken.get(slot).copied().unwrap_or(false) {
                     self.skipped += 1;
                     return;
@@ -202,6 +221,7 @@ impl DataRefs {
             }
             BurstEvent::Start { .. } => {
                 self.end_burst(slot);
+                self.starts += 1;
                 let take = self.take_burst(Instant::now());
                 if let Some(t) = self.taken.get_mut(slot) {
                     *t = take;
@@ -212,36 +232,36 @@ impl DataRefs {
         }
     }
 
-    /// Once a second, or after a tenth of one when the references come
-    /// 4 times too fast (`None` otherwise, and for a full trace): the
-    /// `refs_every` that brings the references recorded near the
-    /// analysis rate, from the rate read with the current one. It moves
-    /// only when the rate is off by half or more, and at most 8-fold (a
-    /// burst records [`DEFAULT_REFS_BURST`](super::options::DEFAULT_REFS_BURST)
-    /// references, so a tenth of a second holds few of them: a larger
-    /// step overshoots, and a live window of a few seconds then holds
-    /// none).
+    /// Once a second (the first time after a tenth of one; `None`
+    /// otherwise, for a full trace, and while no burst that recorded
+    /// references has ended): the `refs_every` that brings the references
+    /// recorded near the analysis rate, `bursts a second × mean
+    /// references of a burst that records them / rate`. Both are
+    /// measured, not the references a second themselves: a burst records
+    /// up to [`DEFAULT_REFS_BURST`](super::options::DEFAULT_REFS_BURST)
+    /// of them, so at the target rate a second sees one or two such
+    /// bursts or none, and a rate read from so few swung `refs_every`
+    /// from 1 to 2,000 and back (sqlite3, 2026-11-29: three times the
+    /// analysis rate recorded on the whole). It moves when it is off by a
+    /// quarter or more.
     pub(crate) fn refs_every(&mut self, now: Instant) -> Option<u64> {
         self.bucket?;
         let secs = now.saturating_duration_since(self.window.1).as_secs_f64();
-        let rate = (self.seen - self.window.0) as f64 / secs.max(1e-9);
-        let ratio = rate / ANALYSED_PER_SECOND;
-        if secs < 1.0 && !(secs >= 0.1 && ratio >= 4.0) {
+        if secs < if self.set_once { 1.0 } else { 0.1 } {
             return None;
         }
-        self.window = (self.seen, now);
-        let want = self.every as f64 * ratio;
-        if (0.5..=1.5).contains(&ratio) {
+        let starts = self.starts - self.window.0;
+        self.window = (self.starts, now);
+        let per_burst = self.mean_refs.filter(|_| starts > 0)?;
+        self.set_once = true;
+        let want = (starts as f64 / secs * per_burst / ANALYSED_PER_SECOND).ceil();
+        let want = (want as u64).clamp(1, MAX_REFS_EVERY);
+        let off = want as f64 / self.every as f64;
+        if (0.8..=1.25).contains(&off) {
             return None;
         }
-        let every = (want.ceil() as u64).clamp(
-            (self.every / 8).max(1),
-            (self.every * 8).min(MAX_REFS_EVERY),
-        );
-        (every != self.every).then(|| {
-            self.every = every;
-            every
-        })
+        self.every = want;
+        Some(want)
     }
 
     /// Whether a burst starting at `now` is analysed: the bucket, refilled
@@ -259,6 +279,12 @@ impl DataRefs {
     /// Slot `slot`'s burst is over: the rest of its references go into
     /// the grammar, and its sequence ends.
     pub(crate) fn end_burst(&mut self, slot: usize) {
+        if let Some(n) = self.burst_refs.get_mut(slot)
+            && *n > 0
+        {
+            let n = std::mem::take(n) as f64;
+            self.mean_refs = Some(self.mean_refs.map_or(n, |m| m + (n - m) * MEAN_WEIGHT));
+        }
         self.push_pending(slot);
         if self.open == Some(slot) {
             self.end_sequence();
@@ -361,43 +387,53 @@ mod tests {
         assert!(full.take_burst(t0));
     }
 
-    /// `refs_every` follows the rate: 8 times too many references a
-    /// second make it 8 times larger, a rate within half of the target
-    /// leaves it, too few bring it down (8-fold at most); never below 1.
-    /// Far too many are seen after a tenth of a second; up 8-fold at
-    /// most.
+    /// Slot 0 runs `bursts` bursts, every `with_refs`-th of which records
+    /// `refs` references.
+    fn run_bursts(d: &mut DataRefs, bursts: u64, with_refs: u64, refs: u64) {
+        for i in 0..bursts {
+            d.starts += 1;
+            if i % with_refs == 0 {
+                d.burst_refs[0] = refs;
+            }
+            d.end_burst(0);
+        }
+    }
+
+    /// `refs_every` follows the bursts' rate and what a burst records:
+    /// first after a tenth of a second, then once a second; at 200
+    /// bursts a second and a mean of 30,000 references a recording burst,
+    /// one burst in 200 records; within a quarter it stays; a rate that
+    /// halves halves it; bursts that record fewer references move it
+    /// (by their weight in the mean); never below 1; nothing before a
+    /// burst recorded references, nor in a full trace.
     #[test]
     fn refs_every_follows_the_rate() {
         let t0 = Instant::now();
-        let sec = |n: u64| t0 + std::time::Duration::from_secs(n);
         let ms = |n: u64| t0 + std::time::Duration::from_millis(n);
         let mut d = DataRefs::new(1 << 30, true);
         assert_eq!(d.every, FIRST_REFS_EVERY);
-        d.every = 1;
         d.window = (0, t0);
-        assert_eq!(d.refs_every(t0), None, "not a second yet");
-        d.seen = 8 * ANALYSED_PER_SECOND as u64;
-        assert_eq!(d.refs_every(sec(1)), Some(8));
-        d.seen += ANALYSED_PER_SECOND as u64;
-        assert_eq!(d.refs_every(sec(2)), None, "on target");
-        d.seen += ANALYSED_PER_SECOND as u64 / 4;
-        assert_eq!(d.refs_every(sec(3)), Some(2));
-        assert_eq!(d.refs_every(sec(4)), Some(1), "none at all");
-        assert_eq!(d.refs_every(sec(5)), None, "never below 1");
-        let mut d = DataRefs::new(1 << 30, true);
-        assert_eq!(d.every, FIRST_REFS_EVERY);
-        d.every = 1;
-        d.window = (0, t0);
-        d.seen = 2 * ANALYSED_PER_SECOND as u64;
-        assert_eq!(d.refs_every(ms(50)), None, "too soon");
-        assert_eq!(d.refs_every(ms(200)), Some(8), "10 times too fast");
-        d.seen += 10 * ANALYSED_PER_SECOND as u64;
-        assert_eq!(d.refs_every(ms(1200)), Some(64), "up 8-fold at most");
-        d.seen += 10;
-        assert_eq!(d.refs_every(sec(3)), Some(8), "down 8-fold");
+        d.starts = 20;
+        assert_eq!(d.refs_every(ms(100)), None, "no references yet");
+        run_bursts(&mut d, 20, 8, ANALYSED_PER_SECOND as u64);
+        assert_eq!(d.refs_every(ms(150)), None, "not a second yet");
+        run_bursts(&mut d, 180, 8, ANALYSED_PER_SECOND as u64);
+        assert_eq!(d.refs_every(ms(1100)), Some(200));
+        run_bursts(&mut d, 220, 200, ANALYSED_PER_SECOND as u64);
+        assert_eq!(d.refs_every(ms(2100)), None, "within a quarter");
+        run_bursts(&mut d, 100, 200, ANALYSED_PER_SECOND as u64);
+        assert_eq!(d.refs_every(ms(3100)), Some(100), "half the bursts");
+        // Two bursts of 7,500: the mean, 30,000 → 24,375 → 20,156.25:
+        // at 100 bursts a second, one in 68.
+        run_bursts(&mut d, 100, 50, 7_500);
+        assert_eq!(d.mean_refs, Some(20_156.25));
+        assert_eq!(d.refs_every(ms(4100)), Some(68), "fewer references a burst");
+        run_bursts(&mut d, 1, 1, 1);
+        d.mean_refs = Some(1.0);
+        assert_eq!(d.refs_every(ms(5100)), Some(1), "never below 1");
         let mut full = DataRefs::new(1 << 30, false);
-        full.seen = 1 << 30;
-        assert_eq!(full.refs_every(sec(9)), None, "a full trace records all");
+        run_bursts(&mut full, 1000, 1, 1000);
+        assert_eq!(full.refs_every(ms(9000)), None, "a full trace records all");
     }
 
     /// A burst's references are one sequence, however many chunks they

@@ -83,6 +83,8 @@ pub(crate) struct Estimates {
     /// that carry them: not those ended after the fact), and how many.
     pub(crate) ticks: u64,
     pub(crate) timed: u64,
+    /// [`Self::finish`]'s buffer, kept between bursts.
+    per: FxHashMap<(u32, u64), f64>,
 }
 
 /// A path's share of all executions, with its 95% interval.
@@ -144,18 +146,22 @@ impl Estimates {
         if occurrences.is_empty() {
             return w;
         }
-        let mut per: FxHashMap<(u32, u64), f64> = FxHashMap::default();
+        // Per (fid, path), in a map kept between bursts (cleared, not
+        // built anew).
+        let mut per = std::mem::take(&mut self.per);
+        per.clear();
         for (k, o) in occurrences {
             *per.entry(*k).or_default() += o;
         }
         let all = w * per.values().sum::<f64>();
-        for (k, n) in per {
+        for (&k, &n) in &per {
             let x = w * n;
             let m = self.moments.entry(k).or_default();
             m.x += x;
             m.xx += x * x;
             m.x_all += x * all;
         }
+        self.per = per;
         self.all += all;
         self.all_sq += all * all;
         self.bursts += 1;

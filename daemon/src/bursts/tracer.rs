@@ -96,6 +96,8 @@ impl BurstTracer {
         let mut counts = PathCounts::default();
         if opts.full_trace {
             counts.set_exact();
+        } else if opts.burst_len > 0 {
+            counts.count_checks(opts.burst_len);
         }
         counts.estimates.set_weighting(opts.weights);
         for m in &modules {
