@@ -54,10 +54,6 @@ pub(crate) const ANALYSED_PER_SECOND: f64 = 30_000.0;
 const BUCKET: f64 = ANALYSED_PER_SECOND;
 /// The fewest bursts that record references: one in this many.
 const MAX_REFS_EVERY: u64 = 1 << 12;
-/// The newest burst's weight in the moving mean of the references a
-/// burst records (a mean over all since the attach stayed low for
-/// minutes after the short bursts of a program's start).
-const MEAN_WEIGHT: f64 = 0.25;
 /// `refs_every` at attach, before any rate is known (the first burst
 /// records references all the same).
 pub(crate) const FIRST_REFS_EVERY: u64 = 8;
@@ -88,16 +84,13 @@ pub(crate) struct DataRefs {
     taken: [bool; MAX_SLOTS],
     /// The target's `refs_every` now; the bursts started, and the count
     /// when the rate was last looked at, and when; whether it has been
-    /// set once.
+    /// set once; the references a recording burst records at most
+    /// (`--refs-burst`).
     every: u64,
     starts: u64,
     window: (u64, Instant),
     set_once: bool,
-    /// The references a burst that records them records: a moving
-    /// mean over such bursts (a weight of [`MEAN_WEIGHT`] for the newest;
-    /// it sets `refs_every`); per slot, its running burst's so far.
-    mean_refs: Option<f64>,
-    burst_refs: [u64; MAX_SLOTS],
+    refs_burst: u64,
     /// Module ids by the module's first function id (its own in the
     /// process), so that a reference does not hash its module's path.
     module_ids: Vec<(u64, u32)>,
@@ -138,8 +131,7 @@ impl DataRefs {
             starts: 0,
             window: (0, Instant::now()),
             set_once: false,
-            mean_refs: None,
-            burst_refs: [0; MAX_SLOTS],
+            refs_burst: super::options::DEFAULT_REFS_BURST,
             refs: References::new(),
             recent: RecentRefs::new(RECENT_MAX),
             pending: Default::default(),
@@ -170,9 +162,6 @@ impl DataRefs {
         match *ev {
             BurstEvent::Ref { pc, addr, .. } => {
                 self.seen += 1;
-                if let Some(n) = self.burst_refs.get_mut(slot) {
-                    *n += 1;
-                }
                 if !self.taken.get(slot).copied().unwrap_or(false) {
                     self.skipped += 1;
                     return;
@@ -232,18 +221,27 @@ impl DataRefs {
         }
     }
 
+    /// A recording burst records `n` references at most.
+    pub(crate) fn set_refs_burst(&mut self, n: u64) {
+        self.refs_burst = n.max(1);
+    }
+
     /// Once a second (the first time after a tenth of one; `None`
-    /// otherwise, for a full trace, and while no burst that recorded
-    /// references has ended): the `refs_every` that brings the references
-    /// recorded near the analysis rate, `bursts a second × mean
-    /// references of a burst that records them / rate`. Both are
-    /// measured, not the references a second themselves: a burst records
-    /// up to [`DEFAULT_REFS_BURST`](super::options::DEFAULT_REFS_BURST)
-    /// of them, so at the target rate a second sees one or two such
-    /// bursts or none, and a rate read from so few swung `refs_every`
-    /// from 1 to 2,000 and back (sqlite3, 2026-11-29: three times the
-    /// analysis rate recorded on the whole). It moves when it is off by a
-    /// quarter or more.
+    /// otherwise, for a full trace, and while no burst started): the
+    /// `refs_every` that keeps the references recorded at or below the
+    /// analysis rate, `bursts a second × references a recording burst
+    /// records at most / rate`. A bound, not a mean, of what a burst
+    /// records: a mean of what recording bursts recorded lags where a
+    /// program's phase changes (gawk's first seconds make recording
+    /// bursts of some 70 references, the next 32,768: from that mean
+    /// `refs_every` had come down to 1, and every burst recorded 32,768
+    /// for a second or more, 163,000 references a second over a 25 s
+    /// run for a target of 30,000); the references a second themselves,
+    /// one or two recording bursts, swung it from 1 to 2,000 and back
+    /// (sqlite3: 97,000 a second). The price: where bursts end early
+    /// (their checks, the thread leaving the clones), fewer references
+    /// than the rate are analysed. It moves when it is off by a quarter
+    /// or more: up at once, down 2-fold at most.
     pub(crate) fn refs_every(&mut self, now: Instant) -> Option<u64> {
         self.bucket?;
         let secs = now.saturating_duration_since(self.window.1).as_secs_f64();
@@ -252,10 +250,12 @@ impl DataRefs {
         }
         let starts = self.starts - self.window.0;
         self.window = (self.starts, now);
-        let per_burst = self.mean_refs.filter(|_| starts > 0)?;
+        if starts == 0 {
+            return None;
+        }
         self.set_once = true;
-        let want = (starts as f64 / secs * per_burst / ANALYSED_PER_SECOND).ceil();
-        let want = (want as u64).clamp(1, MAX_REFS_EVERY);
+        let want = starts as f64 / secs * self.refs_burst as f64 / ANALYSED_PER_SECOND;
+        let want = (want.ceil() as u64).clamp((self.every / 2).max(1), MAX_REFS_EVERY);
         let off = want as f64 / self.every as f64;
         if (0.8..=1.25).contains(&off) {
             return None;
@@ -279,12 +279,6 @@ impl DataRefs {
     /// Slot `slot`'s burst is over: the rest of its references go into
     /// the grammar, and its sequence ends.
     pub(crate) fn end_burst(&mut self, slot: usize) {
-        if let Some(n) = self.burst_refs.get_mut(slot)
-            && *n > 0
-        {
-            let n = std::mem::take(n) as f64;
-            self.mean_refs = Some(self.mean_refs.map_or(n, |m| m + (n - m) * MEAN_WEIGHT));
-        }
         self.push_pending(slot);
         if self.open == Some(slot) {
             self.end_sequence();
@@ -387,25 +381,12 @@ mod tests {
         assert!(full.take_burst(t0));
     }
 
-    /// Slot 0 runs `bursts` bursts, every `with_refs`-th of which records
-    /// `refs` references.
-    fn run_bursts(d: &mut DataRefs, bursts: u64, with_refs: u64, refs: u64) {
-        for i in 0..bursts {
-            d.starts += 1;
-            if i % with_refs == 0 {
-                d.burst_refs[0] = refs;
-            }
-            d.end_burst(0);
-        }
-    }
-
-    /// `refs_every` follows the bursts' rate and what a burst records:
-    /// first after a tenth of a second, then once a second; at 200
-    /// bursts a second and a mean of 30,000 references a recording burst,
-    /// one burst in 200 records; within a quarter it stays; a rate that
-    /// halves halves it; bursts that record fewer references move it
-    /// (by their weight in the mean); never below 1; nothing before a
-    /// burst recorded references, nor in a full trace.
+    /// `refs_every` follows the bursts' rate: first after a tenth of a
+    /// second, then once a second, at most `refs_burst` references a
+    /// recording burst (32,768) times the bursts a second over the rate
+    /// (30,000); within a quarter it stays; up at once, down 2-fold at
+    /// most, never below 1 nor above the bound; nothing before a burst
+    /// started, nor in a full trace.
     #[test]
     fn refs_every_follows_the_rate() {
         let t0 = Instant::now();
@@ -413,26 +394,27 @@ mod tests {
         let mut d = DataRefs::new(1 << 30, true);
         assert_eq!(d.every, FIRST_REFS_EVERY);
         d.window = (0, t0);
-        d.starts = 20;
-        assert_eq!(d.refs_every(ms(100)), None, "no references yet");
-        run_bursts(&mut d, 20, 8, ANALYSED_PER_SECOND as u64);
-        assert_eq!(d.refs_every(ms(150)), None, "not a second yet");
-        run_bursts(&mut d, 180, 8, ANALYSED_PER_SECOND as u64);
-        assert_eq!(d.refs_every(ms(1100)), Some(200));
-        run_bursts(&mut d, 220, 200, ANALYSED_PER_SECOND as u64);
-        assert_eq!(d.refs_every(ms(2100)), None, "within a quarter");
-        run_bursts(&mut d, 100, 200, ANALYSED_PER_SECOND as u64);
-        assert_eq!(d.refs_every(ms(3100)), Some(100), "half the bursts");
-        // Two bursts of 7,500: the mean, 30,000 → 24,375 → 20,156.25:
-        // at 100 bursts a second, one in 68.
-        run_bursts(&mut d, 100, 50, 7_500);
-        assert_eq!(d.mean_refs, Some(20_156.25));
-        assert_eq!(d.refs_every(ms(4100)), Some(68), "fewer references a burst");
-        run_bursts(&mut d, 1, 1, 1);
-        d.mean_refs = Some(1.0);
-        assert_eq!(d.refs_every(ms(5100)), Some(1), "never below 1");
+        assert_eq!(d.refs_every(ms(100)), None, "no burst yet");
+        d.starts += 20;
+        assert_eq!(d.refs_every(ms(200)), Some(219), "200 a second");
+        d.starts += 20;
+        assert_eq!(d.refs_every(ms(300)), None, "not a second yet");
+        d.starts += 180;
+        assert_eq!(d.refs_every(ms(1200)), None, "within a quarter");
+        d.starts += 100;
+        assert_eq!(d.refs_every(ms(2200)), Some(110), "half the bursts");
+        d.starts += 10;
+        assert_eq!(d.refs_every(ms(3200)), Some(55), "down 2-fold at most");
+        d.starts += 1000;
+        assert_eq!(d.refs_every(ms(4200)), Some(1093), "up at once");
+        d.starts += 100_000;
+        assert_eq!(d.refs_every(ms(5200)), Some(MAX_REFS_EVERY));
+        d.every = 2;
+        d.set_refs_burst(1000);
+        d.starts += 1;
+        assert_eq!(d.refs_every(ms(6200)), Some(1), "never below 1");
         let mut full = DataRefs::new(1 << 30, false);
-        run_bursts(&mut full, 1000, 1, 1000);
+        full.starts = 1000;
         assert_eq!(full.refs_every(ms(9000)), None, "a full trace records all");
     }
 

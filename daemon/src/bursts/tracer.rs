@@ -130,6 +130,7 @@ impl BurstTracer {
                 } else {
                     DataRefs::new(super::data_refs::MAX_REFERENCES, true)
                 };
+                d.set_refs_burst(opts.refs_burst);
                 if let Some(p) = &opts.save_bursts {
                     d.save_to(&p.with_file_name(format!("references-{pid}.txt")));
                 }
