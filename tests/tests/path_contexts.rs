@@ -108,7 +108,7 @@ fn a_function_shows_a_different_hot_path_under_each_caller() {
     );
 }
 
-/// Done-means 2 of the issue: a path that is slow per execution (16
+/// Done-means 2 of the issue: a path that is slow per execution (32
 /// dependent loads through a random cycle over 128 MiB) beside a frequent
 /// cheap path (15 calls in 16). The measured time ranks the slow path
 /// first, executions the cheap one; the measured shares of the two agree
