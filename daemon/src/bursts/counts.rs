@@ -160,8 +160,8 @@ struct BurstState {
     /// The complete paths the running burst counted, in order, with
     /// their spans (see [`span_weight`]; `None`: not known), runs of the
     /// same (a loop going round) as one entry with their number: counted
-    /// and weighted when it ends, one look-up in the tallies per distinct
-    /// key of the burst (not per record).
+    /// and weighted when it ends, one look-up in the tallies per run
+    /// (not per record).
     pending: Vec<Pending>,
     /// Checks the burst passed so far: its ENTER and PATH records (every
     /// check is an entry, a back edge or the return site after a callee's

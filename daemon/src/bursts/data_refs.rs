@@ -24,7 +24,7 @@
 //! what it would skip: the handler makes one burst in `refs_every`
 //! record references (the others are path-mode bursts), and the daemon
 //! sets `refs_every` once a second ([`DataRefs::refs_every`]) so that
-//! the references recorded come near [`ANALYSED_PER_SECOND`]. The bucket
+//! the references recorded stay at or below [`ANALYSED_PER_SECOND`]. The bucket
 //! stays as the bound while the rate adapts.
 use std::io::Write as _;
 use std::time::Instant;
