@@ -125,8 +125,8 @@ impl Session {
         if let Some(r) = request {
             self.bursts.request(r);
         }
-        // The first tracer starts the drain timer; one in memory mode may
-        // want it faster.
+        // The first tracer starts the drain timer (a full trace wants it
+        // faster).
         let every = self.bursts.drain_interval();
         if self
             .timers
