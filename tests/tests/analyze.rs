@@ -118,3 +118,42 @@ fn unknown_function_and_non_elf_are_clear_errors() {
     assert!(!f.status.success());
     assert!(f.stderr.contains("not an ELF file"), "{}", f.describe());
 }
+
+/// A checking entry that falls through 55 bytes of alignment NOPs into
+/// the next function (`padded_fallthrough`: the shape of glibc's
+/// `__memmove_chk_avx_unaligned_erms`, where every `__memcpy_chk` of a
+/// program built with _FORTIFY_SOURCE goes) is analysed, its fall-through
+/// a tail call of the next function, not skipped.
+#[test]
+fn a_fall_through_past_alignment_padding_is_a_tail_call() {
+    let exe = fixture("padded_fallthrough");
+    let f = analyze(&["--json", exe.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&f.stdout).expect("valid JSON");
+    assert!(
+        v["skipped"].get("FallsOffEnd").is_none(),
+        "a function was skipped as falling off its end: {}",
+        v["skipped"]
+    );
+    let scratch = Scratch::new("padded-fallthrough");
+    let plan = scratch.join("plan.json");
+    analyze(&["--plan", plan.to_str().unwrap(), exe.to_str().unwrap()]);
+    let plan: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&plan).unwrap()).expect("valid JSON");
+    let function = |name: &str| {
+        plan["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in the plan"))
+            .clone()
+    };
+    let next = function("plain_copy")["start"].as_u64().unwrap();
+    let exits = &function("chk_copy")["status"]["analyzed"]["cfg"]["exits"];
+    assert!(
+        exits
+            .as_array()
+            .is_some_and(|e| e.iter().any(|x| x["kind"]["TailCall"]["target"] == next)),
+        "chk_copy should be analysed with a tail call of plain_copy ({next:#x}): {exits}"
+    );
+}

@@ -217,9 +217,12 @@ impl<'data> CfgContext<'data> {
     }
 
     /// The first function start at or after `addr` reached by skipping only
-    /// `nop` padding (at most 32 bytes).
+    /// `nop` padding: at most [`MAX_PADDING`] bytes, what aligning the next
+    /// function to 64 bytes leaves (glibc's `ENTRY_P2ALIGN (..., 6)`:
+    /// `__memmove_chk_avx_unaligned_erms` falls through 55 bytes of NOPs
+    /// into `__memmove_avx_unaligned_erms`).
     pub(super) fn start_after_padding(&self, mut addr: u64) -> Option<u64> {
-        let limit = addr + 32;
+        let limit = addr + MAX_PADDING;
         while addr <= limit {
             if self.is_function_start(addr) {
                 return Some(addr);
@@ -238,6 +241,10 @@ impl<'data> CfgContext<'data> {
         self.names.contains_key(&addr)
     }
 }
+
+/// Bytes of alignment padding a function may fall through into the next
+/// one ([`CfgContext::start_after_padding`]): 64-byte alignment.
+const MAX_PADDING: u64 = 63;
 
 pub(crate) fn parse_eh_frame<'data>(file: &object::File<'data>) -> Option<EhFrameInfo<'data>> {
     use gimli::UnwindSection as _;
