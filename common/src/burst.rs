@@ -64,7 +64,7 @@ macro_rules! control_block {
 
 /// `BurstControl::magic`: the version of the layout. It changes whenever
 /// [`CONTROL_FIELDS`] does; the `layout` test below fails until it has.
-pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstydc");
+pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstydd");
 /// Burst slots per process: bursts that may run at once, at most (the
 /// daemon sets [`BurstControl::max_bursts`] at or below it).
 pub const MAX_SLOTS: usize = 8;
@@ -513,7 +513,15 @@ control_block! {
         /// [`BurstControl::refs_every`], else 0; `rt_ref` writes nothing
         /// while 0, and once it reaches 0 the next check ends the burst).
         pub refs: u64,
-        pub _pad: [u64; 1],
+        /// Memory mode: in a burst that records references, the `budget`
+        /// at and below which it is past a path-mode burst's checks
+        /// (`refs_burst_len - burst_len`, set by the handler; 0 in any
+        /// other burst). From there on only its `REC_REF` records and its
+        /// `REC_END` go out: the daemon counts the paths of a burst's
+        /// first `burst_len` checks only, and the path records past them
+        /// would cost the target their writing and fill the ring the
+        /// references need.
+        pub paths_until: u64,
     }
 }
 const _: () = assert!(core::mem::size_of::<BurstRegs>() <= TLS_REGS_ROOM);
@@ -594,7 +602,7 @@ mod layout {
     /// `BurstControl` or `BurstLocal` changed, give `CONTROL_MAGIC` a new value (a target
     /// still holding a region of the old layout must be recognised as
     /// foreign) and copy the new field list and magic here.
-    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstydc");
+    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstydd");
     const PINNED_FIELDS: &[(&str, usize, usize)] = &[
         ("magic", 0, 8),
         ("armed", 8, 4),
@@ -660,7 +668,7 @@ mod layout {
         ("path_start", 32, 8),
         ("burst_start", 40, 8),
         ("refs", 48, 8),
-        ("_pad", 56, 8),
+        ("paths_until", 56, 8),
     ];
 
     #[test]

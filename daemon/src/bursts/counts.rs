@@ -271,8 +271,10 @@ pub(crate) struct PathCounts {
     /// memory-mode burst that records references runs many times a
     /// path-mode burst's checks ([`super::options::REFS_BURST_CHECKS`]),
     /// and its paths past the path-mode length are left out, so that it
-    /// counts as a path-mode burst does, at a path-mode burst's cost to
-    /// the daemon ([`Self::count_checks`]).
+    /// counts as a path-mode burst does ([`Self::count_checks`]). The
+    /// runtime writes no path records past them (the burst's
+    /// `paths_until`), so this bound only guards against a runtime that
+    /// does.
     path_checks: Option<u32>,
     /// [`Self::finish`]'s buffer, kept between bursts.
     occurrences: Vec<((u32, u64), f64)>,

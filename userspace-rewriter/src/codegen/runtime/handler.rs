@@ -193,6 +193,7 @@ pub(super) fn handler(
     a.mov(rax, PATH_INVALID)?;
     a.rip_mr(Code::Mov_rm64_r64, local!(control, path), rax)?;
     a.rip_mi(Code::Mov_rm64_imm32, local!(control, depth), 0)?;
+    a.rip_mi(Code::Mov_rm64_imm32, local!(control, paths_until), 0)?;
     // Memory mode: one burst in refs_every records references (the
     // countdown is not locked: threads racing on it only move the
     // spacing).
@@ -215,6 +216,11 @@ pub(super) fn handler(
     a.je(refs_set)?;
     a.rip_rm(Code::Mov_r64_rm64, rax, field!(control, refs_burst_len))?;
     a.rip_mr(Code::Mov_rm64_r64, local!(control, budget), rax)?;
+    // Its path records stop after a path-mode burst's checks (see
+    // `BurstRegs::paths_until`; none stop when it is no longer).
+    a.rip_rm(Code::Sub_r64_rm64, rax, field!(control, burst_len))?;
+    a.jbe(refs_set)?;
+    a.rip_mr(Code::Mov_rm64_r64, local!(control, paths_until), rax)?;
     a.jmp(refs_set)?;
     a.set_label(&mut refs_off)?;
     a.rip_mi(Code::Mov_rm64_imm32, local!(control, refs), 0)?;

@@ -5,6 +5,8 @@ use iced_x86::code_asm::{
     CodeAssembler, CodeLabel, eax, esi, qword_ptr, r8, r8d, r9, r11, rax, rcx, rdi, rdx, rsi,
 };
 
+use burstyd_common::burst::{REC_END, REC_REF, TAG_SHIFT};
+
 use super::asm::{RipRel, field, local, owner_gate, rdtsc, slot};
 
 /// Bytes from `heads[i]` to `tails[i]` in the control block.
@@ -22,7 +24,10 @@ const SYS_KILL: u32 = 62;
 /// Yields between two checks that the daemon (`tracer`) is alive.
 const CHECK_TRACER_EVERY: u32 = 1 << 10;
 
-/// `rt_emit(rax = w0, rdx = w1)`; clobbers rcx. The first record of a
+/// `rt_emit(rax = w0, rdx = w1)`; clobbers rcx. In a burst that records
+/// references, past its path checks (`budget <= paths_until`, see
+/// `BurstRegs::paths_until`), only `REC_REF` and `REC_END` records are
+/// written, the others dropped (not lost). The first record of a
 /// burst after its START (the thread's `burst_start` is 0) starts the
 /// burst's clock: `burst_start = rdtsc`. Only a burst's thread
 /// writes ([`owner_gate`]), into its slot's sub-ring (single producer:
@@ -49,6 +54,22 @@ pub(super) fn emit(
 
     a.set_label(entry)?;
     owner_gate(a, control, rcx, not_owner)?;
+    // Memory mode: a burst that records references is past its path
+    // checks (`budget <= paths_until`): only references and the END go
+    // out (one comparison in any other burst).
+    let mut kept = a.create_label();
+    a.rip_mi(Code::Cmp_rm64_imm8, local!(control, paths_until), 0)?;
+    a.je(kept)?;
+    a.rip_rm(Code::Mov_r64_rm64, rcx, local!(control, budget))?;
+    a.rip_rm(Code::Cmp_r64_rm64, rcx, local!(control, paths_until))?;
+    a.ja(kept)?;
+    a.mov(rcx, rax)?;
+    a.shr(rcx, TAG_SHIFT)?;
+    a.cmp(rcx, REC_REF as i32)?;
+    a.je(kept)?;
+    a.cmp(rcx, REC_END as i32)?;
+    a.jne(not_owner)?;
+    a.set_label(&mut kept)?;
     // The burst's first record after its START: its clock starts now.
     let mut timed = a.create_label();
     a.rip_mi(Code::Cmp_rm64_imm8, local!(control, burst_start), 0)?;
@@ -170,6 +191,34 @@ mod tests {
         let c = h.ctl();
         assert_eq!((c.heads[0], c.tails[0]), (8, 4));
         assert_eq!((c.lost_records, c.truncated, h.loc().budget), (0, 0, 10));
+    }
+
+    /// Memory mode: a burst past its path checks (`budget <=
+    /// paths_until`) writes its references and its END only; before
+    /// that, and in a burst with `paths_until` 0, every record goes out.
+    #[test]
+    fn a_references_burst_past_its_path_checks_writes_references_only() {
+        use burstyd_common::burst::*;
+        let w0 = |t: u64| t << TAG_SHIFT | 5;
+        let all = [REC_ENTER, REC_PATH, REC_COST, REC_UNWIND, REC_REF, REC_END];
+        let written = |until: u64, budget: u64| {
+            let mut h = Harness::new();
+            h.loc_mut().paths_until = until;
+            h.loc_mut().budget = budget;
+            all.iter()
+                .filter(|&&t| {
+                    let head = h.ctl().heads[0];
+                    emit(&mut h, w0(t), 0x2222);
+                    h.ctl().heads[0] != head
+                })
+                .copied()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(written(0, 10), all);
+        assert_eq!(written(0, 1), all);
+        assert_eq!(written(100, 101), all);
+        assert_eq!(written(100, 100), [REC_REF, REC_END]);
+        assert_eq!(written(100, 1), [REC_REF, REC_END]);
     }
 
     /// The first record of a burst (`burst_start` 0) starts its clock:

@@ -199,7 +199,7 @@ impl Harness {
                 // A burst that records references (memory mode), with
                 // many left to record.
                 refs: 1 << 40,
-                _pad: [0; 1],
+                paths_until: 0,
             }
         };
         let mut l = h.loc_mut();
@@ -253,6 +253,7 @@ impl Harness {
             path_start: r.path_start,
             burst_start: r.burst_start,
             refs: r.refs,
+            paths_until: r.paths_until,
         }
     }
 
@@ -456,6 +457,7 @@ pub(super) struct Loc {
     pub path_start: u64,
     pub burst_start: u64,
     pub refs: u64,
+    pub paths_until: u64,
 }
 
 /// See [`Harness::loc_mut`].
@@ -495,7 +497,7 @@ impl Drop for LocMut {
                 path_start: v.path_start,
                 burst_start: v.burst_start,
                 refs: v.refs,
-                _pad: [0; 1],
+                paths_until: v.paths_until,
             };
         }
     }

@@ -515,30 +515,38 @@ fn measure_starts_the_first_path() {
 
 /// Memory mode: one burst in `refs_every` records references (its
 /// `refs` register set at the start to `refs_burst`, its budget to
-/// `refs_burst_len`); 0 or 1: every burst. The others record none and
-/// have the usual budget.
+/// `refs_burst_len`, its path records stopping after `burst_len` checks:
+/// `paths_until` = the difference, 0 when it is not longer); 0 or 1:
+/// every burst. The others record none and have the usual budget, their
+/// path records all going out (`paths_until` 0).
 #[test]
 fn one_burst_in_refs_every_records_references() {
-    for (every, want) in [
-        (0, [1, 1, 1, 1, 1, 1, 1]),
-        (1, [1, 1, 1, 1, 1, 1, 1]),
-        (3, [1, 0, 0, 1, 0, 0, 1]),
+    for (every, len, want) in [
+        (0, 77, [1, 1, 1, 1, 1, 1, 1]),
+        (1, 77, [1, 1, 1, 1, 1, 1, 1]),
+        (3, 77, [1, 0, 0, 1, 0, 0, 1]),
+        (3, 40, [1, 0, 0, 1, 0, 0, 1]),
     ] {
         let mut h = armed();
         h.ctl_mut().refs_every = every;
         h.ctl_mut().refs_burst = 900;
-        h.ctl_mut().refs_burst_len = 77;
+        h.ctl_mut().refs_burst_len = len;
         let mut got = Vec::new();
         for _ in 0..want.len() {
             // The thread's earlier burst, if any, is replaced.
             h.loc_mut().refs = 7;
+            h.loc_mut().paths_until = 99;
             h.set_uc_word(RIP, PC);
             handle(&mut h, None);
             assert_eq!(h.uc_word(RIP), CLONE, "a burst started");
-            let (refs, budget) = (h.loc().refs, h.loc().budget);
+            let (refs, budget, until) = (h.loc().refs, h.loc().budget, h.loc().paths_until);
             assert_eq!(
-                (refs, budget),
-                if refs == 0 { (0, 50) } else { (900, 77) },
+                (refs, budget, until),
+                if refs == 0 {
+                    (0, 50, 0)
+                } else {
+                    (900, len, len.saturating_sub(50))
+                },
                 "refs_every {every}"
             );
             got.push(u64::from(refs != 0));
