@@ -278,25 +278,55 @@ fn twenty_attach_detach_cycles_during_one_run() {
     assert_eq!(finish(child), untraced.stdout_str());
 }
 
+/// A daemon SIGKILLed while the target runs a burst: the burst goes on
+/// on its own (its checks end it, its records go to a ring nobody reads)
+/// and the target's output is unchanged. The kill comes once bursts have
+/// run and right after one is seen running (long bursts make that
+/// likely), so the test fails if nothing was injected or no burst ran.
 #[test]
 fn sigkilled_daemon_leaves_the_target_running_correctly() {
+    use burstyd_common::burst::BurstControl;
+    use std::mem::offset_of;
     require_root();
     let _serial = serial();
     let exe = fixture("bursty");
     let exe_s = exe.to_str().unwrap();
     let untraced = run_untraced(&[exe_s, "400"], Duration::from_secs(120));
     let child = spawn_fixture(&[exe_s, "400"]);
+    let pid = child.id();
     let scratch = Scratch::new("sigkill");
     let mut daemon = Command::new(burstyd_bin())
-        .args(["--pid", &child.id().to_string(), "--freq", "999", "-o"])
+        .args([
+            "--pid",
+            &pid.to_string(),
+            "--freq",
+            "999",
+            "--burst",
+            "100000",
+            "-o",
+        ])
         .arg(scratch.join("out"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Let it inject and run bursts for a while, then kill it mid-burst.
-    std::thread::sleep(Duration::from_millis(800));
+    let word = |f| control_word(pid, f).unwrap_or(0);
+    let t0 = Instant::now();
+    // (`active` is a u32: the low half of the word read.)
+    loop {
+        let seen = (
+            word(offset_of!(BurstControl, bursts)),
+            word(offset_of!(BurstControl, active)) & 0xffff_ffff,
+        );
+        if seen.0 >= 3 && seen.1 > 0 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no burst running after 60 s (bursts, running): {seen:?}"
+        );
+    }
     daemon.kill().unwrap();
     let _ = daemon.wait();
     assert_eq!(finish(child), untraced.stdout_str());
@@ -626,6 +656,49 @@ fn full_trace_path_counts_are_exact() {
     run.assert_ok();
     assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
     assert_paths_known_counts(&run, n);
+}
+
+/// A function that falls through alignment padding into the next one
+/// (`padded_fallthrough`'s `chk_copy`, glibc's `__memmove_chk_*`) has a
+/// conditional jump whose two sides both leave it: the clone takes each
+/// to its own side (`chk_fail` when the size is too big, `plain_copy`
+/// else), as the original does. A full trace runs every call in the
+/// clones: same output, and each call a path of both functions.
+#[test]
+fn a_fall_through_past_padding_goes_where_the_original_goes() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("padded_fallthrough");
+    let exe_s = exe.to_str().unwrap();
+    let n: i64 = 200_000;
+    let arg = n.to_string();
+    let untraced = run_untraced(&[exe_s, &arg], Duration::from_secs(60));
+    let scratch = Scratch::new("padded-fallthrough");
+    let run = burstyd_run(
+        &scratch,
+        &["--freq", "999", "--full-trace"],
+        &[exe_s, &arg],
+        Duration::from_secs(120),
+    );
+    run.assert_ok();
+    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
+    let of = |f: &str| -> i64 {
+        counts
+            .iter()
+            .filter(|(k, _)| k.starts_with(&format!("{f} path ")))
+            .map(|(_, v)| *v)
+            .sum()
+    };
+    // (The trace starts at the first overflow: a few calls may come
+    // before it.)
+    for f in ["chk_copy", "plain_copy"] {
+        assert!(
+            of(f) > n * 9 / 10 && of(f) <= n,
+            "{f}: {} paths for {n} calls: {counts:#?}",
+            of(f)
+        );
+    }
 }
 
 /// The real programs of scripts/realprogs.sh with their arguments (output

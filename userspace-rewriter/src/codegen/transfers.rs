@@ -32,6 +32,34 @@ impl FnGen<'_> {
         self.cfg.exits.iter().find(|e| e.insn == a).map(|e| e.kind)
     }
 
+    /// The exit at instruction `k` that goes to `to` (a conditional jump
+    /// whose taken side and fall-through both leave the function has two
+    /// exits: glibc's `__memmove_chk_*` jumps to `__chk_fail` or falls
+    /// into `__memmove_*`), else one that names no target; `other`: the
+    /// one that does not go to `to`.
+    fn exit_towards(&self, k: usize, to: u64, other: bool) -> Option<ExitKind> {
+        let a = self.insns[k].addr;
+        let target = |kind: &ExitKind| match *kind {
+            ExitKind::TailCall { target } | ExitKind::ColdJump { target } => Some(target),
+            _ => None,
+        };
+        let mut at = self
+            .cfg
+            .exits
+            .iter()
+            .filter(|e| e.insn == a)
+            .map(|e| e.kind);
+        if other {
+            at.find(|kind| target(kind) != Some(to))
+        } else {
+            let all: Vec<ExitKind> = at.collect();
+            all.iter()
+                .find(|kind| target(kind) == Some(to))
+                .or_else(|| all.iter().find(|kind| target(kind).is_none()))
+                .copied()
+        }
+    }
+
     pub(super) fn terminator(
         &mut self,
         b: usize,
@@ -52,7 +80,9 @@ impl FnGen<'_> {
                 let target = match internal {
                     Some(idx) => self.edge_stub(stubs, blk, b, idx),
                     None => {
-                        let kind = exit.ok_or(Skip("branch out of the function without exit"))?;
+                        let kind = self
+                            .exit_towards(last, t, false)
+                            .ok_or(Skip("branch out of the function without exit"))?;
                         let l = self.em.label();
                         self.out_of_line
                             .push((l, OutOfLine::Exit { insn: last, kind }));
@@ -179,7 +209,13 @@ impl FnGen<'_> {
             self.em.jmp(l)?;
             return Ok(());
         }
-        match self.exit_at(last) {
+        // (Of a conditional jump's exits, the one its taken side does not
+        // take.)
+        let exit = match self.insns[last].flow {
+            Flow::CondJump(t) => self.exit_towards(last, t, true),
+            _ => self.exit_at(last),
+        };
+        match exit {
             Some(kind @ ExitKind::TailCall { .. }) if self.insns[last].flow.falls_through() => {
                 self.exit_code(b, last, kind, blk)
             }
