@@ -162,6 +162,9 @@ impl Attachment {
             }
             Err(e) => {
                 debug!(pid = %self.pid, "relinking the lookup tables: {e:#}");
+                // It may have forgotten modules before it failed: a
+                // cloning under way merged tables with their entries live.
+                self.forgets += 1;
                 super::linkmap::Relinked::default()
             }
         }

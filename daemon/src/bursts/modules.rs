@@ -134,12 +134,41 @@ fn module_at(
 /// itself, even replaced or deleted since), which needs CAP_SYS_ADMIN or
 /// CAP_CHECKPOINT_RESTORE; without them, through `/proc/PID/root/PATH`
 /// when that is still the very file mapped (same device and inode).
+///
+/// `map_files` opens what is mapped at `m`'s range *now*: a program that
+/// unloaded the library read in the maps and loaded another at its place
+/// since (`dlclose`, `dlopen`: `tests/fixtures/dlswap.c`) would have the
+/// other one analysed and cloned under the first one's name and inode,
+/// and its clones entered whenever the first one is mapped there again
+/// (wrong results: seen once in four runs of the dlswap test on a loaded
+/// machine). So the file opened must be `m`'s: the same inode where the
+/// device is the same, else (a stacked file system, whose maps may show
+/// the file underneath) a mapping still there when the maps are read
+/// again.
 fn open_mapped(pid: Pid, path: &str, m: &MapEntry) -> anyhow::Result<std::fs::File> {
     use anyhow::Context as _;
     use std::os::unix::fs::MetadataExt as _;
     let direct = std::fs::File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
     let e = match direct {
-        Ok(f) => return Ok(f),
+        Ok(f) => {
+            let md = f.metadata()?;
+            let dev = (libc::major(md.dev()), libc::minor(md.dev()));
+            let same = if dev == (m.dev_major, m.dev_minor) {
+                md.ino() == m.inode
+            } else {
+                userspace_rewriter::inject::maps(pid)?.iter().any(|x| {
+                    (x.start, x.end, x.inode, x.dev_major, x.dev_minor)
+                        == (m.start, m.end, m.inode, m.dev_major, m.dev_minor)
+                })
+            };
+            if !same {
+                anyhow::bail!(
+                    "{path} is no longer what is mapped at {:#x} (the program unloaded it and mapped another file there)",
+                    m.start
+                );
+            }
+            return Ok(f);
+        }
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => e,
         Err(e) => return Err(e).with_context(|| format!("opening {path} through its mapping")),
     };
