@@ -637,16 +637,15 @@ fn an_unguarded_jump_table_is_traced_exactly() {
     );
 }
 
-#[test]
-fn full_trace_path_counts_are_exact() {
-    require_root();
-    let _serial = serial();
-    let exe = fixture("paths_known");
+/// Fixture `name` with argument `n` under `burstyd run --full-trace`,
+/// checked to exit as untraced with the same output (the scratch holds
+/// the run's output directory).
+fn full_trace_as_untraced(name: &str, n: i64) -> (BurstydRun, Scratch) {
+    let exe = fixture(name);
     let exe_s = exe.to_str().unwrap();
-    let n: i64 = 1_200_000;
     let arg = n.to_string();
     let untraced = run_untraced(&[exe_s, &arg], Duration::from_secs(60));
-    let scratch = Scratch::new("full-trace");
+    let scratch = Scratch::new(name);
     let run = burstyd_run(
         &scratch,
         &["--freq", "999", "--full-trace"],
@@ -655,6 +654,15 @@ fn full_trace_path_counts_are_exact() {
     );
     run.assert_ok();
     assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    (run, scratch)
+}
+
+#[test]
+fn full_trace_path_counts_are_exact() {
+    require_root();
+    let _serial = serial();
+    let n: i64 = 1_200_000;
+    let (run, _scratch) = full_trace_as_untraced("paths_known", n);
     assert_paths_known_counts(&run, n);
 }
 
@@ -668,20 +676,8 @@ fn full_trace_path_counts_are_exact() {
 fn a_fall_through_past_padding_goes_where_the_original_goes() {
     require_root();
     let _serial = serial();
-    let exe = fixture("padded_fallthrough");
-    let exe_s = exe.to_str().unwrap();
     let n: i64 = 200_000;
-    let arg = n.to_string();
-    let untraced = run_untraced(&[exe_s, &arg], Duration::from_secs(60));
-    let scratch = Scratch::new("padded-fallthrough");
-    let run = burstyd_run(
-        &scratch,
-        &["--freq", "999", "--full-trace"],
-        &[exe_s, &arg],
-        Duration::from_secs(120),
-    );
-    run.assert_ok();
-    assert_eq!(run.finished.stdout_str(), untraced.stdout_str());
+    let (run, _scratch) = full_trace_as_untraced("padded_fallthrough", n);
     let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
     let of = |f: &str| -> i64 {
         counts
