@@ -676,7 +676,7 @@ fn full_trace_path_counts_are_exact() {
 fn a_fall_through_past_padding_goes_where_the_original_goes() {
     require_root();
     let _serial = serial();
-    let n: i64 = 200_000;
+    let n: i64 = 2_000_000;
     let (run, _scratch) = full_trace_as_untraced("padded_fallthrough", n);
     let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
     let of = |f: &str| -> i64 {
@@ -686,15 +686,14 @@ fn a_fall_through_past_padding_goes_where_the_original_goes() {
             .map(|(_, v)| *v)
             .sum()
     };
-    // (The trace starts at the first overflow: a few calls may come
-    // before it.)
-    for f in ["chk_copy", "plain_copy"] {
-        assert!(
-            of(f) > n * 9 / 10 && of(f) <= n,
-            "{f}: {} paths for {n} calls: {counts:#?}",
-            of(f)
-        );
-    }
+    // The trace starts at the first overflow, after some of the calls
+    // (18% of 200,000 once, in a debug build on a loaded machine); from
+    // there every call is a path of each (one may be partial).
+    let (chk, plain) = (of("chk_copy"), of("plain_copy"));
+    assert!(
+        chk > n / 2 && chk <= n && (chk - plain).abs() <= 1,
+        "chk_copy {chk}, plain_copy {plain} paths for {n} calls: {counts:#?}"
+    );
 }
 
 /// The real programs of scripts/realprogs.sh with their arguments (output
