@@ -12,7 +12,7 @@ use burstyd_tests::*;
 
 /// Every one of the five paths' estimated share of all executions lies
 /// within twice its 95% interval of the truth (outside 3.9 standard
-/// errors: one time in ten thousand), at least four of them within the
+/// errors: one time in ten thousand), at least three of them within the
 /// interval itself, and the intervals are neither zero nor useless (each
 /// below 25% of the share, with thousands of bursts). The program's output
 /// (its own counts) is its untraced output.
@@ -95,8 +95,13 @@ fn the_intervals_hold_the_known_path_shares() {
             inside += 1;
         }
     }
+    // Calibrated 95% intervals leave all five inside with probability
+    // 0.77, four 0.20, three 0.02: asking four failed one run in 44 by
+    // design (3 of 5 once in the fresh-clone suite, 2026-11-29, each of
+    // the two outside within 1.3 times its interval). Three fail one in
+    // 800; a bias shows first against twice the interval (above).
     assert!(
-        inside >= 4,
+        inside >= 3,
         "{inside} of 5 paths within their interval: {why}"
     );
 }
