@@ -5,7 +5,11 @@
 #   - overhead: the program's own wall and CPU time (bench_tool rusage)
 #     traced by `burstyd --pid --record refs` (default burst and rate) as
 #     ratios to untraced, medians of --runs alternating runs of a long
-#     workload (the last traced run's streams are the burst profile);
+#     workload (the last traced run's streams are the burst profile); and,
+#     as those ratios drown in this host's noise, the overhead implied by
+#     the CPU cost of one sample and one burst measured at ten times the
+#     rate (HIFREQ) on a quarter of the workload (see "amplification"
+#     below);
 #   - overlap (equation 5, bench/stream_overlap.py) of the burst profile
 #     with (a) burstyd's own complete trace (--full-trace --record refs)
 #     and (b) an independent complete trace: valgrind lackey
@@ -23,11 +27,13 @@
 # (lua seeds its string hashes with the time and addresses: no two runs
 # make the same references, so its complete traces do not match even
 # each other; gawk is the interpreter of the default list.)
-# env: BURSTYD_BIN, KEEP=1 keeps the work directory.
+# env: BURSTYD_BIN, HIFREQ (1990), KEEP=1 keeps the work directory.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PROGRAMS="streams gawk xz sqlite3 troff"
 RUNS=3
+# The amplified event rate of the per-event costs (10 times the default).
+HIFREQ="${HIFREQ:-1990}"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --programs) PROGRAMS="$2"; shift 2 ;;
@@ -144,6 +150,8 @@ lackey() {
         | "$TOOL" lackey-trace --from-entry /dev/stdin 2>"$WORK/lackey.log"
 }
 metric() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sum(p['metrics'].get(sys.argv[2],0) for p in d['processes']))" "$1/summary.json" "$2"; }
+# A metric of the whole run (not per process).
+run_metric() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['metrics'].get(sys.argv[2], 0))" "$1/summary.json" "$2"; }
 # The daemon's CPU while sampling (percent of one core) and its peak RSS (MB).
 cpu_pct() { python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['session']; print(f\"{s['sampling_cpu_ms'] / 10 / max(s['sampling_seconds'], 1e-9):.2f}\")" "$1/summary.json"; }
 # The daemon's steady CPU (percent of one core): from its /proc samples
@@ -171,32 +179,42 @@ kv() { tr ' ' '\n' <"$1" | awk -F= -v k="$2" '$1 == k { print $2 }'; }
 untraced() { "$TOOL" rusage "$WORK/ru" -- "$@" >/dev/null 2>&1 || true; echo "$(kv "$WORK/ru" wall_s) $(cpu_s)"; }
 # The program's CPU time (user + system) from the last rusage.
 cpu_s() { awk -v u="$(kv "$WORK/ru" user_s)" -v s="$(kv "$WORK/ru" sys_s)" 'BEGIN { print u + s }'; }
-# The program's own wall time with `burstyd --pid --record refs` attached
-# from its start to its end (out: $WORK/$prog-long).
-traced() {
+# `attached OUT BURSTYD-ARGS... -- CMD...`: the program's own wall and CPU
+# time with `burstyd --pid BURSTYD-ARGS` attached from its start to its
+# end (its output in OUT, the daemon's CPU samples in OUT.cpu).
+attached() {
+    local out="$1" args=()
+    shift
+    while [[ "$1" != "--" ]]; do args+=("$1"); shift; done
+    shift
     "$TOOL" rusage "$WORK/ru" -- "$@" >/dev/null 2>&1 &
     local ru=$! pid=
     for _ in $(seq 2000); do pid=$(pgrep -P "$ru" || true); [[ -n "$pid" ]] && break; sleep 0.001; done
     [[ -n "$pid" ]] || die "$prog did not start under bench_tool"
-    rm -rf "$WORK/$prog-long"
-    "$BIN" --pid "$pid" --record refs -o "$WORK/$prog-long" >/dev/null 2>"$WORK/$prog-long.log" &
+    rm -rf "$out"
+    "$BIN" --pid "$pid" "${args[@]}" -o "$out" >/dev/null 2>"$out.log" &
     local d=$!
-    : > "$WORK/$prog-long.cpu"
+    : > "$out.cpu"
     while kill -0 "$d" 2>/dev/null; do
-        echo "$(date +%s.%N) $(awk '{ print $14 + $15 }' "/proc/$d/stat" 2>/dev/null) $([[ -d /proc/$pid ]] && echo 1 || echo 0)" >> "$WORK/$prog-long.cpu"
+        echo "$(date +%s.%N) $(awk '{ print $14 + $15 }' "/proc/$d/stat" 2>/dev/null) $([[ -d /proc/$pid ]] && echo 1 || echo 0)" >> "$out.cpu"
         sleep 0.5
     done
     wait "$d" || true
     wait "$ru" || true
     echo "$(kv "$WORK/ru" wall_s) $(cpu_s)"
 }
+# The long workload in memory mode at the default burst and rate (out:
+# $WORK/$prog-long).
+traced() { attached "$WORK/$prog-long" --record refs -- "$@"; }
 median() { tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
 echo "# refs, lost: references and records lost in the long traced run (the burst profile); wall, cpu: the program's wall and CPU time"
 echo "# under burstyd --pid --record refs / untraced (long workload, medians of $RUNS alternating runs); ov-full, ov-lack: overlap (eq. 5)"
 echo "# of the burst profile with burstyd's full trace and lackey's (scale 1); full-lk: full trace vs lackey; cpu%, rss-MB: the daemon in"
-echo "# the long traced run (steady: from 5 s on, while the target ran), beside path mode's RSS"
-printf '%-8s %9s %6s %6s %6s %7s %7s %7s %6s %6s %6s %8s\n' program refs lost wall cpu ov-full ov-lack full-lk cpu% steady rss-MB path-rss
+echo "# the long traced run (steady: from 5 s on, while the target ran), beside path mode's RSS; c-smp, c-bur: the CPU cost of a sample and"
+echo "# of a burst (us, medians at --freq $HIFREQ); implied: the overhead they imply at the default rate (see the comment above the"
+echo "# amplified runs); in-b%: the time the long run spent in bursts (all kinds), as a share of its untraced CPU time"
+printf '%-8s %9s %6s %6s %6s %7s %7s %7s %6s %6s %6s %8s %6s %6s %7s %6s\n' program refs lost wall cpu ov-full ov-lack full-lk cpu% steady rss-MB path-rss c-smp c-bur implied in-b%
 for prog in $PROGRAMS; do
     if [[ "$prog" =~ ^(lua|gawk)$ && ! -x "$RP/$prog" ]]; then echo "$prog: not built (bash scripts/realprogs.sh)" >&2; continue; fi
     read -r -a CMD <<< "$(command_for "$prog" 1)"
@@ -210,6 +228,34 @@ for prog in $PROGRAMS; do
         read -r w c <<< "$(traced "${LCMD[@]}")"; tw+=("$w"); tc+=("$c")
     done
     out="$WORK/$prog-long"
+    # Overhead by amplification: the direct ratios above are at the mercy
+    # of this host's noise (untraced runs vary by up to 20%), so the cost
+    # of one sample and of one burst are measured at --freq $HIFREQ (ten
+    # times the default), where they stand well above the noise, on a
+    # quarter of the long workload, alternating untraced, sampling alone
+    # (--no-bursts) and memory mode, as the program's CPU time (user +
+    # system): a sample costs (sampling - untraced) / samples, a burst
+    # (memory mode - sampling) / bursts. The overhead they imply at the
+    # default rate is those costs times the samples and bursts of the long
+    # traced run, plus the whole time the long run spent in bursts that
+    # recorded references (burstyd_traced_refs_burst_seconds_total: an
+    # upper bound of their cost, as they are one in hundreds at the high
+    # rate too and the per-burst cost hardly sees them), over its
+    # untraced CPU time.
+    read -r -a ACMD <<< "$(command_for "$prog" "$(( $(long_scale "$prog") / 4 ))")"
+    cs=() cb=()
+    for r in $(seq "$RUNS"); do
+        read -r _ u <<< "$(untraced "${ACMD[@]}")"
+        read -r _ n <<< "$(attached "$WORK/$prog-hsmp" --no-bursts --freq "$HIFREQ" -- "${ACMD[@]}")"
+        read -r _ m <<< "$(attached "$WORK/$prog-hmem" --record refs --freq "$HIFREQ" -- "${ACMD[@]}")"
+        cs+=("$(awk -v a="$n" -v b="$u" -v k="$(run_metric "$WORK/$prog-hsmp" burstyd_samples_total)" 'BEGIN { printf "%.2f", (a - b) / k * 1e6 }')")
+        cb+=("$(awk -v a="$m" -v b="$n" -v k="$(metric "$WORK/$prog-hmem" burstyd_traced_bursts_total)" 'BEGIN { printf "%.2f", (a - b) / k * 1e6 }')")
+    done
+    c_smp=$(echo "${cs[*]}" | median) c_bur=$(echo "${cb[*]}" | median)
+    implied=$(awk -v cs="$c_smp" -v cb="$c_bur" -v s="$(run_metric "$out" burstyd_samples_total)" \
+        -v b="$(metric "$out" burstyd_traced_bursts_total)" -v rs="$(metric "$out" burstyd_traced_refs_burst_seconds_total)" \
+        -v t="$(echo "${bc[*]}" | median)" 'BEGIN { printf "%.4f", 1 + (cs * s / 1e6 + cb * b / 1e6 + rs) / t }')
+    in_bursts=$(awk -v x="$(metric "$out" burstyd_traced_burst_seconds_total)" -v t="$(echo "${bc[*]}" | median)" 'BEGIN { printf "%.2f", 100 * x / t }')
     [[ -f "$out/hot-streams.json" ]] || die "$prog: no hot-streams.json from the traced run ($(tail -2 "$out.log"))"
     "$BIN" run -o "$WORK/$prog-path" -- "${LCMD[@]}" >/dev/null 2>&1 || true
     read -r -a SCMD <<< "$(startup_for "$prog")"
@@ -256,11 +302,12 @@ for prog in $PROGRAMS; do
     fi
     ov() { python3 "$ROOT/bench/stream_overlap.py" "$1" "$2"; }
     ratio() { awk -v t="$(echo "$1" | median)" -v b="$(echo "$2" | median)" 'BEGIN { printf "%.3f", t / b }'; }
-    printf '%-8s %9s %6s %6s %6s %7s %7s %7s %6s %6s %6s %8s\n' "$prog" \
+    printf '%-8s %9s %6s %6s %6s %7s %7s %7s %6s %6s %6s %8s %6s %6s %7s %6s\n' "$prog" \
         "$(metric "$out" burstyd_traced_references_total)" "$(metric "$out" burstyd_traced_records_lost_total)" \
         "$(ratio "${tw[*]}" "${bw[*]}")" "$(ratio "${tc[*]}" "${bc[*]}")" \
         "$(ov "$out/hot-streams.json" "$WORK/$prog-full/hot-streams.json")" \
         "$(ov "$out/hot-streams.json" "$WORK/$prog-lackey.json")" \
         "$(ov "$WORK/$prog-full/hot-streams.json" "$WORK/$prog-lackey.json")" \
-        "$(cpu_pct "$out")" "$(steady_pct "$out.cpu")" "$(rss_mb "$out")" "$(rss_mb "$WORK/$prog-path")"
+        "$(cpu_pct "$out")" "$(steady_pct "$out.cpu")" "$(rss_mb "$out")" "$(rss_mb "$WORK/$prog-path")" \
+        "$c_smp" "$c_bur" "$implied" "$in_bursts"
 done

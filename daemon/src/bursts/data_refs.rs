@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use burstyd_common::burst::MAX_SLOTS;
 
-use super::decode::BurstEvent;
+use super::decode::{BurstEvent, EndReason};
 use super::traced::Traced;
 use crate::streams::recent::{RECENT_MAX, RecentRefs};
 use crate::streams::references::{Instr, References};
@@ -105,6 +105,13 @@ pub(crate) struct DataRefs {
     /// `--save-bursts`: every reference analysed, named, in the plain-text
     /// trace `hot-streams --from-trace` reads.
     save: Option<SavedRefs>,
+    /// Per slot: whether its running burst recorded a reference.
+    recording: [bool; MAX_SLOTS],
+    /// Bursts that recorded references, and the time-stamp-counter ticks
+    /// of those whose end said how long they ran (see `REC_END`): the
+    /// time the program spent in them.
+    pub(crate) bursts: u64,
+    pub(crate) ticks: u64,
 }
 
 /// The references written out (`references-<pid>.txt`): one a line,
@@ -141,6 +148,9 @@ impl DataRefs {
             max,
             open: None,
             save: None,
+            recording: [false; MAX_SLOTS],
+            bursts: 0,
+            ticks: 0,
         }
     }
 
@@ -162,6 +172,9 @@ impl DataRefs {
         match *ev {
             BurstEvent::Ref { pc, addr, .. } => {
                 self.seen += 1;
+                if let Some(r) = self.recording.get_mut(slot) {
+                    *r = true;
+                }
                 if !self.taken.get(slot).copied().unwrap_or(false) {
                     self.skipped += 1;
                     return;
@@ -210,14 +223,32 @@ impl DataRefs {
             }
             BurstEvent::Start { .. } => {
                 self.end_burst(slot);
+                self.ended_recording(slot, None);
                 self.starts += 1;
                 let take = self.take_burst(Instant::now());
                 if let Some(t) = self.taken.get_mut(slot) {
                     *t = take;
                 }
             }
-            BurstEvent::End { .. } => self.end_burst(slot),
+            BurstEvent::End { reason, ticks } => {
+                self.end_burst(slot);
+                // Ticks run past the real end of a burst ended after the
+                // fact (as `PathCounts` reads them).
+                let known = ticks > 0 && reason != EndReason::LeftUnseen;
+                self.ended_recording(slot, known.then_some(ticks));
+            }
             _ => {}
+        }
+    }
+
+    /// Slot `slot`'s burst ended, `ticks` long if known: counted if it
+    /// recorded references.
+    fn ended_recording(&mut self, slot: usize, ticks: Option<u64>) {
+        if let Some(r) = self.recording.get_mut(slot) {
+            if std::mem::take(r) {
+                self.bursts += 1;
+                self.ticks += ticks.unwrap_or(0);
+            }
         }
     }
 
@@ -445,5 +476,53 @@ mod tests {
         d.end_burst(3);
         assert_eq!((d.refs.count, d.dropped), (30, 80));
         assert_eq!(d.recent.position(), 110);
+    }
+
+    /// The time of the bursts that recorded references: their END ticks
+    /// (a burst ended after the fact, or with 0 ticks, counts without
+    /// them; a burst whose END was lost counts at the next START); a
+    /// burst without references is not one of them.
+    #[test]
+    fn the_time_in_recording_bursts_adds_their_end_ticks() {
+        let traced = Traced {
+            pid: burstyd_common::addr::Pid(1),
+            exe: "/nonexistent".into(),
+            modules: Vec::new(),
+            code: Default::default(),
+            index: Vec::new(),
+            generation: 0,
+        };
+        let mut d = DataRefs::new(1 << 20, false);
+        let start = BurstEvent::Start {
+            tid: 1,
+            pc: 0x1000,
+            slot: 0,
+            running: 1,
+        };
+        let r = BurstEvent::Ref {
+            pc: 0x1000,
+            kind: super::super::decode::RefKind::Load,
+            addr: 0x5000,
+        };
+        let end = |reason, ticks| BurstEvent::End { reason, ticks };
+        for (slot, reason, ticks, refs) in [
+            (0, EndReason::Budget, 1000, true),
+            (1, EndReason::Budget, 7, false),
+            (0, EndReason::LeftUnseen, 50_000, true),
+            (2, EndReason::LeftClones, 300, true),
+        ] {
+            d.add(slot, &start, &traced);
+            if refs {
+                d.add(slot, &r, &traced);
+            }
+            d.add(slot, &end(reason, ticks), &traced);
+        }
+        assert_eq!((d.bursts, d.ticks), (3, 1300));
+        // No END: counted at the slot's next START, without ticks.
+        d.add(3, &start, &traced);
+        d.add(3, &r, &traced);
+        d.add(3, &start, &traced);
+        d.add(3, &end(EndReason::Budget, 20), &traced);
+        assert_eq!((d.bursts, d.ticks), (4, 1300));
     }
 }

@@ -38,6 +38,12 @@ pub(crate) struct BurstStats {
     /// the instruction).
     pub(crate) references: u64,
     pub(crate) references_dropped: u64,
+    /// Time-stamp-counter ticks the program spent in bursts (those whose
+    /// end said how long they ran), and in those that recorded
+    /// references, and how many of those there were.
+    pub(crate) burst_ticks: u64,
+    pub(crate) refs_burst_ticks: u64,
+    pub(crate) refs_bursts: u64,
 }
 
 impl BurstStats {
@@ -63,6 +69,9 @@ impl BurstStats {
         self.reaped += o.reaped;
         self.references += o.references;
         self.references_dropped += o.references_dropped;
+        self.burst_ticks += o.burst_ticks;
+        self.refs_burst_ticks += o.refs_burst_ticks;
+        self.refs_bursts += o.refs_bursts;
     }
 }
 
@@ -89,6 +98,9 @@ mod tests {
             reaped: 12,
             references: 13,
             references_dropped: 14,
+            burst_ticks: 15,
+            refs_burst_ticks: 16,
+            refs_bursts: 17,
         };
         let mut t = BurstStats::default();
         t.add(&one);
@@ -103,6 +115,10 @@ mod tests {
             (18, 20, 22, 24)
         );
         assert_eq!((t.references, t.references_dropped), (26, 28));
+        assert_eq!(
+            (t.burst_ticks, t.refs_burst_ticks, t.refs_bursts),
+            (30, 32, 34)
+        );
         assert_eq!((t.functions_rewritten, t.functions_skipped), (0, 0));
     }
 }

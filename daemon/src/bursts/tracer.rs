@@ -518,6 +518,9 @@ impl BurstTracer {
                 .data_refs
                 .as_ref()
                 .map_or(0, |d| d.dropped + d.skipped + d.unplaced),
+            burst_ticks: self.counts.estimates.ticks,
+            refs_burst_ticks: self.data_refs.as_ref().map_or(0, |d| d.ticks),
+            refs_bursts: self.data_refs.as_ref().map_or(0, |d| d.bursts),
         }
     }
 

@@ -160,6 +160,23 @@ pub(crate) fn traced_series(
             "Data references read but not analysed for hot data streams (bursts beyond the analysis rate, the bound on references held), per process.",
             s.references_dropped,
         ),
+        Series::new(
+            "burstyd_traced_burst_seconds_total",
+            COUNTER,
+            "Time the process's threads spent in bursts (each burst from its first record to its end, by the time-stamp counter; bursts ended after the fact left out), per process: at most what the bursts cost it.",
+            Value::Real(s.burst_ticks as f64 / crate::sys::tsc_hz(), 4),
+        ),
+        c(
+            "burstyd_traced_refs_bursts_total",
+            "Bursts that recorded data references (memory mode), per process.",
+            s.refs_bursts,
+        ),
+        Series::new(
+            "burstyd_traced_refs_burst_seconds_total",
+            COUNTER,
+            "Time the process's threads spent in bursts that recorded data references (memory mode), per process.",
+            Value::Real(s.refs_burst_ticks as f64 / crate::sys::tsc_hz(), 4),
+        ),
         c(
             "burstyd_traced_bad_records_total",
             "Burst records malformed or with a path number out of range, per process.",
@@ -380,6 +397,9 @@ mod tests {
             reaped: 9,
             references: 0,
             references_dropped: 0,
+            burst_ticks: 0,
+            refs_burst_ticks: 0,
+            refs_bursts: 2,
         }
     }
 
@@ -471,6 +491,8 @@ mod tests {
         assert_eq!(pm["burstyd_traced_functions_rewritten"], 12);
         assert_eq!(pm["burstyd_traced_partial_paths_total"], 4);
         assert_eq!(pm["burstyd_traced_records_lost_total"], 1);
+        assert_eq!(pm["burstyd_traced_refs_bursts_total"], 2);
+        assert_eq!(pm["burstyd_traced_burst_seconds_total"], 0.0);
         assert_eq!(pm["burstyd_traced_rooted_paths_total"], 850);
         assert_eq!(pm["burstyd_traced_paths_dropped_total"], 11);
         assert_eq!(pm["burstyd_traced_attach_seconds"], 0.25);
