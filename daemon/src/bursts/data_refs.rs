@@ -244,11 +244,11 @@ impl DataRefs {
     /// Slot `slot`'s burst ended, `ticks` long if known: counted if it
     /// recorded references.
     fn ended_recording(&mut self, slot: usize, ticks: Option<u64>) {
-        if let Some(r) = self.recording.get_mut(slot) {
-            if std::mem::take(r) {
-                self.bursts += 1;
-                self.ticks += ticks.unwrap_or(0);
-            }
+        if let Some(r) = self.recording.get_mut(slot)
+            && std::mem::take(r)
+        {
+            self.bursts += 1;
+            self.ticks += ticks.unwrap_or(0);
         }
     }
 
