@@ -64,7 +64,7 @@ macro_rules! control_block {
 
 /// `BurstControl::magic`: the version of the layout. It changes whenever
 /// [`CONTROL_FIELDS`] does; the `layout` test below fails until it has.
-pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstydd");
+pub const CONTROL_MAGIC: u64 = u64::from_le_bytes(*b"burstyde");
 /// Burst slots per process: bursts that may run at once, at most (the
 /// daemon sets [`BurstControl::max_bursts`] at or below it).
 pub const MAX_SLOTS: usize = 8;
@@ -123,6 +123,112 @@ pub const REF_LOAD: u64 = 0;
 pub const REF_STORE: u64 = 1;
 /// A read-modify-write (`add [m], r`, `lock xadd`, ...).
 pub const REF_RMW: u64 = 2;
+
+/// A tuple of the tuple profiles (`--record values,targets`; Sastry,
+/// Bodík & Smith's stream compression): `w0 = tag | kind <<
+/// TUPLE_KIND_SHIFT | count << TUPLE_COUNT_SHIFT | site`, `w1` = the
+/// value. `site` is the original instruction's address (AVMA; below
+/// 2^47); `kind` one of [`TUPLE_VALUE`] (⟨load, value loaded⟩, `w1` the
+/// destination register after the load) and [`TUPLE_TARGET`] (⟨indirect
+/// call or jump, target⟩, `w1` the original target), with
+/// [`TUPLE_EXACT`] set on the exact copy made for an evaluation
+/// ([`TupleConfig::reference`]). `count`: the compressor's outputs this
+/// record stands for (1 to [`TUPLE_COUNT_MAX`], merged by the
+/// associative table); each output stands for one tuple with the exact
+/// sampler (and on an exact copy), for `rate` tuples with the others.
+pub const REC_TUPLE: u64 = 8;
+/// See [`REC_TUPLE`].
+pub const TUPLE_KIND_SHIFT: u32 = 56;
+pub const TUPLE_VALUE: u64 = 0;
+pub const TUPLE_TARGET: u64 = 1;
+/// Kind bit of an exact copy (see [`TupleConfig::reference`]).
+pub const TUPLE_EXACT: u64 = 8;
+pub const TUPLE_COUNT_SHIFT: u32 = 47;
+pub const TUPLE_COUNT_MAX: u64 = (1 << 9) - 1;
+/// Bits of `w0` that hold the site.
+pub const TUPLE_SITE_MASK: u64 = (1 << TUPLE_COUNT_SHIFT) - 1;
+/// Entries of a slot's associative table (the paper's A_k).
+pub const TUPLE_ASSOC: usize = 16;
+/// Counters of a slot's stratified sampler at most (the paper's n).
+pub const MAX_STRATA: usize = 4096;
+
+/// The tuple compressors ([`TupleConfig::sampler`]).
+pub const SAMPLER_EXACT: u64 = 0;
+/// R_r: each tuple kept with probability 1/r.
+pub const SAMPLER_RANDOM: u64 = 1;
+/// H[P_r]_n: a hash of the tuple picks one of n counters; every r-th
+/// tuple of a counter is kept.
+pub const SAMPLER_STRATIFIED: u64 = 2;
+
+/// How the runtime compresses tuples, in one word
+/// ([`BurstControl::tuple_config`], set by the daemon; 0: the exact
+/// sampler, no table). The one encoding for the daemon and the runtime.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TupleConfig {
+    /// [`SAMPLER_EXACT`], [`SAMPLER_RANDOM`] or [`SAMPLER_STRATIFIED`].
+    pub sampler: u64,
+    /// Merge identical outputs in the associative table (A_k) before the
+    /// ring.
+    pub assoc: bool,
+    /// Also write every tuple exactly, [`TUPLE_EXACT`] set (an
+    /// evaluation's reference, from the same stream).
+    pub reference: bool,
+    /// Counters of the stratified sampler, a power of two up to
+    /// [`MAX_STRATA`].
+    pub strata: u64,
+    /// The sampling rate r (1 to 65535).
+    pub rate: u64,
+}
+
+/// [`TupleConfig`]'s bits: the sampler (0..2), the table (2), the exact
+/// copies (3), the strata minus one (8..24), the rate (24..40), and the
+/// random sampler's threshold `2^24 / rate - 1` (40..64: a tuple is kept
+/// when the top 24 bits of its random number are at or below it).
+pub const TUPLE_CFG_ASSOC: u64 = 1 << 2;
+pub const TUPLE_CFG_REFERENCE: u64 = 1 << 3;
+pub const TUPLE_CFG_STRATA_SHIFT: u32 = 8;
+pub const TUPLE_CFG_RATE_SHIFT: u32 = 24;
+pub const TUPLE_CFG_THRESHOLD_SHIFT: u32 = 40;
+
+impl TupleConfig {
+    /// The word the runtime reads (see [`TUPLE_CFG_ASSOC`]); a rate of 0
+    /// counts as 1, strata are rounded up to a power of two and bounded
+    /// by [`MAX_STRATA`].
+    pub fn to_word(&self) -> u64 {
+        let rate = self.rate.clamp(1, 0xffff);
+        let strata = self.strata.clamp(1, MAX_STRATA as u64).next_power_of_two();
+        (self.sampler & 3)
+            | if self.assoc { TUPLE_CFG_ASSOC } else { 0 }
+            | if self.reference {
+                TUPLE_CFG_REFERENCE
+            } else {
+                0
+            }
+            | (strata - 1) << TUPLE_CFG_STRATA_SHIFT
+            | rate << TUPLE_CFG_RATE_SHIFT
+            | ((1 << 24) / rate - 1) << TUPLE_CFG_THRESHOLD_SHIFT
+    }
+
+    /// The configuration of a word [`Self::to_word`] made.
+    pub fn from_word(w: u64) -> Self {
+        TupleConfig {
+            sampler: w & 3,
+            assoc: w & TUPLE_CFG_ASSOC != 0,
+            reference: w & TUPLE_CFG_REFERENCE != 0,
+            strata: ((w >> TUPLE_CFG_STRATA_SHIFT) & 0xffff) + 1,
+            rate: ((w >> TUPLE_CFG_RATE_SHIFT) & 0xffff).max(1),
+        }
+    }
+
+    /// The tuples one output of the sampler stands for.
+    pub fn weight(&self) -> u64 {
+        if self.sampler == SAMPLER_EXACT {
+            1
+        } else {
+            self.rate.max(1)
+        }
+    }
+}
 
 /// `REC_PATH` kinds.
 pub const PATH_END_RETURN: u64 = 0;
@@ -316,7 +422,8 @@ control_block! {
         /// (its `budget`; the references bound it first where there are
         /// any).
         pub refs_burst_len: u64,
-        pub _pad2: [u64; 1],
+        /// How the runtime compresses tuples ([`TupleConfig::to_word`]).
+        pub tuple_config: u64,
         /// Records written to each slot's sub-ring (in words; producer
         /// indexes).
         pub heads: [u64; MAX_SLOTS],
@@ -474,8 +581,20 @@ control_block! {
         /// The address of `BurstControl::heads[index]` (written at the
         /// claim).
         pub head: u64,
-        pub _pad: [u64; 4],
+        /// The random sampler's xorshift64 state (0: not seeded yet).
+        pub rng: u64,
+        /// The associative table's next entry to replace (round robin).
+        pub assoc_next: u64,
+        pub _pad: [u64; 2],
         pub shadow: [ShadowEntry; SHADOW_DEPTH],
+        /// The associative table of tuple outputs (the paper's A_k):
+        /// `[w0, w1]` as in [`REC_TUPLE`], the count in `w0` (0: the
+        /// entry is free). Kept across the slot's bursts, emptied into
+        /// the ring when a burst ends.
+        pub assoc: [[u64; 2]; TUPLE_ASSOC],
+        /// The stratified sampler's counters (the first `strata` of
+        /// them), kept across the slot's bursts.
+        pub strata: [u16; MAX_STRATA],
     }
 }
 
@@ -602,7 +721,7 @@ mod layout {
     /// `BurstControl` or `BurstLocal` changed, give `CONTROL_MAGIC` a new value (a target
     /// still holding a region of the old layout must be recognised as
     /// foreign) and copy the new field list and magic here.
-    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstydd");
+    const PINNED_MAGIC: u64 = u64::from_le_bytes(*b"burstyde");
     const PINNED_FIELDS: &[(&str, usize, usize)] = &[
         ("magic", 0, 8),
         ("armed", 8, 4),
@@ -645,20 +764,24 @@ mod layout {
         ("refs_countdown", 352, 8),
         ("refs_burst", 360, 8),
         ("refs_burst_len", 368, 8),
-        ("_pad2", 376, 8),
+        ("tuple_config", 376, 8),
         ("heads", 384, 64),
         ("slot_tids", 448, 64),
         ("modules", 512, 3584),
     ];
     const PINNED_LOCAL_FIELDS: &[(&str, usize, usize)] =
-        &[("present", 0, 8), ("_pad", 8, 56), ("slots", 64, 262656)];
+        &[("present", 0, 8), ("_pad", 8, 56), ("slots", 64, 330240)];
     const PINNED_SLOT_FIELDS: &[(&str, usize, usize)] = &[
         ("owner", 0, 8),
         ("index", 8, 8),
         ("ring", 16, 8),
         ("head", 24, 8),
-        ("_pad", 32, 32),
+        ("rng", 32, 8),
+        ("assoc_next", 40, 8),
+        ("_pad", 48, 16),
         ("shadow", 64, 32768),
+        ("assoc", 32832, 256),
+        ("strata", 33088, 8192),
     ];
     const PINNED_REGS_FIELDS: &[(&str, usize, usize)] = &[
         ("slot", 0, 8),
@@ -670,6 +793,37 @@ mod layout {
         ("refs", 48, 8),
         ("paths_until", 56, 8),
     ];
+
+    /// The tuple configuration's word decodes to what made it (strata
+    /// rounded up to a power of two, the rate at least 1), and holds the
+    /// random sampler's threshold 2^24 / rate - 1.
+    #[test]
+    fn tuple_config_round_trips_through_its_word() {
+        let c = TupleConfig {
+            sampler: SAMPLER_STRATIFIED,
+            assoc: true,
+            reference: false,
+            strata: 2048,
+            rate: 256,
+        };
+        let w = c.to_word();
+        assert_eq!(TupleConfig::from_word(w), c);
+        assert_eq!(w >> TUPLE_CFG_THRESHOLD_SHIFT, 65535);
+        assert_eq!((w >> TUPLE_CFG_STRATA_SHIFT) & 0xffff, 2047);
+        assert_eq!(c.weight(), 256);
+        let odd = TupleConfig {
+            sampler: SAMPLER_RANDOM,
+            assoc: false,
+            reference: true,
+            strata: 1000,
+            rate: 0,
+        };
+        let back = TupleConfig::from_word(odd.to_word());
+        assert_eq!((back.strata, back.rate, back.reference), (1024, 1, true));
+        assert_eq!(odd.to_word() >> TUPLE_CFG_THRESHOLD_SHIFT, (1 << 24) - 1);
+        assert_eq!(TupleConfig::default().to_word() & 0xff, 0);
+        assert_eq!(TupleConfig::default().weight(), 1);
+    }
 
     #[test]
     fn control_block_layout_is_pinned_to_the_magic() {
