@@ -26,6 +26,10 @@ pub(crate) struct BurstOptions {
     pub(crate) refs: userspace_rewriter::codegen::Refs,
     /// Memory mode: the references one burst records (`--refs-burst`).
     pub(crate) refs_burst: u64,
+    /// How the runtime compresses the tuples of the tuple profiles
+    /// (`--sampler`, `--sample-rate`, `--strata`): each output of the
+    /// sampler stands for `tuple_config.weight()` tuples.
+    pub(crate) tuple_config: burstyd_common::burst::TupleConfig,
 }
 
 /// What bursts record besides paths, calls and returns (`--record`,

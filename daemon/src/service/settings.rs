@@ -91,6 +91,7 @@ impl BurstSettings {
             weights: self.weights,
             refs: self.refs,
             refs_burst: self.refs_burst,
+            tuple_config: Default::default(),
         }
     }
 }
