@@ -201,7 +201,7 @@ mod back_at_tests {
     use iced_x86::code_asm::{CodeAssembler, bl, qword_ptr, rsp};
 
     use super::super::asm::tag;
-    use super::super::testing::{Harness, PAST, Regs, SLACK, assert_within, tsc};
+    use super::super::testing::{Harness, PAST, Regs, SLACK, TEST_PAGE, assert_within, tsc};
 
     /// The clone's call sequence for `rt_back_at`, with the carry flag set
     /// (or clear) before it and read into `bl` after.
@@ -230,10 +230,10 @@ mod back_at_tests {
         h.loc_mut().path = 1000;
         h.ctl_mut().heads[0] = 0;
         for (k, carry) in [true, false].into_iter().enumerate() {
-            let code = site(h.code_page(1), h.rt.back_at, carry, 42, 7);
-            h.load(1, &code);
+            let code = site(h.code_page(TEST_PAGE), h.rt.back_at, carry, 42, 7);
+            h.load(TEST_PAGE, &code);
             let before = Regs::sentinel();
-            let after = h.call(h.code_page(1), before);
+            let after = h.call(h.code_page(TEST_PAGE), before);
             before.assert_preserved(&after, &["rbx"]);
             assert_eq!(after.rbx & !0xff, before.rbx & !0xff);
             assert_eq!(after.rbx & 0xff, carry as u64, "carry flag not preserved");
@@ -256,12 +256,12 @@ mod back_at_tests {
         h.ctl_mut().measure = 1;
         h.loc_mut().path = 1000;
         for (k, carry) in [true, false].into_iter().enumerate() {
-            let code = site(h.code_page(1), h.rt.back_at, carry, 42, 7);
-            h.load(1, &code);
+            let code = site(h.code_page(TEST_PAGE), h.rt.back_at, carry, 42, 7);
+            h.load(TEST_PAGE, &code);
             let t0 = tsc();
             h.loc_mut().path_start = t0 - PAST;
             let before = Regs::sentinel();
-            let after = h.call(h.code_page(1), before);
+            let after = h.call(h.code_page(TEST_PAGE), before);
             let t1 = tsc();
             before.assert_preserved(&after, &["rbx"]);
             assert_eq!(after.rbx & !0xff, before.rbx & !0xff);

@@ -6,7 +6,8 @@ use iced_x86::code_asm::{CodeAssembler, CodeLabel, eax, ecx, edx, qword_ptr, rax
 
 use super::asm::{RipRel, field, local, owner_gate, rdtsc, slot, tag};
 
-/// `rt_end(eax = reason)`: END record (`w0 = tag | reason`, `w1` = the
+/// `rt_end(eax = reason)`: the tuples of the associative table
+/// (`rt_tuple_flush`), then the END record (`w0 = tag | reason`, `w1` = the
 /// time-stamp-counter ticks since the burst's first record, `rdtsc -
 /// burst_start`, or 0 when `burst_start` is 0: no record came),
 /// the slot's `slot_tids` entry = 0, its `owner` = 0, `ended` + 1, one
@@ -18,10 +19,15 @@ pub(super) fn end(
     control: u64,
     entry: &mut CodeLabel,
     emit: CodeLabel,
+    tuple_flush: CodeLabel,
 ) -> Result<(), IcedError> {
     let mut not_owner = a.create_label();
     a.set_label(entry)?;
     owner_gate(a, control, rdx, not_owner)?;
+    // The tuples the associative table holds go out within the burst.
+    a.push(rax)?;
+    a.call(tuple_flush)?;
+    a.pop(rax)?;
     // w1 = the ticks since the burst's first record (0: none came).
     let mut untimed = a.create_label();
     let mut timed = a.create_label();

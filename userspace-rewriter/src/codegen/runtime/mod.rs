@@ -147,6 +147,7 @@ mod handler;
 mod lookup;
 mod refs;
 mod ring;
+mod tuples;
 mod unwind;
 
 #[cfg(test)]
@@ -173,6 +174,11 @@ pub struct Runtime {
     /// `rt_ref_all`: with the stack's (`--refs-stack`).
     pub reference: u64,
     pub reference_all: u64,
+    /// `rt_tuple`: the tuples of the tuple profiles, through the
+    /// compressor; `rt_tuple_flush`: the associative table emptied (by
+    /// `rt_end`).
+    pub tuple: u64,
+    pub tuple_flush: u64,
     #[cfg_attr(not(test), allow(dead_code))]
     pub lookup: u64,
     pub lookup_fn: u64,
@@ -197,11 +203,13 @@ impl Runtime {
     /// The routines the clones and the other routines call, each entered
     /// by a `call` with the return address on top (not the signal
     /// handler and its restorer, which the kernel enters).
-    pub(crate) fn routines(&self) -> [u64; 13] {
+    pub(crate) fn routines(&self) -> [u64; 15] {
         [
             self.emit,
             self.reference,
             self.reference_all,
+            self.tuple,
+            self.tuple_flush,
             self.lookup,
             self.lookup_fn,
             self.lookup_function_entry,
@@ -239,6 +247,8 @@ struct Entries {
     emit: CodeLabel,
     reference: CodeLabel,
     reference_all: CodeLabel,
+    tuple: CodeLabel,
+    tuple_flush: CodeLabel,
     lookup: CodeLabel,
     lookup_fn: CodeLabel,
     lookup_ret: CodeLabel,
@@ -266,6 +276,8 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
         emit: a.create_label(),
         reference: a.create_label(),
         reference_all: a.create_label(),
+        tuple: a.create_label(),
+        tuple_flush: a.create_label(),
         lookup: a.create_label(),
         lookup_fn: a.create_label(),
         lookup_ret: a.create_label(),
@@ -286,6 +298,8 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
         &mut e.reference_all,
         e.emit,
     )?;
+    tuples::tuple(&mut a, control, &mut e.tuple, e.emit)?;
+    tuples::flush(&mut a, control, &mut e.tuple_flush, e.emit)?;
     use burstyd_common::burst::TablesHeader;
     use core::mem::offset_of;
     let tables = field!(control, tables);
@@ -318,7 +332,7 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
             offset_of!(TablesHeader, returns_len),
         ),
     )?;
-    end::end(&mut a, control, &mut e.end, e.emit)?;
+    end::end(&mut a, control, &mut e.end, e.emit, e.tuple_flush)?;
     enter::enter(&mut a, control, &mut e.enter, e.emit)?;
     back::back(&mut a, control, &mut e.back, e.emit)?;
     back::back_at(&mut a, control, &mut e.back_at, e.back)?;
@@ -332,6 +346,8 @@ pub fn assemble(control: u64, at: u64) -> Result<Runtime, RuntimeError> {
         emit: r.label_ip(&e.emit)?,
         reference: r.label_ip(&e.reference)?,
         reference_all: r.label_ip(&e.reference_all)?,
+        tuple: r.label_ip(&e.tuple)?,
+        tuple_flush: r.label_ip(&e.tuple_flush)?,
         lookup: r.label_ip(&e.lookup)?,
         lookup_fn: r.label_ip(&e.lookup_fn)?,
         lookup_function_entry: r.label_ip(&function_entry)?,
@@ -394,6 +410,8 @@ mod tests {
         let entries = [
             rt.emit,
             rt.reference,
+            rt.tuple,
+            rt.tuple_flush,
             rt.lookup,
             rt.lookup_fn,
             rt.lookup_ret,

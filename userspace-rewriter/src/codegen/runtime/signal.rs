@@ -11,7 +11,7 @@ use iced_x86::BlockEncoderOptions;
 use iced_x86::code_asm::{CodeAssembler, eax};
 
 use super::asm::tag;
-use super::testing::{Harness, Regs, fs0};
+use super::testing::{Harness, Regs, TEST_PAGE, fs0};
 
 const SA_SIGINFO: u64 = 4;
 const SA_RESTORER: u64 = 0x0400_0000;
@@ -88,8 +88,8 @@ fn handler_and_restorer_on_a_real_signal() {
     let sig = libc::SIGRTMAX() - 2;
     let mut h = Harness::new();
     h.loc_mut().owner = 0; // no burst runs
-    let (code, entry, pc, clone) = program(h.code_page(1));
-    h.load(1, &code);
+    let (code, entry, pc, clone) = program(h.code_page(TEST_PAGE));
+    h.load(TEST_PAGE, &code);
     h.ctl_mut().burst_len = 50;
     let new = KernelSigaction {
         handler: h.rt.handler,

@@ -40,9 +40,12 @@ const _: () =
 const UCONTEXT: usize = RET_TABLE + TABLE_PAIRS * 16;
 const STACK: usize = UCONTEXT + PAGE;
 const STACK_END: usize = STACK + 64 * 1024;
-/// Code pages: 0 for the runtime, 1 for a test's own code.
+/// Code pages: the runtime's first ([`RUNTIME_PAGES`]), then one for a
+/// test's own code ([`TEST_PAGE`]).
 const CODE: usize = STACK_END;
-const CODE_PAGES: usize = 2;
+const RUNTIME_PAGES: usize = 2;
+pub(super) const TEST_PAGE: usize = RUNTIME_PAGES;
+const CODE_PAGES: usize = RUNTIME_PAGES + 1;
 const LEN: usize = CODE + CODE_PAGES * PAGE;
 /// The program's rsp at the snippet (the return address slot): a page
 /// below the end of the stack, so the routines' own pushes and a signal
@@ -207,6 +210,10 @@ impl Harness {
         l.slot = slot0;
         drop(l);
         let bytes = h.rt.bytes.clone();
+        assert!(
+            bytes.len() <= RUNTIME_PAGES * PAGE,
+            "the runtime outgrew the harness"
+        );
         h.load(0, &bytes);
         Some(h)
     }
@@ -391,19 +398,20 @@ impl Harness {
         self.at(CODE + page * PAGE)
     }
 
-    /// Copies `bytes` into code page `page` and makes it `PROT_READ |
-    /// PROT_EXEC`.
+    /// Copies `bytes` into the code pages from `page` on and makes them
+    /// `PROT_READ | PROT_EXEC`.
     pub(super) fn load(&mut self, page: usize, bytes: &[u8]) {
-        assert!(page < CODE_PAGES && bytes.len() <= PAGE, "code too large");
-        // SAFETY: the page lies inside the mapping; it is made writable
-        // before the copy and no code runs from it meanwhile.
+        let len = bytes.len().next_multiple_of(PAGE).max(PAGE);
+        assert!(page * PAGE + len <= CODE_PAGES * PAGE, "code too large");
+        // SAFETY: the pages lie inside the mapping; they are made writable
+        // before the copy and no code runs from them meanwhile.
         unsafe {
             let p = self.base.add(CODE + page * PAGE);
             let rw = libc::PROT_READ | libc::PROT_WRITE;
-            assert_eq!(libc::mprotect(p as *mut libc::c_void, PAGE, rw), 0);
+            assert_eq!(libc::mprotect(p as *mut libc::c_void, len, rw), 0);
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len());
             let rx = libc::PROT_READ | libc::PROT_EXEC;
-            assert_eq!(libc::mprotect(p as *mut libc::c_void, PAGE, rx), 0);
+            assert_eq!(libc::mprotect(p as *mut libc::c_void, len, rx), 0);
         }
     }
 

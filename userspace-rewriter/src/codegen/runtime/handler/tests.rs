@@ -6,7 +6,9 @@ use burstyd_common::burst::{TABLES_GEN_SHIFT, TABLES_HEADER_MASK};
 use super::super::asm::tag;
 use burstyd_common::burst::{BurstRegs, MAX_SLOTS, TLS_REGS};
 
-use super::super::testing::{CLONE_HI, CLONE_LO, Harness, Regs, assert_within, fs0, tsc};
+use super::super::testing::{
+    CLONE_HI, CLONE_LO, Harness, Regs, TEST_PAGE, assert_within, fs0, tsc,
+};
 use super::{UC_RIP, UC_RSP};
 
 /// The interrupted PC and its clone.
@@ -399,13 +401,13 @@ fn a_sub_ring_more_than_half_full_declines() {
 fn with_loader(h: &mut Harness) -> (u64, u64) {
     const SITE: usize = 0x100;
     const HOOK: usize = 0x800;
-    let page = h.code_page(1);
+    let page = h.code_page(TEST_PAGE);
     let mut code = vec![0x90u8; 0x900];
     let rel = (HOOK as i64 - (SITE as i64 + 5)) as i32;
     code[SITE] = 0xe8;
     code[SITE + 1..SITE + 5].copy_from_slice(&rel.to_le_bytes());
     code[HOOK] = 0xc3;
-    h.load(1, &code);
+    h.load(TEST_PAGE, &code);
     let c = h.ctl_mut();
     c.hook = page + HOOK as u64;
     c.hook_lo = page;
