@@ -26,8 +26,10 @@
 //!   worth, and the estimates' confidence; [`counts`]: events → path
 //!   counts per calling context within a burst, and the raw trace
 //!   (`--save-bursts`);
-//!   [`contexts`]: the calling contexts of paths; [`data_refs`]: memory
-//!   mode's references per burst, into the process's reference grammar;
+//!   [`contexts`]: the calling contexts of paths; [`place`]: records'
+//!   instructions named by module and static address; [`data_refs`]:
+//!   memory mode's references per burst, into the process's reference
+//!   grammar;
 //! - [`coverage`]: hot coverage (the share of samples in cloned code);
 //! - [`traced`]: what the exporters know of a traced process;
 //!   [`tracer`]: one traced process; [`tracers`]: all of them and the
@@ -57,6 +59,7 @@ pub(crate) mod linkmap;
 pub(crate) mod modules;
 pub(crate) mod options;
 mod parallel;
+pub(crate) mod place;
 pub(crate) mod plans;
 pub(crate) mod prepare;
 pub(crate) mod progress;
