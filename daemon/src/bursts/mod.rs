@@ -29,7 +29,8 @@
 //!   [`contexts`]: the calling contexts of paths; [`place`]: records'
 //!   instructions named by module and static address; [`data_refs`]:
 //!   memory mode's references per burst, into the process's reference
-//!   grammar;
+//!   grammar; [`tuples`]: the tuple profiles (values loaded, indirect
+//!   targets) and their error against an exact reference;
 //! - [`coverage`]: hot coverage (the share of samples in cloned code);
 //! - [`traced`]: what the exporters know of a traced process;
 //!   [`tracer`]: one traced process; [`tracers`]: all of them and the
@@ -71,4 +72,5 @@ pub(crate) mod tables;
 pub(crate) mod traced;
 pub(crate) mod tracer;
 pub(crate) mod tracers;
+pub(crate) mod tuples;
 pub(crate) mod worker;
