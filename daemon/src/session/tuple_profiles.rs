@@ -1,8 +1,10 @@
 //! The tuple profiles of bursty tracing (`--record values,targets`) at
 //! the end of a session: `values.pb.gz` and `targets.pb.gz` (every
 //! process with tuples of the kind, label `pid`; none when no process
-//! had any), and each process's error against its exact copies when it
-//! had them (logged). Not per interval: the profiles are the run's.
+//! had any), each process's error against its exact copies when it had
+//! them (logged), and the indirect calls of its call-target profile for
+//! the edge profiles (`edges*.fdata`, [`crate::export::fdata::indirect_calls`]).
+//! Not per interval: the profiles are the run's.
 use std::collections::HashMap;
 
 use tracing::{info, warn};
@@ -11,6 +13,7 @@ use super::Session;
 use crate::bursts::decode::TupleKind;
 use crate::bursts::tracer::Finished;
 use crate::bursts::tuples::{ErrorOptions, profile_error};
+use crate::export::fdata::Fdata;
 use crate::export::tuples::{add_tuples, file_name, tuples_builder};
 use burstyd_common::addr::{Avma, FrameAddress, Pid};
 
@@ -93,6 +96,42 @@ impl Session {
             }
         }
     }
+}
+
+/// Each module's indirect calls per process, as the call-target profiles
+/// saw them: `(pid, library name or None for the executable, calls)`,
+/// for the edge profiles (merged with their branches).
+pub(super) fn indirect_calls(finished: &[Finished]) -> Vec<(Pid, Option<String>, Fdata)> {
+    let mut out = Vec::new();
+    for f in finished {
+        let Some(t) = &f.tuples else {
+            continue;
+        };
+        if !t.sampled.has(TupleKind::Target) {
+            continue;
+        }
+        let targets = t.sampled.summaries();
+        let mut elsewhere = 0;
+        for m in &f.traced.modules {
+            let (calls, skipped) = crate::export::fdata::indirect_calls(&f.traced, m, &targets);
+            elsewhere += skipped;
+            if !calls.is_empty() {
+                out.push((
+                    f.traced.pid,
+                    (!m.is_exe).then(|| m.name().to_owned()),
+                    calls,
+                ));
+            }
+        }
+        if elsewhere > 0 {
+            info!(
+                pid = %f.traced.pid,
+                "edge profiles: {} of the call-target profile left out (a target in another module than its call, or in no traced function)",
+                crate::words::count(elsewhere, "indirect call target", "indirect call targets")
+            );
+        }
+    }
+    out
 }
 
 /// The names of addresses of process `pid` outside its traced functions
