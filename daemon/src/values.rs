@@ -240,7 +240,11 @@ pub(crate) fn report(
         .take(opts.top)
         .map(|&(k, site)| {
             let f = &facts[&k.vaddr];
-            let r = ref_sites.as_ref().and_then(|r| r.get(k));
+            // A site the exact copies never saw has no reference figures.
+            let r = ref_sites
+                .as_ref()
+                .and_then(|r| r.get(k))
+                .filter(|r| r.total > 0);
             SiteRow {
                 function: f.function.clone(),
                 line: f.line.clone(),
@@ -294,27 +298,33 @@ fn pct(x: Option<f64>) -> String {
 
 /// The report as text.
 fn human(r: &Report, file: &Path) -> String {
-    let (what, site) = if r.kind == "targets" {
-        ("call-target profile", "indirect call or jump")
+    let (what, sites) = if r.kind == "targets" {
+        let sites = crate::words::count(
+            r.sites as u64,
+            "indirect call or jump",
+            "indirect calls or jumps",
+        );
+        ("call-target profile", sites)
     } else {
-        ("value profile", "load")
+        (
+            "value profile",
+            crate::words::count(r.sites as u64, "load", "loads"),
+        )
     };
     let mut out = format!(
-        "{what} of {}: {} sites ({}s), {} executions (estimated)\n",
+        "{what} of {}: {sites}, {} executions (estimated)\n",
         file.display(),
-        r.sites,
-        site,
         r.executions
     );
     if let Some(e) = &r.error {
         let _ = writeln!(
             out,
-            "error against the exact copies: {} over {} invariant tuples of {} sites; {} over every tuple of the {} sites executed often enough",
+            "error against the exact copies: {} over {} of {}; {} over every tuple of the {} executed often enough",
             pct(e.error),
-            e.tuples,
-            e.sites,
+            crate::words::count(e.tuples as u64, "invariant tuple", "invariant tuples"),
+            crate::words::count(e.sites as u64, "site", "sites"),
             pct(e.total_error),
-            e.total_sites
+            crate::words::count(e.total_sites as u64, "site", "sites"),
         );
     }
     for (i, s) in r.top.iter().enumerate() {
@@ -337,9 +347,11 @@ fn human(r: &Report, file: &Path) -> String {
             s.invariance
         );
         for v in &s.values {
+            // A target no symbol names is its address: the value itself.
             let target = v
                 .target
                 .as_deref()
+                .filter(|t| *t != v.value)
                 .map_or(String::new(), |t| format!(" {t}"));
             let reference = v
                 .reference_share
@@ -457,6 +469,14 @@ mod tests {
         assert!((e.error.unwrap() - want).abs() < 1e-12, "{e:?}");
         // The text says the same.
         let text = human(&r, Path::new("values.pb.gz"));
+        assert!(
+            text.starts_with("value profile of values.pb.gz: 2 loads, 950 executions (estimated)\nerror against the exact copies: "),
+            "{text}"
+        );
+        assert!(
+            text.contains(" over 3 invariant tuples of 1 site; "),
+            "{text}"
+        );
         assert!(text.contains("   1. load_a prog+0x1010: 900 executions, invariance 0.667; exact copies: 900, invariance 0.611\n"), "{text}");
         assert!(
             text.contains("         66.7% 0x1 (exact 61.1%)\n"),
@@ -488,13 +508,16 @@ mod tests {
             },
             &traced,
         );
-        let mut b = tuples_builder(TupleKind::Target, false);
-        add_tuples(&mut b, &traced, &t, TupleKind::Target, false, |_| {
+        // Exact copies in the run, none of this site: no reference
+        // figures for it.
+        let mut b = tuples_builder(TupleKind::Target, true);
+        add_tuples(&mut b, &traced, &t, TupleKind::Target, true, |_| {
             HashMap::new()
         });
         let r = report(&b.finish(), TupleKind::Target, &opts()).unwrap();
         assert_eq!(r.kind, "targets");
-        assert!(r.error.is_none());
+        assert_eq!(r.error.map(|e| (e.sites, e.error)), Some((0, None)));
+        assert_eq!(r.top[0].reference_executions, None);
         let v = &r.top[0].values[0];
         assert_eq!(
             (v.target.as_deref(), v.executions, v.share),
