@@ -193,6 +193,34 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The tuple profiles a run wrote (`values.pb.gz`, or with --targets
+    /// `targets.pb.gz`; Sastry, Bodík & Smith's value and call-target
+    /// profiles): per site, hottest first, its function and line, its
+    /// executions, its invariance (the share of its most frequent value)
+    /// and its most frequent values; with the exact copies of an
+    /// evaluation, the profile's error against them.
+    Values {
+        /// A run's output directory, or one values.pb.gz or targets.pb.gz.
+        #[arg(value_name = "OUT")]
+        profile: PathBuf,
+        /// The call-target profile (targets.pb.gz) rather than the value
+        /// profile.
+        #[arg(long)]
+        targets: bool,
+        /// How many of the hottest sites to list.
+        #[arg(long, value_name = "N", default_value_t = 20)]
+        top: usize,
+        /// How many values to list per site.
+        #[arg(long, value_name = "N", default_value_t = 4)]
+        values: usize,
+        /// The error looks at sites executed at least this often in the
+        /// exact copies.
+        #[arg(long, value_name = "N", default_value_t = 1000)]
+        min_exec: u64,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Internal: a module's first analysis and generation, run by the
     /// daemon in a process of its own (its bytes on standard input).
     #[command(hide = true)]
@@ -396,7 +424,11 @@ mod tests {
 
     #[test]
     fn analyze_and_hot_paths_neither_offer_nor_take_config_or_http() {
-        for sub in [&["analyze", "/bin/true"][..], &["hot-paths", "paths.pb.gz"]] {
+        for sub in [
+            &["analyze", "/bin/true"][..],
+            &["hot-paths", "paths.pb.gz"],
+            &["values", "out"],
+        ] {
             let text = help(&sub[..1]);
             for flag in SERVICE_FLAGS {
                 assert!(

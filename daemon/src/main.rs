@@ -32,6 +32,7 @@ mod session;
 mod stacks;
 mod streams;
 mod sys;
+mod values;
 mod words;
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -125,6 +126,31 @@ fn main() {
             (None, None) => unreachable!("clap requires one"),
         };
         if let Err(e) = done {
+            eprintln!("burstyd: error: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if let Some(Command::Values {
+        profile,
+        targets,
+        top,
+        values,
+        min_exec,
+        json,
+    }) = &cli.command
+    {
+        let opts = crate::values::ValueOptions {
+            targets: *targets,
+            top: *top,
+            values: *values,
+            error: crate::bursts::tuples::ErrorOptions {
+                min_exec: *min_exec,
+                ..Default::default()
+            },
+            json: *json,
+        };
+        if let Err(e) = crate::values::run(profile, &opts) {
             eprintln!("burstyd: error: {e:#}");
             std::process::exit(1);
         }

@@ -514,8 +514,9 @@ impl PathCounts {
                 *b.path_start() = None;
             }
             BurstEvent::Malformed { .. } => self.bad_records += 1,
-            // Data references are the streams' (`super::data_refs`).
-            BurstEvent::Ref { .. } => {}
+            // Data references are the streams' (`super::data_refs`),
+            // tuples the tuple profiles' (`super::tuples`).
+            BurstEvent::Ref { .. } | BurstEvent::Tuple { .. } => {}
         }
     }
 

@@ -32,6 +32,7 @@ use std::time::Instant;
 use burstyd_common::burst::MAX_SLOTS;
 
 use super::decode::{BurstEvent, EndReason};
+use super::place::Placer;
 use super::traced::Traced;
 use crate::streams::recent::{RECENT_MAX, RecentRefs};
 use crate::streams::references::{Instr, References};
@@ -94,11 +95,8 @@ pub(crate) struct DataRefs {
     /// Module ids by the module's first function id (its own in the
     /// process), so that a reference does not hash its module's path.
     module_ids: Vec<(u64, u32)>,
-    /// The function of the last reference placed: the addresses that are
-    /// in it (`lo..hi`), its module's id and bias, and the generation of
-    /// the process's function index that told (a burst's references
-    /// come from few functions: this spares most look-ups).
-    last: Option<(u64, u64, u32, u64, u64)>,
+    /// Places each reference's instruction (module id, static address).
+    placer: Placer<u32>,
     /// The slot whose burst's sequence is open in the grammar (chunks
     /// pushed, no separator yet).
     open: Option<usize>,
@@ -133,7 +131,7 @@ impl DataRefs {
             bucket: rated.then(|| (BUCKET, Instant::now())),
             taken: [true; MAX_SLOTS],
             module_ids: Vec::new(),
-            last: None,
+            placer: Placer::default(),
             every: if rated { FIRST_REFS_EVERY } else { 1 },
             starts: 0,
             window: (0, Instant::now()),
@@ -182,38 +180,25 @@ impl DataRefs {
                 if let Some((tokens, _)) = &mut self.bucket {
                     *tokens -= 1.0;
                 }
-                let (module, bias) = match self.last {
-                    Some((lo, hi, module, bias, generation))
-                        if (lo..hi).contains(&pc) && generation == traced.generation =>
-                    {
-                        (module, bias)
-                    }
-                    _ => {
-                        let Some((fid, lo, hi)) = traced.fid_span_at(pc) else {
-                            self.unplaced += 1;
-                            return;
-                        };
-                        let Some((m, _)) = traced.function(fid) else {
-                            self.unplaced += 1;
-                            return;
-                        };
-                        let key = u64::from(m.fid_base);
-                        let module = match self.module_ids.iter().find(|(k, _)| *k == key) {
-                            Some(&(_, id)) => id,
-                            None => {
-                                let id = self.refs.module(&m.path);
-                                self.module_ids.push((key, id));
-                                if let Some(save) = &mut self.save {
-                                    save.paths.push((id, m.path.clone()));
-                                }
-                                id
+                let (module_ids, refs, save) =
+                    (&mut self.module_ids, &mut self.refs, &mut self.save);
+                let Some((module, vaddr)) = self.placer.place(traced, pc, |m| {
+                    let key = u64::from(m.fid_base);
+                    match module_ids.iter().find(|(k, _)| *k == key) {
+                        Some(&(_, id)) => id,
+                        None => {
+                            let id = refs.module(&m.path);
+                            module_ids.push((key, id));
+                            if let Some(save) = save {
+                                save.paths.push((id, m.path.clone()));
                             }
-                        };
-                        self.last = Some((lo, hi, module, m.bias, traced.generation));
-                        (module, m.bias)
+                            id
+                        }
                     }
+                }) else {
+                    self.unplaced += 1;
+                    return;
                 };
-                let vaddr = pc.wrapping_sub(bias);
                 if let Some(p) = self.pending.get_mut(slot) {
                     p.push((Instr { module, vaddr }, addr));
                     if p.len() >= CHUNK {

@@ -9,7 +9,9 @@ use std::fmt;
 use burstyd_common::burst::{
     END_BUDGET, END_LEFT_CLONES, END_LEFT_UNSEEN, PATH_END_BACK_EDGE, PATH_END_NORETURN,
     PATH_END_RETURN, PATH_END_TAIL, PATH_INVALID, REC_COST, REC_END, REC_ENTER, REC_PATH, REC_REF,
-    REC_START, REC_UNWIND, REF_KIND_SHIFT, REF_LOAD, REF_RMW, REF_STORE, TAG_SHIFT,
+    REC_START, REC_TUPLE, REC_UNWIND, REF_KIND_SHIFT, REF_LOAD, REF_RMW, REF_STORE, TAG_SHIFT,
+    TUPLE_COUNT_MAX, TUPLE_COUNT_SHIFT, TUPLE_EXACT, TUPLE_KIND_SHIFT, TUPLE_SITE_MASK,
+    TUPLE_TARGET, TUPLE_VALUE,
 };
 
 /// One record of the burst ring.
@@ -52,7 +54,21 @@ pub(crate) enum BurstEvent {
     /// Memory mode: the instruction at (original) `pc` is about to
     /// access data at `addr`.
     Ref { pc: u64, kind: RefKind, addr: u64 },
-    /// A record with an unknown tag.
+    /// A tuple of the tuple profiles (`--record values,targets`): the
+    /// instruction at (original) `site` produced `value` (a load's value,
+    /// an indirect call's or jump's original target), `count` times among
+    /// the runtime compressor's outputs (1 to `TUPLE_COUNT_MAX`: outputs
+    /// its associative table merged). `exact`: the exact copy written for
+    /// an evaluation (every tuple, one each), not a sampler's output.
+    Tuple {
+        kind: TupleKind,
+        site: u64,
+        value: u64,
+        count: u32,
+        exact: bool,
+    },
+    /// A record with an unknown tag (or a tuple that stands for no
+    /// output: a count of 0).
     Malformed { w0: u64, w1: u64 },
 }
 
@@ -83,6 +99,36 @@ impl RefKind {
             RefKind::Store => REF_STORE,
             RefKind::Rmw => REF_RMW,
             RefKind::Other(k) => u64::from(k),
+        }
+    }
+}
+
+/// What a tuple is made of (`TUPLE_*` kinds, the exact copy's bit
+/// apart).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum TupleKind {
+    /// ⟨load, value loaded⟩: the value profile.
+    Value,
+    /// ⟨indirect call or jump, original target⟩: the call-target profile.
+    Target,
+    /// A kind this daemon does not know.
+    Other(u8),
+}
+
+impl TupleKind {
+    fn from_code(k: u64) -> Self {
+        match k {
+            TUPLE_VALUE => TupleKind::Value,
+            TUPLE_TARGET => TupleKind::Target,
+            k => TupleKind::Other(k as u8),
+        }
+    }
+
+    fn code(self) -> u64 {
+        match self {
+            TupleKind::Value => TUPLE_VALUE,
+            TupleKind::Target => TUPLE_TARGET,
+            TupleKind::Other(k) => u64::from(k),
         }
     }
 }
@@ -197,6 +243,22 @@ pub(crate) fn decode(w0: u64, w1: u64) -> BurstEvent {
             kind: RefKind::from_code((w0 >> REF_KIND_SHIFT) & 0xf),
             addr: w1,
         },
+        // w0 = tag | kind << 56 | count << 47 | site, w1 = value; a
+        // record stands for one output at least.
+        REC_TUPLE => {
+            let code = (w0 >> TUPLE_KIND_SHIFT) & 0xf;
+            let count = (w0 >> TUPLE_COUNT_SHIFT) & TUPLE_COUNT_MAX;
+            if count == 0 {
+                return BurstEvent::Malformed { w0, w1 };
+            }
+            BurstEvent::Tuple {
+                kind: TupleKind::from_code(code & !TUPLE_EXACT),
+                site: w0 & TUPLE_SITE_MASK,
+                value: w1,
+                count: count as u32,
+                exact: code & TUPLE_EXACT != 0,
+            }
+        }
         _ => BurstEvent::Malformed { w0, w1 },
     }
 }
@@ -245,6 +307,17 @@ impl fmt::Display for BurstEvent {
                 "{{\"ref\":\"{addr:#x}\",\"pc\":\"{pc:#x}\",\"kind\":{}}}",
                 kind.code()
             ),
+            BurstEvent::Tuple {
+                kind,
+                site,
+                value,
+                count,
+                exact,
+            } => write!(
+                f,
+                "{{\"tuple\":\"{value:#x}\",\"site\":\"{site:#x}\",\"kind\":{},\"count\":{count},\"exact\":{exact}}}",
+                kind.code()
+            ),
             BurstEvent::Malformed { w0, w1 } => {
                 write!(f, "{{\"malformed\":[\"{w0:#x}\",\"{w1:#x}\"]}}")
             }
@@ -288,6 +361,70 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// A tuple carries its kind, site, value and count, and whether it is
+    /// an exact copy; its raw-trace line says all five.
+    #[test]
+    fn tuple_carries_kind_site_value_count_and_exactness() {
+        let ev = decode(
+            tag(REC_TUPLE)
+                | TUPLE_TARGET << TUPLE_KIND_SHIFT
+                | 300 << TUPLE_COUNT_SHIFT
+                | 0x7f12_3456_789a,
+            0x5555_0000_1238,
+        );
+        assert_eq!(
+            ev,
+            BurstEvent::Tuple {
+                kind: TupleKind::Target,
+                site: 0x7f12_3456_789a,
+                value: 0x5555_0000_1238,
+                count: 300,
+                exact: false,
+            }
+        );
+        assert_eq!(
+            ev.to_string(),
+            r#"{"tuple":"0x555500001238","site":"0x7f123456789a","kind":1,"count":300,"exact":false}"#
+        );
+        // The exact copy of a value tuple, the largest count and site; a
+        // value with every bit set.
+        let ev = decode(
+            tag(REC_TUPLE)
+                | (TUPLE_VALUE | TUPLE_EXACT) << TUPLE_KIND_SHIFT
+                | TUPLE_COUNT_MAX << TUPLE_COUNT_SHIFT
+                | TUPLE_SITE_MASK,
+            u64::MAX,
+        );
+        assert_eq!(
+            ev,
+            BurstEvent::Tuple {
+                kind: TupleKind::Value,
+                site: TUPLE_SITE_MASK,
+                value: u64::MAX,
+                count: TUPLE_COUNT_MAX as u32,
+                exact: true,
+            }
+        );
+        assert!(
+            ev.to_string()
+                .ends_with(r#""kind":0,"count":511,"exact":true}"#)
+        );
+        // An unknown kind is kept as such; a count of 0 stands for nothing.
+        assert!(matches!(
+            decode(
+                tag(REC_TUPLE) | 5 << TUPLE_KIND_SHIFT | 1 << TUPLE_COUNT_SHIFT,
+                0
+            ),
+            BurstEvent::Tuple {
+                kind: TupleKind::Other(5),
+                exact: false,
+                ..
+            }
+        ));
+        let w0 = tag(REC_TUPLE) | 0x40_1000;
+        assert_eq!(decode(w0, 7), BurstEvent::Malformed { w0, w1: 7 });
     }
 
     #[test]
@@ -417,7 +554,7 @@ mod tests {
 
     #[test]
     fn unknown_tags_are_malformed() {
-        for t in [0, 8, 15] {
+        for t in [0, 9, 15] {
             let w0 = tag(t) | 1;
             assert_eq!(decode(w0, 2), BurstEvent::Malformed { w0, w1: 2 });
         }

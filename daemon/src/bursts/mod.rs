@@ -26,8 +26,11 @@
 //!   worth, and the estimates' confidence; [`counts`]: events → path
 //!   counts per calling context within a burst, and the raw trace
 //!   (`--save-bursts`);
-//!   [`contexts`]: the calling contexts of paths; [`data_refs`]: memory
-//!   mode's references per burst, into the process's reference grammar;
+//!   [`contexts`]: the calling contexts of paths; [`place`]: records'
+//!   instructions named by module and static address; [`data_refs`]:
+//!   memory mode's references per burst, into the process's reference
+//!   grammar; [`tuples`]: the tuple profiles (values loaded, indirect
+//!   targets) and their error against an exact reference;
 //! - [`coverage`]: hot coverage (the share of samples in cloned code);
 //! - [`traced`]: what the exporters know of a traced process;
 //!   [`tracer`]: one traced process; [`tracers`]: all of them and the
@@ -57,6 +60,7 @@ pub(crate) mod linkmap;
 pub(crate) mod modules;
 pub(crate) mod options;
 mod parallel;
+pub(crate) mod place;
 pub(crate) mod plans;
 pub(crate) mod prepare;
 pub(crate) mod progress;
@@ -68,4 +72,5 @@ pub(crate) mod tables;
 pub(crate) mod traced;
 pub(crate) mod tracer;
 pub(crate) mod tracers;
+pub(crate) mod tuples;
 pub(crate) mod worker;

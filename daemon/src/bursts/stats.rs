@@ -44,6 +44,11 @@ pub(crate) struct BurstStats {
     pub(crate) burst_ticks: u64,
     pub(crate) refs_burst_ticks: u64,
     pub(crate) refs_bursts: u64,
+    /// Tuple records read (`--record values,targets`), and those left out
+    /// of the tuple profiles (a site in no traced function, beyond the
+    /// bound on sites, or a kind this daemon does not know).
+    pub(crate) tuple_records: u64,
+    pub(crate) tuples_dropped: u64,
 }
 
 impl BurstStats {
@@ -72,6 +77,8 @@ impl BurstStats {
         self.burst_ticks += o.burst_ticks;
         self.refs_burst_ticks += o.refs_burst_ticks;
         self.refs_bursts += o.refs_bursts;
+        self.tuple_records += o.tuple_records;
+        self.tuples_dropped += o.tuples_dropped;
     }
 }
 
@@ -101,6 +108,8 @@ mod tests {
             burst_ticks: 15,
             refs_burst_ticks: 16,
             refs_bursts: 17,
+            tuple_records: 18,
+            tuples_dropped: 19,
         };
         let mut t = BurstStats::default();
         t.add(&one);
@@ -119,6 +128,7 @@ mod tests {
             (t.burst_ticks, t.refs_burst_ticks, t.refs_bursts),
             (30, 32, 34)
         );
+        assert_eq!((t.tuple_records, t.tuples_dropped), (36, 38));
         assert_eq!((t.functions_rewritten, t.functions_skipped), (0, 0));
     }
 }

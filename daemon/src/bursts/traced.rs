@@ -190,3 +190,64 @@ impl Traced {
         out
     }
 }
+
+/// A module of [`test_traced`]: `(path, bias, fid_base, functions)`,
+/// each function `(name, SVMA start, size)`.
+#[cfg(test)]
+pub(crate) type TestModule<'a> = (&'a str, u64, u32, &'a [(&'a str, u64, u64)]);
+
+/// A traced process made by hand for unit tests: its modules (see
+/// [`TestModule`]; their functions PLT stubs as far as the plan says: no
+/// CFGs, no lines), the first the executable; its function index built.
+#[cfg(test)]
+pub(crate) fn test_traced(modules: &[TestModule]) -> Traced {
+    let modules = modules
+        .iter()
+        .enumerate()
+        .map(|(i, &(path, bias, fid_base, functions))| {
+            let functions: Vec<serde_json::Value> = functions
+                .iter()
+                .enumerate()
+                .map(|(k, &(name, start, size))| {
+                    serde_json::json!({"name": name, "start": start, "size": size,
+                        "sources": [], "cold_part": false, "family": k, "status": "plt"})
+                })
+                .collect();
+            let plan = serde_json::from_value(serde_json::json!({
+                "build_id": null, "pie": true, "k": 4,
+                "summary": userspace_rewriter::analysis::plan::Summary::default(),
+                "functions": functions,
+            }))
+            .expect("a plan");
+            TracedModule {
+                facts: facts::ModuleFacts {
+                    path: path.to_owned(),
+                    is_exe: i == 0,
+                    plan,
+                    bias,
+                    range: (bias, bias + (1 << 32)),
+                    ino: 0,
+                    fid_base,
+                    fdata: super::fdata_facts::FdataFacts {
+                        bolt_names: HashMap::new(),
+                        last_insn: HashMap::new(),
+                    },
+                    details: None,
+                    details_failed: Default::default(),
+                    debug_file: None,
+                },
+                lines_file: None,
+            }
+        })
+        .collect();
+    let mut t = Traced {
+        pid: Pid(1),
+        exe: "/nonexistent".into(),
+        modules,
+        code: Default::default(),
+        index: Vec::new(),
+        generation: 0,
+    };
+    t.reindex();
+    t
+}

@@ -21,6 +21,7 @@ use super::options::{BurstOptions, HOT_LIBRARY_SHARE, Libraries};
 use super::prepare;
 use super::stats::{Activity, BurstStats};
 use super::traced::{Traced, TracedModule, fid_facts};
+use super::tuples::Tuples;
 use crate::stacks::clones::CloneFrames;
 
 /// One process being traced in bursts.
@@ -54,6 +55,11 @@ pub(crate) struct BurstTracer {
     pub(super) attach_secs: f64,
     /// Memory mode: the data references of its bursts.
     pub(super) data_refs: Option<DataRefs>,
+    /// The tuple profiles, from its first tuple record on (none before:
+    /// a process whose clones make no tuples has no tuple outputs).
+    pub(super) tuples: Option<Tuples>,
+    /// How the runtime compresses tuples (what a tuple record is worth).
+    pub(super) tuple_config: burstyd_common::burst::TupleConfig,
 }
 
 /// How often one library file may be cloned anew in a process that
@@ -67,6 +73,8 @@ pub(crate) struct Finished {
     pub(crate) counts: PathCounts,
     /// Memory mode: the data references of its bursts.
     pub(crate) data_refs: Option<DataRefs>,
+    /// The tuple profiles, when its bursts made tuples.
+    pub(crate) tuples: Option<Tuples>,
     /// The totals, or why restoring the target's signal failed.
     pub(crate) stats: anyhow::Result<BurstStats>,
 }
@@ -136,6 +144,8 @@ impl BurstTracer {
                 }
                 d
             }),
+            tuples: None,
+            tuple_config: opts.tuple_config,
             traced: Traced {
                 pid,
                 exe,
@@ -429,6 +439,7 @@ impl BurstTracer {
     ) -> u64 {
         let (counts, trace, traced) = (&mut self.counts, &mut self.trace, &self.traced);
         let data_refs = &mut self.data_refs;
+        let (tuples, tuple_config) = (&mut self.tuples, &self.tuple_config);
         let pid = traced.pid;
         let mut n = 0;
         let mut heads = [0; MAX_SLOTS];
@@ -454,6 +465,11 @@ impl BurstTracer {
                 counts.add(&ev);
                 if let Some(d) = data_refs.as_mut() {
                     d.add(slot, &ev, traced);
+                }
+                if let decode::BurstEvent::Tuple { .. } = ev {
+                    tuples
+                        .get_or_insert_with(|| Tuples::new(tuple_config))
+                        .add(&ev, traced);
                 }
                 if let decode::BurstEvent::Start { tid, pc, .. } = ev {
                     if !counts.has_name(tid) {
@@ -521,12 +537,18 @@ impl BurstTracer {
             burst_ticks: self.counts.estimates.ticks,
             refs_burst_ticks: self.data_refs.as_ref().map_or(0, |d| d.ticks),
             refs_bursts: self.data_refs.as_ref().map_or(0, |d| d.bursts),
+            tuple_records: self.tuples.as_ref().map_or(0, |t| t.records),
+            tuples_dropped: self.tuples.as_ref().map_or(0, Tuples::dropped),
         }
     }
 
     /// New burst length and path timing (a reload).
     pub(crate) fn set_options(&mut self, opts: &BurstOptions) {
         self.attachment.set_options(opts);
+        self.tuple_config = opts.tuple_config;
+        if let Some(t) = &mut self.tuples {
+            t.set_config(&opts.tuple_config);
+        }
     }
 
     /// No new bursts; a running one ends at its next check.
@@ -567,6 +589,7 @@ impl BurstTracer {
             traced: self.traced,
             counts: self.counts,
             data_refs: self.data_refs,
+            tuples: self.tuples,
             stats: restored.map(|()| stats),
         }
     }

@@ -2,7 +2,8 @@
 //! calling context trees → symbolized pprof ([`context`]), bursty
 //! tracing's path counts → `paths.pb.gz` ([`paths`]) and BOLT's
 //! `edges.fdata` ([`fdata`]), hot data streams for the push destinations
-//! ([`streams`]), and the atomic file write every output goes through.
+//! ([`streams`]), the tuple profiles → `values.pb.gz` and `targets.pb.gz`
+//! ([`tuples`]), and the atomic file write every output goes through.
 use std::path::{Path, PathBuf};
 
 pub(crate) mod context;
@@ -12,6 +13,7 @@ pub(crate) mod paths;
 pub(crate) mod pprof;
 pub(crate) mod streams;
 pub(crate) mod summary;
+pub(crate) mod tuples;
 
 /// Writes `bytes` to `dir/name` atomically (a hidden temp file in `dir`,
 /// then rename), creating `dir` if needed, with mode

@@ -157,6 +157,39 @@ fn path_events(
     out
 }
 
+/// One mapping per module of `traced` (in module order), named as the
+/// process maps it. Each spans the whole address space, as the
+/// executable's always did: a location's address (a path's: the
+/// function's AVMA xor the path number) is a key, not a place in the
+/// file.
+pub(crate) fn module_mappings(b: &mut ProfileBuilder, traced: &Traced) -> Vec<u64> {
+    let exe_name = std::fs::read_link(&traced.exe)
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    traced
+        .modules
+        .iter()
+        .map(|m| {
+            b.mapping(
+                &MappingKey {
+                    start: 0,
+                    limit: u64::MAX,
+                    file_offset: 0,
+                    // The executable as `/proc/PID/exe` names it while
+                    // the process lives, else as its maps did.
+                    filename: if m.is_exe && !exe_name.is_empty() {
+                        exe_name.clone()
+                    } else {
+                        m.path.clone()
+                    },
+                    build_id: m.plan.build_id.clone().unwrap_or_default(),
+                },
+                true,
+            )
+        })
+        .collect()
+}
+
 /// Adds a traced process's paths to `paths.pb.gz` (see
 /// [`paths_builder`]): one sample per (thread, context, function, path),
 /// labelled with the thread's name (`thread`) and id (`tid`).
@@ -223,35 +256,7 @@ pub(crate) fn add_paths(
             .cloned()
             .unwrap_or((None, 0))
     };
-    // One mapping per module, named as the process maps it. Each spans
-    // the whole address space, as the executable's always did: a path's
-    // location address (the function's AVMA xor the path number) is a key,
-    // not a place in the file.
-    let exe_name = std::fs::read_link(&traced.exe)
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let mappings: Vec<u64> = traced
-        .modules
-        .iter()
-        .map(|m| {
-            b.mapping(
-                &MappingKey {
-                    start: 0,
-                    limit: u64::MAX,
-                    file_offset: 0,
-                    // The executable as `/proc/PID/exe` names it while
-                    // the process lives, else as its maps did.
-                    filename: if m.is_exe && !exe_name.is_empty() {
-                        exe_name.clone()
-                    } else {
-                        m.path.clone()
-                    },
-                    build_id: m.plan.build_id.clone().unwrap_or_default(),
-                },
-                true,
-            )
-        })
-        .collect();
+    let mappings = module_mappings(b, traced);
     foreign_addrs.sort_unstable();
     foreign_addrs.dedup();
     let foreign = foreign(b, foreign_addrs);

@@ -178,6 +178,16 @@ pub(crate) fn traced_series(
             Value::Real(s.refs_burst_ticks as f64 / crate::sys::tsc_hz(), 4),
         ),
         c(
+            "burstyd_traced_tuple_records_total",
+            "Tuple records read (the value and call-target profiles, --record values,targets), per process.",
+            s.tuple_records,
+        ),
+        c(
+            "burstyd_traced_tuples_dropped_total",
+            "Tuple records read but left out of the tuple profiles (a site in no traced function, beyond the bound on sites, an unknown kind), per process.",
+            s.tuples_dropped,
+        ),
+        c(
             "burstyd_traced_bad_records_total",
             "Burst records malformed or with a path number out of range, per process.",
             s.bad_records,
@@ -400,6 +410,8 @@ mod tests {
             burst_ticks: 0,
             refs_burst_ticks: 0,
             refs_bursts: 2,
+            tuple_records: 31,
+            tuples_dropped: 3,
         }
     }
 
@@ -492,6 +504,8 @@ mod tests {
         assert_eq!(pm["burstyd_traced_partial_paths_total"], 4);
         assert_eq!(pm["burstyd_traced_records_lost_total"], 1);
         assert_eq!(pm["burstyd_traced_refs_bursts_total"], 2);
+        assert_eq!(pm["burstyd_traced_tuple_records_total"], 31);
+        assert_eq!(pm["burstyd_traced_tuples_dropped_total"], 3);
         assert_eq!(pm["burstyd_traced_burst_seconds_total"], 0.0);
         assert_eq!(pm["burstyd_traced_rooted_paths_total"], 850);
         assert_eq!(pm["burstyd_traced_paths_dropped_total"], 11);

@@ -64,7 +64,8 @@ pub(super) fn prune_output(dir: &Path, keep: Option<usize>, max_age: Option<Dura
 /// Whether `name` is one of the files a session writes at its end:
 /// `context.pb.gz`, `paths.pb.gz`, `summary.json`, `bursts.jsonl`,
 /// `edges.fdata` and `edges-<pid or module>.fdata` (not an interval's),
-/// `hot-streams.json` and `hot-streams-<pid>.json`.
+/// `hot-streams.json` and `hot-streams-<pid>.json`, `values.pb.gz` and
+/// `targets.pb.gz`.
 fn final_output(name: &str) -> bool {
     matches!(
         name,
@@ -74,6 +75,8 @@ fn final_output(name: &str) -> bool {
             | "bursts.jsonl"
             | "edges.fdata"
             | "hot-streams.json"
+            | "values.pb.gz"
+            | "targets.pb.gz"
     ) || (name.starts_with("edges-") && name.ends_with(".fdata") && interval_time(name).is_none())
         || (name.starts_with("hot-streams-")
             && name.ends_with(".json")
@@ -189,6 +192,8 @@ mod tests {
             "paths.pb.gz",
             "hot-streams.json",
             "hot-streams-77.json",
+            "values.pb.gz",
+            "targets.pb.gz",
         ];
         let others = [
             "edges-libc.so.6-20261118T110640.042Z.fdata",

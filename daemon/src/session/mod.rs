@@ -22,7 +22,8 @@
 //! - `files.rs`: interval file names and retention; an earlier run's stale outputs;
 //! - `reload.rs`: SIGHUP and the rescans of configured targets;
 //! - `command.rs`: the signals, and `run`'s command they are passed on to;
-//! - `bursts.rs`: finished attaches, detach at the end, path profiles.
+//! - `bursts.rs`: finished attaches, detach at the end, path profiles;
+//! - `tuple_profiles.rs`: the tuple profiles at the end.
 use std::collections::HashMap;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant, SystemTime};
@@ -58,6 +59,7 @@ mod scan;
 mod stream_profiles;
 mod stream_window;
 mod summary;
+mod tuple_profiles;
 
 pub(crate) use command::Command;
 use command::Signals;
@@ -582,6 +584,7 @@ impl Session {
         }
         let counters = self.sampler.counters();
         self.write_stream_profiles(&finished);
+        self.write_tuple_profiles(&finished);
         let traced = self.write_path_profiles(finished, &counters);
         drop(self.sampler);
         // The traced processes' state is gone: its free pages go back

@@ -36,8 +36,9 @@ impl Session {
     }
 
     /// `paths.pb.gz`, `edges.fdata` (and `edges-<pid>.fdata` with several
-    /// processes) and each process's summary line; returns each one's
-    /// summary for `summary.json`.
+    /// processes; with the indirect calls of the call-target profiles) and
+    /// each process's summary line; returns each one's summary for
+    /// `summary.json`.
     pub(super) fn write_path_profiles(
         &mut self,
         finished: Vec<Finished>,
@@ -58,7 +59,7 @@ impl Session {
             })
             .collect();
         let span = (self.out.session_start, std::time::SystemTime::now());
-        let (paths, fdatas) = build_paths(
+        let (paths, mut fdatas) = build_paths(
             &self.opts.event.name,
             tsc_hz,
             span,
@@ -67,6 +68,14 @@ impl Session {
             &mut self.symbolizer,
         );
         drop(parts);
+        // The indirect calls the call-target profiles saw go with each
+        // module's branches.
+        for (pid, lib, calls) in super::tuple_profiles::indirect_calls(&finished) {
+            match fdatas.iter_mut().find(|f| f.0 == pid && f.1 == lib) {
+                Some(f) => f.2.merge(&calls),
+                None => fdatas.push((pid, lib, calls)),
+            }
+        }
         let mut summaries = Vec::new();
         for f in &finished {
             let leaf = &self.pipe.leaf_weights;
