@@ -85,7 +85,7 @@ long_scale() {
         xz) echo 2400 ;;
         sqlite3) echo 6000 ;;
         troff) echo 4000 ;;
-        xerces) echo 100 ;;
+        xerces) echo 1600 ;;
     esac
 }
 # `repeat K WORD`: WORD, K times.
@@ -127,10 +127,12 @@ command_for() {
         xerces)
             # xerces-c's DOMPrint (C++: virtual calls, a DOM of small
             # objects; `realprogs.sh --bench`) parsing and re-serializing
-            # a generated XML catalogue of k MiB (one file: the sample
-            # takes one; the generator's catalogue grows by the same kind
-            # of entries, the smaller one its prefix).
-            [[ -f "$WORK/cat.$k.xml" ]] || "$TOOL" gen-xml $((k * 1024 * 1024)) 7 "$WORK/cat.$k.xml"
+            # a generated XML catalogue of k times 64 KiB (one file: the
+            # sample takes one; the generator's catalogue grows by the
+            # same kind of entries, the smaller one its prefix). One unit
+            # makes some 17 million references (1 MiB: 276 million, more
+            # than the complete traces hold).
+            [[ -f "$WORK/cat.$k.xml" ]] || "$TOOL" gen-xml $((k * 64 * 1024)) 7 "$WORK/cat.$k.xml"
             echo "$ROOT/target/realprogs/bin/DOMPrint -e -v=never -wfile=/dev/null $WORK/cat.$k.xml" ;;
         *) die "unknown program $1" ;;
     esac
