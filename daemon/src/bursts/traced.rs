@@ -85,6 +85,16 @@ impl std::ops::Deref for TracedModule {
 }
 
 impl Traced {
+    /// `(file, line)` of each module's SVMAs in `wanted` (one list per
+    /// module, in `fid` order), as [`TracedModule::lines`] finds them.
+    pub(crate) fn lines_of(&self, wanted: &[Vec<u64>]) -> Vec<HashMap<u64, (Option<String>, u32)>> {
+        self.modules
+            .iter()
+            .zip(wanted)
+            .map(|(m, w)| m.lines(w))
+            .collect()
+    }
+
     /// The module of record `fid`, and the function's index in its plan.
     pub(crate) fn function(&self, fid: u32) -> Option<(&TracedModule, usize)> {
         let i = self

@@ -243,12 +243,7 @@ pub(crate) fn add_paths(
             w.extend(p.blocks.iter().map(|&blk| d.cfg.blocks[blk].start));
         }
     }
-    let lines: Vec<HashMap<u64, (Option<String>, u32)>> = traced
-        .modules
-        .iter()
-        .zip(&wanted)
-        .map(|(m, w)| m.lines(w))
-        .collect();
+    let lines = traced.lines_of(&wanted);
     drop(wanted);
     let line_of = |m: &TracedModule, svma: u64| -> (Option<String>, u32) {
         lines[module_index(m)]

@@ -135,12 +135,7 @@ pub(crate) fn add_tuples(
             wanted[i].push(k.vaddr);
         }
     }
-    let lines: Vec<HashMap<u64, (Option<String>, u32)>> = traced
-        .modules
-        .iter()
-        .zip(&wanted)
-        .map(|(m, w)| m.lines(w))
-        .collect();
+    let lines = traced.lines_of(&wanted);
     let mut unnamed = Vec::new();
     if kind == TupleKind::Target {
         for (k, s) in &sites {
