@@ -325,9 +325,13 @@ pub(crate) struct ProfileArgs {
     /// What bursts record besides paths, calls and returns (beats the
     /// file's [bursts] record): `refs`, every load and store of heap and
     /// global data with its address, from which the hot data streams are
-    /// found (hot-streams.json; `burstyd hot-streams OUT`). Clones with
-    /// references are bigger and bursts in them slower; without it the
-    /// clones have no trace of them.
+    /// found (hot-streams.json; `burstyd hot-streams OUT`); `values`,
+    /// every load of an integer register from heap or global data with
+    /// the value loaded (values.pb.gz; `burstyd values OUT`); `targets`,
+    /// every indirect call with its target (targets.pb.gz, and BOLT's
+    /// call records in the edges fdata). Clones with them are bigger and
+    /// bursts in them slower; without them the clones have no trace of
+    /// them.
     #[arg(
         long,
         value_enum,
@@ -351,6 +355,25 @@ pub(crate) struct ProfileArgs {
     /// their fragments.
     #[arg(long, value_name = "N", requires = "record", value_parser = clap::value_parser!(u64).range(1..=(1 << 16)))]
     pub(crate) refs_burst: Option<u64>,
+
+    /// With --record values or targets, how the target compresses the
+    /// tuples before they reach the daemon (Sastry, Bodík & Smith):
+    /// `exact` (every tuple), `random` (each kept with probability 1 in
+    /// --sample-rate), `stratified` (hashed into --strata substreams,
+    /// every --sample-rate-th of each kept) [default: exact]. Identical
+    /// outputs are merged in a 16-entry table before the ring.
+    #[arg(long, value_enum, value_name = "HOW", requires = "record")]
+    pub(crate) sampler: Option<crate::bursts::options::Sampler>,
+
+    /// With --sampler random or stratified: one tuple kept in R
+    /// [default: 16].
+    #[arg(long, value_name = "R", requires = "sampler", value_parser = clap::value_parser!(u64).range(1..=65535))]
+    pub(crate) sample_rate: Option<u64>,
+
+    /// With --sampler stratified: the substreams (a power of two up to
+    /// 4096) [default: 2048].
+    #[arg(long, value_name = "N", requires = "sampler", value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub(crate) strata: Option<u64>,
 
     /// Sample only: no rewriting, no bursts (--pid, run, or the
     /// configuration's targets).

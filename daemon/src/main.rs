@@ -300,6 +300,9 @@ fn overrides(cli: &Cli, args: &ProfileArgs, matches: &ArgMatches) -> Overrides {
         record: args.record.clone(),
         refs_stack: args.refs_stack,
         refs_burst: args.refs_burst,
+        sampler: args.sampler,
+        sample_rate: args.sample_rate,
+        strata: args.strata,
     }
 }
 

@@ -12,7 +12,7 @@ use gimli::{
     BaseAddresses, CfaRule, EhFrame, LittleEndian, RegisterRule, UnwindContext, UnwindSection,
 };
 use userspace_rewriter::analysis::plan::{FunctionStatus, PlanOptions, analyze_with_insns};
-use userspace_rewriter::codegen::{Layout, Refs, generate_excluding, unwind_info};
+use userspace_rewriter::codegen::{Layout, Recording, generate_excluding, unwind_info};
 
 type Section<'a> = EhFrame<gimli::EndianSlice<'a, LittleEndian>>;
 type Fde<'a> = gimli::FrameDescriptionEntry<gimli::EndianSlice<'a, LittleEndian>>;
@@ -73,7 +73,7 @@ fn row_at(
 /// expressions were compared, the original addresses (SVMAs) with a
 /// copy, and how many instructions of the clones got a row of their own
 /// and how many did not ([`unwind_info::CloneUnwind::rows_known`]).
-fn check(path: &std::path::Path, refs: Refs) -> (Vec<String>, usize, Vec<u64>, (usize, usize)) {
+fn check(path: &std::path::Path, rec: Recording) -> (Vec<String>, usize, Vec<u64>, (usize, usize)) {
     let data = std::fs::read(path).unwrap();
     let (report, analysis) = analyze_with_insns(&data, &PlanOptions::default()).unwrap();
     let plan = &report.plan;
@@ -99,7 +99,7 @@ fn check(path: &std::path::Path, refs: Refs) -> (Vec<String>, usize, Vec<u64>, (
         code: bias - 0x1000_0000,
         fid_base: 0,
     };
-    let img = generate_excluding(plan, &analysis, &layout, &exclude, refs).unwrap();
+    let img = generate_excluding(plan, &analysis, &layout, &exclude, rec).unwrap();
     let ours = unwind_info::eh_frame(&data, &img, bias).unwrap();
     // The snippets between copies get rows of their own too.
     assert!(
@@ -201,7 +201,7 @@ fn check(path: &std::path::Path, refs: Refs) -> (Vec<String>, usize, Vec<u64>, (
 #[test]
 fn rows_with_expressions_are_restated_at_every_copy() {
     let path = common::build("realigned.S", "librealigned.so", &["-shared"], false);
-    let (excluded, with_expressions, copied, _) = check(&path, Refs::Off);
+    let (excluded, with_expressions, copied, _) = check(&path, Recording::default());
     assert_eq!(excluded, vec!["uses_rip".to_string()]);
     // The loop and the epilogue of `realigned` run under the expression.
     assert!(
@@ -237,7 +237,7 @@ fn libcrypto_rows_are_restated_at_every_copy() {
         );
         return;
     }
-    let (excluded, with_expressions, _, (known, unknown)) = check(path, Refs::Off);
+    let (excluded, with_expressions, _, (known, unknown)) = check(path, Recording::default());
     // Almost every instruction reached in the clones is at a known stack
     // height, snippets included (3,117,479 here, and 2,600 not: after a
     // realignment of the stack, until the next copy).

@@ -12,15 +12,17 @@ use std::path::Path;
 
 use userspace_rewriter::analysis::cfg::Analysis;
 use userspace_rewriter::analysis::plan::{FunctionStatus, Plan, PlanOptions, analyze_with_insns};
-use userspace_rewriter::codegen::{CloneImage, Layout, Refs, generate_excluding, unwind_info};
+use userspace_rewriter::codegen::{
+    CloneImage, Layout, Recording, Refs, generate_excluding, unwind_info,
+};
 
 struct Module {
     data: Vec<u8>,
     plan: Plan,
     analysis: Analysis,
     exclude: BTreeMap<u64, &'static str>,
-    /// Memory mode of its clones.
-    refs: Refs,
+    /// What its clones record besides paths.
+    rec: Recording,
 }
 
 fn module(path: &Path) -> Module {
@@ -39,12 +41,12 @@ fn module(path: &Path) -> Module {
         plan: report.plan,
         analysis,
         exclude,
-        refs: Refs::Off,
+        rec: Recording::default(),
     }
 }
 
 fn generate(m: &Module, l: &Layout) -> (CloneImage, Vec<u8>) {
-    let img = generate_excluding(&m.plan, &m.analysis, l, &m.exclude, m.refs).unwrap();
+    let img = generate_excluding(&m.plan, &m.analysis, l, &m.exclude, m.rec).unwrap();
     let eh = unwind_info::eh_frame(&m.data, &img, l.bias).unwrap().bytes;
     (img, eh)
 }
@@ -183,9 +185,10 @@ fn non_pie_moved_equals_non_pie_generated() {
     );
 }
 
-/// In memory mode the records' first words (each holding its
-/// instruction's original address) move with the module: a library's
-/// clones with references, moved, equal those generated there.
+/// In memory mode, and with tuples, the records' first words (each
+/// holding its instruction's original address) move with the module: a
+/// library's clones with references and value and target tuples, moved,
+/// equal those generated there.
 #[test]
 fn memory_mode_moved_equals_generated() {
     let path = Path::new("/usr/lib/x86_64-linux-gnu/liblzma.so.5");
@@ -194,7 +197,11 @@ fn memory_mode_moved_equals_generated() {
         return;
     }
     let m = Module {
-        refs: Refs::Data,
+        rec: Recording {
+            refs: Refs::Data,
+            values: true,
+            targets: true,
+        },
         ..module(path)
     };
     let b0 = 0x7f00_0000_0000;

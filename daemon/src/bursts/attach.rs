@@ -121,7 +121,7 @@ pub(super) struct Injected {
     pub(super) region: SharedRegion,
     pub(super) signal: i32,
     pub(super) old_action: KernelSigaction,
-    pub(super) refs: userspace_rewriter::codegen::Refs,
+    pub(super) rec: userspace_rewriter::codegen::Recording,
 }
 
 impl Injected {
@@ -134,7 +134,7 @@ impl Injected {
             region,
             signal,
             old_action,
-            refs,
+            rec,
         } = self;
         let baseline = region.target_counters();
         let base = control_tables_base(&region);
@@ -169,7 +169,7 @@ impl Injected {
                 link_seen: 0,
                 relink_due: true,
                 forgets: 0,
-                refs,
+                rec,
             },
             exe,
             modules: facts,
@@ -243,7 +243,7 @@ pub(crate) fn attach(
     )?;
     cap_modules(pid, &mut mapped, 0);
     for m in &mut mapped {
-        m.refs = opts.refs;
+        m.rec = opts.recording();
     }
     // The executable's id: the hash of its bytes.
     let id = mapped[0].hash;
@@ -318,7 +318,7 @@ pub(crate) fn attach(
                 next_fid: 0,
                 rearm: Some(entries),
                 rooms: Rooms::default(),
-                refs: opts.refs,
+                rec: opts.recording(),
             });
             return Ok((attached, pending.map(Then::Libraries)));
         }
@@ -619,7 +619,7 @@ pub(crate) fn attach(
                 next_fid: fid_base,
                 rearm: None,
                 rooms,
-                refs: opts.refs,
+                rec: opts.recording(),
             })
         }),
     };
@@ -632,7 +632,7 @@ pub(crate) fn attach(
             region,
             signal,
             old_action,
-            refs: opts.refs,
+            rec: opts.recording(),
         }
         .attached(),
         then,
@@ -715,7 +715,7 @@ pub(super) fn rearm(
         region,
         signal,
         old_action,
-        refs: opts.refs,
+        rec: opts.recording(),
     }
     .attached())
 }

@@ -58,8 +58,8 @@ pub(super) struct SlotProgress {
 /// the session needs to arm, reap and detach it.
 pub(crate) struct Attachment {
     pub(super) pid: Pid,
-    /// Memory mode of its clones.
-    pub(super) refs: userspace_rewriter::codegen::Refs,
+    /// What its clones record besides paths.
+    pub(super) rec: userspace_rewriter::codegen::Recording,
     /// Address of the control block in the target.
     pub(super) control_addr: u64,
     pub(super) region: SharedRegion,
@@ -186,7 +186,7 @@ impl Attachment {
             base: self.base,
             forgets: self.forgets,
             libraries,
-            refs: self.refs,
+            rec: self.rec,
         }
     }
 

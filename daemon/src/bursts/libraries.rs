@@ -37,8 +37,8 @@ pub(crate) struct Pending {
     pub(super) rearm: Option<Vec<ModuleEntry>>,
     /// Where the libraries' clones and the merged tables go.
     pub(super) rooms: Rooms,
-    /// Memory mode.
-    pub(super) refs: userspace_rewriter::codegen::Refs,
+    /// What the clones record besides paths.
+    pub(super) rec: userspace_rewriter::codegen::Recording,
 }
 
 /// The second step of an attach: every shared library mapped in `pid`
@@ -60,7 +60,7 @@ pub(crate) fn add_libraries(
     let maps = inject::maps(pid)?;
     let mut all = modules::mapped_libraries(pid, &maps, &pending.exe_path);
     for m in &mut all {
-        m.refs = pending.refs;
+        m.rec = pending.rec;
     }
     cap_modules(pid, &mut all, 1);
     if all.is_empty() {
@@ -200,8 +200,8 @@ pub(crate) struct LoadRequest {
     /// clones are ready, the tables merged here are stale.
     pub(crate) forgets: u64,
     pub(crate) libraries: Vec<super::linkmap::Loaded>,
-    /// Memory mode.
-    pub(super) refs: userspace_rewriter::codegen::Refs,
+    /// What the clones record besides paths.
+    pub(super) rec: userspace_rewriter::codegen::Recording,
 }
 
 /// Clones libraries mapped since the attach (`dlopen`): each is analysed
@@ -234,7 +234,7 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
         loaded.iter().map(|m| (m.path.clone(), m.len)),
     );
     for mut module in loaded {
-        module.refs = req.refs;
+        module.rec = req.rec;
         let path = module.path.clone();
         let _done = Done(&path);
         let mut a = match progress::in_module(&path, || analyse(module)) {

@@ -21,7 +21,7 @@
 use burstyd_common::addr::Pid;
 use tracing::debug;
 use userspace_rewriter::analysis::elf::ElfInfo;
-use userspace_rewriter::codegen::Refs;
+use userspace_rewriter::codegen::Recording;
 use userspace_rewriter::inject::MapEntry;
 
 /// One mapped ELF file of the target.
@@ -43,9 +43,10 @@ pub(crate) struct Module {
     pub(crate) is_exe: bool,
     /// The inode of its file (its mapping at the lowest offset).
     pub(crate) ino: u64,
-    /// Memory mode: which data references its clones record (part of
-    /// its plan cache key; set by whoever asks for clones).
-    pub(crate) refs: Refs,
+    /// What its clones record besides paths (memory mode's references,
+    /// tuples; part of its plan cache key; set by whoever asks for
+    /// clones).
+    pub(crate) rec: Recording,
 }
 
 /// The executable (first) and, with `libraries`, the shared libraries
@@ -226,7 +227,7 @@ impl Module {
             bias,
             is_exe,
             ino,
-            refs: Refs::Off,
+            rec: Recording::default(),
         })
     }
 
@@ -246,7 +247,7 @@ impl Module {
 
     /// Its key in the plan cache.
     pub(crate) fn key(&self) -> String {
-        super::cache::key(self.build_id.as_deref(), self.len, self.hash) + self.refs.key_suffix()
+        super::cache::key(self.build_id.as_deref(), self.len, self.hash) + &self.rec.key_suffix()
     }
 }
 

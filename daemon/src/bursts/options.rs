@@ -26,10 +26,25 @@ pub(crate) struct BurstOptions {
     pub(crate) refs: userspace_rewriter::codegen::Refs,
     /// Memory mode: the references one burst records (`--refs-burst`).
     pub(crate) refs_burst: u64,
+    /// Tuple profiles: the clones make value tuples, target tuples
+    /// (`--record values,targets`).
+    pub(crate) values: bool,
+    pub(crate) targets: bool,
     /// How the runtime compresses the tuples of the tuple profiles
     /// (`--sampler`, `--sample-rate`, `--strata`): each output of the
     /// sampler stands for `tuple_config.weight()` tuples.
     pub(crate) tuple_config: burstyd_common::burst::TupleConfig,
+}
+
+impl BurstOptions {
+    /// What the clones record besides paths (a generation option).
+    pub(crate) fn recording(&self) -> userspace_rewriter::codegen::Recording {
+        userspace_rewriter::codegen::Recording {
+            refs: self.refs,
+            values: self.values,
+            targets: self.targets,
+        }
+    }
 }
 
 /// What bursts record besides paths, calls and returns (`--record`,
@@ -42,6 +57,50 @@ pub(crate) enum Record {
     /// Every load, store and read-modify-write of heap and global data
     /// (the stack's too with `--refs-stack`): hot data streams.
     Refs,
+    /// Every load of an integer register from heap or global data, with
+    /// the value loaded: the value profile (`values.pb.gz`).
+    Values,
+    /// Every indirect call and tail call, with its target: the
+    /// call-target profile (`targets.pb.gz`, BOLT's call records).
+    Targets,
+}
+
+/// How the target compresses tuples (`--sampler`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Sampler {
+    /// Every tuple (the reference).
+    Exact,
+    /// R_r: each kept with probability 1/r.
+    Random,
+    /// H[P_r]_n: hashed into n substreams, every r-th of each kept.
+    Stratified,
+}
+
+/// `--sample-rate` unless given.
+pub(crate) const DEFAULT_SAMPLE_RATE: u64 = 16;
+/// `--strata` unless given.
+pub(crate) const DEFAULT_STRATA: u64 = 2048;
+
+/// The compressor's configuration `sampler`, `rate` and `strata` ask
+/// for, the associative table always on (lossless).
+pub(crate) fn tuple_config(
+    sampler: Option<Sampler>,
+    rate: Option<u64>,
+    strata: Option<u64>,
+) -> burstyd_common::burst::TupleConfig {
+    use burstyd_common::burst::{SAMPLER_EXACT, SAMPLER_RANDOM, SAMPLER_STRATIFIED, TupleConfig};
+    TupleConfig {
+        sampler: match sampler.unwrap_or(Sampler::Exact) {
+            Sampler::Exact => SAMPLER_EXACT,
+            Sampler::Random => SAMPLER_RANDOM,
+            Sampler::Stratified => SAMPLER_STRATIFIED,
+        },
+        assoc: true,
+        reference: false,
+        strata: strata.unwrap_or(DEFAULT_STRATA),
+        rate: rate.unwrap_or(DEFAULT_SAMPLE_RATE),
+    }
 }
 
 /// The memory mode `record` and `refs_stack` ask for.

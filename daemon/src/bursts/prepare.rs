@@ -380,7 +380,7 @@ pub(super) fn generate_at(
             data,
         } => {
             let img =
-                codegen::generate_excluding(&a.plan, analysis, &layout, exclude, a.module.refs)?;
+                codegen::generate_excluding(&a.plan, analysis, &layout, exclude, a.module.rec)?;
             let eh = unwind_info::eh_frame(data, &img, a.module.bias)
                 .map_err(anyhow::Error::msg)?
                 .bytes;

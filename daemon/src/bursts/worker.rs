@@ -57,6 +57,12 @@ pub(crate) struct WorkerArgs {
     /// Memory mode: `Data` or `All` (absent: off).
     #[arg(long)]
     refs: Option<String>,
+    /// Value tuples in the clones.
+    #[arg(long)]
+    values: bool,
+    /// Target tuples in the clones.
+    #[arg(long)]
+    targets: bool,
 }
 
 /// Has a worker make `module`'s cache entry under `key`, and waits for
@@ -75,9 +81,11 @@ pub(crate) fn prepare(module: &Module, key: &str) -> anyhow::Result<WorkerReport
         .arg(cache.dir())
         .args(["--cache-max-mb", &cache.max_mb().to_string()])
         .args(
-            (module.refs != userspace_rewriter::codegen::Refs::Off)
-                .then(|| format!("--refs={:?}", module.refs)),
+            (module.rec.refs != userspace_rewriter::codegen::Refs::Off)
+                .then(|| format!("--refs={:?}", module.rec.refs)),
         )
+        .args(module.rec.values.then_some("--values"))
+        .args(module.rec.targets.then_some("--targets"))
         .stdin(Stdio::from(
             module
                 .file
@@ -177,12 +185,14 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         args.exe,
         args.ino,
     )?;
-    module.refs = match args.refs.as_deref() {
+    module.rec.refs = match args.refs.as_deref() {
         None => userspace_rewriter::codegen::Refs::Off,
         Some("Data") => userspace_rewriter::codegen::Refs::Data,
         Some("All") => userspace_rewriter::codegen::Refs::All,
         Some(other) => bail!("unknown memory mode {other}"),
     };
+    module.rec.values = args.values;
+    module.rec.targets = args.targets;
     if module.key() != args.key {
         bail!("the file read is not that of key {}", args.key);
     }

@@ -44,6 +44,10 @@ pub(crate) struct Overrides {
     pub(crate) refs_stack: bool,
     /// `--refs-burst`.
     pub(crate) refs_burst: Option<u64>,
+    /// `--sampler`, `--sample-rate`, `--strata`.
+    pub(crate) sampler: Option<crate::bursts::options::Sampler>,
+    pub(crate) sample_rate: Option<u64>,
+    pub(crate) strata: Option<u64>,
 }
 
 /// How many processes the service traces in bursts at once by default.
@@ -71,6 +75,11 @@ pub(crate) struct BurstSettings {
     pub(crate) refs_stack: bool,
     /// References per burst that records them.
     pub(crate) refs_burst: u64,
+    /// Tuple profiles: value tuples, target tuples, and how the target
+    /// compresses them.
+    pub(crate) values: bool,
+    pub(crate) targets: bool,
+    pub(crate) tuple_config: burstyd_common::burst::TupleConfig,
 }
 
 impl BurstSettings {
@@ -91,7 +100,9 @@ impl BurstSettings {
             weights: self.weights,
             refs: self.refs,
             refs_burst: self.refs_burst,
-            tuple_config: Default::default(),
+            values: self.values,
+            targets: self.targets,
+            tuple_config: self.tuple_config,
         }
     }
 }
@@ -218,6 +229,12 @@ impl Settings {
         } else {
             Vec::new()
         };
+        // What bursts record: the command line's list, else the file's.
+        let record: &[crate::bursts::options::Record] = if o.record.is_empty() {
+            f.bursts.record.as_deref().unwrap_or_default()
+        } else {
+            &o.record
+        };
         Ok(Settings {
             event: o
                 .event
@@ -261,11 +278,7 @@ impl Settings {
                     .unwrap_or(burstyd_common::burst::DEFAULT_MAX_BURSTS),
                 weights: o.weights.or(f.bursts.weights).unwrap_or_default(),
                 refs: crate::bursts::options::refs_mode(
-                    if o.record.is_empty() {
-                        f.bursts.record.as_deref().unwrap_or_default()
-                    } else {
-                        &o.record
-                    },
+                    record,
                     o.refs_stack || f.bursts.refs_stack.unwrap_or(false),
                 ),
                 refs_stack: o.refs_stack || f.bursts.refs_stack.unwrap_or(false),
@@ -273,6 +286,13 @@ impl Settings {
                     .refs_burst
                     .or(f.bursts.refs_burst.as_ref().map(|m| *m.get_ref()))
                     .unwrap_or(crate::bursts::options::DEFAULT_REFS_BURST),
+                values: record.contains(&crate::bursts::options::Record::Values),
+                targets: record.contains(&crate::bursts::options::Record::Targets),
+                tuple_config: crate::bursts::options::tuple_config(
+                    o.sampler,
+                    o.sample_rate,
+                    o.strata,
+                ),
             },
             source: file.and(source).map(Path::to_path_buf),
         })
@@ -376,6 +396,9 @@ pid = 1
                 refs: userspace_rewriter::codegen::Refs::Data,
                 refs_stack: false,
                 refs_burst: crate::bursts::options::DEFAULT_REFS_BURST,
+                values: false,
+                targets: false,
+                tuple_config: crate::bursts::options::tuple_config(None, None, None),
             }
         );
         let o = Overrides {
@@ -481,6 +504,9 @@ pid = 1
                 refs: userspace_rewriter::codegen::Refs::Off,
                 refs_stack: false,
                 refs_burst: crate::bursts::options::DEFAULT_REFS_BURST,
+                values: false,
+                targets: false,
+                tuple_config: crate::bursts::options::tuple_config(None, None, None),
             }
         );
     }

@@ -70,6 +70,9 @@ pub(super) struct FnGen<'a> {
     pub(super) tails: HashMap<(usize, bool, bool), u64>,
     /// Memory mode ([`super::references`]).
     pub(super) refs: super::layout::Refs,
+    /// Tuple profiles ([`super::tuples`]): value and target tuples.
+    pub(super) values: bool,
+    pub(super) targets: bool,
     /// The function sets up a frame pointer: `rbp`-based operands are the
     /// stack's.
     pub(super) frame_pointer: bool,
@@ -298,7 +301,7 @@ impl FnGen<'_> {
         }
         let ins = self.reloc(k);
         self.em.emit(ins);
-        Ok(())
+        self.value_tuple(k)
     }
 
     /// Instruction `k` with its addresses moved by the bias.

@@ -15,7 +15,7 @@ use super::batches::{BATCH_INSTRUCTIONS, Batches};
 use super::emitter::Emitter;
 use super::function::{FnGen, PltSlot, Skip};
 use super::instrument::{Arg, call_routine};
-use super::layout::{GenError, GenStats, Layout, Refs};
+use super::layout::{GenError, GenStats, Layout, Recording};
 use super::operand::LOW_STATE_LIMIT;
 use super::references::sets_up_frame_pointer;
 use super::relocs::Relocs;
@@ -158,20 +158,26 @@ pub fn generate(
     analysis: &cfg::Analysis,
     layout: &Layout,
 ) -> Result<CloneImage, GenError> {
-    generate_excluding(plan, analysis, layout, &Default::default(), Refs::Off)
+    generate_excluding(
+        plan,
+        analysis,
+        layout,
+        &Default::default(),
+        Recording::default(),
+    )
 }
 
 /// [`generate`], leaving out the functions starting at the keys of
 /// `exclude` (SVMAs), counted under their values as skip reasons: those
 /// whose unwind information cannot be restated
 /// ([`crate::codegen::unwind_info::untranslatable`]), a debugger's hook;
-/// in memory mode with `refs`.
+/// recording what `rec` says besides paths.
 pub fn generate_excluding(
     plan: &Plan,
     analysis: &cfg::Analysis,
     layout: &Layout,
     exclude: &BTreeMap<u64, &'static str>,
-    refs: Refs,
+    rec: Recording,
 ) -> Result<CloneImage, GenError> {
     // The runtime first, then the clones (16-aligned) after it; the clones
     // call the runtime's routines at their absolute addresses.
@@ -280,7 +286,9 @@ pub fn generate_excluding(
             out_of_line: Vec::new(),
             check_exits: HashMap::new(),
             tails: HashMap::new(),
-            refs,
+            refs: rec.refs,
+            values: rec.values,
+            targets: rec.targets,
             frame_pointer: sets_up_frame_pointer(&analysis.insns[i]),
         };
         let result = fg.function(label);
@@ -293,6 +301,9 @@ pub fn generate_excluding(
                 stats.refs += s.refs;
                 stats.refs_stack += s.refs_stack;
                 stats.refs_unsupported += s.refs_unsupported;
+                stats.value_tuples += s.value_tuples;
+                stats.target_tuples += s.target_tuples;
+                stats.tuples_left_out += s.tuples_left_out;
                 stats.instructions += analysis.insns[i].len();
                 funcs.push((
                     i as u32,

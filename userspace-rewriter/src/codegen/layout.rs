@@ -45,6 +45,16 @@ pub struct GenStats {
     /// operations' implicit operands (`movs`, `stos`, ...).
     #[serde(default)]
     pub refs_unsupported: usize,
+    /// Tuple profiles ([`Recording`]): loads that make a value tuple,
+    /// indirect calls and tail calls that make a target tuple, and those
+    /// left out (a stack load; a high-byte destination; an address that
+    /// does not fit the record).
+    #[serde(default)]
+    pub value_tuples: usize,
+    #[serde(default)]
+    pub target_tuples: usize,
+    #[serde(default)]
+    pub tuples_left_out: usize,
 }
 
 /// Which data references the clones record (`--record refs`; the
@@ -66,6 +76,35 @@ pub enum Refs {
     Data,
     /// Every explicit memory operand, the stack's too (`--refs-stack`).
     All,
+}
+
+/// What the clones record besides paths, calls and returns: a generation
+/// option (clones made without a kind of record have no trace of it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Recording {
+    /// Memory mode's data references.
+    pub refs: Refs,
+    /// Value tuples: after each load of an integer register from memory
+    /// that is not the stack's (`mov`, `movzx`, `movsx`, `movsxd`), the
+    /// tuple ⟨the load's address, the value loaded⟩ goes to `rt_tuple`.
+    pub values: bool,
+    /// Target tuples: before each indirect call and indirect tail call,
+    /// ⟨the instruction's address, the original target⟩.
+    pub targets: bool,
+}
+
+impl Recording {
+    /// What the plan cache key adds for clones made with it.
+    pub fn key_suffix(self) -> String {
+        let mut s = self.refs.key_suffix().to_string();
+        if self.values {
+            s.push_str("-values");
+        }
+        if self.targets {
+            s.push_str("-targets");
+        }
+        s
+    }
 }
 
 impl Refs {

@@ -106,10 +106,11 @@ mod reverse;
 mod stack_heights;
 mod tables;
 mod transfers;
+mod tuples;
 pub mod unwind_info;
 
 pub use image::{BytesMove, CloneImage, ClonedFunction, generate, generate_excluding};
-pub use layout::{GenError, GenStats, Layout, Refs};
+pub use layout::{GenError, GenStats, Layout, Recording, Refs};
 pub use operand::LOW_STATE_LIMIT;
 pub use relocs::Relocs;
 pub use reverse::ReverseMap;

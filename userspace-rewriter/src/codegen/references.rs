@@ -81,6 +81,37 @@ fn string_operation(ins: &Instruction) -> bool {
     })
 }
 
+/// The memory operand of `ins` (moved by the bias) as the standard frame
+/// sees it: a RIP-relative one names its original absolute target, an
+/// `rsp`-based one is moved by the frame's bytes; the segment is left
+/// to the caller.
+pub(super) fn frame_operand(ins: &Instruction) -> MemoryOperand {
+    let base = ins.memory_base();
+    if ins.is_ip_rel_memory_operand() {
+        return MemoryOperand::with_base_displ(Register::RIP, ins.memory_displacement64() as i64);
+    }
+    let mut displ = ins.memory_displacement64() as i64;
+    if base.full_register() == Register::RSP {
+        displ += FRAME_BYTES;
+    }
+    MemoryOperand::with_base_index_scale_displ_size(
+        base,
+        ins.memory_index(),
+        ins.memory_index_scale(),
+        displ,
+        // The original's size (a displ8 widens itself when the frame's
+        // adjustment does not fit it); an absolute operand (`fs:[0x28]`)
+        // is a disp32.
+        if base == Register::None && ins.memory_index() == Register::None {
+            4
+        } else if displ == 0 {
+            0
+        } else {
+            ins.memory_displ_size().max(1)
+        },
+    )
+}
+
 impl FnGen<'_> {
     /// In memory mode, the `REC_REF` record of instruction `k`'s data
     /// reference, emitted right before the instruction's copy (counted in
@@ -111,31 +142,7 @@ impl FnGen<'_> {
             self.stats.refs_stack += 1;
             return Ok(());
         }
-        let operand = if ins.is_ip_rel_memory_operand() {
-            MemoryOperand::with_base_displ(Register::RIP, ins.memory_displacement64() as i64)
-        } else {
-            let mut displ = ins.memory_displacement64() as i64;
-            if base.full_register() == Register::RSP {
-                displ += FRAME_BYTES;
-            }
-            MemoryOperand::with_base_index_scale_displ_size(
-                base,
-                ins.memory_index(),
-                ins.memory_index_scale(),
-                displ,
-                // The original's size (a displ8 widens itself when the
-                // frame's adjustment does not fit it); an absolute operand
-                // (`fs:[0x28]`) is a disp32.
-                if base == Register::None && ins.memory_index() == Register::None {
-                    4
-                } else if displ == 0 {
-                    0
-                } else {
-                    ins.memory_displ_size().max(1)
-                },
-            )
-        };
-        self.emit_reference(self.insns[k].addr, kind, operand, fs)
+        self.emit_reference(self.insns[k].addr, kind, frame_operand(&ins), fs)
     }
 
     /// A string operation's references: one per memory operand, at the

@@ -286,6 +286,11 @@ impl FnGen<'_> {
     fn indirect_transfer(&mut self, k: usize, ret: Option<u64>, routine: u64) -> Result<(), Skip> {
         // Memory mode: the load of a target from memory is a reference.
         self.reference(k)?;
+        // Tuple profiles: a call's (or tail call's) target, not a jump
+        // to another frame's landing pad.
+        if routine == self.rt.lookup_fn {
+            self.target_tuple(k)?;
+        }
         let ins = self.reloc(k);
         let operand = match ins.op0_kind() {
             OpKind::Register => {
