@@ -384,7 +384,14 @@ pub(super) fn set_run_options(region: &mut SharedRegion, opts: &BurstOptions) {
         super::data_refs::FIRST_REFS_EVERY
     };
     cb.wait_when_full = u64::from(opts.full_trace);
-    cb.tuple_config = opts.tuple_config.to_word();
+    // A full trace is one burst from the first overflow to the exit: the
+    // associative table would still hold its last outputs when the
+    // process exits, so every tuple goes out as it comes.
+    cb.tuple_config = burstyd_common::burst::TupleConfig {
+        assoc: opts.tuple_config.assoc && !opts.full_trace,
+        ..opts.tuple_config
+    }
+    .to_word();
     cb.max_bursts = opts.max_bursts.clamp(1, MAX_SLOTS as u64);
     cb.measure = if opts.measure {
         burstyd_common::burst::MEASURE_TSC
