@@ -375,6 +375,13 @@ pub(crate) struct ProfileArgs {
     #[arg(long, value_name = "N", requires = "sampler", value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub(crate) strata: Option<u64>,
 
+    /// With --sampler random or stratified: every tuple also written
+    /// once exactly, flagged, beside the sampled outputs (an evaluation:
+    /// `burstyd values OUT` then gives the sampler's error against the
+    /// exact profile of the same run; costs what --sampler exact costs).
+    #[arg(long, requires = "sampler")]
+    pub(crate) sampler_reference: bool,
+
     /// Sample only: no rewriting, no bursts (--pid, run, or the
     /// configuration's targets).
     #[arg(long, conflicts_with_all = ["full_trace", "save_bursts"])]

@@ -303,6 +303,7 @@ fn overrides(cli: &Cli, args: &ProfileArgs, matches: &ArgMatches) -> Overrides {
         sampler: args.sampler,
         sample_rate: args.sample_rate,
         strata: args.strata,
+        sampler_reference: args.sampler_reference,
     }
 }
 

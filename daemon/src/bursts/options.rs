@@ -83,11 +83,13 @@ pub(crate) const DEFAULT_SAMPLE_RATE: u64 = 16;
 pub(crate) const DEFAULT_STRATA: u64 = 2048;
 
 /// The compressor's configuration `sampler`, `rate` and `strata` ask
-/// for, the associative table always on (lossless).
+/// for, the associative table always on (lossless); with `reference`
+/// every tuple written exactly too (an evaluation's reference).
 pub(crate) fn tuple_config(
     sampler: Option<Sampler>,
     rate: Option<u64>,
     strata: Option<u64>,
+    reference: bool,
 ) -> burstyd_common::burst::TupleConfig {
     use burstyd_common::burst::{SAMPLER_EXACT, SAMPLER_RANDOM, SAMPLER_STRATIFIED, TupleConfig};
     TupleConfig {
@@ -97,7 +99,7 @@ pub(crate) fn tuple_config(
             Sampler::Stratified => SAMPLER_STRATIFIED,
         },
         assoc: true,
-        reference: false,
+        reference,
         strata: strata.unwrap_or(DEFAULT_STRATA),
         rate: rate.unwrap_or(DEFAULT_SAMPLE_RATE),
     }

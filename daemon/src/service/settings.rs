@@ -44,10 +44,11 @@ pub(crate) struct Overrides {
     pub(crate) refs_stack: bool,
     /// `--refs-burst`.
     pub(crate) refs_burst: Option<u64>,
-    /// `--sampler`, `--sample-rate`, `--strata`.
+    /// `--sampler`, `--sample-rate`, `--strata`, `--sampler-reference`.
     pub(crate) sampler: Option<crate::bursts::options::Sampler>,
     pub(crate) sample_rate: Option<u64>,
     pub(crate) strata: Option<u64>,
+    pub(crate) sampler_reference: bool,
 }
 
 /// How many processes the service traces in bursts at once by default.
@@ -292,6 +293,7 @@ impl Settings {
                     o.sampler,
                     o.sample_rate,
                     o.strata,
+                    o.sampler_reference,
                 ),
             },
             source: file.and(source).map(Path::to_path_buf),
@@ -398,7 +400,7 @@ pid = 1
                 refs_burst: crate::bursts::options::DEFAULT_REFS_BURST,
                 values: false,
                 targets: false,
-                tuple_config: crate::bursts::options::tuple_config(None, None, None),
+                tuple_config: crate::bursts::options::tuple_config(None, None, None, false),
             }
         );
         let o = Overrides {
@@ -506,7 +508,7 @@ pid = 1
                 refs_burst: crate::bursts::options::DEFAULT_REFS_BURST,
                 values: false,
                 targets: false,
-                tuple_config: crate::bursts::options::tuple_config(None, None, None),
+                tuple_config: crate::bursts::options::tuple_config(None, None, None, false),
             }
         );
     }

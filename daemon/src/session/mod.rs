@@ -552,12 +552,14 @@ impl Session {
         let Some(targets) = &self.opts.targets else {
             return false;
         };
+        // A zombie has exited: its parent may reap it only after the
+        // session ends (a test or a script waiting on both).
         for &pid in targets {
-            if !crate::sys::process_exists(pid) {
+            if !crate::sys::process_running(pid) {
                 self.pipe.procs.mark_exited(pid);
             }
         }
-        targets.iter().all(|&p| !crate::sys::process_exists(p))
+        targets.iter().all(|&p| !crate::sys::process_running(p))
     }
 
     /// The end: the last samples, bursty tracing's detach and path
