@@ -1,7 +1,9 @@
 //! Tuple profiles end to end (issue 34) on `tuples_known.c`, whose
 //! tuples are known by construction: in `step`, the load of `cells[i & 3]`
 //! gives 7 three times in four and 42 once, and the indirect call through
-//! `table[i & 3]` goes to f1 half the time, to f2 and f3 a quarter each.
+//! `table[i & 3]` goes to f1 half the time, to f2 and f3 a quarter each,
+//! and the switch in `choose` (a jump table) to each of four cases a
+//! quarter of the time.
 //! A full trace with the exact sampler (from the first overflow on, so
 //! not every step) counts each of them exactly: each value as its share
 //! of the steps traced says, to within one, and both sites the same
@@ -107,6 +109,26 @@ fn a_full_trace_counts_the_known_tuples_exactly() {
     let loads = cells[0]["executions"].as_u64().unwrap();
     assert!(loads.abs_diff(steps) <= 1, "{loads} loads, {steps} calls");
     assert!((cells[0]["invariance"].as_f64().unwrap() - 0.75).abs() < 1e-6);
+
+    // The switch in `choose` (a jump table): its four cases a quarter
+    // of the steps each.
+    let switch: Vec<_> = targets["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["function"].as_str() == Some("choose"))
+        .collect();
+    assert_eq!(switch.len(), 1, "the switch in choose: {targets:#}");
+    let jumps = switch[0]["executions"].as_u64().unwrap();
+    assert!(jumps.abs_diff(steps) <= 1, "{jumps} jumps, {steps} calls");
+    let cases = switch[0]["values"].as_array().unwrap();
+    assert_eq!(cases.len(), 4, "{:#}", switch[0]);
+    for c in cases {
+        // Named as the place in `choose` it is.
+        assert!(c["target"].as_str().unwrap().starts_with("choose+0x"), "{c}");
+        let n = c["executions"].as_u64().unwrap() as f64;
+        assert!((n - jumps as f64 / 4.0).abs() <= 1.0, "{:#}", switch[0]);
+    }
 }
 
 /// The site in `step` of report `rep` whose values (`key`: `value`, or

@@ -134,6 +134,9 @@ impl FnGen<'_> {
             Flow::IndirectJump => {
                 if let Some(jt) = self.cfg.jump_tables.iter().find(|j| j.jump == insn.addr) {
                     self.record(last);
+                    // Tuple profiles: the case a switch (an interpreter's
+                    // dispatch) goes to.
+                    self.target_tuple(last)?;
                     let targets = jt.targets.clone();
                     self.dispatch(b, last, &targets, blk, stubs)
                 } else if let Some(kind) = exit {

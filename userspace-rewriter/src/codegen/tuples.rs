@@ -100,7 +100,8 @@ impl FnGen<'_> {
         )?)
     }
 
-    /// The target tuple of the indirect call or tail call `k`, before it.
+    /// The target tuple of the indirect call, tail call or jump-table
+    /// jump `k`, before it (its original target).
     pub(super) fn target_tuple(&mut self, k: usize) -> Result<(), Skip> {
         if !self.targets {
             return Ok(());
