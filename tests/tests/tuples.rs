@@ -125,7 +125,10 @@ fn a_full_trace_counts_the_known_tuples_exactly() {
     assert_eq!(cases.len(), 4, "{:#}", switch[0]);
     for c in cases {
         // Named as the place in `choose` it is.
-        assert!(c["target"].as_str().unwrap().starts_with("choose+0x"), "{c}");
+        assert!(
+            c["target"].as_str().unwrap().starts_with("choose+0x"),
+            "{c}"
+        );
         let n = c["executions"].as_u64().unwrap() as f64;
         assert!((n - jumps as f64 / 4.0).abs() <= 1.0, "{:#}", switch[0]);
     }

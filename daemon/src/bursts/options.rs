@@ -77,6 +77,17 @@ pub(crate) enum Sampler {
     Stratified,
 }
 
+/// The name of a compressor's sampler (`TupleConfig::sampler`), as
+/// `--sampler` spells it.
+pub(crate) fn sampler_name(sampler: u64) -> &'static str {
+    use burstyd_common::burst::{SAMPLER_RANDOM, SAMPLER_STRATIFIED};
+    match sampler {
+        SAMPLER_RANDOM => "random",
+        SAMPLER_STRATIFIED => "stratified",
+        _ => "exact",
+    }
+}
+
 /// `--sample-rate` unless given.
 pub(crate) const DEFAULT_SAMPLE_RATE: u64 = 16;
 /// `--strata` unless given.

@@ -12,6 +12,10 @@
 //! same stream, which [`profile_error`] measures the sampled one against
 //! (the paper's section 5.3.1).
 //!
+//! With exact copies, [`Convergence`] follows how the sampled profile
+//! converges to them as tuples arrive (the paper's error against tuples
+//! delivered).
+//!
 //! A site is named as a data reference is (module and static address,
 //! [`super::place`]), so that it means the same in every process and
 //! every run. Memory is bounded: each site keeps [`MAX_VALUES`] distinct
@@ -203,6 +207,13 @@ pub(crate) struct Tuples {
     /// those of a kind this daemon does not know.
     pub(crate) unplaced: u64,
     pub(crate) unknown: u64,
+    /// The sampler's outputs read (each standing for `weight` tuples),
+    /// the records that carried them, and the exact copies read.
+    pub(crate) delivered: u64,
+    pub(crate) messages: u64,
+    pub(crate) exact_tuples: u64,
+    /// The sampled profile's error against the exact copies as they came.
+    pub(crate) convergence: Convergence,
     /// The tuples one output of the sampler stands for.
     weight: u64,
     placer: Placer<u32>,
@@ -218,6 +229,10 @@ impl Tuples {
             records: 0,
             unplaced: 0,
             unknown: 0,
+            delivered: 0,
+            messages: 0,
+            exact_tuples: 0,
+            convergence: Convergence::default(),
             weight: config.weight(),
             placer: Placer::default(),
         }
@@ -257,8 +272,50 @@ impl Tuples {
         };
         if exact {
             self.exact.add(key, value, u64::from(count));
+            self.exact_tuples += u64::from(count);
         } else {
             self.sampled.add(key, value, u64::from(count) * self.weight);
+            self.delivered += u64::from(count);
+            self.messages += 1;
+            self.after_sampled();
+        }
+    }
+
+    /// A checkpoint of [`Convergence`] when the sampler's outputs reach
+    /// the next one (only with exact copies to measure against).
+    fn after_sampled(&mut self) {
+        let next = self.convergence.next.max(Convergence::FIRST);
+        if self.delivered >= next && self.exact_tuples > 0 {
+            self.convergence.next = next.saturating_mul(2);
+            self.checkpoint();
+        }
+    }
+
+    /// The checkpoints of [`Convergence`], with one for now unless the
+    /// last one is (none without exact copies).
+    pub(crate) fn convergence(&self) -> Vec<Point> {
+        let mut points = self.convergence.points.clone();
+        if self.exact_tuples > 0 && points.last().map(|p| p.delivered) != Some(self.delivered) {
+            points.push(self.point());
+        }
+        points
+    }
+
+    fn checkpoint(&mut self) {
+        let p = self.point();
+        self.convergence.points.push(p);
+    }
+
+    /// The sampled profile against the exact copies now.
+    fn point(&self) -> Point {
+        let (sampled, exact) = (self.sampled.summaries(), self.exact.summaries());
+        let opts = ErrorOptions::default();
+        Point {
+            delivered: self.delivered,
+            messages: self.messages,
+            exact: self.exact_tuples,
+            values: profile_error(&sampled, &exact, TupleKind::Value, &opts),
+            targets: profile_error(&sampled, &exact, TupleKind::Target, &opts),
         }
     }
 
@@ -266,6 +323,36 @@ impl Tuples {
     pub(crate) fn dropped(&self) -> u64 {
         self.unplaced + self.unknown + self.sampled.dropped + self.exact.dropped
     }
+}
+
+/// How a sampled profile converges to its exact copies as tuples arrive
+/// (`--sampler-reference`; the paper's figures of error against tuples
+/// delivered): each time the sampler's outputs read so far double (from
+/// [`Convergence::FIRST`]), and once at the end, the error of the
+/// sampled profile so far against the exact copies so far.
+#[derive(Debug, Default)]
+pub(crate) struct Convergence {
+    pub(crate) points: Vec<Point>,
+    next: u64,
+}
+
+impl Convergence {
+    /// The first checkpoint: outputs of the sampler read.
+    pub(crate) const FIRST: u64 = 256;
+}
+
+/// One checkpoint of [`Convergence`].
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub(crate) struct Point {
+    /// The sampler's outputs read (each standing for the sampling rate's
+    /// tuples), and the records that carried them (fewer: the merging
+    /// table's counts).
+    pub(crate) delivered: u64,
+    pub(crate) messages: u64,
+    /// Exact copies read: the tuples the outputs stand for.
+    pub(crate) exact: u64,
+    pub(crate) values: ProfileError,
+    pub(crate) targets: ProfileError,
 }
 
 /// Which tuples the error looks at (the paper's section 5.3.1: those a
@@ -506,6 +593,67 @@ mod tests {
             &traced,
         );
         assert_eq!(t.sampled.summaries()[&key(0x1010)].total, 3 * 64 + 2);
+    }
+
+    /// The convergence checkpoints: none without exact copies; with
+    /// them, each time the outputs double from 256 (the records' counts,
+    /// not the records), then one for the end. A site of 4,000 exact
+    /// executions, two values 3:1; the sampler (rate 4) delivers value
+    /// 1 only until the 256th output (its share 1 against 0.75, value
+    /// 2's 0 against 0.25: error 0.25), then both in proportion (none).
+    #[test]
+    fn the_error_is_followed_as_outputs_double() {
+        let traced = super::super::traced::test_traced(&[(
+            "/bin/prog",
+            0x5555_0000_0000,
+            0,
+            &[("f", 0x1000, 0x100)],
+        )]);
+        let config = TupleConfig {
+            sampler: burstyd_common::burst::SAMPLER_RANDOM,
+            rate: 4,
+            ..Default::default()
+        };
+        let mut t = Tuples::new(&config);
+        let tuple = |value, count, exact| BurstEvent::Tuple {
+            kind: TupleKind::Value,
+            site: 0x5555_0000_1010,
+            value,
+            count,
+            exact,
+        };
+        // No exact copies yet: nothing to measure against.
+        t.add(&tuple(1, 300, false), &traced);
+        assert!(t.convergence().is_empty());
+        t.add(&tuple(1, 3000, true), &traced);
+        t.add(&tuple(2, 1000, true), &traced);
+        // 301 outputs: the first checkpoint (value 1 only).
+        t.add(&tuple(1, 1, false), &traced);
+        let first = t.convergence.points.clone();
+        assert_eq!(first.len(), 1);
+        assert_eq!(
+            (first[0].delivered, first[0].messages, first[0].exact),
+            (301, 2, 4000)
+        );
+        let e = first[0].values.error.unwrap();
+        assert!(
+            (e - (3000.0 * 0.25 + 1000.0 * 0.25) / 4000.0).abs() < 1e-9,
+            "{e}"
+        );
+        assert_eq!(first[0].targets.error, None);
+        // Outputs in proportion until 1200 (value 1: 301 + 599 = 900, 2: 300):
+        // the checkpoint at 512 is on the way, the end one at 1200 exact.
+        t.add(&tuple(2, 300, false), &traced);
+        t.add(&tuple(1, 599, false), &traced);
+        let points = t.convergence();
+        let delivered: Vec<u64> = points.iter().map(|p| p.delivered).collect();
+        assert_eq!(delivered, [301, 601, 1200]);
+        assert!(points[2].values.error.unwrap() < 1e-9, "{points:?}");
+        // Short of the next (2048): the end's point is made on demand.
+        t.add(&tuple(1, 3, false), &traced);
+        assert_eq!(t.convergence.points.len(), 3);
+        let points = t.convergence();
+        assert_eq!(points.last().map(|p| p.delivered), Some(1203));
     }
 
     /// A site made by hand: its values and its other values' count.

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use super::Session;
 use crate::bursts::decode::TupleKind;
 use crate::bursts::tracer::Finished;
-use crate::bursts::tuples::{ErrorOptions, profile_error};
+use crate::bursts::tuples::{ErrorOptions, Tuples, profile_error};
 use crate::export::fdata::Fdata;
 use crate::export::tuples::{add_tuples, file_name, tuples_builder};
 use burstyd_common::addr::{Avma, FrameAddress, Pid};
@@ -82,6 +82,7 @@ impl Session {
                 Err(e) => warn!("writing {}: {e}", output.join(name).display()),
             }
         }
+        self.write_convergence(&with);
         for (traced, t) in &with {
             if t.dropped() > 0 {
                 info!(
@@ -97,6 +98,44 @@ impl Session {
         }
     }
 }
+
+impl Session {
+    /// Writes `tuple-convergence.json` (`--sampler-reference`): per
+    /// process, the sampled profiles' error against their exact copies
+    /// as the sampler's outputs doubled
+    /// ([`crate::bursts::tuples::Convergence`]).
+    fn write_convergence(&self, with: &[(&crate::bursts::traced::Traced, &Tuples)]) {
+        let processes: Vec<_> = with
+            .iter()
+            .map(|(traced, t)| (traced.pid, t.convergence()))
+            .filter(|(_, points)| !points.is_empty())
+            .map(|(pid, points)| serde_json::json!({ "pid": pid.0, "points": points }))
+            .collect();
+        if processes.is_empty() {
+            return;
+        }
+        let c = self
+            .opts
+            .bursts
+            .as_ref()
+            .map(|b| b.tuple_config)
+            .unwrap_or_default();
+        let json = serde_json::json!({
+            "sampler": crate::bursts::options::sampler_name(c.sampler),
+            "rate": c.weight(),
+            "strata": c.strata,
+            "processes": processes,
+        });
+        let text = serde_json::to_vec_pretty(&json).unwrap_or_default();
+        match crate::export::write_atomic(&self.opts.output, CONVERGENCE_FILE, &text) {
+            Ok(p) => info!("wrote {}", p.display()),
+            Err(e) => warn!("writing {CONVERGENCE_FILE}: {e}"),
+        }
+    }
+}
+
+/// The convergence of sampled tuple profiles to their exact copies.
+pub(crate) const CONVERGENCE_FILE: &str = "tuple-convergence.json";
 
 /// Each module's indirect calls per process, as the call-target profiles
 /// saw them: `(pid, library name or None for the executable, calls)`,
