@@ -58,18 +58,24 @@ fn sites_with(rep: &serde_json::Value, key: &str, want: &[(&str, f64)]) -> Vec<s
         .collect()
 }
 
-#[test]
-fn a_full_trace_counts_the_known_tuples_exactly() {
-    require_root();
-    let _serial = serial();
-    let exe = fixture("tuples_known");
-    let n = 3_000_000u64;
-    let untraced = run_timeout(
-        Command::new(&exe).arg(n.to_string()),
-        Duration::from_secs(60),
-    );
-    assert!(untraced.status.success());
-    let scratch = Scratch::new("tuples-known");
+/// The fixture's output untraced, with `args`.
+fn untraced(exe: &std::path::Path, args: &[&str], timeout: Duration) -> String {
+    let r = run_timeout(Command::new(exe).args(args), timeout);
+    assert!(r.status.success(), "{}", r.describe());
+    r.stdout_str()
+}
+
+/// `burstyd run --exe-only --full-trace --record values,targets EXTRA`
+/// on the fixture with `args`, whose output must be `want`: the scratch
+/// directory and the output directory in it.
+fn full_trace(
+    name: &str,
+    extra: &[&str],
+    exe: &std::path::Path,
+    args: &[&str],
+    want: &str,
+) -> (Scratch, std::path::PathBuf) {
+    let scratch = Scratch::new(name);
     let out = scratch.join("out");
     let run = run_timeout(
         Command::new(burstyd_bin())
@@ -79,18 +85,30 @@ fn a_full_trace_counts_the_known_tuples_exactly() {
                 "--full-trace",
                 "--record",
                 "values,targets",
-                "--sampler",
-                "exact",
-                "-o",
             ])
+            .args(extra)
+            .arg("-o")
             .arg(&out)
             .arg("--")
-            .arg(&exe)
-            .arg(n.to_string()),
+            .arg(exe)
+            .args(args),
         Duration::from_secs(300),
     );
     assert!(run.status.success(), "{}", run.describe());
-    assert_eq!(run.stdout_str(), untraced.stdout_str());
+    assert_eq!(run.stdout_str(), want, "{name}");
+    (scratch, out)
+}
+
+#[test]
+fn a_full_trace_counts_the_known_tuples_exactly() {
+    require_root();
+    let _serial = serial();
+    let exe = fixture("tuples_known");
+    let n = 3_000_000u64;
+    let args = [n.to_string()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let want = untraced(&exe, &args, Duration::from_secs(60));
+    let (_scratch, out) = full_trace("tuples-known", &["--sampler", "exact"], &exe, &args, &want);
 
     let targets = report(&out, true);
     let calls = sites_with(
@@ -234,38 +252,22 @@ fn the_samplers_estimate_the_known_tuples_within_their_bounds() {
     require_root();
     let _serial = serial();
     let exe = fixture("tuples_known");
-    let n = "3000000";
-    let untraced = run_timeout(
-        Command::new(&exe).args([n, "random"]),
-        Duration::from_secs(60),
-    );
-    assert!(untraced.status.success());
+    let args = ["3000000", "random"];
+    let want = untraced(&exe, &args, Duration::from_secs(60));
     for sampler in ["random", "stratified"] {
-        let scratch = Scratch::new(&format!("tuples-{sampler}"));
-        let out = scratch.join("out");
-        let run = run_timeout(
-            Command::new(burstyd_bin())
-                .args([
-                    "run",
-                    "--exe-only",
-                    "--full-trace",
-                    "--record",
-                    "values,targets",
-                    "--sampler",
-                    sampler,
-                    "--sample-rate",
-                    "16",
-                    "--sampler-reference",
-                    "-o",
-                ])
-                .arg(&out)
-                .arg("--")
-                .arg(&exe)
-                .args([n, "random"]),
-            Duration::from_secs(300),
+        let (_scratch, out) = full_trace(
+            &format!("tuples-{sampler}"),
+            &[
+                "--sampler",
+                sampler,
+                "--sample-rate",
+                "16",
+                "--sampler-reference",
+            ],
+            &exe,
+            &args,
+            &want,
         );
-        assert!(run.status.success(), "{}", run.describe());
-        assert_eq!(run.stdout_str(), untraced.stdout_str(), "{sampler}");
         check_sampled(&out, 0.0, &format!("run, {sampler}"));
     }
 }
@@ -277,14 +279,10 @@ fn the_stratified_sampler_in_bursts_under_pid() {
     require_root();
     let _serial = serial();
     let exe = fixture("tuples_known");
-    let n = "150000000";
-    let untraced = run_timeout(
-        Command::new(&exe).args([n, "random"]),
-        Duration::from_secs(120),
-    );
-    assert!(untraced.status.success());
+    let args = ["150000000", "random"];
+    let want = untraced(&exe, &args, Duration::from_secs(120));
     let target = Command::new(&exe)
-        .args([n, "random"])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -312,7 +310,7 @@ fn the_stratified_sampler_in_bursts_under_pid() {
     let out = target.wait_with_output().unwrap();
     run.assert_ok();
     assert!(out.status.success());
-    assert_eq!(String::from_utf8_lossy(&out.stdout), untraced.stdout_str());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
     let summary = read_summary(&run.out_dir);
     assert_eq!(summary.traced().records_lost(), 0);
     check_sampled(&run.out_dir, 0.1, "--pid, stratified");
