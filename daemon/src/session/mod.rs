@@ -60,6 +60,7 @@ mod stream_profiles;
 mod stream_window;
 mod summary;
 mod tuple_profiles;
+mod tuple_window;
 
 pub(crate) use command::Command;
 use command::Signals;
@@ -156,6 +157,10 @@ pub(crate) struct Session {
     /// process's recent-reference position at the last interval.
     stream_windows: Vec<stream_window::StreamWindow>,
     stream_marks: HashMap<Pid, u64>,
+    /// Open `/debug/pprof/values?seconds=N` and `targets` requests, and
+    /// each process's tuple profiles at the last interval.
+    tuple_windows: Vec<tuple_window::TupleWindow>,
+    tuple_marks: HashMap<Pid, tuple_profiles::TupleMark>,
     timers: Timers,
     signals: Signals,
 }
@@ -368,6 +373,8 @@ impl Session {
             path_windows: Vec::new(),
             stream_windows: Vec::new(),
             stream_marks: HashMap::new(),
+            tuple_windows: Vec::new(),
+            tuple_marks: HashMap::new(),
             timers,
             signals,
         })
@@ -445,6 +452,7 @@ impl Session {
             .finish_windows(false, &mut self.symbolizer, &self.out.meta);
         self.finish_path_windows();
         self.finish_stream_windows();
+        self.finish_tuple_windows();
     }
 
     /// `--interval`: write the interval's profile, hand it to the push
@@ -484,6 +492,7 @@ impl Session {
         let start = std::mem::replace(&mut out.interval_start, now);
         self.write_interval_paths(start, now);
         self.write_interval_streams(start, now);
+        self.write_interval_tuples(start, now);
         self.write_interval_summary();
         // What building the profiles parsed (DWARF lines, symbols) goes
         // back to the kernel, not kept by the allocator between intervals.
@@ -497,6 +506,7 @@ impl Session {
         match req.kind {
             ProfileKind::Paths(d) => self.open_path_window(d, req.reply),
             ProfileKind::Streams(d) => self.open_stream_window(d, req.reply),
+            ProfileKind::Tuples(kind, d) => self.open_tuple_window(kind, d, req.reply),
             ProfileKind::Window(d) => self.pipe.windows.push(Window {
                 cct: Cct::new(),
                 start: SystemTime::now(),
@@ -580,6 +590,7 @@ impl Session {
             self.released.finished = finished;
             self.write_interval_paths(self.out.interval_start, now);
             self.write_interval_streams(self.out.interval_start, now);
+            self.write_interval_tuples(self.out.interval_start, now);
             finished = std::mem::take(&mut self.released.finished);
         }
         let counters = self.sampler.counters();
