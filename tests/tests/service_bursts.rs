@@ -64,6 +64,41 @@ fn wait_http(port: u16, scratch: &Scratch, d: &mut Daemon) {
     }
 }
 
+/// A service started by [`start_recording`]: the daemon, its HTTP port,
+/// its output directory and what its push destination received.
+struct Recording {
+    d: Daemon,
+    port: u16,
+    out: std::path::PathBuf,
+    pushed: std::sync::Arc<std::sync::Mutex<Vec<receiver::Received>>>,
+}
+
+/// The service over the target `exe` whose own `record = [RECORD]` says
+/// what its bursts record, pushing to a Pyroscope receiver as `svc`;
+/// returns once its HTTP endpoint answers.
+fn start_recording(scratch: &Scratch, exe: &Path, record: &str) -> Recording {
+    let out = scratch.join("out");
+    let cfg = scratch.join("burstyd.toml");
+    let port = free_port();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let push_port = listener.local_addr().unwrap().port();
+    let pushed = receiver::receiver(listener);
+    let target_line = format!("exe = \"{}\"\n", exe.display());
+    let line = format!("record = [{record}]\n");
+    let text = config_pushing(&out, port, exe, push_port)
+        .replace(&target_line, &format!("{target_line}{line}"));
+    assert!(text.contains(&line), "{text}");
+    write_config(&cfg, &text);
+    let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
+    wait_http(port, scratch, &mut d);
+    Recording {
+        d,
+        port,
+        out,
+        pushed,
+    }
+}
+
 /// Waits (20 s at most) until `out` holds two interval files named
 /// `PREFIX…SUFFIX` (the prefix up to the time's first digit); returns
 /// them.
@@ -460,20 +495,13 @@ fn the_service_serves_hot_data_streams_live() {
     let _serial = serial();
     let scratch = Scratch::new("service-streams");
     let exe = fixture("streams");
-    let out = scratch.join("out");
-    let cfg = scratch.join("burstyd.toml");
-    let port = free_port();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let push_port = listener.local_addr().unwrap().port();
-    let pushed = receiver::receiver(listener);
     // Memory mode asked for by the target itself.
-    let target_line = format!("exe = \"{}\"\n", exe.display());
-    let text = config_pushing(&out, port, &exe, push_port)
-        .replace(&target_line, &format!("{target_line}record = [\"refs\"]\n"));
-    assert!(text.contains("record = [\"refs\"]"), "{text}");
-    write_config(&cfg, &text);
-    let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
-    wait_http(port, &scratch, &mut d);
+    let Recording {
+        mut d,
+        port,
+        out,
+        pushed,
+    } = start_recording(&scratch, &exe, "\"refs\"");
     let target = Background::spawn(Command::new(&exe).arg("1000000000"));
     target.wait_exec(&exe);
     wait_bursts(port, target.pid(), &scratch, &d);
@@ -602,24 +630,12 @@ fn the_service_serves_tuple_profiles_live() {
     let _serial = serial();
     let scratch = Scratch::new("service-tuples");
     let exe = fixture("tuples_known");
-    let out = scratch.join("out");
-    let cfg = scratch.join("burstyd.toml");
-    let port = free_port();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let push_port = listener.local_addr().unwrap().port();
-    let pushed = receiver::receiver(listener);
-    let target_line = format!("exe = \"{}\"\n", exe.display());
-    let text = config_pushing(&out, port, &exe, push_port).replace(
-        &target_line,
-        &format!("{target_line}record = [\"values\", \"targets\"]\n"),
-    );
-    assert!(
-        text.contains("record = [\"values\", \"targets\"]"),
-        "{text}"
-    );
-    write_config(&cfg, &text);
-    let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
-    wait_http(port, &scratch, &mut d);
+    let Recording {
+        mut d,
+        port,
+        out,
+        pushed,
+    } = start_recording(&scratch, &exe, "\"values\", \"targets\"");
     let target = Background::spawn(Command::new(&exe).arg("100000000000"));
     target.wait_exec(&exe);
     wait_bursts(port, target.pid(), &scratch, &d);

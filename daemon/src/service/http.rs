@@ -420,7 +420,11 @@ async fn handle(
             } else {
                 TupleKind::Value
             };
-            let name = crate::export::tuples::file_name(kind);
+            let name = if kind == TupleKind::Target {
+                "targets.pb.gz"
+            } else {
+                "values.pb.gz"
+            };
             match req.uri().query().filter(|q| q.contains("seconds=")) {
                 Some(q) => match window_seconds(Some(q)) {
                     Ok(d) => ask(&st, ProfileKind::Tuples(kind, d)).await,

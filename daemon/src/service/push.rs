@@ -409,7 +409,7 @@ fn build_request(t: &PushTarget, job: &Job) -> (String, String, Vec<u8>) {
                 }),
                 // The occurrences of each tuple (estimated).
                 Family::Values | Family::Targets => serde_json::json!({
-                    crate::export::tuples::ESTIMATED: {"units": "objects", "aggregation": "sum", "display-name": if job.family == Family::Values { "value_tuples" } else { "target_tuples" }, "sampled": true},
+                    "tuples": {"units": "objects", "aggregation": "sum", "display-name": if job.family == Family::Values { "value_tuples" } else { "target_tuples" }, "sampled": true},
                 }),
                 Family::Contexts => serde_json::json!({
                     "samples": {"units": "samples", "aggregation": "sum", "display-name": "cpu", "sampled": true},

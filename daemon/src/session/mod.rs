@@ -160,9 +160,20 @@ pub(crate) struct Session {
     /// Open `/debug/pprof/values?seconds=N` and `targets` requests, and
     /// each process's tuple profiles at the last interval.
     tuple_windows: Vec<tuple_window::TupleWindow>,
-    tuple_marks: HashMap<Pid, tuple_profiles::TupleMark>,
+    tuple_marks: HashMap<Pid, tuple_window::TupleMark>,
     timers: Timers,
     signals: Signals,
+}
+
+/// The HTTP windows of `open` whose time is up, taken out (the rest
+/// stay).
+fn take_due<W>(open: &mut Vec<W>, end: impl Fn(&W) -> tokio::time::Instant) -> Vec<W> {
+    let now = tokio::time::Instant::now();
+    let (done, rest) = std::mem::take(open)
+        .into_iter()
+        .partition(|w| end(w) <= now);
+    *open = rest;
+    done
 }
 
 /// Tracers taken out of the set during the session: their detach under
