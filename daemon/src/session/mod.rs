@@ -165,17 +165,6 @@ pub(crate) struct Session {
     signals: Signals,
 }
 
-/// The HTTP windows of `open` whose time is up, taken out (the rest
-/// stay).
-fn take_due<W>(open: &mut Vec<W>, end: impl Fn(&W) -> tokio::time::Instant) -> Vec<W> {
-    let now = tokio::time::Instant::now();
-    let (done, rest) = std::mem::take(open)
-        .into_iter()
-        .partition(|w| end(w) <= now);
-    *open = rest;
-    done
-}
-
 /// Tracers taken out of the set during the session: their detach under
 /// way on tokio's blocking pool, and what they recorded.
 struct Released {
@@ -453,6 +442,24 @@ impl Session {
     fn on_samples(&mut self, r: Result<usize, SamplerError>) -> anyhow::Result<()> {
         r.context("reading the sample ring buffer")?;
         Ok(())
+    }
+
+    /// The HTTP windows of `open` whose time is up, taken out (the rest
+    /// stay), the bursts' records so far drained for them.
+    fn take_due<W>(
+        &mut self,
+        open: fn(&mut Session) -> &mut Vec<W>,
+        end: fn(&W) -> tokio::time::Instant,
+    ) -> Vec<W> {
+        let now = tokio::time::Instant::now();
+        let (done, rest) = std::mem::take(open(self))
+            .into_iter()
+            .partition(|w| end(w) <= now);
+        *open(self) = rest;
+        if !done.is_empty() && self.bursts.active() {
+            self.on_burst_tick();
+        }
+        done
     }
 
     /// Every 100 ms: what the ring holds, and the HTTP windows whose time

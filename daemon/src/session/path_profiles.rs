@@ -381,12 +381,9 @@ impl Session {
     /// Answers the path windows whose time is up: each process's counts
     /// now minus when the window opened.
     pub(super) fn finish_path_windows(&mut self) {
-        let done = super::take_due(&mut self.path_windows, |w| w.end);
+        let done = self.take_due(|s| &mut s.path_windows, |w| w.end);
         if done.is_empty() {
             return;
-        }
-        if self.bursts.active() {
-            self.on_burst_tick();
         }
         for w in done {
             let none = crate::bursts::counts::Tallies::default();

@@ -186,12 +186,9 @@ impl Session {
 
     /// Answers the stream windows whose time is up.
     pub(super) fn finish_stream_windows(&mut self) {
-        let done = super::take_due(&mut self.stream_windows, |w| w.end);
+        let done = self.take_due(|s| &mut s.stream_windows, |w| w.end);
         if done.is_empty() {
             return;
-        }
-        if self.bursts.active() {
-            self.on_burst_tick();
         }
         for w in done {
             let answer = self

@@ -246,12 +246,9 @@ impl Session {
     /// Answers the tuple windows whose time is up: each process's tuple
     /// profiles now less when the window opened.
     pub(super) fn finish_tuple_windows(&mut self) {
-        let done = super::take_due(&mut self.tuple_windows, |w| w.end);
+        let done = self.take_due(|s| &mut s.tuple_windows, |w| w.end);
         if done.is_empty() {
             return;
-        }
-        if self.bursts.active() {
-            self.on_burst_tick();
         }
         let marks = self.tuple_marks_now();
         for w in done {
