@@ -85,7 +85,7 @@ long_scale() {
         xz) echo 2400 ;;
         sqlite3) echo 6000 ;;
         troff) echo 4000 ;;
-        xerces) echo 1600 ;;
+        xerces) echo 2100 ;;
     esac
 }
 # `repeat K WORD`: WORD, K times.
@@ -132,7 +132,7 @@ command_for() {
             # same kind of entries, the smaller one its prefix). One unit
             # makes some 17 million references (1 MiB: 276 million, more
             # than the complete traces hold).
-            [[ -f "$WORK/cat.$k.xml" ]] || "$TOOL" gen-xml $((k * 64 * 1024)) 7 "$WORK/cat.$k.xml"
+            [[ -f "$WORK/cat.$k.xml" ]] || "$TOOL" gen-xml $((k * 48 * 1024)) 7 "$WORK/cat.$k.xml"
             echo "$ROOT/target/realprogs/bin/DOMPrint -e -v=never -wfile=/dev/null $WORK/cat.$k.xml" ;;
         *) die "unknown program $1" ;;
     esac

@@ -43,6 +43,88 @@ fn curl(url: &str, out: &Path) -> u16 {
     f.stdout_str().trim().parse().unwrap()
 }
 
+/// Waits until the daemon's HTTP endpoint at `port` answers.
+fn wait_http(port: u16, scratch: &Scratch, d: &mut Daemon) {
+    let health = scratch.join("health.txt");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Command::new("curl")
+        .args(["-sf", "-o"])
+        .arg(&health)
+        .arg(format!("http://127.0.0.1:{port}/healthz"))
+        .status()
+        .map_or(true, |s| !s.success())
+    {
+        assert!(d.running(), "burstyd exited:\n{}", d.log());
+        assert!(
+            Instant::now() < deadline,
+            "no HTTP within 20 s:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A service started by [`start_recording`]: the daemon, its HTTP port,
+/// its output directory and what its push destination received.
+struct Recording {
+    d: Daemon,
+    port: u16,
+    out: std::path::PathBuf,
+    pushed: std::sync::Arc<std::sync::Mutex<Vec<receiver::Received>>>,
+}
+
+/// The service over the target `exe` whose own `record = [RECORD]` says
+/// what its bursts record, pushing to a Pyroscope receiver as `svc`;
+/// returns once its HTTP endpoint answers.
+fn start_recording(scratch: &Scratch, exe: &Path, record: &str) -> Recording {
+    let out = scratch.join("out");
+    let cfg = scratch.join("burstyd.toml");
+    let port = free_port();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let push_port = listener.local_addr().unwrap().port();
+    let pushed = receiver::receiver(listener);
+    let target_line = format!("exe = \"{}\"\n", exe.display());
+    let line = format!("record = [{record}]\n");
+    let text = config_pushing(&out, port, exe, push_port)
+        .replace(&target_line, &format!("{target_line}{line}"));
+    assert!(text.contains(&line), "{text}");
+    write_config(&cfg, &text);
+    let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
+    wait_http(port, scratch, &mut d);
+    Recording {
+        d,
+        port,
+        out,
+        pushed,
+    }
+}
+
+/// Waits (20 s at most) until `out` holds two interval files named
+/// `PREFIX…SUFFIX` (the prefix up to the time's first digit); returns
+/// them.
+fn wait_intervals(out: &Path, prefix: &str, suffix: &str, d: &Daemon) -> Vec<std::path::PathBuf> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let files: Vec<_> = std::fs::read_dir(out)
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                let n = p.file_name().unwrap().to_str().unwrap();
+                n.starts_with(prefix) && n.ends_with(suffix)
+            })
+            .collect();
+        if files.len() >= 2 {
+            return files;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no interval files {prefix}*{suffix}:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// `burstyd_traced_bursts_total{pid="PID",...}` from /metrics (0 when
 /// absent).
 fn bursts_of(port: u16, pid: u32, scratch: &Scratch) -> u64 {
@@ -413,36 +495,13 @@ fn the_service_serves_hot_data_streams_live() {
     let _serial = serial();
     let scratch = Scratch::new("service-streams");
     let exe = fixture("streams");
-    let out = scratch.join("out");
-    let cfg = scratch.join("burstyd.toml");
-    let port = free_port();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let push_port = listener.local_addr().unwrap().port();
-    let pushed = receiver::receiver(listener);
     // Memory mode asked for by the target itself.
-    let target_line = format!("exe = \"{}\"\n", exe.display());
-    let text = config_pushing(&out, port, &exe, push_port)
-        .replace(&target_line, &format!("{target_line}record = [\"refs\"]\n"));
-    assert!(text.contains("record = [\"refs\"]"), "{text}");
-    write_config(&cfg, &text);
-    let mut d = Daemon::start(&scratch.path, &["--config", cfg.to_str().unwrap()]);
-    let health = scratch.join("health.txt");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Command::new("curl")
-        .args(["-sf", "-o"])
-        .arg(&health)
-        .arg(format!("http://127.0.0.1:{port}/healthz"))
-        .status()
-        .map_or(true, |s| !s.success())
-    {
-        assert!(d.running(), "burstyd exited:\n{}", d.log());
-        assert!(
-            Instant::now() < deadline,
-            "no HTTP within 20 s:\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let Recording {
+        mut d,
+        port,
+        out,
+        pushed,
+    } = start_recording(&scratch, &exe, "\"refs\"");
     let target = Background::spawn(Command::new(&exe).arg("1000000000"));
     target.wait_exec(&exe);
     wait_bursts(port, target.pid(), &scratch, &d);
@@ -474,26 +533,7 @@ fn the_service_serves_hot_data_streams_live() {
     top_is_the_hot_walk(&window);
 
     // Interval files, the latest served without ?seconds.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let intervals = loop {
-        let files: Vec<_> = std::fs::read_dir(&out)
-            .unwrap()
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                let n = p.file_name().unwrap().to_str().unwrap();
-                n.starts_with("hot-streams-2") && n.ends_with("Z.json")
-            })
-            .collect();
-        if files.len() >= 2 {
-            break files;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no interval streams:\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let intervals = wait_intervals(&out, "hot-streams-2", "Z.json", &d);
     top_is_the_hot_walk(&intervals[0]);
     let latest = scratch.join("latest.json");
     assert_eq!(curl(&url, &latest), 200);
@@ -521,4 +561,136 @@ fn the_service_serves_hot_data_streams_live() {
             .any(|s| s.has_function("walk_hot") && s.values[refs] > 0),
         "no pushed stream in walk_hot"
     );
+}
+
+/// The sites of `tuples_known`'s `step` in a tuple profile (gzip'd
+/// pprof, `values.pb.gz` or `targets.pb.gz`): per site (label `site`),
+/// each value's (label `key`: `value` or `target`) share of the site's
+/// tuples (`tuples/count`).
+fn step_sites(gz: &[u8], key: &str) -> Vec<std::collections::BTreeMap<String, f64>> {
+    let p = pprof::decode_profile(gz).unwrap();
+    let n = p.value_index("tuples").expect("tuples/count");
+    let mut sites: std::collections::BTreeMap<i64, std::collections::BTreeMap<String, f64>> =
+        Default::default();
+    for s in p.samples.iter().filter(|s| s.has_function("step")) {
+        let site = sites.entry(s.num_labels["site"]).or_default();
+        *site.entry(s.label(key).unwrap().to_owned()).or_default() += s.values[n] as f64;
+    }
+    for site in sites.values_mut() {
+        let total: f64 = site.values().sum();
+        site.values_mut().for_each(|v| *v /= total);
+    }
+    sites.into_values().collect()
+}
+
+/// The tuples of `step`'s sites in a tuple profile (`tuples/count`).
+fn step_tuples(gz: &[u8]) -> i64 {
+    let p = pprof::decode_profile(gz).unwrap();
+    let n = p.value_index("tuples").expect("tuples/count");
+    p.samples
+        .iter()
+        .filter(|s| s.has_function("step"))
+        .map(|s| s.values[n])
+        .sum()
+}
+
+/// Whether one of `step`'s sites in `gz` has the values of `want`, each
+/// with its share to within 3% of the site's tuples, and no other.
+fn has_step_site(gz: &[u8], key: &str, want: &[(&str, f64)]) -> Result<(), String> {
+    let sites = step_sites(gz, key);
+    let matches = |site: &std::collections::BTreeMap<String, f64>| {
+        site.len() == want.len()
+            && want
+                .iter()
+                .all(|(v, share)| site.get(*v).is_some_and(|s| (s - share).abs() < 0.03))
+    };
+    if sites.iter().any(matches) {
+        Ok(())
+    } else {
+        Err(format!("no site of step with {want:?}: {sites:?}"))
+    }
+}
+
+/// Tuple profiles in the service (a target's own `record = ["values",
+/// "targets"]`) on `tuples_known`, whose tuples are known by construction
+/// (tests/tuples.rs): in `step`, the load of `cells[i & 3]` gives 7 three
+/// times in four and 42 once, and the indirect call through `table[i &
+/// 3]` goes to f1 half the time, to f2 and f3 a quarter each. Each
+/// profile in those shares: served live (`/debug/pprof/values?seconds=3`,
+/// `/debug/pprof/targets?seconds=3`), written per interval
+/// (`values-<time>.pb.gz`, `targets-<time>.pb.gz`, also served as the
+/// latest without `?seconds`) and pushed as their own applications
+/// (`svc.values`, `svc.targets`). A window's, an interval's and the
+/// latest interval's are theirs alone: each holds well under the tuples
+/// of the session's (`values.pb.gz`, `targets.pb.gz` at its end), which
+/// lasts 7 s or more.
+#[test]
+fn the_service_serves_tuple_profiles_live() {
+    require_root();
+    let _serial = serial();
+    let scratch = Scratch::new("service-tuples");
+    let exe = fixture("tuples_known");
+    let Recording {
+        mut d,
+        port,
+        out,
+        pushed,
+    } = start_recording(&scratch, &exe, "\"values\", \"targets\"");
+    let target = Background::spawn(Command::new(&exe).arg("100000000000"));
+    target.wait_exec(&exe);
+    wait_bursts(port, target.pid(), &scratch, &d);
+
+    let values: &[(&str, f64)] = &[("0x7", 0.75), ("0x2a", 0.25)];
+    let targets: &[(&str, f64)] = &[("f1", 0.5), ("f2", 0.25), ("f3", 0.25)];
+    let base = format!("http://127.0.0.1:{port}/debug/pprof");
+    let mut live = Vec::new();
+    for (what, key, want) in [("values", "value", values), ("targets", "target", targets)] {
+        // The next 3 seconds' tuples.
+        let window = scratch.join(&format!("{what}-window.pb.gz"));
+        let url = format!("{base}/{what}");
+        assert_eq!(
+            curl(&format!("{url}?seconds=3"), &window),
+            200,
+            "{}",
+            d.log()
+        );
+        let gz = std::fs::read(&window).unwrap();
+        has_step_site(&gz, key, want).unwrap_or_else(|e| panic!("{what} window: {e}"));
+        live.push((what, "window", step_tuples(&gz)));
+
+        // Interval files, the latest served without ?seconds.
+        let intervals = wait_intervals(&out, &format!("{what}-2"), "Z.pb.gz", &d);
+        let gz = std::fs::read(&intervals[0]).unwrap();
+        has_step_site(&gz, key, want).unwrap_or_else(|e| panic!("{}: {e}", intervals[0].display()));
+        live.push((what, "interval", step_tuples(&gz)));
+        let latest = scratch.join(&format!("{what}-latest.pb.gz"));
+        assert_eq!(curl(&url, &latest), 200, "{}", d.log());
+        let gz = std::fs::read(&latest).unwrap();
+        has_step_site(&gz, key, want).unwrap_or_else(|e| panic!("latest {what}: {e}"));
+        live.push((what, "latest", step_tuples(&gz)));
+    }
+    drop(target);
+    assert!(d.stop().success(), "{}", d.log());
+    for (what, when, n) in live {
+        let session = std::fs::read(out.join(format!("{what}.pb.gz"))).unwrap();
+        let all = step_tuples(&session);
+        assert!(
+            n > 0 && (n as f64) < 0.75 * all as f64,
+            "{what}: {n} tuples in the {when} profile, {all} in the session's"
+        );
+    }
+
+    // Pushed as their own applications.
+    let got = pushed.lock().unwrap().clone();
+    for (what, key, want) in [("values", "value", values), ("targets", "target", targets)] {
+        let name = format!("svc.{what}{{}}");
+        let mine: Vec<_> = got
+            .iter()
+            .filter(|r| r.query.get("name") == Some(&name))
+            .collect();
+        assert!(!mine.is_empty(), "{} pushes, none {name}", got.len());
+        let parts = receiver::multipart(&mine[0].headers["content-type"], &mine[0].body);
+        has_step_site(&parts["profile"].1, key, want)
+            .unwrap_or_else(|e| panic!("pushed {what}: {e}"));
+    }
 }

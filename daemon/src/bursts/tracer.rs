@@ -225,6 +225,11 @@ impl BurstTracer {
         self.data_refs.as_ref()
     }
 
+    /// The tuple profiles so far (`None` until its bursts made a tuple).
+    pub(crate) fn tuples(&self) -> Option<&Tuples> {
+        self.tuples.as_ref()
+    }
+
     /// Its path counts.
     pub(crate) fn counts(&self) -> &PathCounts {
         &self.counts

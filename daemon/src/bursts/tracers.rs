@@ -228,13 +228,16 @@ impl Bursts {
     }
 
     /// Attaches to `pid` on the attach thread ([`Self::next_attach`]
-    /// reports it), with the options in force; `refs`: its own memory
-    /// mode (a service target's `record`), or `None` for the options'.
-    pub(crate) fn attach(&mut self, pid: Pid, refs: Option<userspace_rewriter::codegen::Refs>) {
+    /// reports it), with the options in force; `rec`: what its clones
+    /// record (a service target's own `record`), or `None` for the
+    /// options'.
+    pub(crate) fn attach(&mut self, pid: Pid, rec: Option<userspace_rewriter::codegen::Recording>) {
         if let (Some(tx), Some(opts)) = (&self.jobs, &self.opts) {
             let mut opts = opts.clone();
-            if let Some(r) = refs {
-                opts.refs = r;
+            if let Some(r) = rec {
+                opts.refs = r.refs;
+                opts.values = r.values;
+                opts.targets = r.targets;
             }
             if tx.send(Job::Attach { pid, opts }).is_ok() {
                 self.waiting.insert(pid);

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use super::pprof::{LineKey, ProfileBuilder};
 use crate::bursts::decode::TupleKind;
 use crate::bursts::traced::Traced;
-use crate::bursts::tuples::{SiteSummary, Summaries, Tuples};
+use crate::bursts::tuples::{SiteSummary, Summaries};
 use crate::stacks::symbolize::function_name;
 
 /// The sample type of the estimated occurrences.
@@ -106,16 +106,30 @@ fn target_name(traced: &Traced, t: u64, foreign: &HashMap<u64, String>) -> Strin
 /// [`tuples_builder`]; `reference` as given there). `foreign(addrs)`:
 /// names of the targets outside the traced functions (symbolized as in
 /// `context.pb.gz`), by address.
+#[cfg(test)]
 pub(crate) fn add_tuples(
     b: &mut ProfileBuilder,
     traced: &Traced,
-    tuples: &Tuples,
+    tuples: &crate::bursts::tuples::Tuples,
     kind: TupleKind,
     reference: bool,
     foreign: impl FnOnce(Vec<u64>) -> HashMap<u64, String>,
 ) {
-    let sampled = tuples.sampled.summaries();
-    let exact = tuples.exact.summaries();
+    let (sampled, exact) = (tuples.sampled.summaries(), tuples.exact.summaries());
+    add_summaries(b, traced, &sampled, &exact, kind, reference, foreign);
+}
+
+/// [`add_tuples`] of a process's summaries: the sampled profile's and
+/// the exact copies' (all it has, or an interval's).
+pub(crate) fn add_summaries(
+    b: &mut ProfileBuilder,
+    traced: &Traced,
+    sampled: &Summaries,
+    exact: &Summaries,
+    kind: TupleKind,
+    reference: bool,
+    foreign: impl FnOnce(Vec<u64>) -> HashMap<u64, String>,
+) {
     let mut sites: Summaries = sampled
         .iter()
         .filter(|(k, _)| k.kind == kind)
@@ -216,6 +230,7 @@ mod tests {
     use super::*;
     use crate::bursts::decode::BurstEvent;
     use crate::bursts::traced::test_traced;
+    use crate::bursts::tuples::Tuples;
     use burstyd_common::burst::TupleConfig;
 
     const EXE: u64 = 0x5555_0000_0000;

@@ -56,6 +56,9 @@ pub(crate) enum ProfileKind {
     /// The hot data streams of the references bursts record from now for
     /// this long (memory mode; JSON).
     Streams(Duration),
+    /// The tuple profile of a kind (`--record values` or `targets`) of
+    /// the tuples bursts make from now for this long.
+    Tuples(crate::bursts::decode::TupleKind, Duration),
 }
 
 /// The start of a reply that is a 404 (nothing to profile), not a failure.
@@ -110,6 +113,31 @@ pub(crate) fn set_streams_report(json: Vec<u8>) {
 
 fn streams_report() -> Option<Vec<u8>> {
     STREAMS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+static VALUES: Mutex<Option<Vec<u8>>> = Mutex::new(None);
+static TARGETS: Mutex<Option<Vec<u8>>> = Mutex::new(None);
+
+/// Where the latest tuple profile of `kind` is published.
+fn tuples_slot(kind: crate::bursts::decode::TupleKind) -> &'static Mutex<Option<Vec<u8>>> {
+    match kind {
+        crate::bursts::decode::TupleKind::Target => &TARGETS,
+        _ => &VALUES,
+    }
+}
+
+/// Publishes the latest interval's tuple profile of `kind` (gzip'd
+/// pprof, the content of `values.pb.gz` or `targets.pb.gz`) for
+/// `/debug/pprof/values` or `/debug/pprof/targets`.
+pub(crate) fn set_tuple_profile(kind: crate::bursts::decode::TupleKind, gz: Vec<u8>) {
+    *tuples_slot(kind).lock().unwrap_or_else(|e| e.into_inner()) = Some(gz);
+}
+
+fn tuple_profile(kind: crate::bursts::decode::TupleKind) -> Option<Vec<u8>> {
+    tuples_slot(kind)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
 }
 
 struct State {
@@ -385,9 +413,44 @@ async fn handle(
             "no interval of memory mode (--record refs) has ended",
             json,
         ),
+        p @ ("/debug/pprof/values" | "/debug/pprof/targets") => {
+            use crate::bursts::decode::TupleKind;
+            let kind = if p.ends_with("targets") {
+                TupleKind::Target
+            } else {
+                TupleKind::Value
+            };
+            let name = if kind == TupleKind::Target {
+                "targets.pb.gz"
+            } else {
+                "values.pb.gz"
+            };
+            match req.uri().query().filter(|q| q.contains("seconds=")) {
+                Some(q) => match window_seconds(Some(q)) {
+                    Ok(d) => ask(&st, ProfileKind::Tuples(kind, d)).await,
+                    Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+                },
+                None => latest(
+                    &st,
+                    name,
+                    tuple_profile(kind),
+                    if kind == TupleKind::Target {
+                        "call-target profile"
+                    } else {
+                        "value profile"
+                    },
+                    if kind == TupleKind::Target {
+                        "no interval of bursts that record targets (--record targets) has ended"
+                    } else {
+                        "no interval of bursts that record values (--record values) has ended"
+                    },
+                    |b| pprof(b, name),
+                ),
+            }
+        }
         "/" | "/debug/pprof" | "/debug/pprof/" => text(
             StatusCode::OK,
-            "burstyd: /debug/pprof/profile?seconds=N /debug/pprof/context /debug/pprof/paths[?seconds=N] /debug/pprof/streams[?seconds=N] /metrics /healthz\n",
+            "burstyd: /debug/pprof/profile?seconds=N /debug/pprof/context /debug/pprof/paths[?seconds=N] /debug/pprof/streams[?seconds=N] /debug/pprof/values[?seconds=N] /debug/pprof/targets[?seconds=N] /metrics /healthz\n",
         ),
         p => text(StatusCode::NOT_FOUND, format!("no such endpoint: {p}\n")),
     };

@@ -48,35 +48,35 @@ pub(crate) struct Job {
     pub(crate) rate_hz: u64,
     /// The event sampled (the profile's second sample type).
     pub(crate) event: String,
-    /// A path profile (bursty tracing), pushed as its own profile: named
-    /// `APP.paths` (Pyroscope's application name, Parca's `__name__`),
-    /// beside the context profiles' `APP`.
+    /// Which profile it is: a context profile goes by `APP`, the others
+    /// each as its own profile, `APP.paths` and so on (Pyroscope's
+    /// application name, Parca's `__name__`).
     #[serde(default)]
-    pub(crate) paths: bool,
-    /// Hot data streams (memory mode), pushed as `APP.streams`.
-    #[serde(default)]
-    pub(crate) streams: bool,
+    pub(crate) family: Family,
     #[serde(skip)]
     pub(crate) profile: Vec<u8>,
 }
 
 /// Which profile family a job is: its name and sample types.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub(crate) enum Family {
+    /// The sampled calling contexts (`APP`).
+    #[default]
     Contexts,
+    /// A path profile of bursty tracing (`APP.paths`).
     Paths,
+    /// Hot data streams, memory mode (`APP.streams`).
     Streams,
+    /// The value profile, `--record values` (`APP.values`).
+    Values,
+    /// The call-target profile, `--record targets` (`APP.targets`).
+    Targets,
 }
 
 impl Job {
     fn family(&self) -> Family {
-        if self.streams {
-            Family::Streams
-        } else if self.paths {
-            Family::Paths
-        } else {
-            Family::Contexts
-        }
+        self.family
     }
 
     fn encode(&self) -> Vec<u8> {
@@ -364,12 +364,15 @@ fn query_escape(s: &str) -> String {
 }
 
 /// The name a job's profiles go by: `APP`, `APP.paths` for path
-/// profiles, `APP.streams` for hot data streams.
+/// profiles, `APP.streams` for hot data streams, `APP.values` and
+/// `APP.targets` for the tuple profiles.
 fn profile_name(t: &PushTarget, job: &Job) -> String {
     match job.family() {
         Family::Contexts => t.app.clone(),
         Family::Paths => format!("{}.paths", t.app),
         Family::Streams => format!("{}.streams", t.app),
+        Family::Values => format!("{}.values", t.app),
+        Family::Targets => format!("{}.targets", t.app),
     }
 }
 
@@ -403,6 +406,10 @@ fn build_request(t: &PushTarget, job: &Job) -> (String, String, Vec<u8>) {
                 Family::Streams => serde_json::json!({
                     "references": {"units": "objects", "aggregation": "sum", "display-name": "stream_references", "sampled": true},
                     "occurrences": {"units": "objects", "aggregation": "sum", "display-name": "stream_occurrences", "sampled": true},
+                }),
+                // The occurrences of each tuple (estimated).
+                Family::Values | Family::Targets => serde_json::json!({
+                    "tuples": {"units": "objects", "aggregation": "sum", "display-name": if job.family == Family::Values { "value_tuples" } else { "target_tuples" }, "sampled": true},
                 }),
                 Family::Contexts => serde_json::json!({
                     "samples": {"units": "samples", "aggregation": "sum", "display-name": "cpu", "sampled": true},
@@ -588,8 +595,7 @@ mod tests {
             until: 110,
             rate_hz: 199,
             event: "cpu-clock".into(),
-            paths: false,
-            streams: false,
+            family: Family::Contexts,
             profile: vec![0x1f, 0x8b, 1, 2, 3],
         }
     }
@@ -610,21 +616,28 @@ mod tests {
         assert!(text.contains("name=\"sample_type_config\""));
     }
 
-    /// Hot data streams are a profile of their own, with their own
-    /// sample types.
+    /// Hot data streams and the tuple profiles are profiles of their own,
+    /// with their own sample types; a spooled job keeps its family.
     #[test]
-    fn streams_go_by_their_own_name() {
-        let mut j = job();
-        j.streams = true;
-        let (path, _, body) = build_request(&target(PushKind::Pyroscope), &j);
-        assert!(path.contains("name=web.streams%7B"), "{path}");
-        assert!(String::from_utf8_lossy(&body).contains("stream_references"));
-        let (_, _, body) = build_request(&target(PushKind::Parca), &j);
-        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(
-            v["series"][0]["labels"]["labels"][0]["value"],
-            "web.streams"
-        );
+    fn streams_and_tuples_go_by_their_own_name() {
+        for (family, name, display) in [
+            (Family::Streams, "streams", "stream_references"),
+            (Family::Values, "values", "value_tuples"),
+            (Family::Targets, "targets", "target_tuples"),
+        ] {
+            let mut j = job();
+            j.family = family;
+            let (path, _, body) = build_request(&target(PushKind::Pyroscope), &j);
+            assert!(path.contains(&format!("name=web.{name}%7B")), "{path}");
+            assert!(String::from_utf8_lossy(&body).contains(display));
+            let (_, _, body) = build_request(&target(PushKind::Parca), &j);
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(
+                v["series"][0]["labels"]["labels"][0]["value"],
+                format!("web.{name}")
+            );
+            assert_eq!(Job::decode(&j.encode()).unwrap(), j);
+        }
     }
 
     #[test]

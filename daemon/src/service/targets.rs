@@ -8,7 +8,11 @@ use std::path::PathBuf;
 
 use burstyd_common::addr::Pid;
 
+use crate::bursts::options::Record;
 use crate::service::config::{Target, TargetSpec};
+
+/// What a process's bursts record besides paths, as its targets say.
+pub(crate) type Records = BTreeSet<Record>;
 
 /// The current selection and what changed at the last scan.
 #[derive(Debug, Default)]
@@ -16,11 +20,11 @@ pub(crate) struct Scanner {
     specs: Vec<TargetSpec>,
     /// Each spec's own `bursts` (parallel to `specs`).
     spec_bursts: Vec<Option<bool>>,
-    /// Each spec's own memory mode: whether its `record` asks for `refs`
-    /// (`None`: it says nothing; parallel to `specs`).
-    spec_memory: Vec<Option<bool>>,
-    /// The bursty pids whose targets set memory mode (on or off).
-    memory: std::collections::BTreeMap<Pid, bool>,
+    /// Each spec's own `record` (`None`: it says nothing; parallel to
+    /// `specs`).
+    spec_record: Vec<Option<Records>>,
+    /// The bursty pids whose targets say what their bursts record.
+    record: std::collections::BTreeMap<Pid, Records>,
     /// `[bursts] enabled`: for a process no target says anything about.
     bursts_default: bool,
     /// The current pids to trace in bursts (a subset of `current`).
@@ -48,13 +52,9 @@ impl Scanner {
     /// Replaces the selectors (reload); the next scan adds and removes.
     pub(crate) fn set_targets(&mut self, targets: Vec<Target>, bursts_default: bool) {
         self.bursts_default = bursts_default;
-        self.spec_memory = targets
+        self.spec_record = targets
             .iter()
-            .map(|t| {
-                t.record
-                    .as_ref()
-                    .map(|r| r.contains(&crate::bursts::options::Record::Refs))
-            })
+            .map(|t| Some(t.record.as_ref()?.iter().copied().collect()))
             .collect();
         let (specs, bursts) = targets.into_iter().map(|t| (t.spec, t.bursts)).unzip();
         self.spec_bursts = bursts;
@@ -88,12 +88,12 @@ impl Scanner {
         &self.bursty
     }
 
-    /// Whether `pid`'s targets put its bursts in memory mode (`record =
-    /// ["refs"]`: `Some(true)`; `record = []`: `Some(false)`), or `None`
-    /// when they say nothing (`[bursts] record` then). A target asking
-    /// for it wins over one that does not.
-    pub(crate) fn memory_mode(&self, pid: Pid) -> Option<bool> {
-        self.memory.get(&pid).copied()
+    /// What `pid`'s targets ask its bursts to record besides paths
+    /// (`record = ["refs", "targets"]`; `record = []`: nothing), or
+    /// `None` when they say nothing (`[bursts] record` then). Several
+    /// targets that match: everything any of them asks for.
+    pub(crate) fn record(&self, pid: Pid) -> Option<&Records> {
+        self.record.get(&pid)
     }
 
     /// Walks /proc once and returns the pids that started or stopped
@@ -102,18 +102,18 @@ impl Scanner {
         let me = Pid(std::process::id());
         let mut now = BTreeSet::new();
         self.bursty.clear();
-        self.memory.clear();
+        self.record.clear();
         if !self.specs.is_empty() {
             for pid in list_pids() {
                 if pid == me {
                     continue;
                 }
-                if let Some((bursts, memory)) = self.matches(pid) {
+                if let Some((bursts, record)) = self.matches(pid) {
                     now.insert(pid);
                     if bursts {
                         self.bursty.insert(pid);
-                        if let Some(m) = memory {
-                            self.memory.insert(pid, m);
+                        if let Some(r) = record {
+                            self.record.insert(pid, r);
                         }
                     }
                 }
@@ -128,12 +128,12 @@ impl Scanner {
     }
 
     /// Whether `pid` matches, and if so whether to trace it in bursts and
-    /// in memory mode (see [`Self::memory_mode`]).
-    fn matches(&self, pid: Pid) -> Option<(bool, Option<bool>)> {
+    /// what they record (see [`Self::record`]).
+    fn matches(&self, pid: Pid) -> Option<(bool, Option<Records>)> {
         let mut cgroups: Option<Vec<String>> = None;
         let mut exe: Option<Option<PathBuf>> = None;
         let (mut hit_any, mut bursts_on) = (false, false);
-        let mut memory: Option<bool> = None;
+        let mut record: Option<Records> = None;
         for (i, (spec, bursts)) in self.specs.iter().zip(&self.spec_bursts).enumerate() {
             let hit = match spec {
                 TargetSpec::Pid(p) => *p == pid,
@@ -162,13 +162,13 @@ impl Scanner {
                     Some(true) => bursts_on = true,
                     None => bursts_on |= self.bursts_default,
                 }
-                if let Some(&Some(m)) = self.spec_memory.get(i) {
-                    memory = Some(memory.unwrap_or(false) | m);
+                if let Some(Some(r)) = self.spec_record.get(i) {
+                    record.get_or_insert_default().extend(r);
                 }
                 hit_any = true;
             }
         }
-        hit_any.then_some((bursts_on, memory))
+        hit_any.then_some((bursts_on, record))
     }
 }
 
@@ -258,7 +258,6 @@ pub(crate) fn warn_unmatchable(specs: &[TargetSpec]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bursts::options::Record;
 
     #[test]
     fn cgroup_parsing_and_matching() {
@@ -321,25 +320,33 @@ mod tests {
             b.scan();
             assert_eq!(b.bursty().contains(&pid), want, "{targets:?} {default}");
         }
-        // Memory mode: a target's own `record`, refs winning over none.
+        // A target's own `record`: what any matching target asks for.
         let rec = |r: Option<Vec<Record>>| Target {
             spec: TargetSpec::Pid(pid),
             bursts: Some(true),
             record: r,
         };
+        let set = |r: &[Record]| Some(r.iter().copied().collect::<Records>());
         for (targets, want) in [
             (vec![rec(None)], None),
-            (vec![rec(Some(vec![Record::Refs]))], Some(true)),
-            (vec![rec(Some(vec![]))], Some(false)),
+            (vec![rec(Some(vec![Record::Refs]))], set(&[Record::Refs])),
+            (vec![rec(Some(vec![]))], set(&[])),
             (
                 vec![rec(Some(vec![])), rec(Some(vec![Record::Refs]))],
-                Some(true),
+                set(&[Record::Refs]),
             ),
-            (vec![rec(None), rec(Some(vec![]))], Some(false)),
+            (vec![rec(None), rec(Some(vec![]))], set(&[])),
+            (
+                vec![
+                    rec(Some(vec![Record::Values])),
+                    rec(Some(vec![Record::Targets, Record::Values])),
+                ],
+                set(&[Record::Values, Record::Targets]),
+            ),
         ] {
             let mut b = Scanner::new(targets.clone(), false);
             b.scan();
-            assert_eq!(b.memory_mode(pid), want, "{targets:?}");
+            assert_eq!(b.record(pid).cloned(), want, "{targets:?}");
         }
         assert_eq!(s.scan(), Change::default());
         child.kill().unwrap();

@@ -286,23 +286,24 @@ impl Session {
         }
         let stack = self.opts.service.settings.bursts.refs_stack;
         for pid in plan.attach {
-            // A target's own `record`: memory mode on or off for it.
-            let refs = self
+            // A target's own `record`: what its clones record.
+            let rec = self
                 .svc
                 .scanner
                 .as_ref()
-                .and_then(|s| s.memory_mode(pid))
-                .map(|on| {
-                    let record: &[crate::bursts::options::Record] = if on {
-                        &[crate::bursts::options::Record::Refs]
-                    } else {
-                        &[]
-                    };
-                    crate::bursts::options::refs_mode(record, stack)
+                .and_then(|s| s.record(pid))
+                .map(|r| {
+                    use crate::bursts::options::{Record, refs_mode};
+                    let r: Vec<Record> = r.iter().copied().collect();
+                    userspace_rewriter::codegen::Recording {
+                        refs: refs_mode(&r, stack),
+                        values: r.contains(&Record::Values),
+                        targets: r.contains(&Record::Targets),
+                    }
                 });
             info!(%pid, "tracing {} in bursts: attaching", exe_name(pid));
             self.pipe.leaf_weights.insert(pid, HashMap::new());
-            self.bursts.attach(pid, refs);
+            self.bursts.attach(pid, rec);
         }
     }
 

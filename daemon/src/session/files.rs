@@ -4,13 +4,18 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 /// The UTC timestamp of an interval file's name: `context-<time>.pb.gz`,
-/// `paths-<time>.pb.gz`, `edges-<module>-<time>.fdata` or
+/// `paths-<time>.pb.gz`, `values-<time>.pb.gz`, `targets-<time>.pb.gz`,
+/// `edges-<module>-<time>.fdata` or
 /// `hot-streams-<time>.json` (not `hot-streams-<pid>.json`: the time's
 /// form tells them apart).
 fn interval_time(name: &str) -> Option<&str> {
     let stem = name
         .strip_suffix(".pb.gz")
-        .filter(|s| s.starts_with("context-") || s.starts_with("paths-"))
+        .filter(|s| {
+            ["context-", "paths-", "values-", "targets-"]
+                .iter()
+                .any(|p| s.starts_with(p))
+        })
         .or_else(|| {
             name.strip_suffix(".fdata")
                 .filter(|s| s.starts_with("edges-"))
@@ -160,6 +165,8 @@ mod tests {
             format!("paths-{t}.pb.gz"),
             format!("edges-ld-linux-x86-64.so.2-{t}.fdata"),
             format!("hot-streams-{t}.json"),
+            format!("values-{t}.pb.gz"),
+            format!("targets-{t}.pb.gz"),
         ] {
             assert_eq!(super::interval_time(&n), Some(t), "{n}");
         }

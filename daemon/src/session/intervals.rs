@@ -165,8 +165,7 @@ pub(super) fn push_interval(
         until: unix(end).max(unix(from) + 1),
         rate_hz: m.freq,
         event: m.event.clone(),
-        paths: false,
-        streams: false,
+        family: Family::Contexts,
         profile,
     };
     let iv = profile_interval.unwrap_or_default();
@@ -222,7 +221,10 @@ pub(super) fn push_streams(
     push_own(pusher, bytes, start, end, meta, Family::Streams);
 }
 
-fn push_own(
+/// Hands an interval's profile of `family` (not a context profile) to
+/// every push destination, as its own profile (`APP.paths`,
+/// `APP.values`, ...), each interval's as it comes.
+pub(super) fn push_own(
     pusher: &Pusher,
     bytes: &[u8],
     start: SystemTime,
@@ -243,8 +245,7 @@ fn push_own(
                 until: unix(end).max(unix(start) + 1),
                 rate_hz: meta.0.freq,
                 event: meta.0.event.clone(),
-                paths: family == Family::Paths,
-                streams: family == Family::Streams,
+                family,
                 profile: bytes.to_vec(),
             },
         );

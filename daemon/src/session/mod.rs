@@ -60,6 +60,7 @@ mod stream_profiles;
 mod stream_window;
 mod summary;
 mod tuple_profiles;
+mod tuple_window;
 
 pub(crate) use command::Command;
 use command::Signals;
@@ -156,6 +157,10 @@ pub(crate) struct Session {
     /// process's recent-reference position at the last interval.
     stream_windows: Vec<stream_window::StreamWindow>,
     stream_marks: HashMap<Pid, u64>,
+    /// Open `/debug/pprof/values?seconds=N` and `targets` requests, and
+    /// each process's tuple profiles at the last interval.
+    tuple_windows: Vec<tuple_window::TupleWindow>,
+    tuple_marks: HashMap<Pid, tuple_window::TupleMark>,
     timers: Timers,
     signals: Signals,
 }
@@ -368,6 +373,8 @@ impl Session {
             path_windows: Vec::new(),
             stream_windows: Vec::new(),
             stream_marks: HashMap::new(),
+            tuple_windows: Vec::new(),
+            tuple_marks: HashMap::new(),
             timers,
             signals,
         })
@@ -437,6 +444,24 @@ impl Session {
         Ok(())
     }
 
+    /// The HTTP windows of `open` whose time is up, taken out (the rest
+    /// stay), the bursts' records so far drained for them.
+    fn take_due<W>(
+        &mut self,
+        open: fn(&mut Session) -> &mut Vec<W>,
+        end: fn(&W) -> tokio::time::Instant,
+    ) -> Vec<W> {
+        let now = tokio::time::Instant::now();
+        let (done, rest) = std::mem::take(open(self))
+            .into_iter()
+            .partition(|w| end(w) <= now);
+        *open(self) = rest;
+        if !done.is_empty() && self.bursts.active() {
+            self.on_burst_tick();
+        }
+        done
+    }
+
     /// Every 100 ms: what the ring holds, and the HTTP windows whose time
     /// is up.
     fn on_drain_tick(&mut self) {
@@ -445,6 +470,7 @@ impl Session {
             .finish_windows(false, &mut self.symbolizer, &self.out.meta);
         self.finish_path_windows();
         self.finish_stream_windows();
+        self.finish_tuple_windows();
     }
 
     /// `--interval`: write the interval's profile, hand it to the push
@@ -484,6 +510,7 @@ impl Session {
         let start = std::mem::replace(&mut out.interval_start, now);
         self.write_interval_paths(start, now);
         self.write_interval_streams(start, now);
+        self.write_interval_tuples(start, now);
         self.write_interval_summary();
         // What building the profiles parsed (DWARF lines, symbols) goes
         // back to the kernel, not kept by the allocator between intervals.
@@ -497,6 +524,7 @@ impl Session {
         match req.kind {
             ProfileKind::Paths(d) => self.open_path_window(d, req.reply),
             ProfileKind::Streams(d) => self.open_stream_window(d, req.reply),
+            ProfileKind::Tuples(kind, d) => self.open_tuple_window(kind, d, req.reply),
             ProfileKind::Window(d) => self.pipe.windows.push(Window {
                 cct: Cct::new(),
                 start: SystemTime::now(),
@@ -582,6 +610,7 @@ impl Session {
             self.released.finished = finished;
             self.write_interval_paths(self.out.interval_start, now);
             self.write_interval_streams(self.out.interval_start, now);
+            self.write_interval_tuples(self.out.interval_start, now);
             finished = std::mem::take(&mut self.released.finished);
         }
         let counters = self.sampler.counters();

@@ -381,17 +381,10 @@ impl Session {
     /// Answers the path windows whose time is up: each process's counts
     /// now minus when the window opened.
     pub(super) fn finish_path_windows(&mut self) {
-        let now = tokio::time::Instant::now();
-        if !self.path_windows.iter().any(|w| w.end <= now) {
+        let done = self.take_due(|s| &mut s.path_windows, |w| w.end);
+        if done.is_empty() {
             return;
         }
-        if self.bursts.active() {
-            self.on_burst_tick();
-        }
-        let (done, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.path_windows)
-            .into_iter()
-            .partition(|w| w.end <= now);
-        self.path_windows = open;
         for w in done {
             let none = crate::bursts::counts::Tallies::default();
             let mut leaves = Vec::new();

@@ -186,17 +186,10 @@ impl Session {
 
     /// Answers the stream windows whose time is up.
     pub(super) fn finish_stream_windows(&mut self) {
-        let now = tokio::time::Instant::now();
-        if !self.stream_windows.iter().any(|w| w.end <= now) {
+        let done = self.take_due(|s| &mut s.stream_windows, |w| w.end);
+        if done.is_empty() {
             return;
         }
-        if self.bursts.active() {
-            self.on_burst_tick();
-        }
-        let (done, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.stream_windows)
-            .into_iter()
-            .partition(|w| w.end <= now);
-        self.stream_windows = open;
         for w in done {
             let answer = self
                 .streams_since(&w.from)
