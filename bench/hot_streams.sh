@@ -127,11 +127,17 @@ command_for() {
         xerces)
             # xerces-c's DOMPrint (C++: virtual calls, a DOM of small
             # objects; `realprogs.sh --bench`) parsing and re-serializing
-            # a generated XML catalogue of k times 64 KiB (one file: the
+            # a generated XML catalogue of k times 48 KiB (one file: the
             # sample takes one; the generator's catalogue grows by the
             # same kind of entries, the smaller one its prefix). One unit
-            # makes some 17 million references (1 MiB: 276 million, more
-            # than the complete traces hold).
+            # makes 14.1 million references by lackey's count, 15.9
+            # million by burstyd's full trace, under the 2^24 a complete
+            # trace holds (64 KiB made 20 million: the full trace held
+            # the first 2^24). The two complete traces agree only 0.73:
+            # every entity reference throws an exception, and under
+            # burstyd the unwinder also looks up the clones' frames
+            # (libgcc_s's registered-frame search: more references, other
+            # streams).
             [[ -f "$WORK/cat.$k.xml" ]] || "$TOOL" gen-xml $((k * 48 * 1024)) 7 "$WORK/cat.$k.xml"
             echo "$ROOT/target/realprogs/bin/DOMPrint -e -v=never -wfile=/dev/null $WORK/cat.$k.xml" ;;
         *) die "unknown program $1" ;;
