@@ -38,6 +38,8 @@
 #    bursts (burstyd_traced_burst_seconds_total, median) as a share of its
 #    untraced CPU time -- an upper bound of the tracing cost, and the
 #    figure to trust where the ratios drown in noise.
+# Before them, one traced run of half the workload per program fills the
+# plan cache (not measured): every measured run attaches from the cache.
 # 3. Every traced run's output (standard output) is compared with the
 #    untraced one's (sha256); a difference is reported (and keeps WORK).
 # The tables (markdown) are printed at the end and written to
@@ -169,7 +171,7 @@ attached() {
     d=$!
     wait "$t" || log "$prog: exited with $? under burstyd $* (see $out.log)"
     wait "$d" || log "$prog: burstyd $* exited with $? ($(tail -2 "$out.log" | tr '\n' ' '))"
-    check_output "$out.stdout" "$*"
+    if [[ -n "${WARMUP:-}" ]]; then rm -f "$out.stdout"; else check_output "$out.stdout" "$*"; fi
     cpu_s "$ru"
 }
 metric() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sum(p['metrics'].get(sys.argv[2],0) for p in d['processes']))" "$1/summary.json" "$2" 2>/dev/null || echo 0; }
@@ -247,6 +249,13 @@ for prog in $PROGRAMS; do
     read -r -a CMD <<< "$(command_for "$prog")"
     base=$(untraced)
     log "$prog: untraced ${base} s CPU"
+    # Warm the plan cache: the first attach to a binary analyses it and
+    # its libraries while the program runs (the libraries' clones came
+    # only after most of xz's first traced run: 10x fewer paths and exact
+    # tuples than the runs after it). Half the workload, not measured.
+    read -r -a WCMD <<< "$(SCALE=$(awk -v s="$SCALE" 'BEGIN { print s / 2 }') command_for "$prog")"
+    c=$(CMD=("${WCMD[@]}"); WARMUP=1 attached "$WORK/$prog-warmup" --record values,targets)
+    log "$prog: warm-up run ($c s CPU, half the workload): $(metric "$WORK/$prog-warmup" burstyd_traced_functions_rewritten) functions rewritten"
     # 1. Convergence, one run per sampler and rate.
     for rate in $RATES; do
         for s in random stratified; do
