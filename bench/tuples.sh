@@ -149,7 +149,7 @@ untraced() {
     timeout -s KILL "$TIMEOUT" "$TOOL" rusage "$ru" -- "${CMD[@]}" > "$WORK/$prog.out" 2>/dev/null || die "$prog failed untraced"
     [[ -f "$WORK/$prog.sha" ]] || sha256sum "$WORK/$prog.out" | cut -d' ' -f1 > "$WORK/$prog.sha"
     check_output "$WORK/$prog.out" untraced
-    cpu_s "$ru"
+    cpu_s "$ru"; rm -f "$ru"
 }
 # `attached OUT BURSTYD-ARGS...`: the program's CPU seconds with `burstyd
 # --pid BURSTYD-ARGS -o OUT` attached from its start to its end (the
@@ -172,7 +172,7 @@ attached() {
     wait "$t" || log "$prog: exited with $? under burstyd $* (see $out.log)"
     wait "$d" || log "$prog: burstyd $* exited with $? ($(tail -2 "$out.log" | tr '\n' ' '))"
     if [[ -n "${WARMUP:-}" ]]; then rm -f "$out.stdout"; else check_output "$out.stdout" "$*"; fi
-    cpu_s "$ru"
+    cpu_s "$ru"; rm -f "$ru"
 }
 metric() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sum(p['metrics'].get(sys.argv[2],0) for p in d['processes']))" "$1/summary.json" "$2" 2>/dev/null || echo 0; }
 # `stats`: median min max of numbers on standard input.
@@ -252,10 +252,12 @@ for prog in $PROGRAMS; do
     # Warm the plan cache: the first attach to a binary analyses it and
     # its libraries while the program runs (the libraries' clones came
     # only after most of xz's first traced run: 10x fewer paths and exact
-    # tuples than the runs after it). Half the workload, not measured.
-    read -r -a WCMD <<< "$(SCALE=$(awk -v s="$SCALE" 'BEGIN { print s / 2 }') command_for "$prog")"
+    # tuples than the runs after it: with an empty cache libc's analysis
+    # outlasted a 9 s run). Half the workload (at least SCALE 0.5: a
+    # shorter run may end before the cache is filled), not measured.
+    read -r -a WCMD <<< "$(SCALE=$(awk -v s="$SCALE" 'BEGIN { print (s / 2 < 0.5 ? 0.5 : s / 2) }') command_for "$prog")"
     c=$(CMD=("${WCMD[@]}"); WARMUP=1 attached "$WORK/$prog-warmup" --record values,targets)
-    log "$prog: warm-up run ($c s CPU, half the workload): $(metric "$WORK/$prog-warmup" burstyd_traced_functions_rewritten) functions rewritten"
+    log "$prog: warm-up run ($c s CPU): $(metric "$WORK/$prog-warmup" burstyd_traced_functions_rewritten) functions rewritten"
     # 1. Convergence, one run per sampler and rate.
     for rate in $RATES; do
         for s in random stratified; do
