@@ -94,8 +94,12 @@ pub(crate) const DEFAULT_SAMPLE_RATE: u64 = 16;
 pub(crate) const DEFAULT_STRATA: u64 = 2048;
 
 /// The compressor's configuration `sampler`, `rate` and `strata` ask
-/// for, the associative table always on (lossless); with `reference`
-/// every tuple written exactly too (an evaluation's reference).
+/// for (by default stratified at rate 16 in 2048 strata: at the same
+/// rate its error on the hot values is 1.7-3.3 times lower than
+/// random's on four real programs, and it sends a sixteenth of exact's
+/// records; `bench/tuples.sh`), the associative table always on
+/// (lossless); with `reference` every tuple written exactly too (an
+/// evaluation's reference).
 pub(crate) fn tuple_config(
     sampler: Option<Sampler>,
     rate: Option<u64>,
@@ -104,7 +108,7 @@ pub(crate) fn tuple_config(
 ) -> burstyd_common::burst::TupleConfig {
     use burstyd_common::burst::{SAMPLER_EXACT, SAMPLER_RANDOM, SAMPLER_STRATIFIED, TupleConfig};
     TupleConfig {
-        sampler: match sampler.unwrap_or(Sampler::Exact) {
+        sampler: match sampler.unwrap_or(Sampler::Stratified) {
             Sampler::Exact => SAMPLER_EXACT,
             Sampler::Random => SAMPLER_RANDOM,
             Sampler::Stratified => SAMPLER_STRATIFIED,
