@@ -376,15 +376,19 @@ impl Bursts {
     /// then they should be drained again soon ([`BUSY_DRAIN_AGAIN`]), not
     /// at the next [`Self::drain_interval`], since the handler declines
     /// bursts while a sub-ring is more than half full.
+    /// With `hold`, the records may be counted at a later drain
+    /// ([`BurstTracer::drain`]); without, everything read so far is
+    /// counted.
     pub(crate) fn drain(
         &mut self,
         mut activity: impl FnMut(Pid) -> Activity,
         stacks: &mut HashMap<Pid, contexts::StartStacks>,
+        hold: bool,
     ) -> bool {
         let mut busy = false;
         for t in &mut self.tracers {
             let a = activity(t.pid());
-            busy |= t.drain(a, stacks.get_mut(&t.pid())) >= BUSY_DRAIN_RECORDS;
+            busy |= t.drain(a, stacks.get_mut(&t.pid()), hold) >= BUSY_DRAIN_RECORDS;
         }
         busy
     }

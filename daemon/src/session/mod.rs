@@ -377,7 +377,7 @@ impl Session {
     async fn run_loop(&mut self) -> anyhow::Result<EndReason> {
         loop {
             tokio::select! {
-                _ = tick(&mut self.timers.bursts), if self.bursts.active() => self.on_burst_tick(),
+                _ = tick(&mut self.timers.bursts), if self.bursts.active() => self.on_burst_timer(),
                 Some(a) = self.bursts.next_attach(), if self.bursts.attaching() => self.on_attached(a),
                 Some(f) = self.released.rx.recv(), if self.released.pending > 0 => self.on_detached(f),
                 r = self.sampler.drain(|s| self.pipe.handle(s)) => self.on_samples(r)?,
