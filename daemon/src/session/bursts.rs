@@ -41,11 +41,14 @@ fn count_functions(ext: &crate::bursts::prepare::Extension) {
 }
 
 impl Session {
-    /// Every 50 ms (5 ms in `--full-trace`): the burst records, read off
+    /// Every 100 ms (5 ms in `--full-trace`): the burst records, read off
     /// the rings, counted in batches of several drains (see
     /// `BurstTracer::drain`).
+    /// What the sampler's drain timer does (that timer sleeps meanwhile:
+    /// one wakeup fewer).
     pub(super) fn on_burst_timer(&mut self) {
         self.drain_bursts(true);
+        self.on_drain_tick();
     }
 
     /// Every burst record so far, counted (what the profiles read).
