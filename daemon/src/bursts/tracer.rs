@@ -73,6 +73,9 @@ pub(super) struct Held {
     /// Per drain and slot, in the order read: the slot, and where its
     /// records end in `records`.
     segments: Vec<(usize, usize)>,
+    /// The stack samples of their STARTs, in order, taken as they were
+    /// read (`None`: none).
+    stacks: std::collections::VecDeque<Option<contexts::StartStack>>,
     /// When the oldest of them was read.
     since: Option<std::time::Instant>,
 }
@@ -466,7 +469,7 @@ impl BurstTracer {
     pub(crate) fn drain(
         &mut self,
         activity: Activity,
-        stacks: Option<&mut contexts::StartStacks>,
+        mut stacks: Option<&mut contexts::StartStacks>,
         hold: bool,
     ) -> u64 {
         let (counts, traced) = (&mut self.counts, &self.traced);
@@ -478,6 +481,8 @@ impl BurstTracer {
             let (k, h) = self.attachment.region().take_records(slot, |w0, w1| {
                 // A thread is named while it runs (it may be gone by the
                 // time its records are counted).
+                // and its burst's stack sample is taken now (the samples
+                // kept meanwhile are bounded).
                 if w0 >> TAG_SHIFT == REC_START {
                     let tid = w0 as u32;
                     if !counts.has_name(tid) {
@@ -486,6 +491,8 @@ impl BurstTracer {
                             crate::sys::thread_comm(pid, tid).unwrap_or_default(),
                         );
                     }
+                    held.stacks
+                        .push_back(stacks.as_deref_mut().and_then(|s| s.take(tid, w1)));
                 }
                 held.records.push((w0, w1));
             });
@@ -510,7 +517,7 @@ impl BurstTracer {
                 .is_some_and(|t| now.saturating_duration_since(t) >= HOLD_FOR)
             || self.data_refs.as_ref().is_some_and(|d| d.rate_due(now));
         if due {
-            self.count_held(stacks);
+            self.count_held();
             if let Some(every) = self.data_refs.as_mut().and_then(|d| d.refs_every(now)) {
                 tracing::debug!(pid = %pid, "memory mode: one burst in {every} records references");
                 self.attachment.region().set_refs_every(every);
@@ -527,7 +534,7 @@ impl BurstTracer {
     /// drain as they were read: each slot's sub-ring holds its bursts'
     /// records in order (one producer each); PathCounts keeps a burst per
     /// slot.
-    fn count_held(&mut self, mut stacks: Option<&mut contexts::StartStacks>) {
+    fn count_held(&mut self) {
         let (counts, trace, traced) = (&mut self.counts, &mut self.trace, &self.traced);
         let data_refs = &mut self.data_refs;
         let (tuples, tuple_config) = (&mut self.tuples, &self.tuple_config);
@@ -559,8 +566,8 @@ impl BurstTracer {
                         .get_or_insert_with(|| Tuples::new(tuple_config))
                         .add(&ev, traced);
                 }
-                if let decode::BurstEvent::Start { tid, pc, .. } = ev {
-                    let s = stacks.as_deref_mut().and_then(|s| s.take(tid, pc));
+                if let decode::BurstEvent::Start { .. } = ev {
+                    let s = held.stacks.pop_front().flatten();
                     let base = s.map(|s| (traced.context_frames(&s), s.complete));
                     counts.begin(base.as_ref().map(|(f, c)| (f.as_slice(), *c)));
                 }
@@ -569,6 +576,7 @@ impl BurstTracer {
         }
         held.records.clear();
         held.segments.clear();
+        held.stacks.clear();
         held.since = None;
     }
 
