@@ -177,7 +177,8 @@ pub(crate) struct StartStack {
 }
 
 /// Samples kept per process until their START arrives: the burst rings
-/// are drained every 50 ms, when up to a thousand samples a second per
+/// are drained every 100 ms (a START takes its sample then, even if its
+/// records are counted later), when up to a thousand samples a second per
 /// CPU may have sent a signal.
 const KEPT: usize = 4096;
 

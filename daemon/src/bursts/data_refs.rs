@@ -259,11 +259,10 @@ impl DataRefs {
     /// than the rate are analysed. It moves when it is off by a quarter
     /// or more: up at once, down 2-fold at most.
     pub(crate) fn refs_every(&mut self, now: Instant) -> Option<u64> {
-        self.bucket?;
-        let secs = now.saturating_duration_since(self.window.1).as_secs_f64();
-        if secs < if self.set_once { 1.0 } else { 0.1 } {
+        if !self.rate_due(now) {
             return None;
         }
+        let secs = now.saturating_duration_since(self.window.1).as_secs_f64();
         let starts = self.starts - self.window.0;
         self.window = (self.starts, now);
         if starts == 0 {
@@ -278,6 +277,13 @@ impl DataRefs {
         }
         self.every = want;
         Some(want)
+    }
+
+    /// Whether [`Self::refs_every`] looks at the rate at `now` (the
+    /// bursts started until then must have been counted).
+    pub(crate) fn rate_due(&self, now: Instant) -> bool {
+        let secs = now.saturating_duration_since(self.window.1).as_secs_f64();
+        self.bucket.is_some() && secs >= if self.set_once { 1.0 } else { 0.1 }
     }
 
     /// Whether a burst starting at `now` is analysed: the bucket, refilled

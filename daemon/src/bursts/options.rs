@@ -155,9 +155,11 @@ pub(crate) const HOT_LIBRARY_SHARE: f64 = 0.01;
 /// Records one drain of a process's rings must find for the next drain to
 /// come after [`BUSY_DRAIN_AGAIN`] rather than the usual interval: long
 /// bursts (`--burst 100000`) or many threads write half a sub-ring within
-/// the 50 ms between drains, and the handler declines bursts meanwhile
-/// ("daemon behind"). 4096 records is a sixteenth of half a sub-ring.
-pub(crate) const BUSY_DRAIN_RECORDS: u64 = 4096;
+/// the 100 ms between drains, and the handler declines bursts meanwhile
+/// ("daemon behind"). 16384 records is a quarter of half a sub-ring: at
+/// that rate, the next interval's records and a memory-mode burst's
+/// ([`DEFAULT_REFS_BURST`]) stay below half.
+pub(crate) const BUSY_DRAIN_RECORDS: u64 = 16384;
 
 /// How soon rings that held many records are drained again.
 pub(crate) const BUSY_DRAIN_AGAIN: std::time::Duration = std::time::Duration::from_millis(5);

@@ -14,12 +14,27 @@ pub(crate) struct Placer<K> {
     /// are in it (`lo..hi`), its module's key and bias, and the generation
     /// of the process's function index that told (what was learnt of an
     /// index is stale once it is rebuilt).
-    last: Option<(u64, u64, K, u64, u64)>,
+    last: Option<Span<K>>,
+    /// The functions of instructions placed lately, direct-mapped by the
+    /// instruction's 32-byte line of code, as `last` (a memory-mode burst
+    /// references data from a few loops, in more functions than one).
+    recent: Vec<Option<Span<K>>>,
 }
+
+/// Addresses `lo..hi` of one function, its module's key and bias, and
+/// the generation of the function index that told: `(lo, hi, key, bias,
+/// generation)`.
+type Span<K> = (u64, u64, K, u64, u64);
+
+/// Entries of [`Placer::recent`] (a power of two).
+const RECENT: usize = 256;
 
 impl<K> Default for Placer<K> {
     fn default() -> Self {
-        Placer { last: None }
+        Placer {
+            last: None,
+            recent: Vec::new(),
+        }
     }
 }
 
@@ -33,17 +48,33 @@ impl<K: Copy> Placer<K> {
         pc: u64,
         key: impl FnOnce(&TracedModule) -> K,
     ) -> Option<(K, u64)> {
-        let (module, bias) = match self.last {
+        let known = |e: &Option<Span<K>>| match *e {
             Some((lo, hi, module, bias, generation))
                 if (lo..hi).contains(&pc) && generation == traced.generation =>
             {
-                (module, bias)
+                Some((module, bias))
             }
-            _ => {
+            _ => None,
+        };
+        if let Some((module, bias)) = known(&self.last) {
+            return Some((module, pc.wrapping_sub(bias)));
+        }
+        if self.recent.is_empty() {
+            self.recent = vec![None; RECENT];
+        }
+        let h = ((pc >> 5).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - RECENT.trailing_zeros()))
+            as usize;
+        let (module, bias) = match known(&self.recent[h]) {
+            Some(found) => {
+                self.last = self.recent[h];
+                found
+            }
+            None => {
                 let (fid, lo, hi) = traced.fid_span_at(pc)?;
                 let (m, _) = traced.function(fid)?;
                 let module = key(m);
                 self.last = Some((lo, hi, module, m.bias, traced.generation));
+                self.recent[h] = self.last;
                 (module, m.bias)
             }
         };

@@ -360,7 +360,7 @@ impl Bursts {
     }
 
     /// How often to drain the record rings: a full trace fills them fast
-    /// (every 5 ms); bursts every 50 ms, memory mode's included. One burst
+    /// (every 5 ms); bursts every 100 ms, memory mode's included. One burst
     /// in `refs_every` records references, at most half a sub-ring
     /// ([`super::options::DEFAULT_REFS_BURST`]), and a drain that finds
     /// many records brings the next one forward
@@ -369,8 +369,11 @@ impl Bursts {
     /// larger drains cost less: memory mode's steady CPU on sqlite3 went
     /// from 3.2-3.5% of a core at 5 ms to 2.25-2.3% at 50 ms (2026-11-29;
     /// 2 bursts of 5,146 declined as "behind"; at 200 ms, 182 of 6,236).
+    /// Since a drain only reads the records off the rings (they are
+    /// counted in batches, see [`BurstTracer::drain`]), what it costs is
+    /// mostly its wakeup: 100 ms.
     pub(crate) fn drain_interval(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(if self.full_trace { 5 } else { 50 })
+        std::time::Duration::from_millis(if self.full_trace { 5 } else { 100 })
     }
 
     /// `activity(pid)`: the samples of `pid` since the last drain;
@@ -379,15 +382,19 @@ impl Bursts {
     /// then they should be drained again soon ([`BUSY_DRAIN_AGAIN`]), not
     /// at the next [`Self::drain_interval`], since the handler declines
     /// bursts while a sub-ring is more than half full.
+    /// With `hold`, the records may be counted at a later drain
+    /// ([`BurstTracer::drain`]); without, everything read so far is
+    /// counted.
     pub(crate) fn drain(
         &mut self,
         mut activity: impl FnMut(Pid) -> Activity,
         stacks: &mut HashMap<Pid, contexts::StartStacks>,
+        hold: bool,
     ) -> bool {
         let mut busy = false;
         for t in &mut self.tracers {
             let a = activity(t.pid());
-            busy |= t.drain(a, stacks.get_mut(&t.pid())) >= BUSY_DRAIN_RECORDS;
+            busy |= t.drain(a, stacks.get_mut(&t.pid()), hold) >= BUSY_DRAIN_RECORDS;
         }
         busy
     }

@@ -41,8 +41,22 @@ fn count_functions(ext: &crate::bursts::prepare::Extension) {
 }
 
 impl Session {
-    /// Every 50 ms (5 ms in `--full-trace`): the burst records.
+    /// Every 100 ms (5 ms in `--full-trace`): the burst records, read off
+    /// the rings, counted in batches of several drains (see
+    /// `BurstTracer::drain`).
+    /// What the sampler's drain timer does (that timer sleeps meanwhile:
+    /// one wakeup fewer).
+    pub(super) fn on_burst_timer(&mut self) {
+        self.drain_bursts(true);
+        self.on_drain_tick();
+    }
+
+    /// Every burst record so far, counted (what the profiles read).
     pub(super) fn on_burst_tick(&mut self) {
+        self.drain_bursts(false);
+    }
+
+    fn drain_bursts(&mut self, hold: bool) {
         // The samples first: every START in a burst ring has its stack
         // sample in the sample ring already (see `bursts::contexts`).
         self.sampler.drain_now(|s| self.pipe.handle(s));
@@ -50,6 +64,7 @@ impl Session {
         let busy = self.bursts.drain(
             |pid| pipe.in_clones.remove(&pid).unwrap_or_default(),
             &mut pipe.start_stacks,
+            hold,
         );
         if busy && let Some(t) = self.timers.bursts.as_mut() {
             t.reset_after(crate::bursts::options::BUSY_DRAIN_AGAIN);
@@ -351,7 +366,7 @@ impl Session {
         let _ = self.sampler.set_burst_target(pid, None);
         self.sampler.drain_now(|s| self.pipe.handle(s));
         let activity = self.pipe.in_clones.remove(&pid).unwrap_or_default();
-        t.drain(activity, self.pipe.start_stacks.get_mut(&pid));
+        t.drain(activity, self.pipe.start_stacks.get_mut(&pid), false);
         self.pipe.start_stacks.remove(&pid);
         t.disarm();
         if crate::sys::process_running(pid) {

@@ -384,11 +384,12 @@ impl Session {
     async fn run_loop(&mut self) -> anyhow::Result<EndReason> {
         loop {
             tokio::select! {
-                _ = tick(&mut self.timers.bursts), if self.bursts.active() => self.on_burst_tick(),
+                _ = tick(&mut self.timers.bursts), if self.bursts.active() => self.on_burst_timer(),
                 Some(a) = self.bursts.next_attach(), if self.bursts.attaching() => self.on_attached(a),
                 Some(f) = self.released.rx.recv(), if self.released.pending > 0 => self.on_detached(f),
                 r = self.sampler.drain(|s| self.pipe.handle(s)) => self.on_samples(r)?,
-                _ = self.timers.drain.tick() => self.on_drain_tick(),
+                // (The burst timer does the same while it runs.)
+                _ = self.timers.drain.tick(), if !self.bursts.active() => self.on_drain_tick(),
                 sig = self.signals.recv() => {
                     if let Some(end) = self.on_signal(sig.context("reading signals")?) {
                         return Ok(end);
@@ -464,7 +465,7 @@ impl Session {
 
     /// Every 100 ms: what the ring holds, and the HTTP windows whose time
     /// is up.
-    fn on_drain_tick(&mut self) {
+    pub(super) fn on_drain_tick(&mut self) {
         self.sampler.drain_now(|s| self.pipe.handle(s));
         self.pipe
             .finish_windows(false, &mut self.symbolizer, &self.out.meta);

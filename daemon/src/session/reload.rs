@@ -21,6 +21,10 @@ impl Session {
             self.opts.service.settings.push.clone(),
             self.opts.output.clone(),
         );
+        // The burst records so far are counted under the old options.
+        if self.bursts.active() {
+            self.on_burst_tick();
+        }
         self.reload();
         if self.opts.interval != interval {
             let now = std::time::SystemTime::now();
