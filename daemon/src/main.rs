@@ -409,6 +409,7 @@ async fn real_main(cli: Cli, args: ProfileArgs, overrides: Overrides) -> anyhow:
         targets: initial.clone(),
         kernel_stacks: settings.kernel_stacks,
         follow_children: child.is_some(),
+        follow_exec: settings.bursts.enabled,
     }) {
         Ok(s) => s,
         Err(e) => {

@@ -22,8 +22,10 @@
 //! mode, the thread's signal state and its disposition all visible
 //! before anything is sent ([`start_burst`]).
 //!
-//! Two more programs: `on_newtask` makes the processes a target forks
-//! targets too (so `burstyd run -- sh -c ...` profiles the real work), and
+//! Three more programs: `on_newtask` makes the processes a target forks
+//! targets too (so `burstyd run -- sh -c ...` profiles the real work),
+//! `on_exec` tells the daemon which targets and traced processes exec'd
+//! (their clones are gone; the new program is attached to afresh), and
 //! `on_link_change` watches the loader's link map of processes traced in
 //! bursts.
 #![no_std]
@@ -81,6 +83,12 @@ static CLONE_PAGES: HashMap<ClonePage, u8> = HashMap::with_max_entries(65536, 0)
 #[map]
 static LINK_CHANGES: HashMap<u32, u64> = HashMap::with_max_entries(1024, 0);
 
+/// tgid -> how many times it exec'd since the daemon last looked (and
+/// took the entry out): targets (`FILTER_TARGETS`) and processes traced
+/// in bursts. A full map loses the notice, never the exec.
+#[map]
+static EXECS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
 
@@ -122,6 +130,30 @@ pub fn on_newtask(ctx: TracePointContext) -> u32 {
     if child > 0 {
         let _ = TARGETS.insert(&(child as u32), &1, 0);
     }
+    0
+}
+
+/// `sched:sched_process_exec`: a target or a process traced in bursts
+/// exec'd. Its injected runtime is gone with its old image, so it is
+/// disarmed here at once (no burst signal reaches the new program), and
+/// counted in `EXECS` for the daemon, which attaches to the new program.
+/// Runs in the exec'ing task, its tgid already the process's.
+#[tracepoint]
+pub fn on_exec(_ctx: TracePointContext) -> u32 {
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let config = CONFIG.get(0).copied().unwrap_or_default();
+    // SAFETY: lookups; the values are not kept.
+    let traced = unsafe { BURSTS.get(&pid) }.is_some();
+    let target = config.filter == FILTER_TARGETS && unsafe { TARGETS.get(&pid) }.is_some();
+    if !traced && !target {
+        return 0;
+    }
+    if traced {
+        let _ = BURSTS.remove(&pid);
+    }
+    // SAFETY: as above.
+    let n = unsafe { EXECS.get(&pid) }.copied().unwrap_or(0);
+    let _ = EXECS.insert(&pid, &(n + 1), 0);
     0
 }
 

@@ -151,6 +151,15 @@ impl Selection {
         plan
     }
 
+    /// `pid` exec'd: whatever it was (traced, being attached), it is
+    /// forgotten, and the next plan attaches to its new program if the
+    /// configuration wants it (an attach under way that reports later is
+    /// detached, as one released).
+    pub(crate) fn exec_seen(&mut self, pid: Pid) {
+        self.processes.remove(&pid);
+        self.told_full.remove(&pid);
+    }
+
     /// `pid`'s attach succeeded. Returns false when it was released
     /// meanwhile (cancelled, or unknown): the caller detaches it at once.
     pub(crate) fn attached(&mut self, pid: Pid) -> bool {

@@ -101,6 +101,32 @@ pub(crate) struct Finished {
     pub(crate) tuples: Option<Tuples>,
     /// The totals, or why restoring the target's signal failed.
     pub(crate) stats: anyhow::Result<BurstStats>,
+    /// A program the process exec'd away from (its pid now runs another):
+    /// what the session knew of it by pid, kept with it.
+    pub(crate) execd: Option<Execd>,
+}
+
+impl Finished {
+    /// The event sampled at each of its PCs: `by_pid`'s entry for its
+    /// pid, or its own after an exec.
+    pub(crate) fn leaf<'a>(
+        &'a self,
+        by_pid: &'a HashMap<Pid, HashMap<u64, u64>>,
+    ) -> Option<&'a HashMap<u64, u64>> {
+        match &self.execd {
+            Some(e) => Some(&e.leaf),
+            None => by_pid.get(&self.traced.pid),
+        }
+    }
+}
+
+/// What the session keeps per pid of a program the process exec'd away
+/// from, handed to its [`Finished`].
+pub(crate) struct Execd {
+    /// Its name (`comm`) while it ran.
+    pub(crate) comm: String,
+    /// The event sampled at each of its PCs (hot coverage, path time).
+    pub(crate) leaf: HashMap<u64, u64>,
 }
 
 impl BurstTracer {
@@ -641,16 +667,44 @@ impl BurstTracer {
         self.attachment.disarm();
     }
 
+    /// Whether the process still runs the program this tracer attached
+    /// to: its control block is still where the attach mapped it (gone
+    /// once the process exec'd).
+    pub(crate) fn image_present(&self) -> bool {
+        use std::os::unix::fs::FileExt;
+        let at = self.target().armed_addr - burstyd_common::burst::ARMED_OFFSET as u64;
+        let mut word = [0u8; 8];
+        crate::sys::open_mem(self.pid(), false)
+            .and_then(|f| f.read_exact_at(&mut word, at))
+            .is_ok_and(|()| u64::from_le_bytes(word) == burstyd_common::burst::CONTROL_MAGIC)
+    }
+
     /// Disarms, drains until the ring is empty (the target may have exited
     /// with it full), lets a signal already in flight arrive and be
     /// declined, drains again and restores the signal disposition. Blocks
     /// (sleeps, ptrace).
-    pub(crate) fn detach(mut self) -> Finished {
+    pub(crate) fn detach(self) -> Finished {
+        self.finish(true)
+    }
+
+    /// The process exec'd: what its old program's bursts recorded,
+    /// drained and counted, with nothing done to the process (its new
+    /// program owns the pid, its memory and its signal dispositions; no
+    /// burst signal reaches it, see the eBPF `on_exec`).
+    pub(crate) fn finish_exec(self, execd: Execd) -> Finished {
+        let mut f = self.finish(false);
+        f.execd = Some(execd);
+        f
+    }
+
+    fn finish(mut self, restore: bool) -> Finished {
         self.disarm();
         while self.drain(Activity::default(), None, false) > 0 {}
-        // Let a signal already in flight arrive and be declined.
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        self.drain(Activity::default(), None, false);
+        if restore {
+            // Let a signal already in flight arrive and be declined.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            self.drain(Activity::default(), None, false);
+        }
         // Bursts the target left running (it exited, or was detached,
         // mid-burst) end here.
         self.counts.finish_running();
@@ -667,7 +721,11 @@ impl BurstTracer {
         if let Some(t) = &mut self.trace {
             t.flush();
         }
-        let restored = self.attachment.restore_signal();
+        let restored = if restore {
+            self.attachment.restore_signal()
+        } else {
+            Ok(())
+        };
         // Another burstyd may trace it from now on.
         self.attachment.release();
         Finished {
@@ -676,6 +734,7 @@ impl BurstTracer {
             data_refs: self.data_refs,
             tuples: self.tuples,
             stats: restored.map(|()| stats),
+            execd: None,
         }
     }
 }

@@ -113,6 +113,9 @@ pub(crate) struct SamplerOptions {
     pub(crate) kernel_stacks: bool,
     /// Processes forked by targets become targets (`burstyd run`).
     pub(crate) follow_children: bool,
+    /// Notice targets and traced processes that exec (bursty tracing:
+    /// the new program is attached to afresh; [`Sampler::take_execs`]).
+    pub(crate) follow_exec: bool,
 }
 
 pub(crate) struct Sampler {
@@ -123,6 +126,8 @@ pub(crate) struct Sampler {
     cpus: usize,
     /// The `CLONE_PAGES` keys of each armed process, to take them out.
     clone_pages: std::collections::HashMap<Pid, Vec<u64>>,
+    /// `on_exec` is attached.
+    follows_exec: bool,
     /// The uprobe on each watched process's `_dl_debug_state`.
     link_probes: std::collections::HashMap<Pid, UProbeLinkId>,
 }
@@ -224,6 +229,7 @@ impl Sampler {
             _logger: logger,
             cpus: 0,
             clone_pages: Default::default(),
+            follows_exec: false,
             link_probes: Default::default(),
         };
         if let Some(pids) = &opts.targets {
@@ -234,6 +240,9 @@ impl Sampler {
         sampler.attach(opts)?;
         if opts.follow_children {
             sampler.follow_children();
+        }
+        if opts.follow_exec {
+            sampler.follow_exec();
         }
         Ok(sampler)
     }
@@ -295,6 +304,47 @@ impl Sampler {
                 "cannot follow child processes (is tracefs mounted at /sys/kernel/tracing?): {e}; only the command itself is sampled"
             );
         }
+    }
+
+    /// Attaches `on_exec`: targets and traced processes that exec are
+    /// disarmed at once and listed for [`Self::take_execs`]. Needs
+    /// tracefs; without it bursts stop at an exec, as they did before.
+    fn follow_exec(&mut self) {
+        if let Err(e) = crate::sys::ensure_tracefs() {
+            tracing::debug!("mounting tracefs: {e}");
+        }
+        let r = (|| -> Result<(), aya::programs::ProgramError> {
+            let prog: &mut TracePoint = self
+                .ebpf
+                .program_mut("on_exec")
+                .ok_or(aya::programs::ProgramError::NotLoaded)?
+                .try_into()?;
+            prog.load()?;
+            prog.attach("sched", "sched_process_exec")?;
+            Ok(())
+        })();
+        match r {
+            Ok(()) => self.follows_exec = true,
+            Err(e) => tracing::warn!(
+                "cannot see execs (is tracefs mounted at /sys/kernel/tracing?): {e}; bursts stop where a traced process execs"
+            ),
+        }
+    }
+
+    /// The targets and traced processes that exec'd since the last call
+    /// (each once, however many times it did), taken out of `EXECS`.
+    pub(crate) fn take_execs(&mut self) -> Vec<Pid> {
+        if !self.follows_exec {
+            return Vec::new();
+        }
+        let Ok(mut map) = self.pid_map::<u64>("EXECS") else {
+            return Vec::new();
+        };
+        let pids: Vec<u32> = map.keys().filter_map(Result::ok).collect();
+        for p in &pids {
+            let _ = map.remove(p);
+        }
+        pids.into_iter().map(Pid).collect()
     }
 
     pub(crate) fn cpus(&self) -> usize {

@@ -76,6 +76,10 @@ pub(crate) struct Metrics {
     pub(crate) link_unsignalled: Counter,
     pub(crate) functions_rewritten: Counter,
     pub(crate) functions_skipped: Counter,
+    /// Execs of traced processes and `run`'s children whose new program
+    /// was attached to, or not (`max_traced` reached).
+    pub(crate) execs_followed: Counter,
+    pub(crate) execs_not_followed: Counter,
     /// Event weight of traced processes' user-mode samples by where their
     /// leaf lies ([`HOT_WHERE`] order), added when a process's tracing ends.
     pub(crate) hot_weight: [Counter; 4],
@@ -127,6 +131,8 @@ impl Metrics {
             link_unsignalled: Counter::new(),
             functions_rewritten: Counter::new(),
             functions_skipped: Counter::new(),
+            execs_followed: Counter::new(),
+            execs_not_followed: Counter::new(),
             hot_weight: [const { Counter::new() }; 4],
             config_reloads: Counter::new(),
             config_reload_failures: Counter::new(),
@@ -311,6 +317,18 @@ impl Metrics {
                 COUNTER,
                 "Functions the rewriter skipped.",
                 &self.functions_skipped,
+            ),
+            Series::new(
+                "burstyd_execs_total",
+                COUNTER,
+                "Execs of processes traced in bursts (and of run's command's children): the new program attached to (traced), or sampled only (max_traced processes traced already).",
+                Value::by_label(
+                    "program",
+                    [
+                        ("traced", self.execs_followed.get()),
+                        ("sampled_only", self.execs_not_followed.get()),
+                    ],
+                ),
             ),
             Series::new(
                 "burstyd_hot_weight_total",

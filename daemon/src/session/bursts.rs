@@ -4,6 +4,7 @@
 //! drained) and the path profiles.
 use std::collections::HashMap;
 
+use burstyd_common::addr::Pid;
 use tracing::{debug, info, warn};
 
 use super::{Session, ticker};
@@ -116,6 +117,15 @@ impl Session {
                 return;
             }
         };
+        if !t.image_present() {
+            // It exec'd while being attached: the tracer is the old
+            // program's, and the new one is attached to afresh.
+            debug!(%pid, "exec'd while being attached");
+            self.pipe.procs.set_clone_frames(pid, t.clone_frames());
+            self.finish_exec(*t);
+            self.exec_attach(pid);
+            return;
+        }
         if let Some(sel) = self.selection.as_mut()
             && !sel.attached(pid)
         {
@@ -354,6 +364,108 @@ impl Session {
         }
     }
 
+    /// Every drain tick: the targets and traced processes that exec'd
+    /// ([`crate::sampling::sampler::Sampler::take_execs`]). A traced one's
+    /// old program is finished (its records so far counted; nothing is
+    /// done to the process, whose new program owns its pid, memory and
+    /// signals), and the new program is attached to as at the start:
+    /// under `run` and `--pid` at once (so `sh -c "exec prog"`, `env`, a
+    /// wrapper script, and the children a command forks and execs, are
+    /// traced), within `max_traced` processes traced at once; in the
+    /// service when its targets are next selected.
+    pub(super) fn follow_execs(&mut self) {
+        for pid in self.sampler.take_execs() {
+            // Its samples so far are the old program's.
+            self.sampler.drain_now(|s| self.pipe.handle(s));
+            if let Some(t) = self.bursts.release(pid) {
+                self.finish_exec(t);
+            }
+            self.pipe.procs.exec_seen(pid);
+            if let Some(sel) = self.selection.as_mut() {
+                sel.exec_seen(pid);
+                continue;
+            }
+            // An attach under way: its tracer says which program it
+            // attached to when it arrives (`on_attached`).
+            if !self.bursts.waiting().contains(&pid) {
+                self.exec_attach(pid);
+            }
+        }
+    }
+
+    /// `pid`'s old program's tracer, after an exec: out of the eBPF maps
+    /// (`on_exec` disarmed it already), counted with its contexts, and
+    /// finished on the blocking pool with the samples of its program.
+    fn finish_exec(&mut self, mut t: BurstTracer) {
+        let pid = t.pid();
+        let _ = self.sampler.set_burst_target(pid, None);
+        let activity = self.pipe.in_clones.remove(&pid).unwrap_or_default();
+        t.drain(activity, self.pipe.start_stacks.get_mut(&pid), false);
+        self.pipe.start_stacks.remove(&pid);
+        let execd = crate::bursts::tracer::Execd {
+            comm: self
+                .released
+                .attached
+                .get(&pid)
+                .map_or_else(String::new, |a| a.comm.clone()),
+            leaf: self.pipe.leaf_weights.remove(&pid).unwrap_or_default(),
+        };
+        self.pipe.interval_leaf_weights.remove(&pid);
+        info!(%pid, "exec'd: the bursts of its previous program ({}) end", execd.comm);
+        let tx = self.released.tx.clone();
+        self.released.pending += 1;
+        tokio::task::spawn_blocking(move || {
+            let _ = tx.send(t.finish_exec(execd));
+        });
+    }
+
+    /// Attaches to the program `pid` exec'd (`run`, `--pid`), unless
+    /// `max_traced` processes are traced or being attached already.
+    fn exec_attach(&mut self, pid: Pid) {
+        if self.bursts.options().is_none() || !crate::sys::process_running(pid) {
+            return;
+        }
+        if self.selection.is_some() {
+            if let Some(sel) = self.selection.as_mut() {
+                sel.exec_seen(pid);
+            }
+            return;
+        }
+        let max = self.opts.service.settings.bursts.max_traced;
+        if self.bursts.tracers().len() + self.bursts.waiting().len() >= max {
+            METRICS.execs_not_followed.inc();
+            info!(
+                %pid,
+                "{} exec'd, but max_traced ({max}) processes are traced already: it is sampled only",
+                exe_name(pid)
+            );
+            return;
+        }
+        METRICS.execs_followed.inc();
+        info!(%pid, "{} exec'd: attaching to it", exe_name(pid));
+        self.pipe.leaf_weights.insert(pid, HashMap::new());
+        self.bursts.attach(pid, None);
+    }
+
+    /// Once a second under `run` and `--pid`: the tracers of processes
+    /// that exited (the command's children traced since they exec'd)
+    /// are released, so that `max_traced` counts the living.
+    pub(super) fn release_exited(&mut self) {
+        if self.selection.is_some() {
+            return;
+        }
+        let gone: Vec<Pid> = self
+            .bursts
+            .tracers()
+            .iter()
+            .map(|t| t.pid())
+            .filter(|&p| !crate::sys::process_running(p))
+            .collect();
+        for pid in gone {
+            self.release_bursts(pid);
+        }
+    }
+
     /// Stops tracing `pid` in bursts (it exited, or is no longer
     /// selected): out of the eBPF maps, its records so far counted with
     /// their contexts, then disarmed and detached on the blocking pool.
@@ -466,7 +578,7 @@ impl Session {
 
 /// The process's name and executable for messages: `comm (path)` (the
 /// path resolved, e.g. redis-server's symlink to redis-check-rdb).
-fn exe_name(pid: burstyd_common::addr::Pid) -> String {
+fn exe_name(pid: Pid) -> String {
     match read_exe(pid) {
         Some(p) => format!(
             "{} ({})",

@@ -467,6 +467,7 @@ impl Session {
     /// is up.
     pub(super) fn on_drain_tick(&mut self) {
         self.sampler.drain_now(|s| self.pipe.handle(s));
+        self.follow_execs();
         self.pipe
             .finish_windows(false, &mut self.symbolizer, &self.out.meta);
         self.finish_path_windows();
@@ -567,6 +568,7 @@ impl Session {
             scan::apply_scan(s, &mut self.sampler, &mut self.pipe.procs);
         }
         self.select_bursts();
+        self.release_exited();
         self.select_hot_libraries();
         if self.bursts.active() || self.selection.is_some() {
             self.publish_traced_metrics();

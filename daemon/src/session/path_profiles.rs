@@ -55,7 +55,8 @@ impl Session {
             .map(|f| PathPart {
                 traced: &f.traced,
                 view: f.counts.all(),
-                leaf: self.pipe.leaf_weights.get(&f.traced.pid).unwrap_or(&empty),
+                leaf: f.leaf(&self.pipe.leaf_weights).unwrap_or(&empty),
+                execd: f.execd.is_some(),
             })
             .collect();
         let span = (self.out.session_start, std::time::SystemTime::now());
@@ -287,6 +288,7 @@ impl Session {
                 let (traced, counts) = source(&self.bursts, &self.released, src);
                 PathPart {
                     traced,
+                    execd: matches!(src, Source::Released(i) if self.released.finished[i].execd.is_some()),
                     view: counts.view(iv),
                     leaf: leaf.get(&traced.pid).unwrap_or(&empty),
                 }
@@ -423,6 +425,7 @@ impl Session {
                     let (traced, counts) = source(&self.bursts, &self.released, src);
                     PathPart {
                         traced,
+                        execd: matches!(src, Source::Released(i) if self.released.finished[i].execd.is_some()),
                         view: counts.view(d),
                         leaf,
                     }
@@ -446,12 +449,14 @@ impl Session {
 /// the same time.
 struct PathPart<'a> {
     traced: &'a crate::bursts::traced::Traced,
+    /// A program the process exec'd away from.
+    execd: bool,
     view: PathView<'a>,
     leaf: &'a HashMap<u64, u64>,
 }
 
-/// Each module's edges per process: `(pid, library name or None for the
-/// executable, fdata text)`.
+/// Each module's edges per process: `(pid, module name or None for the
+/// executable (see [`fdata_module`]), fdata text)`.
 type ModuleEdges = Vec<(Pid, Option<String>, Fdata)>;
 
 /// The path profile of `parts` (gzip'd pprof of `span`) and each
@@ -488,10 +493,20 @@ fn build_paths(
         for m in &part.traced.modules {
             let text = crate::export::fdata::fdata(m, &part.view);
             if m.is_exe || !text.is_empty() {
-                fdatas.push((pid, (!m.is_exe).then(|| m.name().to_owned()), text));
+                fdatas.push((pid, fdata_module(m, part.execd), text));
             }
         }
     }
     let gz = encode_gzip(&paths.finish()).map_err(anyhow::Error::from);
     (gz, fdatas)
+}
+
+/// The module part of a module's edge profile's name: `None` for the
+/// executable of a process (`edges.fdata`, `edges-<pid>.fdata`), the
+/// file name of a library (`edges-<library>.fdata`,
+/// `edges-<pid>-<library>.fdata`) and of the executable of a program the
+/// process exec'd away from (a shell wrapper's `edges-<pid>-dash.fdata`:
+/// the process's executable is the program it exec'd last).
+pub(super) fn fdata_module(m: &crate::bursts::traced::TracedModule, execd: bool) -> Option<String> {
+    (!m.is_exe || execd).then(|| m.name().to_owned())
 }

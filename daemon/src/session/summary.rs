@@ -71,12 +71,17 @@ pub(super) fn finished_summary(
     empty: &HashMap<u64, u64>,
 ) -> ProcessSummary {
     let pid = f.traced.pid;
+    // A program the process exec'd away from: its own name.
+    let own = f.execd.as_ref().map(|e| Attached {
+        comm: e.comm.clone(),
+        secs: attached.get(&pid).map_or(0.0, |a| a.secs),
+    });
     process_summary(
         &f.traced,
         PathFigures::of(&f.counts),
         f.stats.as_ref().map_err(|e| format!("{e:#}")),
-        hot_coverage(&f.traced, leaf.get(&pid).unwrap_or(empty), true),
-        attached.get(&pid),
+        hot_coverage(&f.traced, f.leaf(leaf).unwrap_or(empty), true),
+        own.as_ref().or_else(|| attached.get(&pid)),
     )
 }
 

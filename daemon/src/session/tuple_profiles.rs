@@ -343,7 +343,7 @@ pub(super) fn indirect_calls(finished: &[Finished]) -> Vec<(Pid, Option<String>,
             if !calls.is_empty() {
                 out.push((
                     f.traced.pid,
-                    (!m.is_exe).then(|| m.name().to_owned()),
+                    super::path_profiles::fdata_module(m, f.execd.is_some()),
                     calls,
                 ));
             }

@@ -204,6 +204,14 @@ impl ProcessTable {
         }
     }
 
+    /// `pid` exec'd: its maps and clones are another program's now (read
+    /// again at its next sample).
+    pub(crate) fn exec_seen(&mut self, pid: Pid) {
+        self.procs.remove(&pid);
+        self.clones.remove(&pid);
+        self.next_generation += 1;
+    }
+
     /// The clones injected into `pid`, if any.
     pub(crate) fn clone_frames(&self, pid: Pid) -> Option<&Arc<CloneFrames>> {
         self.clones.get(&pid)

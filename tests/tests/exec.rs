@@ -1,0 +1,111 @@
+//! Bursts follow exec: under `burstyd run`, a command that execs another
+//! program (`sh -c "exec prog"`, `env`, a chain of both) and the children
+//! a command forks and execs are traced in bursts in the programs they
+//! exec, each with its own entry in `summary.json` and its paths in
+//! `paths.pb.gz`; their output stays the untraced one's.
+//!
+//! The program is `paths_known` with a long loop (about a second and a
+//! half of CPU): its `kernel` function's paths are what bursts must find.
+
+use std::time::Duration;
+
+use burstyd_tests::summary::read_summary;
+use burstyd_tests::*;
+
+/// `paths_known`'s loop count: about 1.4 s of CPU here, long enough for
+/// the attach after the exec (the executable's clones come from the plan
+/// cache or a short analysis).
+const N: &str = "480000000";
+
+/// Runs `prog` untraced and under `burstyd run --freq 999` and checks the
+/// output is the same; returns the traced run.
+fn traced_as_untraced(scratch: &Scratch, prog: &[&str]) -> BurstydRun {
+    let untraced = run_untraced(prog, Duration::from_secs(120));
+    let run = burstyd_run(scratch, &["--freq", "999"], prog, Duration::from_secs(300));
+    run.assert_ok();
+    assert_eq!(
+        run.finished.stdout_str(),
+        untraced.stdout_str(),
+        "{prog:?}: the output under `burstyd run` differs from the untraced output\n{}",
+        run.finished.describe()
+    );
+    run
+}
+
+/// The summary's processes that ran `paths_known`, each with bursts taken
+/// and paths recorded; asserts there are `n` of them and that the path
+/// profile has `kernel`'s paths.
+fn assert_bursts_in_paths_known(run: &BurstydRun, n: usize) {
+    let summary = read_summary(&run.out_dir);
+    let procs = summary.processes();
+    let all: Vec<String> = procs.iter().map(|p| p.describe()).collect();
+    let pk: Vec<_> = procs
+        .iter()
+        .filter(|p| p.exe().ends_with("/paths_known"))
+        .collect();
+    assert_eq!(
+        pk.len(),
+        n,
+        "{n} traced processes running paths_known expected; the summary has:\n{}\n{}",
+        all.join("\n"),
+        run.finished.describe()
+    );
+    for p in &pk {
+        assert!(
+            p.taken() > 0 && p.paths() > 0,
+            "no bursts in the exec'd program: {}\n{}",
+            p.describe(),
+            run.finished.describe()
+        );
+        assert_eq!(p.records_lost(), 0, "{}", p.describe());
+    }
+    assert!(
+        summary.metric_by("burstyd_execs_total", "traced") >= n as u64,
+        "{}",
+        all.join("\n")
+    );
+    let counts = path_counts(&run.out_dir.join("paths.pb.gz"));
+    assert!(
+        counts.keys().any(|k| k.starts_with("kernel path ")),
+        "no path of paths_known's kernel in paths.pb.gz: {:?}",
+        counts.keys().take(20).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn bursts_follow_a_shell_that_execs_the_program() {
+    require_root();
+    let _g = serial();
+    let pk = fixture("paths_known");
+    let scratch = Scratch::new("exec-sh");
+    let script = format!("exec {} {N}", pk.display());
+    let run = traced_as_untraced(&scratch, &["/bin/sh", "-c", &script]);
+    assert_bursts_in_paths_known(&run, 1);
+}
+
+#[test]
+fn bursts_follow_a_chain_of_execs() {
+    // sh execs env, which execs the program: env runs for a moment, so
+    // its own attach may still be under way when it execs.
+    require_root();
+    let _g = serial();
+    let pk = fixture("paths_known");
+    let scratch = Scratch::new("exec-env");
+    let script = format!("exec /usr/bin/env BURSTYD_TEST=1 {} {N}", pk.display());
+    let run = traced_as_untraced(&scratch, &["/bin/sh", "-c", &script]);
+    assert_bursts_in_paths_known(&run, 1);
+}
+
+#[test]
+fn bursts_follow_the_workers_a_command_forks_and_execs() {
+    require_root();
+    let _g = serial();
+    let pk = fixture("paths_known");
+    let fe = fixture("forkexec");
+    let scratch = Scratch::new("exec-workers");
+    let run = traced_as_untraced(
+        &scratch,
+        &[fe.to_str().unwrap(), "3", pk.to_str().unwrap(), N],
+    );
+    assert_bursts_in_paths_known(&run, 3);
+}
