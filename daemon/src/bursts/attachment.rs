@@ -148,7 +148,13 @@ impl Attachment {
     /// library found unloaded, whose pages it drops. A failure (the
     /// process gone, its memory unreadable) leaves the tables invalid.
     pub(crate) fn relink(&mut self, exe_path: &str) -> super::linkmap::Relinked {
-        match super::linkmap::relink(self.pid, &self.region, self.base, exe_path) {
+        match super::linkmap::relink(
+            self.pid,
+            &self.region,
+            self.control_addr,
+            self.base,
+            exe_path,
+        ) {
             Ok(r) => {
                 self.relink_due = !r.installed;
                 self.forgets += r.unloaded.len() as u64;
@@ -244,6 +250,11 @@ impl Attachment {
     pub(super) fn clear_owner(&self, slot: usize) {
         use std::os::unix::fs::FileExt;
         let r = crate::sys::open_mem(self.pid, true).and_then(|f| {
+            // Only into the program attached to: one the process exec'd
+            // has other things there.
+            if !super::rooms::runs_ours(&f, self.control_addr) {
+                return Ok(());
+            }
             f.write_all_at(&0u64.to_ne_bytes(), self.control_addr + owner_offset(slot))
         });
         if let Err(e) = r {

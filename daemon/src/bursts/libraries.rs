@@ -18,7 +18,9 @@ use super::tables::{FileTables, Merged};
 use super::plans::{analyse, from_cache_note};
 use super::prepare::{Extension, Generated, remember};
 use super::progress::{self, Phase, Step};
-use super::rooms::{CODE_FLAGS, RX, Rooms, TABLE_FLAGS, generate, place_checks, write_unused};
+use super::rooms::{
+    self, CODE_FLAGS, RX, Rooms, TABLE_FLAGS, generate, place_checks, write_unused,
+};
 
 /// What the second step of an attach ([`add_libraries`]) needs from the
 /// first.
@@ -57,6 +59,9 @@ pub(crate) fn add_libraries(
 ) -> anyhow::Result<Option<Extension>> {
     let cancelled = || cancel.load(Ordering::Relaxed);
     let t0 = std::time::Instant::now();
+    // Every write of this step goes to the program attached to, even if
+    // the process execs meanwhile.
+    let mem = rooms::open_ours(pid, pending.control)?;
     let maps = inject::maps(pid)?;
     let mut all = modules::mapped_libraries(pid, &maps, &pending.exe_path);
     for m in &mut all {
@@ -152,7 +157,7 @@ pub(crate) fn add_libraries(
         if need > room {
             bail!("the lookup tables need {need} bytes, {room} were set aside");
         }
-        write_unused(pid, &gens, &tables, tables_at)?;
+        write_unused(pid, &mem, &gens, &tables, tables_at)?;
         activate = Some((tables_at, gens.iter().map(Generated::entry).collect()));
     }
     remember(&mut gens);
@@ -270,6 +275,15 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
     // short: as short as it can be); the bytes go in after it.
     let mut t = Tracee::attach(pid).context("stopping the target with ptrace")?;
     let stopped = std::time::Instant::now();
+    // Stopped, it cannot exec: the program stopped is checked, and every
+    // write of this step goes to it.
+    let mem = match rooms::open_ours(pid, req.control) {
+        Ok(m) => m,
+        Err(e) => {
+            t.detach()?;
+            return Err(e);
+        }
+    };
     place_checks(&mut t, &gens, tables_len)?;
     for g in &gens {
         t.mmap(g.code, g.code_len, RX, CODE_FLAGS, -1, 0)
@@ -280,7 +294,7 @@ pub(crate) fn add_loaded(req: &LoadRequest) -> anyhow::Result<Option<Extension>>
         .context("mapping the lookup tables")?;
     t.detach()?;
     let stopped_ms = stopped.elapsed().as_secs_f64() * 1e3;
-    write_unused(pid, &gens, &tables, tables_at)?;
+    write_unused(pid, &mem, &gens, &tables, tables_at)?;
     remember(&mut gens);
     let entries = gens.iter().map(Generated::entry).collect();
     let names: Vec<String> = gens.iter().map(|g| g.facts.name().to_owned()).collect();

@@ -74,9 +74,12 @@ pub(crate) struct Loaded {
 /// use (see the module doc). Modules of the directory whose mapping is
 /// gone are masked in `base` and forgotten in the directory. `exe_path`:
 /// the executable's maps path (not a library).
+/// `control`: the control block's address in the target (what it masks is
+/// written only into the program attached to, never into one it exec'd).
 pub(crate) fn relink(
     pid: Pid,
     region: &SharedRegion,
+    control: u64,
     base: u64,
     exe_path: &str,
 ) -> anyhow::Result<Relinked> {
@@ -95,6 +98,7 @@ pub(crate) fn relink(
             return Ok(Relinked::default());
         }
     }
+    let mem = super::rooms::open_ours(pid, control)?;
     let maps = userspace_rewriter::inject::maps(pid)?;
     let mut out = Relinked::default();
     for (i, e) in region.modules().iter().enumerate() {
@@ -102,7 +106,7 @@ pub(crate) fn relink(
         if i == 0 || e.id == 0 || still_mapped(e, &maps) {
             continue;
         }
-        mask(pid, base, e.lo, e.hi)
+        mask(&mem, base, e.lo, e.hi)
             .with_context(|| format!("masking the tables of the module at {:#x}", e.lo))?;
         region.forget_module(i);
         out.unloaded.push((i, e.lo, e.hi));
@@ -148,18 +152,17 @@ fn still_mapped(e: &ModuleEntry, maps: &[MapEntry]) -> bool {
     maps.iter().any(|m| m.start == e.lo && m.inode == e.ino)
 }
 
-/// Masks, in the tables whose header is at `header` in `pid`, every entry
-/// whose original address is in `[lo, hi)` (see the module doc).
-/// Returns how many.
-pub(crate) fn mask(pid: Pid, header: u64, lo: u64, hi: u64) -> anyhow::Result<usize> {
-    let mem = crate::sys::open_mem(pid, true).context("opening the target's memory")?;
+/// Masks, in the tables whose header is at `header` in the target's
+/// memory `mem`, every entry whose original address is in `[lo, hi)` (see
+/// the module doc). Returns how many.
+pub(crate) fn mask(mem: &std::fs::File, header: u64, lo: u64, hi: u64) -> anyhow::Result<usize> {
     let mut h = [0u8; TABLES_HEADER_BYTES];
     mem.read_exact_at(&mut h, header)
         .context("reading the tables' header")?;
     let [insns, functions, returns] = TablesHeader::from_bytes(&h).tables();
     let mut n = 0;
     for ((at, len), to_itself) in [(insns, false), (functions, true), (returns, false)] {
-        n += mask_one(&mem, at, len, lo, hi, to_itself)?;
+        n += mask_one(mem, at, len, lo, hi, to_itself)?;
     }
     Ok(n)
 }
@@ -235,7 +238,8 @@ mod tests {
             3,
         ];
         let pid = Pid(std::process::id());
-        let n = mask(pid, header.as_ptr() as u64, 0x1040, 0x10a0).unwrap();
+        let mem = crate::sys::open_mem(pid, true).unwrap();
+        let n = mask(&mem, header.as_ptr() as u64, 0x1040, 0x10a0).unwrap();
         // SAFETY: the vectors were written through /proc/self/mem; read
         // them again as the compiler cannot know.
         let read = |v: &Vec<u64>| -> Vec<u64> {

@@ -157,17 +157,39 @@ impl Rooms {
     }
 }
 
-/// Writes clones and lookup tables through `/proc/PID/mem` while the
-/// program runs: nothing points at these bytes until the session puts the
-/// tables in use.
+/// Whether the program whose control block is at `control` is the one
+/// `mem` (`/proc/PID/mem`) reads: the block's magic word is there.
+pub(super) fn runs_ours(mem: &std::fs::File, control: u64) -> bool {
+    use std::os::unix::fs::FileExt;
+    let mut word = [0u8; 8];
+    mem.read_exact_at(&mut word, control)
+        .is_ok_and(|()| u64::from_le_bytes(word) == burstyd_common::burst::CONTROL_MAGIC)
+}
+
+/// `pid`'s memory for the writes of a later step of its attach, opened
+/// while it runs the program whose control block is at `control`
+/// (checked through it). The file holds the address space it was opened
+/// on: were the process to exec meanwhile, the writes would go to the
+/// old, dying one, never into the new program.
+pub(super) fn open_ours(pid: Pid, control: u64) -> anyhow::Result<std::fs::File> {
+    let mem = crate::sys::open_mem(pid, true).context("opening the target's memory")?;
+    if !runs_ours(&mem, control) {
+        bail!("the process exec'd since its attach (its control block is gone)");
+    }
+    Ok(mem)
+}
+
+/// Writes clones and lookup tables through `mem` (`/proc/PID/mem`, see
+/// [`open_ours`]) while the program runs: nothing points at these bytes
+/// until the session puts the tables in use.
 pub(super) fn write_unused(
     pid: Pid,
+    mem: &std::fs::File,
     gens: &[Generated],
     tables: &Merged<'_>,
     tables_at: u64,
 ) -> anyhow::Result<()> {
     use std::os::unix::fs::FileExt;
-    let mem = crate::sys::open_mem(pid, true).context("opening the target's memory")?;
     let write = |at: u64, bytes: &[u8]| {
         mem.write_all_at(bytes, at)
             .with_context(|| format!("writing {} bytes at {at:#x} in pid {pid}", bytes.len()))

@@ -439,6 +439,9 @@ impl BurstTracer {
         req: &libraries::LoadRequest,
         ext: Option<prepare::Extension>,
     ) -> bool {
+        if !self.asked(req) {
+            return false;
+        }
         self.loading = false;
         // Relink at the next drain: more may have been loaded meanwhile.
         self.attachment.relink_soon();
@@ -460,11 +463,20 @@ impl BurstTracer {
     /// under the stop, the stop failed): they are asked for again at the
     /// next relink, within the bound on clonings per file.
     pub(crate) fn load_failed(&mut self, req: &libraries::LoadRequest) {
+        if !self.asked(req) {
+            return;
+        }
         self.loading = false;
         for l in &req.libraries {
             self.tried.remove(l);
         }
         self.attachment.relink_soon();
+    }
+
+    /// Whether this tracer asked for `req` (not the tracer of a program
+    /// the process exec'd away from: its control block was elsewhere).
+    fn asked(&self, req: &libraries::LoadRequest) -> bool {
+        req.control == self.attachment.control_addr
     }
 
     /// The clones, for the unwinder.
@@ -671,12 +683,8 @@ impl BurstTracer {
     /// to: its control block is still where the attach mapped it (gone
     /// once the process exec'd).
     pub(crate) fn image_present(&self) -> bool {
-        use std::os::unix::fs::FileExt;
-        let at = self.target().armed_addr - burstyd_common::burst::ARMED_OFFSET as u64;
-        let mut word = [0u8; 8];
-        crate::sys::open_mem(self.pid(), false)
-            .and_then(|f| f.read_exact_at(&mut word, at))
-            .is_ok_and(|()| u64::from_le_bytes(word) == burstyd_common::burst::CONTROL_MAGIC)
+        let at = self.attachment.control_addr;
+        crate::sys::open_mem(self.pid(), false).is_ok_and(|m| super::rooms::runs_ours(&m, at))
     }
 
     /// Disarms, drains until the ring is empty (the target may have exited

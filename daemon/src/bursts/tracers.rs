@@ -161,6 +161,10 @@ impl Bursts {
                         return;
                     }
                     if let Some((pid, opts)) = queue.attaches.pop_front() {
+                        // A process attached to again has exec'd: the
+                        // libraries of its old program are not its.
+                        queue.libraries.retain(|(p, _)| *p != pid);
+                        queue.loads.retain(|r| r.pid != pid);
                         // Only the first can be `run`'s held command.
                         let hold = held.take() == Some(true);
                         match attach_one(pid, &opts, hold, &tx) {

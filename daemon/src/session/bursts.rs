@@ -180,6 +180,11 @@ impl Session {
         let ext = match libraries {
             Ok(Some(ext)) => ext,
             Ok(None) => return,
+            // Its tracer was released meanwhile (it exited or exec'd).
+            Err(e) if self.bursts.tracer_mut(pid).is_none() => {
+                debug!(%pid, "shared libraries not cloned: {e:#}");
+                return;
+            }
             Err(e) => {
                 warn!(%pid, "shared libraries not cloned (the executable's clones go on): {e:#}");
                 return;
