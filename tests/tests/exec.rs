@@ -109,3 +109,83 @@ fn bursts_follow_the_workers_a_command_forks_and_execs() {
     );
     assert_bursts_in_paths_known(&run, 3);
 }
+
+/// `--pid` on a shell that execs the program once it is traced: the
+/// session goes on with the program, which takes bursts, and ends when
+/// it exits.
+#[test]
+fn bursts_follow_an_exec_under_pid() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    require_root();
+    let _g = serial();
+    let pk = fixture("paths_known");
+    let untraced = run_untraced(&[pk.to_str().unwrap(), N], Duration::from_secs(120));
+    // The shell waits for a line on its standard input, then execs.
+    let script = format!("read line; exec {} {N}", pk.display());
+    let mut child = Command::new("/bin/sh")
+        .args(["-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let scratch = Scratch::new("exec-pid");
+    let out = scratch.join("out");
+    let mut daemon = Command::new(burstyd_bin())
+        .args(["--pid", &pid.to_string(), "--freq", "999", "-o"])
+        .arg(&out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Traced: the burst region is mapped in the shell.
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_default()
+        .contains("/memfd:burstyd-bursts")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the shell was not traced within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        untraced.stdout_str()
+    );
+    let t1 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = daemon.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t1.elapsed() < Duration::from_secs(60),
+            "burstyd --pid did not end within 60 s of its target"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut daemon.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        status.success(),
+        "burstyd failed: {status}\n{}",
+        tail(&err, 30)
+    );
+    let run = BurstydRun {
+        finished: Finished {
+            status,
+            stdout: Vec::new(),
+            stderr: err,
+            elapsed: t0.elapsed(),
+        },
+        out_dir: out,
+    };
+    assert_bursts_in_paths_known(&run, 1);
+}

@@ -174,10 +174,23 @@ pub(super) fn runs_ours(mem: &std::fs::File, control: u64) -> bool {
 pub(super) fn open_ours(pid: Pid, control: u64) -> anyhow::Result<std::fs::File> {
     let mem = crate::sys::open_mem(pid, true).context("opening the target's memory")?;
     if !runs_ours(&mem, control) {
-        bail!("the process exec'd since its attach (its control block is gone)");
+        return Err(Execd.into());
     }
     Ok(mem)
 }
+
+/// The process runs another program than the one attached to (it exec'd):
+/// a step of the attach found its control block gone.
+#[derive(Debug)]
+pub(crate) struct Execd;
+
+impl std::fmt::Display for Execd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the process exec'd since its attach (its control block is gone)")
+    }
+}
+
+impl std::error::Error for Execd {}
 
 /// Writes clones and lookup tables through `mem` (`/proc/PID/mem`, see
 /// [`open_ours`]) while the program runs: nothing points at these bytes

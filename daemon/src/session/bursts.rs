@@ -180,8 +180,12 @@ impl Session {
         let ext = match libraries {
             Ok(Some(ext)) => ext,
             Ok(None) => return,
-            // Its tracer was released meanwhile (it exited or exec'd).
-            Err(e) if self.bursts.tracer_mut(pid).is_none() => {
+            // Its tracer was released meanwhile (it exited or exec'd), or
+            // is about to be (the exec not seen yet).
+            Err(e)
+                if self.bursts.tracer_mut(pid).is_none()
+                    || e.downcast_ref::<crate::bursts::rooms::Execd>().is_some() =>
+            {
                 debug!(%pid, "shared libraries not cloned: {e:#}");
                 return;
             }
@@ -232,7 +236,9 @@ impl Session {
         let ext = match libraries {
             Ok(ext) => ext,
             Err(e) => {
-                if crate::sys::process_running(pid) {
+                if crate::sys::process_running(pid)
+                    && e.downcast_ref::<crate::bursts::rooms::Execd>().is_none()
+                {
                     warn!(%pid, "libraries loaded since the attach are not cloned yet: {e:#}; trying again");
                 }
                 if let Some(t) = self.bursts.tracer_mut(pid) {
