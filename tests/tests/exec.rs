@@ -72,28 +72,28 @@ fn assert_bursts_in_paths_known(run: &BurstydRun, n: usize) {
     );
 }
 
-#[test]
-fn bursts_follow_a_shell_that_execs_the_program() {
+/// `sh -c "<before> paths_known N"` under `run`: the program takes
+/// bursts.
+fn shell_execs(name: &str, before: &str) {
     require_root();
     let _g = serial();
     let pk = fixture("paths_known");
-    let scratch = Scratch::new("exec-sh");
-    let script = format!("exec {} {N}", pk.display());
+    let scratch = Scratch::new(name);
+    let script = format!("{before} {} {N}", pk.display());
     let run = traced_as_untraced(&scratch, &["/bin/sh", "-c", &script]);
     assert_bursts_in_paths_known(&run, 1);
+}
+
+#[test]
+fn bursts_follow_a_shell_that_execs_the_program() {
+    shell_execs("exec-sh", "exec");
 }
 
 #[test]
 fn bursts_follow_a_chain_of_execs() {
     // sh execs env, which execs the program: env runs for a moment, so
     // its own attach may still be under way when it execs.
-    require_root();
-    let _g = serial();
-    let pk = fixture("paths_known");
-    let scratch = Scratch::new("exec-env");
-    let script = format!("exec /usr/bin/env BURSTYD_TEST=1 {} {N}", pk.display());
-    let run = traced_as_untraced(&scratch, &["/bin/sh", "-c", &script]);
-    assert_bursts_in_paths_known(&run, 1);
+    shell_execs("exec-env", "exec /usr/bin/env BURSTYD_TEST=1");
 }
 
 #[test]

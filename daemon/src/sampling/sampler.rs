@@ -286,20 +286,7 @@ impl Sampler {
     /// Attaches `on_newtask` so that children of targets are sampled. Needs
     /// tracefs; without it we warn and go on with the targets we have.
     fn follow_children(&mut self) {
-        if let Err(e) = crate::sys::ensure_tracefs() {
-            tracing::debug!("mounting tracefs: {e}");
-        }
-        let r = (|| -> Result<(), aya::programs::ProgramError> {
-            let prog: &mut TracePoint = self
-                .ebpf
-                .program_mut("on_newtask")
-                .ok_or(aya::programs::ProgramError::NotLoaded)?
-                .try_into()?;
-            prog.load()?;
-            prog.attach("task", "task_newtask")?;
-            Ok(())
-        })();
-        if let Err(e) = r {
+        if let Err(e) = self.attach_tracepoint("on_newtask", "task", "task_newtask") {
             tracing::warn!(
                 "cannot follow child processes (is tracefs mounted at /sys/kernel/tracing?): {e}; only the command itself is sampled"
             );
@@ -310,25 +297,33 @@ impl Sampler {
     /// disarmed at once and listed for [`Self::take_execs`]. Needs
     /// tracefs; without it bursts stop at an exec, as they did before.
     fn follow_exec(&mut self) {
-        if let Err(e) = crate::sys::ensure_tracefs() {
-            tracing::debug!("mounting tracefs: {e}");
-        }
-        let r = (|| -> Result<(), aya::programs::ProgramError> {
-            let prog: &mut TracePoint = self
-                .ebpf
-                .program_mut("on_exec")
-                .ok_or(aya::programs::ProgramError::NotLoaded)?
-                .try_into()?;
-            prog.load()?;
-            prog.attach("sched", "sched_process_exec")?;
-            Ok(())
-        })();
-        match r {
+        match self.attach_tracepoint("on_exec", "sched", "sched_process_exec") {
             Ok(()) => self.follows_exec = true,
             Err(e) => tracing::warn!(
                 "cannot see execs (is tracefs mounted at /sys/kernel/tracing?): {e}; bursts stop where a traced process execs"
             ),
         }
+    }
+
+    /// Loads tracepoint program `name` and attaches it to `category:event`
+    /// (mounting tracefs first if need be).
+    fn attach_tracepoint(
+        &mut self,
+        name: &str,
+        category: &str,
+        event: &str,
+    ) -> Result<(), aya::programs::ProgramError> {
+        if let Err(e) = crate::sys::ensure_tracefs() {
+            tracing::debug!("mounting tracefs: {e}");
+        }
+        let prog: &mut TracePoint = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(aya::programs::ProgramError::NotLoaded)?
+            .try_into()?;
+        prog.load()?;
+        prog.attach(category, event)?;
+        Ok(())
     }
 
     /// The targets and traced processes that exec'd since the last call
