@@ -150,6 +150,36 @@ fn a_full_trace_counts_the_known_tuples_exactly() {
         let n = c["executions"].as_u64().unwrap() as f64;
         assert!((n - jumps as f64 / 4.0).abs() <= 1.0, "{:#}", switch[0]);
     }
+
+    // The computed goto in `dispatch`: its labels A, B, C half, a quarter
+    // and a quarter of the steps.
+    let goto: Vec<_> = targets["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["function"].as_str() == Some("dispatch"))
+        .collect();
+    assert_eq!(goto.len(), 1, "the computed goto in dispatch: {targets:#}");
+    let gotos = goto[0]["executions"].as_u64().unwrap();
+    assert!(gotos.abs_diff(steps) <= 1, "{gotos} gotos, {steps} calls");
+    let mut shares: Vec<f64> = goto[0]["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            assert!(
+                c["target"].as_str().unwrap().starts_with("dispatch+0x"),
+                "{c}"
+            );
+            c["executions"].as_u64().unwrap() as f64
+        })
+        .collect();
+    shares.sort_by(|a, b| b.total_cmp(a));
+    let g = gotos as f64;
+    assert_eq!(shares.len(), 3, "{:#}", goto[0]);
+    for (n, want) in shares.iter().zip([0.5, 0.25, 0.25]) {
+        assert!((n - want * g).abs() <= 1.0, "{:#}", goto[0]);
+    }
 }
 
 /// The site in `step` of report `rep` whose values (`key`: `value`, or
