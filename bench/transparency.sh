@@ -7,25 +7,35 @@
 # system call's result line by line. Reports the mismatches (must be 0),
 # the bursts taken and the burst signals not sent, by reason.
 #
+# With --attach-stress N, a third run: the program untraced while
+# `burstyd --pid` attaches to it and detaches (--duration 0.5, bursts at
+# --freq) N times one after the other (issue 35: an attach's ptrace stop
+# must never cut a system call short); its log is compared the same way,
+# and the table gives the attaches made and those that failed.
+#
 # Usage (workspace root, as root, after `cargo build --release -p burstyd`):
-#   bash bench/transparency.sh [--seconds S] [--freq HZ]   (default 300, 2000)
+#   bash bench/transparency.sh [--seconds S] [--freq HZ] [--attach-stress N]
+#   (default 300, 2000, none)
 # Environment: BURSTYD_BIN, KEEP=1 keeps the work directory.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SECONDS_WANTED=300
 FREQ=2000
+ATTACH_STRESS=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --seconds) SECONDS_WANTED="$2"; shift 2 ;;
         --freq) FREQ="$2"; shift 2 ;;
-        -h|--help) sed -n "2,13p" "$0"; exit 0 ;;
+        --attach-stress) ATTACH_STRESS="$2"; shift 2 ;;
+        -h|--help) sed -n "2,19p" "$0"; exit 0 ;;
         *) echo "transparency.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 die() { echo "transparency.sh: error: $*" >&2; exit 1; }
 [[ "$SECONDS_WANTED" =~ ^[1-9][0-9]*$ ]] || die "--seconds must be a positive integer"
 [[ "$FREQ" =~ ^[1-9][0-9]*$ ]] || die "--freq must be a positive integer"
+[[ "$ATTACH_STRESS" =~ ^[0-9]+$ ]] || die "--attach-stress must be a count"
 [[ $(id -u) -eq 0 ]] || die "run as root (burstyd loads eBPF programs and uses ptrace)"
 BURSTYD="${BURSTYD_BIN:-$ROOT/target/release/burstyd}"
 [[ -x "$BURSTYD" ]] || die "$BURSTYD not found: build it with \`cargo build --release -p burstyd\`"
@@ -68,5 +78,26 @@ echo "blocked-signal drains that found nothing queued: $queued of $sigtw"
 echo "$summary; $signals; $declines"
 if [[ $mismatches -ne 0 ]]; then
     diff "$WORK/untraced.log" "$WORK/traced.log" | head -20
-    exit 1
+    status=1
 fi
+if [[ $ATTACH_STRESS -gt 0 ]]; then
+    echo "== untraced, while burstyd --pid attaches and detaches up to $ATTACH_STRESS times" >&2
+    "$PROG" "$ITER" "$WORK/stressed.log" >"$WORK/stressed.out" &
+    P=$!
+    sleep 0.2
+    made=0 failed=0
+    while kill -0 "$P" 2>/dev/null && [[ $made -lt $ATTACH_STRESS ]]; do
+        # The program may end during an attach: that is not a failure.
+        "$BURSTYD" --pid "$P" --freq "$FREQ" --duration 0.5 -o "$WORK/attach" \
+            >/dev/null 2>>"$WORK/attach.log" || { kill -0 "$P" 2>/dev/null && failed=$((failed + 1)); }
+        made=$((made + 1))
+    done
+    wait "$P" || die "the stressed program failed"
+    stressed=$( (diff "$WORK/untraced.log" "$WORK/stressed.log" || true) | grep -c '^[<>]' || true)
+    echo "attach/detach stress: $made attaches ($failed failed) while the program ran; lines that differ from untraced: $stressed"
+    if [[ $stressed -ne 0 ]]; then
+        diff "$WORK/untraced.log" "$WORK/stressed.log" | head -20
+        status=1
+    fi
+fi
+exit "$status"
