@@ -669,6 +669,32 @@ fn the_service_serves_tuple_profiles_live() {
         has_step_site(&gz, key, want).unwrap_or_else(|e| panic!("latest {what}: {e}"));
         live.push((what, "latest", step_tuples(&gz)));
     }
+    // The interval edge profiles carry the indirect calls of the
+    // call-target profile: step's call to f1, f2 and f3, f1 counted about
+    // twice as often as each of the others.
+    let fdatas = wait_intervals(&out, "edges-tuples_known-", ".fdata", &d);
+    let text: String = fdatas
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    let calls = |to: &str| -> u64 {
+        text.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() == 8
+                    && f[1] == "step"
+                    && (f[4] == to || f[4].starts_with(&format!("{to}/"))))
+                .then(|| f[7].parse::<u64>().unwrap())
+            })
+            .sum()
+    };
+    let (f1, f2, f3) = (calls("f1"), calls("f2"), calls("f3"));
+    let ratio = f1 as f64 / ((f2 + f3) as f64 / 2.0);
+    assert!(
+        f2 > 0 && f3 > 0 && ratio > 1.3 && ratio < 3.0,
+        "indirect calls in {} interval edge profiles: f1 {f1}, f2 {f2}, f3 {f3}\n{text}",
+        fdatas.len()
+    );
     drop(target);
     assert!(d.stop().success(), "{}", d.log());
     for (what, when, n) in live {

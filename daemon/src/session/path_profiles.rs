@@ -246,7 +246,8 @@ impl Session {
     /// (which its totals now hold) as `paths-<time>.pb.gz` (all
     /// processes, label `pid`) and `edges-<module>-<time>.fdata` (per
     /// binary, summed over its processes: BOLT optimises a binary, not a
-    /// process), published on `/debug/pprof/paths` and pushed.
+    /// process; with the interval's indirect calls from the call-target
+    /// profiles), published on `/debug/pprof/paths` and pushed.
     pub(super) fn write_interval_paths(
         &mut self,
         start: std::time::SystemTime,
@@ -316,6 +317,10 @@ impl Session {
                 .or_else(|| exe_names.get(pid).cloned())
                 .unwrap_or_default();
             edges.entry(name).or_default().merge(fdata);
+        }
+        // The interval's indirect calls, from the call-target profiles.
+        for (module, calls) in self.interval_indirect_calls() {
+            edges.entry(module).or_default().merge(&calls);
         }
         for (module, fdata) in edges.iter().filter(|e| !e.1.is_empty()) {
             let name = format!("edges-{module}-{ts}.fdata");

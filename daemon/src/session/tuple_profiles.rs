@@ -187,6 +187,31 @@ impl Session {
         build_tuples(kind, &parts, span, &self.pipe.procs, &mut self.symbolizer)
     }
 
+    /// The indirect calls each process's call-target profile gained in
+    /// the interval (since its tuple marks), per module, named as the
+    /// interval's edge files name it (the file name of the library or of
+    /// the executable): they go with the interval's branches.
+    pub(super) fn interval_indirect_calls(&self) -> Vec<(String, Fdata)> {
+        let mut out = Vec::new();
+        for (traced, t) in tuple_sources(&self.bursts, &self.released) {
+            if !t.sampled.has(TupleKind::Target) {
+                continue;
+            }
+            let now = t.sampled.summaries();
+            let since = match self.tuple_marks.get(&traced.pid) {
+                Some(m) => super::tuple_window::delta(&now, &m.sampled),
+                None => now,
+            };
+            for m in &traced.modules {
+                let (calls, _) = crate::export::fdata::indirect_calls(traced, m, &since);
+                if !calls.is_empty() {
+                    out.push((m.name().to_owned(), calls));
+                }
+            }
+        }
+        out
+    }
+
     /// Every interval: the tuple profiles of the tuples made in it, as
     /// `values-<time>.pb.gz` and `targets-<time>.pb.gz` (none of a kind
     /// without its tuples), published on `/debug/pprof/values` and
