@@ -50,3 +50,43 @@ fn pid_mode_profiles_only_that_process_and_its_threads() {
     }
     assert_two_named_threads(&traces, &p);
 }
+
+/// A `--pid` target that exits while its parent (here the test) has not
+/// reaped it yet — a zombie until after burstyd ends, as a script waiting
+/// on both would have it: the session ends once the target exits, with
+/// its profile, and does not wait for the reaping.
+#[test]
+fn a_target_that_exits_unreaped_ends_the_session() {
+    require_root();
+    let _serial = serial();
+    let pk = fixture("paths_known");
+    // About half a second of work, then exit; reaped only at the end.
+    let mut child = Command::new(&pk)
+        .arg("160000000")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let scratch = Scratch::new("pid_mode_zombie");
+    let run = burstyd(
+        &scratch,
+        &["--pid", &pid, "--freq", "999"],
+        &[],
+        Duration::from_secs(60),
+    );
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let _ = child.wait();
+    run.assert_ok();
+    // Still unreaped when burstyd ended: a zombie.
+    assert!(
+        state.split(") ").nth(1).is_some_and(|s| s.starts_with('Z')),
+        "the target was not a zombie when burstyd ended: {state}"
+    );
+    assert!(
+        run.finished.elapsed < Duration::from_secs(20),
+        "burstyd took {:?} to end after its target exited",
+        run.finished.elapsed
+    );
+    let summary = burstyd_tests::summary::read_summary(&run.out_dir);
+    assert!(summary.samples() > 0, "no samples of the target");
+}
