@@ -36,12 +36,15 @@
 # (burstyd_execs_total traced / sampled_only) and records lost
 # (burstyd_traced_records_lost_total summed). Exits 1 if any test's outcome
 # (or a suite's exit status) differs traced vs untraced.
-# Time (2-core VM, 2026-11-29, nice 19, another job beside it): about
-# TIME_TBD minutes for both suites (python: 2 min untraced, TBD traced; gawk:
-# its build 1.5 min, 30 s untraced, TBD traced).
+# Time (2-core VM, 2026-11-29, nice 19, other benchmarks beside it): 17.5
+# minutes for both suites: python 3.5 min per untraced run, 5.4 min traced
+# (untraced 2 min on a quieter host); gawk's build 1.5-3 min, then 35-50 s
+# per run, traced or not.
 # The tables (markdown) go to standard output and WORK/testsuites.md;
-# progress to standard error; each traced run's daemon log is
-# WORK/SUITE/traced.log (kept with KEEP=1, or when an outcome differs).
+# progress to standard error; each run's output is WORK/SUITE/TAG.log (u1,
+# u2, t), the traced run's daemon log WORK/SUITE/traced.log (with the
+# suite's standard error: `run`'s command inherits it); WORK is kept with
+# KEEP=1 or when an outcome differs.
 #
 # usage: bash bench/testsuites.sh [--suites "python gawk"] [--freq 999]
 #          [--python-tests "test_json test_re ..."] [--python-jobs N]
