@@ -386,6 +386,16 @@ impl Session {
     /// service when its targets are next selected.
     pub(super) fn follow_execs(&mut self) {
         for pid in self.sampler.take_execs() {
+            // An exec before its tracer's attach (`run`'s command execs
+            // from burstyd's fork into the command, a process attached to
+            // after it exec'd): the tracer is the current program's.
+            if self
+                .bursts
+                .tracer_mut(pid)
+                .is_some_and(|t| t.image_present())
+            {
+                continue;
+            }
             // Its samples so far are the old program's.
             self.sampler.drain_now(|s| self.pipe.handle(s));
             if let Some(t) = self.bursts.release(pid) {
