@@ -189,3 +189,30 @@ fn bursts_follow_an_exec_under_pid() {
     };
     assert_bursts_in_paths_known(&run, 1);
 }
+
+/// Children killed while burstyd attaches to the program they exec'd
+/// (SIGKILL 0 to 190 ms after their start, some during the attach's
+/// ptrace stop): each is reaped by its parent as untraced. A tracee that
+/// dies under the attach must be waited for by its tracer, or its
+/// parent's `waitpid` never returns (found by Python's test_subprocess,
+/// `test_threadsafe_wait`, under bursts; this is its pattern).
+#[test]
+fn children_killed_during_their_attach_are_reaped() {
+    require_root();
+    let _g = serial();
+    let py = installed("/usr/bin/python3.11", "python3.11");
+    let script = r#"
+import subprocess, sys, time
+for i in range(40):
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(12)"])
+    time.sleep(0.01 * (i % 20))
+    p.kill()
+    try:
+        print(i, "reaped", p.wait(timeout=20), flush=True)
+    except subprocess.TimeoutExpired:
+        print(i, "NOT reaped after 20 s", flush=True)
+        sys.exit(1)
+"#;
+    let scratch = Scratch::new("exec-killed");
+    traced_as_untraced(&scratch, &[py, "-c", script]);
+}

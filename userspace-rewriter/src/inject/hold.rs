@@ -137,16 +137,9 @@ pub fn run_to_entry(pid: Pid) -> Result<Entry> {
 /// Lets a program held by [`run_to_entry`] go (a no-op once it was
 /// released, or adopted and detached).
 pub fn release(pid: Pid) {
-    // SAFETY: PTRACE_DETACH takes plain values; fails harmlessly (ESRCH)
-    // when `pid` is not our tracee in a stop.
-    unsafe {
-        libc::ptrace(
-            libc::PTRACE_DETACH,
-            pid.raw(),
-            std::ptr::null_mut::<c_void>(),
-            std::ptr::null_mut::<c_void>(),
-        );
-    }
+    // Fails harmlessly when `pid` is not our tracee; a program that died
+    // while held is waited for, so that its parent can reap it.
+    let _ = super::ptrace::let_go(pid.raw(), 0);
 }
 
 /// `AT_ENTRY` and `AT_BASE` (the dynamic loader's base, 0 without one)

@@ -52,6 +52,36 @@ pub(super) fn ptrace(
     Ok(r)
 }
 
+/// Detaches thread `tid` (delivering `sig`, 0 for none). A thread that is
+/// in no stop because it died under us (SIGKILL during an attach) is
+/// waited for instead: a traced thread's exit reaches its real parent
+/// only once its tracer has waited for it or detached, so a tracee left
+/// unwaited stays a zombie its parent cannot reap. Gives up (the
+/// detach's error) on a thread that is alive and running after a second.
+pub(super) fn let_go(tid: i32, sig: i32) -> Result<()> {
+    let err = match ptrace(libc::PTRACE_DETACH, tid, 0, sig as usize, "PTRACE_DETACH") {
+        Ok(_) => return Ok(()),
+        Err(e) => e,
+    };
+    if !matches!(&err, InjectError::Ptrace { source, .. } if source.raw_os_error() == Some(libc::ESRCH))
+    {
+        return Err(err);
+    }
+    for _ in 0..1000 {
+        match wait_tid(tid, true) {
+            // Reaped as our tracee (or gone already): its parent is told.
+            Ok(Some(Wait::Exited(_))) | Err(_) => return Ok(()),
+            // It reached a stop meanwhile: detach it from there.
+            Ok(Some(_)) => {
+                return ptrace(libc::PTRACE_DETACH, tid, 0, sig as usize, "PTRACE_DETACH")
+                    .map(drop);
+            }
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(1)),
+        }
+    }
+    Err(err)
+}
+
 pub(super) fn resume(req: libc::c_uint, tid: i32, sig: i32) -> Result<()> {
     let name = if req == libc::PTRACE_SYSCALL {
         "PTRACE_SYSCALL"

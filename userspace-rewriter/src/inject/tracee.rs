@@ -307,10 +307,7 @@ impl Tracee {
         for t in &self.threads {
             note(set_regs(t.tid, &t.saved), &mut first_err);
             let sig = t.attach_signal.as_ref().map_or(0, |p| p.signo);
-            note(
-                ptrace(libc::PTRACE_DETACH, t.tid, 0, sig as usize, "PTRACE_DETACH").map(drop),
-                &mut first_err,
-            );
+            note(super::ptrace::let_go(t.tid, sig), &mut first_err);
         }
         if self.stop_after {
             // SAFETY: kill has no memory preconditions.
@@ -513,6 +510,6 @@ fn stop_made_it_fail(pid: Pid, tid: i32, regs: &libc::user_regs_struct, mem: &Fi
 fn release(threads: &[Thread]) {
     for t in threads {
         let sig = t.attach_signal.as_ref().map_or(0, |p| p.signo);
-        let _ = ptrace(libc::PTRACE_DETACH, t.tid, 0, sig as usize, "PTRACE_DETACH");
+        let _ = super::ptrace::let_go(t.tid, sig);
     }
 }
