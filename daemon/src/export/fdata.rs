@@ -163,6 +163,16 @@ impl Fdata {
     }
 }
 
+/// The module part of a module's edge profile's name: `None` for the
+/// executable of a process (`edges.fdata`, `edges-<pid>.fdata`), the
+/// file name of a library (`edges-<library>.fdata`,
+/// `edges-<pid>-<library>.fdata`) and of the executable of a program the
+/// process exec'd away from (a shell wrapper's `edges-<pid>-dash.fdata`:
+/// the process's executable is the program it exec'd last).
+pub(crate) fn fdata_module(m: &crate::bursts::traced::TracedModule, execd: bool) -> Option<String> {
+    (!m.is_exe || execd).then(|| m.name().to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

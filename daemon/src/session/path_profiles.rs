@@ -461,7 +461,7 @@ struct PathPart<'a> {
 }
 
 /// Each module's edges per process: `(pid, module name or None for the
-/// executable (see [`fdata_module`]), fdata text)`.
+/// executable (see [`crate::export::fdata::fdata_module`]), fdata text)`.
 type ModuleEdges = Vec<(Pid, Option<String>, Fdata)>;
 
 /// The path profile of `parts` (gzip'd pprof of `span`) and each
@@ -498,20 +498,10 @@ fn build_paths(
         for m in &part.traced.modules {
             let text = crate::export::fdata::fdata(m, &part.view);
             if m.is_exe || !text.is_empty() {
-                fdatas.push((pid, fdata_module(m, part.execd), text));
+                fdatas.push((pid, crate::export::fdata::fdata_module(m, part.execd), text));
             }
         }
     }
     let gz = encode_gzip(&paths.finish()).map_err(anyhow::Error::from);
     (gz, fdatas)
-}
-
-/// The module part of a module's edge profile's name: `None` for the
-/// executable of a process (`edges.fdata`, `edges-<pid>.fdata`), the
-/// file name of a library (`edges-<library>.fdata`,
-/// `edges-<pid>-<library>.fdata`) and of the executable of a program the
-/// process exec'd away from (a shell wrapper's `edges-<pid>-dash.fdata`:
-/// the process's executable is the program it exec'd last).
-pub(super) fn fdata_module(m: &crate::bursts::traced::TracedModule, execd: bool) -> Option<String> {
-    (!m.is_exe || execd).then(|| m.name().to_owned())
 }

@@ -368,7 +368,7 @@ pub(super) fn indirect_calls(finished: &[Finished]) -> Vec<(Pid, Option<String>,
             if !calls.is_empty() {
                 out.push((
                     f.traced.pid,
-                    super::path_profiles::fdata_module(m, f.execd.is_some()),
+                    crate::export::fdata::fdata_module(m, f.execd.is_some()),
                     calls,
                 ));
             }
