@@ -133,8 +133,19 @@ fetch_sources() { # debian-source-package tarball sha
     local tmp
     tmp="$(mktemp -d "$DL/apt.XXXXXX")"
     # apt checks each file's hash against the signed Sources index.
-    (cd "$tmp" && apt-get source --download-only -qq -o APT::Sandbox::User=root "$pkg" </dev/null) \
-        || die "apt-get source --download-only $pkg failed"
+    # The newest source version first; then the older ones the indexes
+    # list (a security update's source can be missing from the mirror
+    # while its orig tarball, the one we use, is that of the release).
+    local got="" v
+    for v in "" $(apt-cache showsrc "$pkg" 2>/dev/null | awk '/^Version:/ { print $2 }'); do
+        if (cd "$tmp" && apt-get source --download-only -qq -o APT::Sandbox::User=root "$pkg${v:+=$v}" </dev/null) \
+            && [[ -f "$tmp/$tar" ]]; then
+            got=1
+            break
+        fi
+        log "apt-get source $pkg${v:+=$v} failed or has no $tar; trying an older version"
+    done
+    [[ -n "$got" ]] || die "apt-get source --download-only $pkg failed (every version the indexes list)"
     [[ -f "$tmp/$tar" ]] || die "source package $pkg has no $tar (version pin out of date?): $(ls "$tmp")"
     mv "$tmp/$tar" "$DL/$tar"
     rm -rf "$tmp"
