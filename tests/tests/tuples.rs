@@ -130,55 +130,45 @@ fn a_full_trace_counts_the_known_tuples_exactly() {
 
     // The switch in `choose` (a jump table): its four cases a quarter
     // of the steps each.
-    let switch: Vec<_> = targets["top"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["function"].as_str() == Some("choose"))
-        .collect();
-    assert_eq!(switch.len(), 1, "the switch in choose: {targets:#}");
-    let jumps = switch[0]["executions"].as_u64().unwrap();
-    assert!(jumps.abs_diff(steps) <= 1, "{jumps} jumps, {steps} calls");
-    let cases = switch[0]["values"].as_array().unwrap();
-    assert_eq!(cases.len(), 4, "{:#}", switch[0]);
-    for c in cases {
-        // Named as the place in `choose` it is.
-        assert!(
-            c["target"].as_str().unwrap().starts_with("choose+0x"),
-            "{c}"
-        );
-        let n = c["executions"].as_u64().unwrap() as f64;
-        assert!((n - jumps as f64 / 4.0).abs() <= 1.0, "{:#}", switch[0]);
-    }
-
+    jump_targets(&targets, "choose", steps, &[0.25, 0.25, 0.25, 0.25]);
     // The computed goto in `dispatch`: its labels A, B, C half, a quarter
     // and a quarter of the steps.
-    let goto: Vec<_> = targets["top"]
+    jump_targets(&targets, "dispatch", steps, &[0.5, 0.25, 0.25]);
+}
+
+/// The one target site in `function` of report `targets`: executed once a
+/// step (to within one), its targets named as places in `function`
+/// (`function+0x..`), counted as `shares` (largest first) of its
+/// executions to within one.
+fn jump_targets(targets: &serde_json::Value, function: &str, steps: u64, shares: &[f64]) {
+    let sites: Vec<_> = targets["top"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|s| s["function"].as_str() == Some("dispatch"))
+        .filter(|s| s["function"].as_str() == Some(function))
         .collect();
-    assert_eq!(goto.len(), 1, "the computed goto in dispatch: {targets:#}");
-    let gotos = goto[0]["executions"].as_u64().unwrap();
-    assert!(gotos.abs_diff(steps) <= 1, "{gotos} gotos, {steps} calls");
-    let mut shares: Vec<f64> = goto[0]["values"]
+    assert_eq!(sites.len(), 1, "the jump in {function}: {targets:#}");
+    let jumps = sites[0]["executions"].as_u64().unwrap();
+    assert!(jumps.abs_diff(steps) <= 1, "{jumps} jumps, {steps} calls");
+    let mut counts: Vec<f64> = sites[0]["values"]
         .as_array()
         .unwrap()
         .iter()
         .map(|c| {
             assert!(
-                c["target"].as_str().unwrap().starts_with("dispatch+0x"),
+                c["target"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("{function}+0x")),
                 "{c}"
             );
             c["executions"].as_u64().unwrap() as f64
         })
         .collect();
-    shares.sort_by(|a, b| b.total_cmp(a));
-    let g = gotos as f64;
-    assert_eq!(shares.len(), 3, "{:#}", goto[0]);
-    for (n, want) in shares.iter().zip([0.5, 0.25, 0.25]) {
-        assert!((n - want * g).abs() <= 1.0, "{:#}", goto[0]);
+    counts.sort_by(|a, b| b.total_cmp(a));
+    assert_eq!(counts.len(), shares.len(), "{:#}", sites[0]);
+    for (n, want) in counts.iter().zip(shares) {
+        assert!((n - want * jumps as f64).abs() <= 1.0, "{:#}", sites[0]);
     }
 }
 

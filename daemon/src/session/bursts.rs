@@ -446,10 +446,8 @@ impl Session {
         if self.bursts.options().is_none() || !crate::sys::process_running(pid) {
             return;
         }
-        if self.selection.is_some() {
-            if let Some(sel) = self.selection.as_mut() {
-                sel.exec_seen(pid);
-            }
+        if let Some(sel) = self.selection.as_mut() {
+            sel.exec_seen(pid);
             return;
         }
         let max = self.opts.service.settings.bursts.max_traced;
